@@ -1,0 +1,198 @@
+"""The engine: prompt -> ids -> one prefill -> one decode step per token, yielding events."""
+
+from __future__ import annotations
+
+import secrets
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from .chat import chat_messages, render_chat
+from .checkpoint import read_hf_weights, to_model_names
+from .config import ModelConfig
+from .device import resolve_device, resolve_dtype
+from .errors import InputError
+from .events import Candidate, DoneEvent, StepEvent
+from .model import Transformer
+from .sampling import SamplingParams, final_logits, sample
+from .stop import StopMatcher
+from .tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclass
+class Request:
+    prompt: str
+    params: SamplingParams
+    chat: bool = False
+    system: str | None = None
+    top_n: int = 10  # candidates reported per step
+
+
+class Engine:
+    """A loaded model and its tokenizer. Stateless between runs: each run owns its KV cache."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, name: str = "model",
+                 generation_defaults: dict | None = None):
+        self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.cfg: ModelConfig = model.cfg
+        self.generation_defaults = generation_defaults or {}
+        if tokenizer.vocab_size > self.cfg.vocab_size:
+            raise InputError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's "
+                             f"vocabulary is {self.cfg.vocab_size}")
+        # Ids past the tokenizer's table (padding rows of the embedding) decode to nothing.
+        missing = self.cfg.vocab_size - tokenizer.vocab_size
+        tokenizer.token_bytes.extend([b""] * missing)
+        tokenizer.raw_pieces.extend([""] * missing)
+        tokenizer._pieces.extend([f"<unused {i}>" for i in range(tokenizer.vocab_size, self.cfg.vocab_size)])
+        self.eos_ids = set(tokenizer.eos_ids) | set(self.cfg.eos_token_ids)
+
+    @classmethod
+    def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> "Engine":
+        model_dir = Path(model_dir)
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        cfg = ModelConfig.from_json(model_dir / "config.json")
+        weights = to_model_names(cfg, read_hf_weights(model_dir, cfg), dt)
+        model = Transformer.from_state_dict(cfg, weights, dev, dt)
+        tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
+        gen_path = model_dir / "generation_config.json"
+        defaults = {}
+        if gen_path.exists():
+            import json
+            try:
+                defaults = json.loads(gen_path.read_text(encoding="utf-8"))
+            except ValueError:
+                defaults = {}
+        return cls(model, tokenizer, model_dir.name, defaults if isinstance(defaults, dict) else {})
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    # ------------------------------------------------------------ prompt -> ids
+
+    def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None) -> str:
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InputError("the prompt is empty")
+        if not chat:
+            return prompt
+        return render_chat(self.tokenizer.chat_template, chat_messages(prompt, system),
+                           bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token)
+
+    def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
+        """The ids fed to the model; raises InputError if they do not fit the context window."""
+        text = self.prompt_text(prompt, chat, system)
+        # A rendered chat template already holds the BOS text where the model wants it.
+        ids = self.tokenizer.encode(text, add_bos=False if chat else None)
+        if len(ids) >= self.cfg.max_seq_len:
+            raise InputError(f"the prompt is {len(ids)} tokens but the context window is "
+                             f"{self.cfg.max_seq_len}; shorten it by at least "
+                             f"{len(ids) - self.cfg.max_seq_len + 1} tokens")
+        return ids
+
+    # ------------------------------------------------------------ generation
+
+    def generate(self, req: Request, cancel: threading.Event | None = None
+                 ) -> Iterator[StepEvent | DoneEvent]:
+        """Yield one StepEvent per new token, then a DoneEvent. Input errors raise before any event."""
+        params = req.params
+        ids = self.prompt_ids(req.prompt, req.chat, req.system)
+        return self._run(ids, params, req.top_n, cancel)
+
+    def _run(self, ids: list[int], params: SamplingParams, top_n: int,
+             cancel: threading.Event | None) -> Iterator[StepEvent | DoneEvent]:
+        model, tok, dev = self.model, self.tokenizer, self.device
+        n_prompt = len(ids)
+        max_new = min(params.max_new_tokens, self.cfg.max_seq_len - n_prompt)
+        capped = max_new < params.max_new_tokens
+        seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
+        generator = torch.Generator(device=dev)
+        generator.manual_seed(seed)
+        top_n = max(1, min(top_n, self.cfg.vocab_size))
+
+        cache = model.new_cache(n_prompt + max_new)
+        seen = torch.zeros(self.cfg.vocab_size, dtype=torch.bool, device=dev)
+        prompt = torch.tensor([ids], dtype=torch.long, device=dev)  # (1, n_prompt)
+        seen[prompt[0]] = True
+        stream, stops = tok.stream(), StopMatcher(params.stop)
+        parts: list[str] = []
+        step_ms: list[float] = []
+        reason = "length"
+        next_id = prompt[:, -1:]  # (1, 1)
+        try:
+            with torch.inference_mode():
+                for step in range(max_new):
+                    if cancel is not None and cancel.is_set():
+                        reason = "cancelled"
+                        break
+                    t0 = time.perf_counter()
+                    if step == 0:
+                        logits = model(prompt, cache, 0)  # (1, vocab)
+                    else:
+                        logits = model(next_id, cache, n_prompt + step - 1)
+                    next_id, info = self._pick(logits[0], params, seen, generator, top_n)
+                    seen[next_id[0]] = True
+                    token_id = info.token_id
+                    is_eos = token_id in self.eos_ids
+                    delta = "" if is_eos else stops.push(stream.push(token_id))
+                    parts.append(delta)
+                    ms = (time.perf_counter() - t0) * 1000
+                    step_ms.append(ms)
+                    yield StepEvent(
+                        step=step, token_id=token_id, piece=tok.piece(token_id), text=delta,
+                        prob=info.prob, raw_prob=info.raw_prob, top=info.top,
+                        kv_cache_bytes=cache.bytes_used, kv_cache_capacity_bytes=cache.bytes_allocated,
+                        ms=ms, prefill_ms=ms if step == 0 else None,
+                        prompt_tokens=n_prompt if step == 0 else None)
+                    if is_eos:
+                        reason = "eos"
+                        break
+                    if stops.matched is not None:
+                        reason = "stop"
+                        break
+                else:
+                    reason = "context" if capped else "length"
+        finally:
+            cache.free()
+        if reason != "stop":
+            parts.append(stops.push(stream.flush()) + stops.flush())
+        decode_s = sum(step_ms[1:]) / 1000
+        yield DoneEvent(
+            reason=reason, text="".join(parts), prompt_tokens=n_prompt,
+            generated_tokens=len(step_ms), ttft_ms=step_ms[0] if step_ms else 0.0,
+            decode_tokens_per_s=(len(step_ms) - 1) / decode_s if decode_s > 0 else 0.0,
+            seed=seed, max_new_tokens=max_new, capped=capped)
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor,
+              generator: torch.Generator, top_n: int) -> tuple[torch.Tensor, "_Pick"]:
+        """Sample from logits (vocab,) and gather what the step reports, with one host sync."""
+        raw = logits.softmax(dim=-1)
+        final = final_logits(logits, params, seen).softmax(dim=-1)
+        next_id = sample(final.unsqueeze(0), generator)[0]  # (1,)
+        top_raw, top_ids = raw.topk(top_n)
+        # One transfer for everything the event needs: [id, p, p_raw, ids..., p..., p_raw...].
+        packed = torch.cat([next_id.to(raw.dtype), final[next_id], raw[next_id],
+                            top_ids.to(raw.dtype), final[top_ids], top_raw]).tolist()
+        token_id = int(packed[0])
+        ids = [int(i) for i in packed[3:3 + top_n]]
+        probs, raws = packed[3 + top_n:3 + 2 * top_n], packed[3 + 2 * top_n:]
+        if token_id not in ids:  # the chosen token is always listed, even outside the top N
+            ids, probs, raws = ids + [token_id], probs + [packed[1]], raws + [packed[2]]
+        top = [Candidate(i, self.tokenizer.piece(i), p, r) for i, p, r in zip(ids, probs, raws)]
+        return next_id.view(1, 1), _Pick(token_id, packed[1], packed[2], top)
+
+
+@dataclass
+class _Pick:
+    token_id: int
+    prob: float
+    raw_prob: float
+    top: list[Candidate]

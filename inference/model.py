@@ -1,0 +1,182 @@
+"""The LLaMA-architecture transformer: embedding -> N x (attention, SwiGLU) -> norm -> LM head."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .rope import apply_rope, rope_tables
+
+
+@dataclass
+class Probe:
+    """What to capture during one forward pass, and where the captures land.
+
+    Capture costs an extra softmax(QK^T) per chosen layer and a norm + LM head per layer for the
+    lens, so plain generation passes no probe and pays nothing.
+    """
+    attention_layers: tuple[int, ...] = ()
+    logit_lens: bool = False
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (heads, T_ctx)
+    residuals: list[torch.Tensor] = field(default_factory=list)  # per layer, (hidden,)
+
+
+# ---------------------------------------------------------------- RMSNorm
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # Normalize in float32 whatever the weight dtype, then scale in the model dtype.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+# ---------------------------------------------------------------- grouped-query attention
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_dim, self.kv_dim = cfg.q_dim, cfg.kv_dim
+        # Q, K and V projections fused into one matmul: rows are [q; k; v].
+        self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
+        self.wo = nn.Linear(cfg.q_dim, cfg.hidden_size, bias=False)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, start_pos: int, probe: Probe | None,
+                layer: int) -> torch.Tensor:
+        bsz, T, _ = x.shape
+        q, k, v = self.wqkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        q = q.view(bsz, T, self.n_heads, self.head_dim).transpose(1, 2)  # (bsz, n_heads, T, head_dim)
+        k = k.view(bsz, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
+        v = v.view(bsz, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+        end = start_pos + T
+        k_cache[:, :, start_pos:end] = k
+        v_cache[:, :, start_pos:end] = v
+        keys, values = k_cache[:, :, :end], v_cache[:, :, :end]  # (bsz, n_kv_heads, end, head_dim)
+
+        mask, causal = None, False
+        if T > 1 and start_pos == 0:
+            causal = True
+        elif T > 1:  # a chunk after cached positions: query i sees keys 0 .. start_pos + i
+            mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
+                                             enable_gqa=self.n_heads != self.n_kv_heads)
+        if probe is not None and layer in probe.attention_layers:
+            probe.attention[layer] = attention_weights(q[:, :, -1:], keys)[0, :, 0]  # (n_heads, end)
+        out = out.transpose(1, 2).reshape(bsz, T, self.q_dim)  # (bsz, T, n_heads * head_dim)
+        return self.wo(out)
+
+
+def attention_weights(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) in float32 for queries that may see every key given.
+
+    q: (bsz, n_heads, Tq, head_dim); keys: (bsz, n_kv_heads, T_ctx, head_dim).
+    """
+    n_rep = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(n_rep, dim=1)  # (bsz, n_heads, T_ctx, head_dim)
+    scores = q.float() @ keys.float().transpose(-1, -2) / q.shape[-1] ** 0.5  # (bsz, n_heads, Tq, T_ctx)
+    return scores.softmax(dim=-1)
+
+
+# ---------------------------------------------------------------- SwiGLU feed-forward
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ffn_dim = cfg.intermediate_size
+        # Gate and up projections fused: rows are [gate; up].
+        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).split(self.ffn_dim, dim=-1)  # each (bsz, T, ffn_dim)
+        return self.w2(F.silu(gate) * up)
+
+
+# ---------------------------------------------------------------- transformer block
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, start_pos, probe, layer):
+        x = x + self.attention(self.attention_norm(x), cos, sin, k_cache, v_cache, start_pos,
+                               probe, layer)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+# ---------------------------------------------------------------- the whole model
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    @classmethod
+    def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor],
+                        device: torch.device, dtype: torch.dtype) -> "Transformer":
+        """Build the model around already-loaded weights (our names; see checkpoint.py)."""
+        with torch.device("meta"):  # no random init: every parameter comes from `state`
+            model = cls(cfg)
+        if cfg.tie_word_embeddings:
+            state = {**state, "output.weight": state["tok_embeddings.weight"]}
+        model.load_state_dict(state, strict=True, assign=True)
+        model.requires_grad_(False)
+        model.to(device=device, dtype=dtype)
+        if cfg.tie_word_embeddings:
+            model.output.weight = model.tok_embeddings.weight
+        cos, sin = rope_tables(cfg, cfg.max_seq_len, device, dtype)
+        model.register_buffer("rope_cos", cos, persistent=False)
+        model.register_buffer("rope_sin", sin, persistent=False)
+        return model.eval()
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_embeddings.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    def new_cache(self, capacity: int, bsz: int = 1) -> KVCache:
+        return KVCache(self.cfg, min(capacity, self.cfg.max_seq_len), self.device, self.dtype, bsz)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache, start_pos: int, *,
+                all_logits: bool = False, probe: Probe | None = None) -> torch.Tensor:
+        """Run tokens (bsz, T) at positions start_pos.. against the cache; return float32 logits.
+
+        Logits are (bsz, vocab) for the last position, or (bsz, T, vocab) with all_logits.
+        """
+        T = tokens.shape[1]
+        if start_pos + T > cache.capacity:
+            raise ValueError(f"positions {start_pos}..{start_pos + T} exceed the cache ({cache.capacity})")
+        h = self.tok_embeddings(tokens)  # (bsz, T, hidden)
+        cos = self.rope_cos[start_pos:start_pos + T]  # (T, head_dim)
+        sin = self.rope_sin[start_pos:start_pos + T]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, cache.k[i], cache.v[i], start_pos, probe, i)
+            if probe is not None and probe.logit_lens:
+                probe.residuals.append(h[0, -1])
+        cache.length = start_pos + T
+        if not all_logits:
+            h = h[:, -1]  # (bsz, hidden): only the next token's logits are needed
+        return self.output(self.norm(h)).float()
+
+    def lens_logits(self, residual: torch.Tensor) -> torch.Tensor:
+        """The logit lens: one residual stream (hidden,) through the final norm and LM head."""
+        return self.output(self.norm(residual)).float()

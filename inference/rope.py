@@ -1,0 +1,54 @@
+"""Rotary position embedding: frequencies (with linear / llama3 scaling) and their application."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .config import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies, (head_dim // 2,), float32, with the config's scaling applied."""
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rs = cfg.rope_scaling
+    if rs.rope_type == "linear":
+        inv_freq = inv_freq / rs.factor
+    elif rs.rope_type == "llama3":
+        # Long wavelengths are slowed by `factor`, short ones kept, the band between blended.
+        low_wavelen = rs.original_max_position_embeddings / rs.low_freq_factor
+        high_wavelen = rs.original_max_position_embeddings / rs.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / rs.factor, inv_freq)
+        smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
+            rs.high_freq_factor - rs.low_freq_factor)
+        blended = (1 - smooth) * scaled / rs.factor + smooth * scaled
+        is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+        inv_freq = torch.where(is_medium, blended, scaled)
+    return inv_freq.float()
+
+
+def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device,
+                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin tables, each (max_len, head_dim); halves repeated (rotate-half layout).
+
+    Computed in float32 and then cast, as the reference implementation does.
+    """
+    inv_freq = rope_inv_freq(cfg).to(device)
+    pos = torch.arange(max_len, dtype=torch.float32, device=device)
+    freqs = torch.outer(pos, inv_freq)  # (max_len, head_dim // 2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, head_dim)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (bsz, heads, T, head_dim) by positions whose cos/sin are (T, head_dim).
+
+    Uses the Hugging Face "rotate half" layout: dimension i pairs with i + head_dim/2.
+    """
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return x * cos + rotated * sin

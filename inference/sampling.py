@@ -1,0 +1,139 @@
+"""Sampling: pure functions from logits to the distribution sampled from, and the draw.
+
+Order, as in transformers: repetition penalty -> temperature -> top-k -> top-p -> min-p.
+Filters set removed logits to -inf; the final distribution is softmax of what is left.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .errors import InputError
+
+MAX_STOP_STRINGS = 16
+MAX_STOP_LENGTH = 256
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 = off
+    top_p: float = 1.0  # 1 = off
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1 = off
+    max_new_tokens: int = 128
+    seed: int | None = None  # None = random; the seed used is reported
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        validate(self)
+
+
+def _finite(name: str, value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(value):
+        raise InputError(f"{name} must be a finite number, got {value}")
+    return value
+
+
+def validate(p: SamplingParams) -> None:
+    """Raise InputError with a one-line message for any setting that cannot be used."""
+    if _finite("temperature", p.temperature) < 0:
+        raise InputError(f"temperature must be >= 0 (0 = greedy), got {p.temperature}")
+    if not 0 < _finite("top_p", p.top_p) <= 1:
+        raise InputError(f"top_p must be in (0, 1], got {p.top_p}")
+    if not 0 <= _finite("min_p", p.min_p) <= 1:
+        raise InputError(f"min_p must be in [0, 1], got {p.min_p}")
+    if _finite("repetition_penalty", p.repetition_penalty) <= 0:
+        raise InputError(f"repetition_penalty must be > 0, got {p.repetition_penalty}")
+    for name in ("top_k", "max_new_tokens"):
+        value = getattr(p, name)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InputError(f"{name} must be an integer, got {value!r}")
+    if p.top_k < 0:
+        raise InputError(f"top_k must be >= 0 (0 = off), got {p.top_k}")
+    if p.max_new_tokens < 1:
+        raise InputError(f"max_new_tokens must be >= 1, got {p.max_new_tokens}")
+    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
+                               or not 0 <= p.seed < 2**63):
+        raise InputError(f"seed must be an integer in [0, 2^63), got {p.seed!r}")
+    if len(p.stop) > MAX_STOP_STRINGS:
+        raise InputError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(p.stop)}")
+    for s in p.stop:
+        if not isinstance(s, str) or not s:
+            raise InputError("stop strings must be non-empty text")
+        if len(s) > MAX_STOP_LENGTH:
+            raise InputError(f"stop strings must be at most {MAX_STOP_LENGTH} characters, "
+                             f"got one of {len(s)}")
+
+
+# ---------------------------------------------------------------- the stages
+
+def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+    """Divide positive logits and multiply negative ones of every seen token by `penalty`.
+
+    `seen` is a bool mask over the vocabulary: the prompt's and generated tokens.
+    """
+    if penalty == 1.0:
+        return logits
+    penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(seen, penalized, logits)
+
+
+def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Divide by the temperature; 0 keeps only the argmax (greedy)."""
+    if temperature == 0:
+        keep = torch.zeros_like(logits, dtype=torch.bool)
+        keep.scatter_(-1, logits.argmax(dim=-1, keepdim=True), True)
+        return logits.masked_fill(~keep, -math.inf)
+    return logits if temperature == 1.0 else logits / temperature
+
+
+def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """Keep the k largest logits (ties at the k-th value are kept too); 0 = off."""
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, -math.inf)
+
+
+def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose probability reaches p (at least one)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs  # probability of all more likely tokens
+    remove_sorted = mass_before >= p  # the first token has mass_before 0 < p: always kept
+    remove = remove_sorted.scatter(-1, order, remove_sorted)
+    return logits.masked_fill(remove, -math.inf)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+    """Keep tokens whose probability is at least min_p times the top token's."""
+    if min_p <= 0.0:
+        return logits
+    probs = logits.softmax(dim=-1)
+    threshold = min_p * probs.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(probs < threshold, -math.inf)
+
+
+def final_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
+    """All stages in order; softmax of the result is the distribution sampled from."""
+    if seen is not None:
+        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
+    logits = apply_temperature(logits, params.temperature)
+    logits = apply_top_k(logits, params.top_k)
+    logits = apply_top_p(logits, params.top_p)
+    return apply_min_p(logits, params.min_p)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+    """Draw one token id per row of probs (bsz, vocab) -> (bsz, 1)."""
+    return torch.multinomial(probs, num_samples=1, generator=generator)

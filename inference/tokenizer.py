@@ -1,0 +1,248 @@
+"""Tokenization: text <-> ids for sentencepiece and byte-level BPE, and streaming detokenization.
+
+Both backends are reduced to one table, the bytes each token stands for, so that decoding,
+display pieces and the streaming detokenizer work the same way for every model.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import re
+from pathlib import Path
+
+from .errors import ModelError
+
+
+def _hex_bytes(err: UnicodeDecodeError):
+    return "".join(f"<0x{b:02X}>" for b in err.object[err.start:err.end]), err.end
+
+
+codecs.register_error("tokenlab_hex", _hex_bytes)
+
+
+def gpt2_byte_decoder() -> dict[str, int]:
+    """GPT-2's byte-level alphabet, reversed: each printable stand-in character -> its byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    chars, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            chars[chr(b)] = b
+        else:
+            chars[chr(256 + extra)] = b
+            extra += 1
+    return chars
+
+
+_BYTE_PIECE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _metaspace_bytes(piece: str) -> bytes:
+    """A sentencepiece-style piece: '<0xNN>' is one raw byte, '\u2581' is a space."""
+    m = _BYTE_PIECE.match(piece)
+    return bytes([int(m.group(1), 16)]) if m else piece.replace("\u2581", " ").encode("utf-8")
+
+
+class StreamDecoder:
+    """Turns a stream of token ids into text without ever emitting a broken character.
+
+    Bytes of a multi-byte UTF-8 character split over several tokens are held until complete;
+    bytes that can never form a character become U+FFFD, and flush() ends an incomplete tail
+    with U+FFFD too.
+    """
+
+    def __init__(self, token_bytes: list[bytes]):
+        self._token_bytes = token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self._token_bytes[token_id])
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class Tokenizer:
+    """encode/decode plus the per-token bytes and display pieces the engine reports."""
+
+    def __init__(self, *, encode_fn, token_bytes: list[bytes], raw_pieces: list[str],
+                 bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
+                 special_tokens: dict[str, int], chat_template: str | None, kind: str):
+        self._encode_fn = encode_fn
+        self.token_bytes = token_bytes
+        self.raw_pieces = raw_pieces
+        self.bos_id, self.eos_ids, self.add_bos = bos_id, eos_ids, add_bos
+        self.special_tokens = special_tokens
+        self.chat_template = chat_template
+        self.kind = kind  # "sentencepiece" or "bpe"
+        self._pieces = [b.decode("utf-8", errors="tokenlab_hex") for b in token_bytes]
+        for text, i in special_tokens.items():
+            self._pieces[i] = text
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.token_bytes)
+
+    @property
+    def bos_token(self) -> str:
+        return "" if self.bos_id is None else self.raw_pieces[self.bos_id]
+
+    @property
+    def eos_token(self) -> str:
+        return self.raw_pieces[self.eos_ids[0]] if self.eos_ids else ""
+
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+        """Exactly the ids the model is fed: special-token text becomes its id, BOS per config."""
+        ids = self._encode_fn(text)
+        add = self.add_bos if add_bos is None else add_bos
+        if add and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
+            ids = [self.bos_id] + ids
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of the ids as a continuation: special tokens appear as their text."""
+        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+
+    def piece(self, token_id: int) -> str:
+        """A readable piece: the token's text, with bytes of a split character as <0xNN>."""
+        return self._pieces[token_id]
+
+    def stream(self) -> StreamDecoder:
+        return StreamDecoder(self.token_bytes)
+
+
+# ---------------------------------------------------------------- loading from a directory
+
+def _token_content(value) -> str | None:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read {path.name}: {e}") from None
+    if not isinstance(data, dict):
+        raise ModelError(f"{path.name}: expected a JSON object")
+    return data
+
+
+def read_chat_template(model_dir: Path, tok_cfg: dict) -> str | None:
+    """The chat template: chat_template.jinja, or tokenizer_config.json's chat_template."""
+    jinja_file = model_dir / "chat_template.jinja"
+    if jinja_file.exists():
+        return jinja_file.read_text(encoding="utf-8")
+    tmpl = tok_cfg.get("chat_template")
+    if isinstance(tmpl, list):  # named templates: take "default"
+        named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
+        tmpl = named.get("default") or next(iter(named.values()), None)
+    return tmpl if isinstance(tmpl, str) else None
+
+
+def load_tokenizer(model_dir: Path, bos_id: int | None = None,
+                   eos_ids: tuple[int, ...] = ()) -> Tokenizer:
+    """Load tokenizer.json (tokenizers) or tokenizer.model (sentencepiece) plus its config."""
+    model_dir = Path(model_dir)
+    cfg_path = model_dir / "tokenizer_config.json"
+    tok_cfg = _read_json(cfg_path) if cfg_path.exists() else {}
+    if (model_dir / "tokenizer.json").exists():
+        return _load_hf_tokenizers(model_dir, tok_cfg, bos_id, eos_ids)
+    if (model_dir / "tokenizer.model").exists():
+        return _load_sentencepiece(model_dir, tok_cfg, bos_id, eos_ids)
+    raise ModelError(f"{model_dir}: no tokenizer.json or tokenizer.model")
+
+
+def _resolve_special(tok_cfg: dict, lookup, bos_id, eos_ids):
+    bos_text, eos_text = _token_content(tok_cfg.get("bos_token")), _token_content(tok_cfg.get("eos_token"))
+    if bos_text is not None and lookup(bos_text) is not None:
+        bos_id = lookup(bos_text)
+    eos = lookup(eos_text) if eos_text is not None else None
+    if eos is not None and eos not in eos_ids:
+        eos_ids = (eos,) + tuple(eos_ids)
+    return bos_id, tuple(eos_ids)
+
+
+def _load_hf_tokenizers(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Tokenizer:
+    from tokenizers import Tokenizer as HFTokenizer
+
+    path = model_dir / "tokenizer.json"
+    try:
+        tok = HFTokenizer.from_file(str(path))
+        spec = json.loads(path.read_text(encoding="utf-8"))
+    except Exception as e:  # the tokenizers library raises plain Exception subclasses
+        raise ModelError(f"{path.name}: cannot load ({e})") from None
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    raw = [tok.id_to_token(i) or "" for i in range(vocab_size)]
+    byte_level = "ByteLevel" in json.dumps(spec.get("decoder"))
+    if byte_level:
+        table = gpt2_byte_decoder()
+        token_bytes = [bytes(table.get(c, 0) for c in p) if all(c in table for c in p)
+                       else p.encode("utf-8") for p in raw]
+    else:
+        token_bytes = [_metaspace_bytes(p) for p in raw]
+    added = {i: t for i, t in tok.get_added_tokens_decoder().items() if i < vocab_size}
+    for i, t in added.items():
+        token_bytes[i] = t.content.encode("utf-8")
+    specials = {t.content: i for i, t in added.items() if t.special}
+    bos_id, eos_ids = _resolve_special(tok_cfg, tok.token_to_id, bos_id, eos_ids)
+    add_bos = tok_cfg.get("add_bos_token")
+    if add_bos is None:  # decided by the post-processor, as transformers does
+        with_special = tok.encode("a", add_special_tokens=True).ids
+        add_bos = bos_id is not None and bool(with_special) and with_special[0] == bos_id
+    return Tokenizer(
+        encode_fn=lambda text: tok.encode(text, add_special_tokens=False).ids,
+        token_bytes=token_bytes, raw_pieces=raw, bos_id=bos_id, eos_ids=eos_ids,
+        add_bos=bool(add_bos), special_tokens=specials,
+        chat_template=read_chat_template(model_dir, tok_cfg), kind="bpe")
+
+
+def _load_sentencepiece(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Tokenizer:
+    import sentencepiece as spm
+
+    path = model_dir / "tokenizer.model"
+    sp = spm.SentencePieceProcessor()
+    try:
+        sp.Load(str(path))
+    except (OSError, RuntimeError) as e:
+        raise ModelError(f"{path.name}: not a sentencepiece model ({e})") from None
+    n = sp.GetPieceSize()
+    raw = [sp.IdToPiece(i) for i in range(n)]
+    token_bytes = []
+    for i, p in enumerate(raw):
+        if sp.IsControl(i):
+            token_bytes.append(b"")
+        elif sp.IsUnknown(i):
+            token_bytes.append(" \u2047 ".encode("utf-8"))
+        else:
+            token_bytes.append(_metaspace_bytes(p))
+    # Special tokens appear as text in rendered chat templates; sentencepiece would spell them
+    # out letter by letter, so split them off and map them to their ids first.
+    specials = {raw[i]: i for i in range(n) if sp.IsControl(i) and raw[i]}
+    for key, value in (tok_cfg.get("added_tokens_decoder") or {}).items():
+        content = _token_content(value)
+        if content and str(key).isdigit() and int(key) < n:
+            specials[content] = int(key)
+    bos_id = sp.bos_id() if sp.bos_id() >= 0 and bos_id is None else bos_id
+    if not eos_ids and sp.eos_id() >= 0:
+        eos_ids = (sp.eos_id(),)
+    bos_id, eos_ids = _resolve_special(tok_cfg, lambda t: specials.get(t), bos_id, eos_ids)
+    pattern = re.compile("(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")") \
+        if specials else None
+
+    def encode(text: str) -> list[int]:
+        if pattern is None:
+            return sp.EncodeAsIds(text)
+        ids: list[int] = []
+        for part in pattern.split(text):
+            if part in specials:
+                ids.append(specials[part])
+            elif part:
+                ids.extend(sp.EncodeAsIds(part))
+        return ids
+
+    return Tokenizer(
+        encode_fn=encode, token_bytes=token_bytes, raw_pieces=raw, bos_id=bos_id, eos_ids=eos_ids,
+        add_bos=bool(tok_cfg.get("add_bos_token", True)), special_tokens=specials,
+        chat_template=read_chat_template(model_dir, tok_cfg), kind="sentencepiece")

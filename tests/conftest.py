@@ -1,0 +1,28 @@
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tiny_models import CONFIGS, make_tiny_model, train_sentencepiece  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def sp_model_bytes() -> bytes:
+    return train_sentencepiece(384)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory, sp_model_bytes) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny")
+    return {name: make_tiny_model(root, name, seed=i, sp_model=sp_model_bytes)
+            for i, name in enumerate(CONFIGS)}
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tiny_dirs):
+    from inference.engine import Engine
+    return Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
