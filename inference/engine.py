@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import secrets
 import threading
 import time
@@ -15,7 +16,7 @@ from .chat import chat_messages, render_chat
 from .checkpoint import read_hf_weights, to_model_names
 from .config import ModelConfig
 from .device import resolve_device, resolve_dtype
-from .errors import InputError
+from .errors import InputError, ModelError
 from .events import Candidate, DoneEvent, StepEvent
 from .model import Transformer
 from .sampling import SamplingParams, final_logits, sample
@@ -51,6 +52,12 @@ class Engine:
         self.eos_ids = set(tokenizer.eos_ids) | set(self.cfg.eos_token_ids)
 
     @classmethod
+    def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto") -> "Engine":
+        """Load the default model (None), a Hugging Face directory, or a .gguf file."""
+        from .default_model import resolve_model
+        return cls.from_hf_dir(resolve_model(model), device, dtype)
+
+    @classmethod
     def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> "Engine":
         model_dir = Path(model_dir)
         dev = resolve_device(device)
@@ -59,15 +66,7 @@ class Engine:
         weights = to_model_names(cfg, read_hf_weights(model_dir, cfg), dt)
         model = Transformer.from_state_dict(cfg, weights, dev, dt)
         tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
-        gen_path = model_dir / "generation_config.json"
-        defaults = {}
-        if gen_path.exists():
-            import json
-            try:
-                defaults = json.loads(gen_path.read_text(encoding="utf-8"))
-            except ValueError:
-                defaults = {}
-        return cls(model, tokenizer, model_dir.name, defaults if isinstance(defaults, dict) else {})
+        return cls(model, tokenizer, model_dir.name, _generation_defaults(model_dir))
 
     @property
     def device(self) -> torch.device:
@@ -188,6 +187,22 @@ class Engine:
             ids, probs, raws = ids + [token_id], probs + [packed[1]], raws + [packed[2]]
         top = [Candidate(i, self.tokenizer.piece(i), p, r) for i, p, r in zip(ids, probs, raws)]
         return next_id.view(1, 1), _Pick(token_id, packed[1], packed[2], top)
+
+
+def _generation_defaults(model_dir: Path) -> dict:
+    """Sampling defaults from generation_config.json, restricted to settings we support."""
+    path = model_dir / "generation_config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read {path.name}: {e}") from None
+    if not isinstance(data, dict):
+        return {}
+    keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")
+    out = {k: data[k] for k in keys if isinstance(data.get(k), (int, float))}
+    if data.get("do_sample") is False:
+        out["temperature"] = 0.0
+    return out
 
 
 @dataclass

@@ -1,0 +1,106 @@
+"""`python -m inference`: generate and tokenize from the command line, for people and scripts."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .errors import InputError, TokenLabError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, no usage dump
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=None,
+                   help="model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m inference", description="Token Lab inference engine")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    g = sub.add_parser("generate", help="generate a continuation, streaming")
+    _model_args(g)
+    g.add_argument("--prompt", required=True)
+    g.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
+    g.add_argument("--system", default=None, help="system prompt for --chat")
+    g.add_argument("--temperature", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--min-p", type=float, default=0.0)
+    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
+    g.add_argument("--top", type=int, default=5, help="candidates reported per step")
+    g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
+
+    t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
+    _model_args(t)
+    t.add_argument("--text", required=True)
+    return parser
+
+
+def _cmd_generate(args) -> int:
+    from .engine import Engine, Request
+    from .events import DoneEvent
+    from .sampling import SamplingParams
+
+    params = SamplingParams(  # validated before the model loads
+        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
+        seed=args.seed, stop=tuple(args.stop))
+    if args.top < 1:
+        raise InputError(f"--top must be >= 1, got {args.top}")
+    if not args.prompt.strip():
+        raise InputError("the prompt is empty")
+    engine = Engine.load(args.model, args.device, args.dtype)
+    events = engine.generate(Request(args.prompt, params, chat=args.chat, system=args.system,
+                                     top_n=args.top))
+    shown = []
+    for ev in events:
+        if args.jsonl:
+            print(json.dumps(ev.to_json(), ensure_ascii=False), flush=True)
+        elif isinstance(ev, DoneEvent):
+            printed = "".join(shown)
+            sys.stdout.write(ev.text[len(printed):] + "\n")
+            print(f"[{ev.reason}: {ev.generated_tokens} tokens, TTFT {ev.ttft_ms:.0f} ms, "
+                  f"{ev.decode_tokens_per_s:.1f} tok/s, seed {ev.seed}"
+                  + (f", max new tokens capped at {ev.max_new_tokens}" if ev.capped else "") + "]",
+                  file=sys.stderr)
+        else:
+            shown.append(ev.text)
+            sys.stdout.write(ev.text)
+            sys.stdout.flush()
+    return 0
+
+
+def _cmd_tokenize(args) -> int:
+    from .engine import Engine
+
+    engine = Engine.load(args.model, args.device, args.dtype)
+    tok = engine.tokenizer
+    ids = tok.encode(args.text)
+    print(json.dumps([{"id": i, "piece": tok.piece(i)} for i in ids], ensure_ascii=False))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return {"generate": _cmd_generate, "tokenize": _cmd_tokenize}[args.command](args)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except TokenLabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
