@@ -50,6 +50,12 @@ class Engine:
         tokenizer.raw_pieces.extend([""] * missing)
         tokenizer._pieces.extend([f"<unused {i}>" for i in range(tokenizer.vocab_size, self.cfg.vocab_size)])
         self.eos_ids = set(tokenizer.eos_ids) | set(self.cfg.eos_token_ids)
+        self._active = 0  # runs holding a KV cache right now
+        self._active_lock = threading.Lock()
+
+    @property
+    def active_runs(self) -> int:
+        return self._active
 
     @classmethod
     def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto") -> "Engine":
@@ -118,6 +124,8 @@ class Engine:
         top_n = max(1, min(top_n, self.cfg.vocab_size))
 
         cache = model.new_cache(n_prompt + max_new)
+        with self._active_lock:
+            self._active += 1
         seen = torch.zeros(self.cfg.vocab_size, dtype=torch.bool, device=dev)
         prompt = torch.tensor([ids], dtype=torch.long, device=dev)  # (1, n_prompt)
         seen[prompt[0]] = True
@@ -159,8 +167,10 @@ class Engine:
                         break
                 else:
                     reason = "context" if capped else "length"
-        finally:
+        finally:  # also reached when the consumer closes the generator (stop, closed tab)
             cache.free()
+            with self._active_lock:
+                self._active -= 1
         if reason != "stop":
             parts.append(stops.push(stream.flush()) + stops.flush())
         decode_s = sum(step_ms[1:]) / 1000

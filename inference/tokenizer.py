@@ -231,6 +231,14 @@ def _load_sentencepiece(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Toke
     pattern = re.compile("(" + "|".join(re.escape(s) for s in sorted(specials, key=len, reverse=True)) + ")") \
         if specials else None
 
+    # Text after a special token continues a line: no dummy-prefix space there (as the
+    # Hugging Face fast tokenizers do), so a second processor has the prefix switched off.
+    from sentencepiece import sentencepiece_model_pb2 as pb
+    proto = pb.ModelProto.FromString(path.read_bytes())
+    proto.normalizer_spec.add_dummy_prefix = False
+    sp_inner = spm.SentencePieceProcessor()
+    sp_inner.LoadFromSerializedProto(proto.SerializeToString())
+
     def encode(text: str) -> list[int]:
         if pattern is None:
             return sp.EncodeAsIds(text)
@@ -239,7 +247,7 @@ def _load_sentencepiece(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Toke
             if part in specials:
                 ids.append(specials[part])
             elif part:
-                ids.extend(sp.EncodeAsIds(part))
+                ids.extend((sp_inner if ids else sp).EncodeAsIds(part))
         return ids
 
     return Tokenizer(

@@ -48,7 +48,8 @@ def train_sentencepiece(vocab_size: int) -> bytes:
         sentence_iterator=iter(TRAIN_TEXT), model_writer=out, vocab_size=vocab_size,
         model_type="bpe", byte_fallback=True, character_coverage=0.9995,
         user_defined_symbols=["<|im_start|>", "<|im_end|>"],
-        bos_id=1, eos_id=2, unk_id=0, pad_id=-1, hard_vocab_limit=False, minloglevel=2)
+        bos_id=1, eos_id=2, unk_id=0, pad_id=-1, hard_vocab_limit=False, minloglevel=2,
+        normalization_rule_name="identity", remove_extra_whitespaces=False)  # as LLaMA's
     return out.getvalue()
 
 
@@ -86,6 +87,8 @@ def make_tiny_model(root: Path, name: str = "mha", seed: int = 0, sp_model: byte
               str(d / "model.safetensors"), metadata={"format": "pt"})
     (d / "tokenizer.model").write_bytes(sp_model or train_sentencepiece(cfg["vocab_size"]))
     (d / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "chat_template": CHATML}))
+        "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "chat_template": CHATML,
+        "added_tokens_decoder": {"3": {"content": "<|im_start|>", "special": True},
+                                 "4": {"content": "<|im_end|>", "special": True}}}))
     (d / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.9}))
     return d

@@ -1,0 +1,145 @@
+"""Generation on a tiny checkpoint: events, stop reasons, KV accounting, seeds, chat, cancel."""
+
+import threading
+
+import pytest
+import torch
+
+from inference.engine import Request
+from inference.errors import InputError
+from inference.events import DoneEvent, StepEvent
+from inference.sampling import SamplingParams
+
+
+def run(engine, prompt="The quick brown fox", cancel=None, **kw):
+    top_n = kw.pop("top_n", 5)
+    chat = kw.pop("chat", False)
+    events = list(engine.generate(Request(prompt, SamplingParams(**kw), chat=chat, top_n=top_n), cancel))
+    steps = [e for e in events if isinstance(e, StepEvent)]
+    assert isinstance(events[-1], DoneEvent) and len(steps) == len(events) - 1
+    return steps, events[-1]
+
+
+def test_greedy_matches_a_hand_rolled_argmax_loop(tiny_engine):
+    steps, done = run(tiny_engine, temperature=0.0, max_new_tokens=12)
+    ids = tiny_engine.tokenizer.encode("The quick brown fox")
+    model = tiny_engine.model
+    with torch.inference_mode():
+        for s in steps:  # a full forward over everything so far, no cache reuse
+            logits = model(torch.tensor([ids]), model.new_cache(len(ids)), 0)[0]
+            assert s.token_id == int(logits.argmax())
+            assert s.prob == 1.0
+            assert s.raw_prob == pytest.approx(logits.softmax(-1).max().item(), abs=1e-6)
+            ids.append(s.token_id)
+    assert done.reason == "length" and done.generated_tokens == 12
+
+
+def test_events_report_kv_bytes_and_first_step_extras(tiny_engine):
+    steps, done = run(tiny_engine, max_new_tokens=6, seed=1)
+    cfg = tiny_engine.cfg
+    per_token = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4  # float32
+    n_prompt = done.prompt_tokens
+    assert steps[0].prompt_tokens == n_prompt and steps[0].prefill_ms > 0
+    assert all(s.prompt_tokens is None for s in steps[1:])
+    for s in steps:
+        assert s.kv_cache_bytes == (n_prompt + s.step) * per_token
+        assert s.kv_cache_capacity_bytes == (n_prompt + 6) * per_token
+        assert 1 <= len(s.top) <= 6 and s.token_id in [c.id for c in s.top]
+        assert sum(c.raw_prob for c in s.top) <= 1 + 1e-6
+    assert done.text == "".join(s.text for s in steps)
+
+
+def test_seed_reproduces_and_differs(tiny_engine):
+    kw = dict(temperature=1.5, max_new_tokens=20)
+    a, da = run(tiny_engine, seed=123, **kw)
+    b, _ = run(tiny_engine, seed=123, **kw)
+    c, _ = run(tiny_engine, seed=124, **kw)
+    assert [s.token_id for s in a] == [s.token_id for s in b]
+    assert [s.token_id for s in a] != [s.token_id for s in c]
+    assert da.seed == 123
+    _, random_seed = run(tiny_engine, max_new_tokens=2)
+    assert isinstance(random_seed.seed, int)
+
+
+def test_top_k_one_equals_greedy(tiny_engine):
+    g, _ = run(tiny_engine, temperature=0.0, max_new_tokens=8)
+    k, _ = run(tiny_engine, temperature=1.0, top_k=1, max_new_tokens=8, seed=5)
+    assert [s.token_id for s in g] == [s.token_id for s in k]
+
+
+def test_eos_stops_and_is_not_emitted(tiny_engine, monkeypatch):
+    steps, _ = run(tiny_engine, temperature=0.0, max_new_tokens=8)
+    eos = steps[3].token_id
+    monkeypatch.setattr(tiny_engine, "eos_ids", {eos})
+    steps2, done = run(tiny_engine, temperature=0.0, max_new_tokens=8)
+    first = next(i for i, s in enumerate(steps) if s.token_id == eos)
+    assert done.reason == "eos" and len(steps2) == first + 1
+    assert steps2[-1].text == ""
+
+
+def test_stop_string_is_not_emitted(tiny_engine):
+    steps, done = run(tiny_engine, temperature=0.0, max_new_tokens=30)
+    text = done.text
+    stop = text[5:8]
+    assert len(stop) == 3 and stop.strip()
+    _, done2 = run(tiny_engine, temperature=0.0, max_new_tokens=30, stop=(stop,))
+    assert done2.reason == "stop"
+    assert done2.text == text[:text.index(stop)]
+
+
+def test_max_new_tokens_capped_at_context(tiny_engine):
+    ctx = tiny_engine.cfg.max_seq_len
+    prompt = " ".join(["fox"] * 400)
+    ids = tiny_engine.tokenizer.encode(prompt)
+    assert len(ids) > ctx  # too long: a clear error with both counts
+    with pytest.raises(InputError, match=rf"{len(ids)} tokens.*context window is {ctx}"):
+        tiny_engine.generate(Request(prompt, SamplingParams()))
+    short = tiny_engine.tokenizer.decode(ids[1:ctx - 3]).strip()  # leaves a few positions
+    n = len(tiny_engine.tokenizer.encode(short))
+    steps, done = run(tiny_engine, prompt=short, temperature=0.0, max_new_tokens=50)
+    assert done.capped and done.max_new_tokens == ctx - n
+    assert done.reason in ("context", "eos") and len(steps) <= ctx - n
+
+
+@pytest.mark.parametrize("prompt", ["", "   \n\t "])
+def test_empty_prompt_is_rejected(tiny_engine, prompt):
+    with pytest.raises(InputError, match="empty"):
+        tiny_engine.generate(Request(prompt, SamplingParams()))
+
+
+def test_cancel_ends_within_one_step_and_frees_the_cache(tiny_engine):
+    cancel = threading.Event()
+    gen = tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=50)), cancel)
+    seen = []
+    for ev in gen:
+        seen.append(ev)
+        if len(seen) == 3:
+            assert tiny_engine.active_runs == 1
+            cancel.set()
+    assert isinstance(seen[-1], DoneEvent) and seen[-1].reason == "cancelled"
+    assert len(seen) == 4 and tiny_engine.active_runs == 0
+
+
+def test_closing_the_generator_frees_the_cache(tiny_engine):
+    gen = tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=50)))
+    next(gen)
+    assert tiny_engine.active_runs == 1
+    gen.close()
+    assert tiny_engine.active_runs == 0
+
+
+def test_chat_mode_renders_the_template(tiny_engine):
+    ids = tiny_engine.prompt_ids("hello", chat=True, system="be brief")
+    tok = tiny_engine.tokenizer
+    start = tok.special_tokens["<|im_start|>"]
+    assert ids[0] == start and ids.count(start) == 3  # system, user, assistant header
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+
+
+def test_chat_template_runs_sandboxed():
+    from inference.chat import render_chat
+    evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
+    with pytest.raises(InputError, match="chat template failed"):
+        render_chat(evil, [{"role": "user", "content": "x"}])
+    with pytest.raises(InputError, match="chat template failed"):
+        render_chat("{{ raise_exception('no system role') }}", [])

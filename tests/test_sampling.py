@@ -1,0 +1,95 @@
+"""Sampling stages against hand-computed sets and transformers' logits processors."""
+
+import math
+
+import pytest
+import torch
+
+from inference.errors import InputError
+from inference.sampling import (SamplingParams, apply_min_p, apply_repetition_penalty,
+                                apply_temperature, apply_top_k, apply_top_p, final_logits)
+
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
+LOGITS = PROBS.log()
+
+
+def kept(logits):
+    return set(torch.nonzero(torch.isfinite(logits)).flatten().tolist())
+
+
+def test_temperature_zero_is_argmax():
+    logits = torch.randn(1000, generator=torch.Generator().manual_seed(0))
+    out = apply_temperature(logits, 0.0)
+    assert kept(out) == {int(logits.argmax())}
+    assert out.softmax(-1)[logits.argmax()] == 1.0
+
+
+def test_temperature_scales_logits():
+    assert torch.allclose(apply_temperature(LOGITS, 2.0), LOGITS / 2)
+
+
+@pytest.mark.parametrize("k, expected", [(1, {0}), (2, {0, 1}), (3, {0, 1, 2}), (0, {0, 1, 2, 3}), (9, {0, 1, 2, 3})])
+def test_top_k_keeps_the_k_largest(k, expected):
+    assert kept(apply_top_k(LOGITS, k)) == expected
+
+
+@pytest.mark.parametrize("p, expected", [
+    (0.4, {0}),          # the top token alone reaches 0.4
+    (0.5, {0}),          # exactly reached by the first token
+    (0.79, {0, 1}),      # 0.5 < 0.79 needs the second
+    (0.81, {0, 1, 2}),   # 0.8 < 0.81 needs the third
+    (1e-9, {0}),         # always at least one
+    (1.0, {0, 1, 2, 3}),
+])
+def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
+    assert kept(apply_top_p(LOGITS, p)) == expected
+
+
+@pytest.mark.parametrize("m, expected", [(0.0, {0, 1, 2, 3}), (0.3, {0, 1, 2}), (0.4, {0, 1}),
+                                         (0.61, {0}), (1.0, {0})])
+def test_min_p_keeps_tokens_above_fraction_of_top(m, expected):
+    # thresholds: 0.3 * 0.5 = 0.15 keeps 0.15; 0.4 * 0.5 = 0.2 drops it
+    assert kept(apply_min_p(LOGITS, m)) == expected
+
+
+def test_repetition_penalty_convention():
+    logits = torch.tensor([2.0, -2.0, 1.0, -1.0])
+    seen = torch.tensor([True, True, False, False])
+    out = apply_repetition_penalty(logits, seen, 2.0)
+    assert out.tolist() == [1.0, -4.0, 1.0, -1.0]
+
+
+def test_against_transformers_processors():
+    tf = pytest.importorskip("transformers")
+    g = torch.Generator().manual_seed(3)
+    for _ in range(20):
+        logits = torch.randn(1, 500, generator=g) * 3
+        ids = torch.randint(0, 500, (1, 30), generator=g)
+        seen = torch.zeros(500, dtype=torch.bool)
+        seen[ids[0]] = True
+        ref = tf.RepetitionPenaltyLogitsProcessor(1.3)(ids, logits.clone())
+        assert torch.allclose(apply_repetition_penalty(logits[0], seen, 1.3), ref[0])
+        assert kept(apply_top_k(logits[0], 17)) == kept(tf.TopKLogitsWarper(17)(ids, logits.clone())[0])
+        assert kept(apply_top_p(logits[0], 0.9)) == kept(tf.TopPLogitsWarper(0.9)(ids, logits.clone())[0])
+        assert kept(apply_min_p(logits[0], 0.05)) == kept(tf.MinPLogitsWarper(0.05)(ids, logits.clone())[0])
+
+
+def test_final_distribution_sums_to_one_and_respects_all_filters():
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(1000, generator=g) * 2
+    seen = torch.zeros(1000, dtype=torch.bool)
+    params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.02, repetition_penalty=1.2)
+    probs = final_logits(logits, params, seen).softmax(-1)
+    assert math.isclose(probs.sum().item(), 1.0, rel_tol=1e-5)
+    assert 1 <= (probs > 0).sum().item() <= 50
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(temperature=float("nan")), dict(temperature=float("inf")), dict(temperature=-0.1),
+    dict(top_p=0.0), dict(top_p=1.5), dict(top_k=-1), dict(min_p=-0.1), dict(min_p=1.1),
+    dict(repetition_penalty=0.0), dict(max_new_tokens=0), dict(seed=-1),
+    dict(stop=("x" * 1000,)), dict(stop=tuple(str(i) for i in range(100))), dict(stop=("",)),
+])
+def test_bad_settings_raise_a_clear_error(kwargs):
+    with pytest.raises(InputError):
+        SamplingParams(**kwargs)
