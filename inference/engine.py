@@ -171,11 +171,10 @@ class Engine:
             cache.free()
             with self._active_lock:
                 self._active -= 1
-        if reason != "stop":
-            parts.append(stops.push(stream.flush()) + stops.flush())
+        tail = "" if reason == "stop" else stops.push(stream.flush()) + stops.flush()
         decode_s = sum(step_ms[1:]) / 1000
         yield DoneEvent(
-            reason=reason, text="".join(parts), prompt_tokens=n_prompt,
+            reason=reason, text="".join(parts) + tail, tail=tail, prompt_tokens=n_prompt,
             generated_tokens=len(step_ms), ttft_ms=step_ms[0] if step_ms else 0.0,
             decode_tokens_per_s=(len(step_ms) - 1) / decode_s if decode_s > 0 else 0.0,
             seed=seed, max_new_tokens=max_new, capped=capped)

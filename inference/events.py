@@ -39,7 +39,8 @@ class StepEvent:
 @dataclass
 class DoneEvent:
     reason: str  # "eos", "length", "stop", "context", "cancelled"
-    text: str
+    text: str  # the whole generated text: every step's text, then `tail`
+    tail: str  # text held back until the end (an incomplete character, a possible stop string)
     prompt_tokens: int
     generated_tokens: int
     ttft_ms: float

@@ -46,7 +46,7 @@ def test_events_report_kv_bytes_and_first_step_extras(tiny_engine):
         assert s.kv_cache_capacity_bytes == (n_prompt + 6) * per_token
         assert 1 <= len(s.top) <= 6 and s.token_id in [c.id for c in s.top]
         assert sum(c.raw_prob for c in s.top) <= 1 + 1e-6
-    assert done.text == "".join(s.text for s in steps)
+    assert done.text == "".join(s.text for s in steps) + done.tail
 
 
 def test_seed_reproduces_and_differs(tiny_engine):

@@ -1,0 +1,76 @@
+"""python -m inference: JSONL that scripts can rely on, and exit status 2 for bad arguments."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from inference.cli import main
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def test_generate_jsonl_keys(tiny_dirs, capsys):
+    assert main(["generate", "--model", str(tiny_dirs["mha"]), "--prompt", "The quick",
+                 "--max-new-tokens", "5", "--seed", "3", "--top", "3", "--jsonl"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    steps, done = lines[:-1], lines[-1]
+    assert len(steps) == 5
+    for s in steps:
+        assert {"step", "token_id", "piece", "text", "prob", "raw_prob", "top", "kv_cache_bytes",
+                "kv_cache_capacity_bytes", "ms"} <= set(s)
+        assert all(set(c) == {"id", "piece", "prob", "raw_prob"} for c in s["top"])
+    assert "prefill_ms" in steps[0] and "prompt_tokens" in steps[0]
+    assert done["done"] is True and done["reason"] == "length"
+    assert {"text", "prompt_tokens", "generated_tokens", "ttft_ms", "decode_tokens_per_s"} <= set(done)
+    assert done["text"] == "".join(s["text"] for s in steps) + done["tail"]
+
+
+def test_generate_plain_text_and_stop(tiny_dirs, capsys):
+    args = ["generate", "--model", str(tiny_dirs["mha"]), "--prompt", "The quick",
+            "--max-new-tokens", "20", "--temperature", "0"]
+    assert main(args) == 0
+    full = capsys.readouterr().out.rstrip("\n")
+    stop = full[4:6]
+    assert main(args + ["--stop", stop]) == 0
+    assert capsys.readouterr().out.rstrip("\n") == full[:full.index(stop)]
+
+
+def test_tokenize_prints_ids_and_pieces(tiny_dirs, capsys):
+    assert main(["tokenize", "--model", str(tiny_dirs["mha"]), "--text", "fox 😀"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out[0] == {"id": 1, "piece": "<s>"}  # add_bos_token is true in this config
+    assert "".join(t["piece"] for t in out[1:]).startswith(" fox")
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--temperature", "nan"], "temperature"), (["--temperature", "inf"], "temperature"),
+    (["--temperature", "-1"], "temperature"), (["--top-p", "0"], "top_p"),
+    (["--top-p", "1.5"], "top_p"), (["--top-k", "-3"], "top_k"), (["--min-p", "2"], "min_p"),
+    (["--repetition-penalty", "0"], "repetition_penalty"), (["--top-k", "abc"], "invalid int"),
+    (["--max-new-tokens", "0"], "max_new_tokens"),
+])
+def test_bad_arguments_exit_2_with_one_line(tiny_dirs, capsys, extra, message):
+    argv = ["generate", "--model", str(tiny_dirs["mha"]), "--prompt", "hi"] + extra
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2
+    assert message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("prompt, message", [("", "empty"), ("   ", "empty"),
+                                             ("fox " * 400, "context window is 256")])
+def test_bad_prompts_exit_2(tiny_dirs, capsys, prompt, message):
+    assert main(["generate", "--model", str(tiny_dirs["mha"]), "--prompt", prompt]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1
+
+
+def test_real_entry_point_exit_status(tiny_dirs):
+    proc = subprocess.run([sys.executable, "-m", "inference", "generate", "--model", str(tiny_dirs["mha"]),
+                           "--prompt", "x", "--top-p", "7"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "top_p" in proc.stderr
