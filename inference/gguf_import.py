@@ -337,6 +337,9 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
         for key, tid in (("bos_token", cfg.bos_token_id), ("eos_token", cfg.eos_token_ids[0] if cfg.eos_token_ids else None)):
             if tid is not None and 0 <= tid < len(tokens):
                 tok_cfg[key] = tokens[tid]
+        types = meta.array("tokenizer.ggml.token_type", int, len(tokens)) or []
+        tok_cfg["added_tokens_decoder"] = {  # control and user-defined tokens
+            str(i): {"content": tokens[i], "special": ty == 3} for i, ty in enumerate(types) if ty in (3, 4)}
         template = meta.get("tokenizer.chat_template", None, str)
         if template:
             tok_cfg["chat_template"] = template

@@ -77,18 +77,28 @@ def random_hf_weights(cfg: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     return sd
 
 
-def make_tiny_model(root: Path, name: str = "mha", seed: int = 0, sp_model: bytes | None = None) -> Path:
-    """Write a complete Hugging Face directory for config `name` under root/name."""
-    cfg = {**BASE, **CONFIGS[name]}
-    d = Path(root) / name
+def make_tiny_model(root: Path, name: str = "mha", seed: int = 0, sp_model: bytes | None = None,
+                    tokenizer_json: str | None = None, dir_name: str | None = None, **overrides) -> Path:
+    """Write a complete Hugging Face directory for config `name` under root/(dir_name or name).
+
+    With tokenizer_json (a byte-level BPE) the directory has tokenizer.json instead of a
+    sentencepiece tokenizer.model, and the vocabulary is the BPE's.
+    """
+    cfg = {**BASE, **CONFIGS[name], **overrides}
+    d = Path(root) / (dir_name or name)
     d.mkdir(parents=True, exist_ok=True)
+    if tokenizer_json:
+        cfg["vocab_size"] = len(json.loads(tokenizer_json)["model"]["vocab"])
+        (d / "tokenizer.json").write_text(tokenizer_json)
+        tok_cfg = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False}
+    else:
+        (d / "tokenizer.model").write_bytes(sp_model or train_sentencepiece(cfg["vocab_size"]))
+        tok_cfg = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
+                   "added_tokens_decoder": {"3": {"content": "<|im_start|>", "special": True},
+                                            "4": {"content": "<|im_end|>", "special": True}}}
     (d / "config.json").write_text(json.dumps(cfg))
     save_file({k: t.contiguous() for k, t in random_hf_weights(cfg, seed).items()},
               str(d / "model.safetensors"), metadata={"format": "pt"})
-    (d / "tokenizer.model").write_bytes(sp_model or train_sentencepiece(cfg["vocab_size"]))
-    (d / "tokenizer_config.json").write_text(json.dumps({
-        "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True, "chat_template": CHATML,
-        "added_tokens_decoder": {"3": {"content": "<|im_start|>", "special": True},
-                                 "4": {"content": "<|im_end|>", "special": True}}}))
+    (d / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "chat_template": CHATML}))
     (d / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.9}))
     return d

@@ -1,0 +1,144 @@
+"""Writing GGUF files from tiny Hugging Face directories, as llama.cpp's converter does."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import gguf
+import numpy as np
+import sentencepiece as spm
+from gguf.quants import quantize
+from safetensors.numpy import load_file
+
+HF_TO_GGUF = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+              "lm_head.weight": "output.weight"}
+BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
+         "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+         "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+         "mlp.down_proj": "ffn_down"}
+
+
+def gguf_name(hf: str) -> str:
+    if hf in HF_TO_GGUF:
+        return HF_TO_GGUF[hf]
+    _, _, i, *rest = hf.split(".")
+    return f"blk.{i}.{BLOCK['.'.join(rest[:-1])]}.weight"
+
+
+def permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    """llama.cpp's convert_hf_to_gguf permutation of Q/K rows (rotate-half -> interleaved)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def random_kquant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
+    """Random K-quant blocks with sane fp16 scales (gguf cannot quantize K types in numpy)."""
+    block, size = gguf.GGML_QUANT_SIZES[qtype]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    if qtype.name in ("Q4_K", "Q5_K"):  # d, dmin lead the block
+        raw[..., 0:2] = scale
+        raw[..., 2:4] = scale
+    elif qtype.name == "Q6_K":  # d ends the block
+        raw[..., size - 2:size] = scale
+    return raw.reshape(rows, cols // block * size)
+
+
+def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", tokenizer: str = "llama",
+               kquant: str | None = None, rng_seed: int = 0) -> dict[str, np.ndarray]:
+    """Convert hf_dir to a GGUF file; return the float32 weights the file really holds (HF names)."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    rng = np.random.default_rng(rng_seed)
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_vocab_size(cfg["vocab_size"])
+    _add_tokenizer(w, hf_dir, tokenizer)
+    held = {}
+    for name, t in weights.items():
+        t = t.astype(np.float32)
+        if name.endswith("q_proj.weight"):
+            t = permute(t, cfg["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            t = permute(t, cfg["num_key_value_heads"])
+        kind = qtype if t.ndim == 2 else "F32"
+        if kquant and t.ndim == 2 and t.shape[1] % 256 == 0:
+            kind = kquant
+        q = gguf.GGMLQuantizationType[kind]
+        if kind == "F32":
+            data = t
+        elif kind in ("Q4_K", "Q5_K", "Q6_K"):
+            data = random_kquant_bytes(q, *t.shape, rng)
+        else:
+            data = quantize(t, q)
+        w.add_tensor(gguf_name(name), data, raw_dtype=None if kind == "F32" else q)
+        real = gguf.quants.dequantize(data, q).reshape(t.shape) if kind != "F32" else t
+        # Undo the permutation so `held` is in Hugging Face layout, as the importer must produce.
+        if name.endswith("q_proj.weight"):
+            real = _unpermute(real, cfg["num_attention_heads"])
+        elif name.endswith("k_proj.weight"):
+            real = _unpermute(real, cfg["num_key_value_heads"])
+        held[name] = real.astype(np.float32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return held
+
+
+def _unpermute(w, n_head):
+    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _add_tokenizer(w: gguf.GGUFWriter, hf_dir: Path, kind: str) -> None:
+    tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    if kind == "llama":
+        sp = spm.SentencePieceProcessor(model_file=str(hf_dir / "tokenizer.model"))
+        n = sp.GetPieceSize()
+        types = [2 if sp.IsUnknown(i) else 3 if sp.IsControl(i) else 6 if sp.IsByte(i)
+                 else 5 if sp.IsUnused(i) else 1 for i in range(n)]
+        for key, value in tok_cfg.get("added_tokens_decoder", {}).items():
+            types[int(key)] = 4  # user-defined
+        w.add_tokenizer_model("llama")
+        w.add_token_list([sp.IdToPiece(i) for i in range(n)])
+        w.add_token_scores([sp.GetScore(i) for i in range(n)])
+        w.add_token_types(types)
+        w.add_bos_token_id(sp.bos_id())
+        w.add_eos_token_id(sp.eos_id())
+        w.add_unk_token_id(sp.unk_id())
+        w.add_add_bos_token(True)
+    else:
+        spec = json.loads((hf_dir / "tokenizer.json").read_text())
+        vocab = spec["model"]["vocab"]
+        tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+        merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+        special = {a["id"] for a in spec["added_tokens"] if a["special"]}
+        w.add_tokenizer_model("gpt2")
+        w.add_tokenizer_pre("gpt2")
+        w.add_token_list(tokens)
+        w.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
+        w.add_token_merges(merges)
+        w.add_bos_token_id(vocab["<|im_start|>"])
+        w.add_eos_token_id(vocab["<|im_end|>"])
+        w.add_add_bos_token(False)
+    if tok_cfg.get("chat_template"):
+        w.add_chat_template(tok_cfg["chat_template"])
+
+
+def train_bpe_tokenizer_json(texts: list[str], vocab_size: int) -> str:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer)
+    return tok.to_str()
