@@ -1,0 +1,155 @@
+"""Turning engine events into what the page's components show. Pure functions, no Gradio."""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from inference.device import dtype_name
+from inference.events import DoneEvent, StepEvent
+from inference.flops import token_cost
+
+# Probability buckets for colouring generated tokens (HighlightedText categories).
+BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
+COLOR_MAP = {"p ≥ 0.9": "#2e7d32", "0.5 ≤ p < 0.9": "#9ccc65", "0.1 ≤ p < 0.5": "#ffb300",
+             "p < 0.1": "#e53935"}
+REASONS = {"eos": "end of sequence token", "length": "max new tokens reached",
+           "stop": "stop string found", "context": "context window full", "cancelled": "stopped"}
+
+
+@dataclass
+class RunRecord:
+    """Everything the page keeps about one run, per browser session."""
+    prompt_text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    steps: list[StepEvent] = field(default_factory=list)
+    done: DoneEvent | None = None
+    seed: int | None = None
+
+
+def bucket(p: float) -> str:
+    return next(name for threshold, name in BUCKETS if p >= threshold)
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible for token labels: ␣ space, ↵ newline, ⇥ tab, ∅ no text."""
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") if text else "∅"
+
+
+def highlighted_output(rec: RunRecord) -> list[tuple[str, str | None]]:
+    """One (text, bucket) entry per step, so a click's index is the step number."""
+    out = [(s.text, bucket(s.prob)) for s in rec.steps]
+    if rec.done and rec.done.tail:
+        out.append((rec.done.tail, None))
+    return out
+
+
+def prompt_tokens_view(tokenizer, ids: list[int]) -> list[tuple[str, str]]:
+    return [(visible(tokenizer.piece(i)), str(i)) for i in ids]
+
+
+def bars_html(step: StepEvent | None, title: str = "") -> str:
+    """Horizontal bars: raw model probability and final sampling probability per candidate."""
+    if step is None:
+        return "<div class='tl-bars tl-empty'>Generate to see each step's candidates.</div>"
+    rows = []
+    for c in step.top:
+        chosen = c.id == step.token_id
+        label = html.escape(visible(c.piece))
+        rows.append(
+            f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
+            f"<span class='tl-tok' title='id {c.id}'>{'▶ ' if chosen else ''}{label}</span>"
+            f"<span class='tl-bar'><span class='tl-raw' style='width:{100 * c.raw_prob:.2f}%'></span></span>"
+            f"<span class='tl-num'>{c.raw_prob:.4f}</span>"
+            f"<span class='tl-bar'><span class='tl-final' style='width:{100 * c.prob:.2f}%'></span></span>"
+            f"<span class='tl-num'>{c.prob:.4f}</span></div>")
+    head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
+            f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with p = {step.prob:.4f} "
+            f"(raw {step.raw_prob:.4f})</div>"
+            "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
+            "<span class='tl-bar'>raw model probability</span><span class='tl-num'></span>"
+            "<span class='tl-bar'>final (sampled from)</span><span class='tl-num'></span></div>")
+    return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
+
+
+BARS_CSS = """
+.tl-bars { font-family: ui-monospace, monospace; font-size: 13px; }
+.tl-title { margin-bottom: 6px; }
+.tl-row { display: grid; grid-template-columns: 9em 1fr 4.5em 1fr 4.5em; gap: 6px; align-items: center; padding: 1px 0; }
+.tl-head { font-weight: 600; font-size: 10px; opacity: .7; white-space: nowrap; }
+.tl-head .tl-bar { background: none; height: auto; }
+.tl-chosen { background: rgba(255, 213, 79, .25); font-weight: 600; }
+.tl-tok { overflow: hidden; white-space: nowrap; text-overflow: ellipsis; }
+.tl-bar { background: rgba(128,128,128,.15); height: 14px; display: block; position: relative; }
+.tl-raw, .tl-final { display: block; height: 100%; }
+.tl-raw { background: #5c6bc0; }
+.tl-final { background: #26a69a; }
+.tl-num { text-align: right; }
+"""
+
+
+def kv_frame(rec: RunRecord) -> pd.DataFrame:
+    """KV-cache MiB per step: used (prefill jump, then one position per step) and allocated."""
+    rows = []
+    if rec.steps:  # before prefill the cache is empty: the first step shows the prefill's jump
+        rows.append({"step": -1, "MiB": 0.0, "series": "used"})
+        rows.append({"step": -1, "MiB": rec.steps[0].kv_cache_capacity_bytes / 2**20, "series": "allocated"})
+    for s in rec.steps:
+        rows.append({"step": s.step, "MiB": s.kv_cache_bytes / 2**20, "series": "used"})
+        rows.append({"step": s.step, "MiB": s.kv_cache_capacity_bytes / 2**20, "series": "allocated"})
+    return pd.DataFrame(rows, columns=["step", "MiB", "series"])
+
+
+def latency_frame(rec: RunRecord) -> pd.DataFrame:
+    return pd.DataFrame([{"step": s.step, "ms": s.ms} for s in rec.steps[1:]], columns=["step", "ms"])
+
+
+def kv_formula(engine, tokens: int | None = None) -> str:
+    cfg = engine.cfg
+    b = engine.dtype.itemsize
+    per = cfg.kv_bytes_per_token(b)
+    text = (f"**KV cache** = 2 × layers × KV heads × head dim × bytes per value × tokens = "
+            f"2 × {cfg.n_layers} × {cfg.n_kv_heads} × {cfg.head_dim} × {b} × tokens = "
+            f"**{per:,} bytes per token**")
+    if tokens:
+        text += f"; × {tokens} tokens = {per * tokens / 2**20:.2f} MiB"
+    return text
+
+
+def model_card(engine) -> str:
+    cfg = engine.cfg
+    params = cfg.param_counts()
+    cost = token_cost(cfg, 1, engine.dtype.itemsize)
+    return (f"**{html.escape(engine.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
+            f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
+            f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
+            f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
+            f" · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
+            f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(engine.dtype)} on "
+            f"{engine.device} · ≈ {cost.total / 1e6:.0f} MFLOPs per token at a 1-token context "
+            f"(2 × matmul parameters + attention)")
+
+
+def stats_markdown(engine, rec: RunRecord) -> str:
+    if not rec.steps:
+        return "No run yet."
+    first = rec.steps[0]
+    n = len(rec.steps)
+    ctx = len(rec.prompt_ids) + n
+    cost = token_cost(engine.cfg, ctx, engine.dtype.itemsize)
+    decode_ms = sum(s.ms for s in rec.steps[1:])
+    tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
+    lines = [
+        f"| prompt tokens | time to first token | generated | decode speed | FLOPs / token (at {ctx} ctx) | seed |",
+        "|---|---|---|---|---|---|",
+        f"| {len(rec.prompt_ids)} | {first.prefill_ms:.0f} ms | {n} | {tps:.1f} tok/s | "
+        f"{cost.total / 1e6:.0f} M ({cost.attention_scores / 1e6:.1f} M attention) | {rec.seed} |",
+    ]
+    if rec.done is not None:
+        d = rec.done
+        lines.append(f"\nStopped: **{REASONS.get(d.reason, d.reason)}**."
+                     + (f" Max new tokens was capped at {d.max_new_tokens} to fit the context "
+                        f"window of {engine.cfg.max_seq_len}." if d.capped else ""))
+    return "\n".join(lines)

@@ -1,0 +1,258 @@
+"""What the page's events do. Plain functions and one small class: tests call them directly."""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from dataclasses import dataclass, fields
+from typing import Iterator
+from urllib.parse import urlencode
+
+import gradio as gr
+
+from inference.engine import Engine, Request
+from inference.errors import TokenLabError
+from inference.events import DoneEvent
+from inference.sampling import SamplingParams
+from ui import format as fmt
+
+MIN_UPDATE_INTERVAL_S = 0.05  # at most ~20 page updates per second while streaming
+MODES = ("completion", "chat")
+
+
+@dataclass
+class Controls:
+    """The page's inputs, in the order the layout passes them (also the URL query keys)."""
+    prompt: str = "The capital of France is"
+    mode: str = "completion"
+    system: str = ""
+    temperature: float = 0.7
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    max_new_tokens: int = 64
+    seed: str = ""
+    stop: str = ""
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def values(self) -> list:
+        return [getattr(self, n) for n in self.names()]
+
+
+def parse_seed(text) -> int | None:
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise TokenLabError(f"seed must be a whole number or empty (random), got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise TokenLabError(f"seed must be between 0 and 2^63 - 1, got {value}")
+    return value
+
+
+def parse_stop(text: str | None) -> tuple[str, ...]:
+    """One stop string per line; \\n and \\t written literally stand for newline and tab."""
+    if not text:
+        return ()
+    return tuple(line.replace("\\n", "\n").replace("\\t", "\t") for line in text.split("\n") if line)
+
+
+def _int(name: str, value) -> int:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise TokenLabError(f"{name} must be a number, got {value!r}") from None
+    if not math.isfinite(f) or f != int(f):
+        raise TokenLabError(f"{name} must be a whole number, got {value!r}")
+    return int(f)
+
+
+def sampling_params(c: Controls, seed: int | None) -> SamplingParams:
+    """Validated settings; raises TokenLabError with a one-line message."""
+    return SamplingParams(
+        temperature=c.temperature, top_k=_int("top_k", c.top_k), top_p=c.top_p, min_p=c.min_p,
+        repetition_penalty=c.repetition_penalty, max_new_tokens=_int("max_new_tokens", c.max_new_tokens),
+        seed=seed, stop=parse_stop(c.stop))
+
+
+class RunRegistry:
+    """The cancel flag of each browser session's current run (Stop and closed tabs set it)."""
+
+    def __init__(self):
+        self._runs: dict[str, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def start(self, session: str) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            old = self._runs.get(session)
+            if old is not None:  # one run per session: a new Generate ends the old one
+                old.set()
+            self._runs[session] = event
+        return event
+
+    def stop(self, session: str) -> None:
+        with self._lock:
+            event = self._runs.get(session)
+        if event is not None:
+            event.set()
+
+    def finish(self, session: str, event: threading.Event) -> None:
+        with self._lock:
+            if self._runs.get(session) is event:
+                del self._runs[session]
+
+    def __len__(self) -> int:
+        return len(self._runs)
+
+
+def _session(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "local"
+
+
+class Handlers:
+    """The engine and the run registry, passed in; each method is one page event."""
+
+    def __init__(self, engine: Engine, registry: RunRegistry | None = None, top_n: int = 10):
+        self.engine, self.registry, self.top_n = engine, registry or RunRegistry(), top_n
+
+    # -------------------------------------------------------- generate (also the /generate API)
+
+    def generate(self, prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
+                 max_new_tokens, seed, stop, request: gr.Request = None) -> Iterator[tuple]:
+        """Stream a run: the Controls values in order (gradio adds the request). Yields updates."""
+        c = Controls(prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
+                     max_new_tokens, seed, stop)
+        try:
+            if c.mode not in MODES:
+                raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {c.mode!r}")
+            seed = parse_seed(c.seed)
+            seed = secrets.randbelow(2**31) if seed is None else seed
+            params = sampling_params(c, seed)
+            chat = c.mode == "chat"
+            ids = self.engine.prompt_ids(c.prompt, chat, c.system)
+        except TokenLabError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        rec = fmt.RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed)
+        session = _session(request)
+        cancel = self.registry.start(session)
+        notice = ""
+        room = self.engine.cfg.max_seq_len - len(ids)
+        if params.max_new_tokens > room:
+            notice = (f"Max new tokens lowered from {params.max_new_tokens} to {room}: the prompt "
+                      f"uses {len(ids)} of the {self.engine.cfg.max_seq_len}-token context window.")
+        try:
+            yield self.outputs(rec, notice)
+            last = time.perf_counter()
+            events = self.engine.generate(Request(c.prompt, params, chat, c.system, self.top_n), cancel)
+            for ev in events:
+                if isinstance(ev, DoneEvent):
+                    rec.done = ev
+                else:
+                    rec.steps.append(ev)
+                now = time.perf_counter()
+                if now - last >= MIN_UPDATE_INTERVAL_S:
+                    last = now
+                    yield self.outputs(rec, notice)
+            yield self.outputs(rec, notice)  # the final update always carries the complete text
+        finally:
+            self.registry.finish(session, cancel)
+
+    def outputs(self, rec: fmt.RunRecord, notice: str = "") -> tuple:
+        """Values for: prompt view, output, bars, KV chart, latency chart, stats, KV formula,
+        step slider, prompt tokens, notice, run state."""
+        n = len(rec.steps)
+        last = rec.steps[-1] if rec.steps else None
+        tokens = len(rec.prompt_ids) + n
+        return (
+            rec.prompt_text,
+            fmt.highlighted_output(rec),
+            fmt.bars_html(last),
+            fmt.kv_frame(rec),
+            fmt.latency_frame(rec),
+            fmt.stats_markdown(self.engine, rec),
+            fmt.kv_formula(self.engine, tokens if n else None),
+            gr.update(maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=rec.done is not None and n > 1),
+            fmt.prompt_tokens_view(self.engine.tokenizer, rec.prompt_ids),
+            notice,
+            rec,
+        )
+
+    # -------------------------------------------------------- selecting a step after the run
+
+    def select_step(self, rec: fmt.RunRecord | None, step) -> str:
+        if rec is None or not rec.steps:
+            return fmt.bars_html(None)
+        i = min(max(int(step or 0), 0), len(rec.steps) - 1)
+        return fmt.bars_html(rec.steps[i])
+
+    def select_token(self, rec: fmt.RunRecord | None, evt: gr.SelectData):
+        """Clicking a generated token shows its step's bars and moves the slider there."""
+        if rec is None or not rec.steps or evt is None or evt.index is None:
+            return gr.update(), gr.update()
+        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        i = min(int(index), len(rec.steps) - 1)
+        return fmt.bars_html(rec.steps[i]), gr.update(value=i)
+
+    # -------------------------------------------------------- stop, closed tabs
+
+    def stop(self, request: gr.Request | None = None) -> None:
+        self.registry.stop(_session(request))
+
+    # -------------------------------------------------------- sharing
+
+    def restore(self, request: gr.Request | None = None) -> tuple:
+        """Controls from the page URL's query parameters; bad values are named in the notice."""
+        query = dict(getattr(request, "query_params", {}) or {})
+        c, problems = controls_from_query(query)
+        return (*c.values(), "\n".join(problems))
+
+    def share_link(self, prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
+                   max_new_tokens, seed, stop, base: str) -> str:
+        """A link that restores these settings; `base` is the page's own address."""
+        return share_url(base or "", Controls(prompt, mode, system, temperature, top_k, top_p, min_p,
+                                              repetition_penalty, max_new_tokens, seed, stop))
+
+
+def controls_from_query(query: dict) -> tuple[Controls, list[str]]:
+    c, problems = Controls(), []
+    conv = {"temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
+            "top_k": int, "max_new_tokens": int}
+    for name in Controls.names():
+        if name not in query:
+            continue
+        raw = query[name]
+        try:
+            value = conv[name](raw) if name in conv else str(raw)
+            if name in conv and not math.isfinite(float(value)):
+                raise ValueError("not finite")
+            if name == "mode" and value not in MODES:
+                raise ValueError(f"not one of {MODES}")
+            if name == "seed":
+                parse_seed(value)
+        except (ValueError, TokenLabError) as e:
+            problems.append(f"Ignored link parameter {name}={raw!r}: {e}")
+            continue
+        setattr(c, name, value)
+    for key in query:
+        if key not in Controls.names() and not key.startswith("__"):
+            problems.append(f"Ignored unknown link parameter {key!r}")
+    try:
+        sampling_params(c, parse_seed(c.seed))
+    except TokenLabError as e:
+        problems.append(f"The link's settings are not usable as they are: {e}")
+    return c, problems
+
+
+def share_url(base: str, c: Controls) -> str:
+    default = Controls()
+    query = {n: v for n, v in zip(Controls.names(), c.values())
+             if v != getattr(default, n) or n in ("prompt", "seed")}
+    return f"{base.split('?')[0]}?{urlencode(query)}"

@@ -1,0 +1,121 @@
+"""The page: components and their wiring. What each event does lives in handlers.py."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from inference.engine import Engine
+from ui import format as fmt
+from ui.handlers import Controls, Handlers
+
+EXAMPLES = [
+    ["The capital of France is", "completion"],
+    ["今天天气真", "completion"],
+    ["def fibonacci(n):\n    ", "completion"],
+    ["Once upon a time, a tiny language model", "completion"],
+    ["Explain in one sentence why the sky is blue.", "chat"],
+]
+
+# Reads the page's own address into the hidden `page_url` input before share_link runs.
+PAGE_URL_JS = "(...a) => { a[a.length - 1] = window.location.origin + window.location.pathname; return a; }"
+
+
+def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
+    h = handlers or Handlers(engine)
+    d = Controls()
+    with gr.Blocks(title="Token Lab") as demo:
+        gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
+                    "every step shows the candidates, the distribution it sampled from, and the "
+                    "memory and compute it took.")
+        gr.Markdown(fmt.model_card(engine), elem_id="model-card")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt = gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt")
+                with gr.Row():
+                    mode = gr.Radio(["completion", "chat"], value=d.mode, label="Mode",
+                                    info="chat wraps the prompt in the model's chat template",
+                                    elem_id="mode")
+                    system = gr.Textbox(d.system, label="System prompt (chat mode)", lines=1,
+                                        elem_id="system")
+                with gr.Row():
+                    generate = gr.Button("Generate", variant="primary", elem_id="generate")
+                    stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                gr.Examples(EXAMPLES, inputs=[prompt, mode], label="Examples")
+            with gr.Column(scale=2):
+                temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature (0 = greedy)",
+                                        elem_id="temperature")
+                with gr.Row():
+                    top_k = gr.Number(d.top_k, label="Top-k (0 = off)", precision=0, minimum=0, elem_id="top-k")
+                    top_p = gr.Slider(0.01, 1, value=d.top_p, step=0.01, label="Top-p", elem_id="top-p")
+                with gr.Row():
+                    min_p = gr.Slider(0, 1, value=d.min_p, step=0.01, label="Min-p", elem_id="min-p")
+                    rep = gr.Slider(0.5, 2, value=d.repetition_penalty, step=0.05,
+                                    label="Repetition penalty (1 = off)", elem_id="repetition-penalty")
+                with gr.Row():
+                    max_new = gr.Slider(1, min(2048, engine.cfg.max_seq_len - 1), value=d.max_new_tokens,
+                                        step=1, label="Max new tokens", elem_id="max-new-tokens")
+                    seed = gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed")
+                stop = gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
+                                  elem_id="stop-strings")
+                with gr.Row():
+                    share_btn = gr.Button("Copy link to these settings", size="sm", elem_id="copy-link")
+                    page_url = gr.Textbox(visible=False)
+                share_link = gr.Textbox(label="Link (restores prompt, mode, settings and seed)",
+                                        buttons=["copy"], elem_id="share-link")
+        notice = gr.Markdown("", elem_id="notice")
+        with gr.Row():
+            with gr.Column(scale=3):
+                prompt_view = gr.Textbox(label="Prompt as fed to the model", lines=2, interactive=False,
+                                         elem_id="prompt-view")
+                output = gr.HighlightedText(label="Generated text (colour = probability the token was "
+                                                  "sampled with; click a token to inspect its step)",
+                                            color_map=fmt.COLOR_MAP, show_legend=True,
+                                            combine_adjacent=False, elem_id="output")
+                tokens = gr.HighlightedText(label="Tokenization: the prompt's pieces and ids",
+                                            show_legend=False, elem_id="tokens")
+            with gr.Column(scale=2):
+                step = gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step")
+                topk = gr.HTML(fmt.bars_html(None), elem_id="topk")
+        with gr.Row():
+            with gr.Column():
+                kv_chart = gr.LinePlot(fmt.kv_frame(fmt.RunRecord()), x="step", y="MiB", color="series",
+                                       title="KV-cache memory per step", elem_id="kv-chart")
+                kv_text = gr.Markdown(fmt.kv_formula(engine), elem_id="kv-formula")
+            with gr.Column():
+                latency = gr.LinePlot(fmt.latency_frame(fmt.RunRecord()), x="step", y="ms",
+                                      title="Decode latency per token", elem_id="latency-chart")
+                stats = gr.Markdown("No run yet.", elem_id="stats")
+        record = gr.State(None)
+
+        controls = [prompt, mode, system, temperature, top_k, top_p, min_p, rep, max_new, seed, stop]
+        assert len(controls) == len(Controls.names())
+        run = generate.click(
+            h.generate, inputs=controls,
+            outputs=[prompt_view, output, topk, kv_chart, latency, stats, kv_text, step, tokens, notice, record],
+            api_name="generate", show_progress="hidden")
+        stop_btn.click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
+        step.release(h.select_step, inputs=[record, step], outputs=topk, api_visibility="private",
+                     queue=False)
+        output.select(h.select_token, inputs=record, outputs=[topk, step], api_visibility="private",
+                      queue=False)
+        share_btn.click(h.share_link, inputs=controls + [page_url], outputs=share_link, js=PAGE_URL_JS,
+                        api_visibility="private", queue=False)
+        demo.load(h.restore, inputs=None, outputs=controls + [notice], api_visibility="private",
+                  queue=False)
+        demo.unload(h.stop)
+        del run
+    return demo
+
+
+def concurrency_for(engine: Engine) -> int:
+    """Runs at once: on a CPU they share the same cores, so one at a time; a GPU takes a few."""
+    return 4 if engine.device.type == "cuda" else 1
+
+
+def launch(demo: gr.Blocks, engine: Engine, *, host: str = "127.0.0.1", port: int | None = None,
+           share: bool = False, auth: tuple[str, str] | None = None, block: bool = True,
+           queue_size: int = 16):
+    demo.queue(default_concurrency_limit=concurrency_for(engine), max_size=queue_size)
+    return demo.launch(server_name=host, server_port=port, share=share, auth=auth,
+                       prevent_thread_lock=not block, enable_monitoring=False, show_error=False,
+                       css=fmt.BARS_CSS, footer_links=["api"], quiet=not block)
