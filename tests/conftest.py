@@ -26,3 +26,18 @@ def tiny_dirs(tmp_path_factory, sp_model_bytes) -> dict[str, Path]:
 def tiny_engine(tiny_dirs):
     from inference.engine import Engine
     return Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+
+
+@pytest.fixture(scope="session")
+def live_app(tiny_dirs):
+    """The real page on a tiny model, served on a free localhost port."""
+    from inference.engine import Engine
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+
+    engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+    handlers = Handlers(engine)
+    demo = build_ui(engine, handlers)
+    _, url, _ = launch(demo, engine, port=None, block=False)
+    yield url.rstrip("/"), engine, handlers
+    demo.close()

@@ -29,6 +29,14 @@ class RunRecord:
     seed: int | None = None
 
 
+def si(n: float, unit: str = "") -> str:
+    """1234567 -> '1.23 M'."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g} {prefix}{unit}"
+    return f"{n:.3g} {unit}".rstrip()
+
+
 def bucket(p: float) -> str:
     return next(name for threshold, name in BUCKETS if p >= threshold)
 
@@ -128,7 +136,7 @@ def model_card(engine) -> str:
             f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
             f" · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(engine.dtype)} on "
-            f"{engine.device} · ≈ {cost.total / 1e6:.0f} MFLOPs per token at a 1-token context "
+            f"{engine.device} · ≈ {si(cost.total, 'FLOPs')} per token at a 1-token context "
             f"(2 × matmul parameters + attention)")
 
 
@@ -145,7 +153,7 @@ def stats_markdown(engine, rec: RunRecord) -> str:
         f"| prompt tokens | time to first token | generated | decode speed | FLOPs / token (at {ctx} ctx) | seed |",
         "|---|---|---|---|---|---|",
         f"| {len(rec.prompt_ids)} | {first.prefill_ms:.0f} ms | {n} | {tps:.1f} tok/s | "
-        f"{cost.total / 1e6:.0f} M ({cost.attention_scores / 1e6:.1f} M attention) | {rec.seed} |",
+        f"{si(cost.total)} ({si(cost.attention_scores)} attention) | {rec.seed} |",
     ]
     if rec.done is not None:
         d = rec.done

@@ -1,0 +1,84 @@
+"""The page in a real browser: Playwright driving Debian's chromium."""
+
+import os
+import shutil
+import time
+
+import pytest
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (scripts/test.sh installs it with apt)")
+        pytest.skip("chromium is not installed")
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch):
+    url, engine, _ = live_app
+    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page.goto(url)
+    page.wait_for_selector("#generate")
+    page.fill("#prompt textarea", "Once upon a time")
+    page.fill("#seed input, #seed textarea", "3")
+    page.click("#generate")
+    page.wait_for_selector("#topk .tl-chosen", timeout=20000)
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('Stopped')", timeout=20000)
+    assert page.inner_text("#output").strip()
+    assert page.locator("#topk .tl-row").count() >= 3
+    assert page.locator("#kv-chart canvas, #kv-chart svg").count() >= 1
+    assert "tok/s" in page.inner_text("#stats")
+    # Clicking a generated token shows that step's bars (the last step's are showing now).
+    last_title = page.inner_text("#topk .tl-title")
+    page.locator("#output .token").nth(1).click()
+    page.wait_for_function(f"!document.querySelector('#topk .tl-title').innerText.startsWith({last_title.split(':')[0]!r})",
+                           timeout=10000)
+    assert page.inner_text("#topk .tl-title").startswith("Step ")
+
+    # A long run, stopped from the page. The tiny model is too fast to catch: slow each step.
+    forward = engine.model.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(0.05)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", slow_forward)
+    page.fill("#max-new-tokens input[type=number]", "200")
+    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    page.click("#generate")
+    deadline = time.time() + 20
+    while engine.active_runs == 0 and time.time() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.3)
+    page.click("#stop")
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped')", timeout=20000)
+    assert engine.active_runs == 0
+    page.close()
+
+
+def test_deep_link_restores_settings(live_app, browser):
+    url, _, _ = live_app
+    page = browser.new_page()
+    page.goto(url + "/?prompt=%E4%BB%8A%E5%A4%A9&temperature=0.3&top_k=7&seed=99&mode=chat&max_new_tokens=33")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === '今天'", timeout=20000)
+    assert page.input_value("#seed input, #seed textarea") == "99"
+    assert page.input_value("#top-k input") == "7"
+    assert page.input_value("#temperature input[type=number]") == "0.3"
+    assert page.locator("#mode input[value=chat]").is_checked()
+    page.click("#copy-link")
+    page.wait_for_function("(document.querySelector('#share-link textarea')?.value || '').includes('seed=99')",
+                           timeout=10000)
+    link = page.input_value("#share-link textarea")
+    assert link.startswith(url) and "top_k=7" in link and "mode=chat" in link
+    page.close()

@@ -1,0 +1,59 @@
+"""The launched app driven through gradio_client, as scripts and other users would."""
+
+import time
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+
+ARGS = dict(prompt="The quick", mode="completion", system="", temperature=0.0, top_k=0, top_p=1.0,
+            min_p=0.0, repetition_penalty=1.0, max_new_tokens=20, seed="5", stop="")
+
+
+def call(**kw):
+    return list({**ARGS, **kw}.values())
+
+
+def test_generate_streams_over_the_api(live_app):
+    url, engine, _ = live_app
+    client = gradio_client.Client(url, verbose=False)
+    job = client.submit(*call(), api_name="/generate")
+    updates = list(job)
+    assert len(updates) >= 2  # the first update (prompt, tokens) arrives before generation ends
+    final = updates[-1]
+    output = final[1]
+    assert len(output) == 20 and all({"token", "class_or_confidence"} <= set(t) for t in output)
+    assert "Step 19" in final[2] and "20 |" in final[5]
+    # The same seed over the API gives the same tokens as the engine alone.
+    from inference.engine import Request
+    from inference.sampling import SamplingParams
+    direct = list(engine.generate(Request("The quick", SamplingParams(temperature=0.0, max_new_tokens=20, seed=5))))
+    assert "".join(t["token"] for t in output) == direct[-1].text
+
+
+def test_stop_over_the_api_ends_the_run_and_frees_it(live_app):
+    url, engine, handlers = live_app
+    client = gradio_client.Client(url, verbose=False)
+    job = client.submit(*call(temperature=1.0, max_new_tokens=240), api_name="/generate")
+    deadline = time.time() + 20
+    while engine.active_runs == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    client.predict(api_name="/stop")
+    final = job.result()
+    assert "**stopped**" in final[5]
+    assert len(final[1]) < 240
+    deadline = time.time() + 5
+    while (engine.active_runs or len(handlers.registry)) and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.active_runs == 0 and len(handlers.registry) == 0
+
+
+def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(live_app):
+    url, _, _ = live_app
+    client = gradio_client.Client(url, verbose=False)
+    for kw, message in [(dict(prompt=""), "empty"), (dict(temperature=-1.0), "less than minimum"),
+                        (dict(top_p=5.0), "greater than maximum"), (dict(seed="x"), "seed"),
+                        (dict(top_k=-2), "top_k|minimum")]:
+        with pytest.raises(Exception, match=message):
+            client.predict(*call(**kw), api_name="/generate")
+    assert len(client.predict(*call(max_new_tokens=3), api_name="/generate")[1]) == 3

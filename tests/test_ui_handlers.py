@@ -1,0 +1,113 @@
+"""The page's handlers called directly, as plain functions, on a tiny model."""
+
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from ui import format as fmt
+from ui.handlers import Controls, Handlers, controls_from_query, parse_stop, share_url
+
+
+def run(h, **kw):
+    c = Controls(**{"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 12, **kw})
+    return list(h.generate(*c.values(), SimpleNamespace(session_hash="s1")))
+
+
+@pytest.fixture
+def handlers(tiny_engine):
+    return Handlers(tiny_engine, top_n=5)
+
+
+def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
+    updates = run(handlers)
+    assert len(updates) >= 2
+    (prompt_view, output, bars, kv, latency, stats, kv_text, slider, tokens, notice, rec) = updates[-1]
+    assert prompt_view == "The quick brown fox"
+    assert len(rec.steps) == 12 and rec.done.reason == "length"
+    assert "".join(t for t, _ in output) == rec.done.text
+    assert [cat for _, cat in output[:12]] == [fmt.bucket(s.prob) for s in rec.steps]
+    assert "Step 11" in bars and "tl-chosen" in bars
+    assert list(kv.columns) == ["step", "MiB", "series"] and len(kv) == 2 * 13
+    used = kv[kv.series == "used"]["MiB"].tolist()
+    assert used[0] == 0 and used[1] > 0 and all(b > a for a, b in zip(used[1:], used[2:]))
+    assert len(latency) == 11
+    assert "| 5 |" not in stats and "tok/s" in stats
+    assert [int(i) for _, i in tokens] == rec.prompt_ids
+    assert len(handlers.registry) == 0  # the run is no longer registered
+
+
+def test_seed_used_is_reported_and_reproduces(handlers):
+    a = run(handlers, temperature=1.2, seed="")[-1][-1]
+    assert isinstance(a.seed, int)
+    b = run(handlers, temperature=1.2, seed=str(a.seed))[-1][-1]
+    assert [s.token_id for s in a.steps] == [s.token_id for s in b.steps]
+    assert f"| {a.seed} |" in fmt.stats_markdown(handlers.engine, a)
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(prompt="   "), "empty"), (dict(temperature=float("nan")), "temperature"),
+    (dict(top_p=0), "top_p"), (dict(seed="abc"), "seed"), (dict(top_k=1.5), "top_k"),
+    (dict(mode="poetry"), "mode"), (dict(prompt="fox " * 400), "context window"),
+])
+def test_bad_input_is_a_gradio_error_with_one_line(handlers, kw, message):
+    with pytest.raises(gr.Error, match=message) as e:
+        run(handlers, **kw)
+    assert "\n" not in str(e.value)
+
+
+def test_capped_max_new_tokens_is_said(handlers, tiny_engine):
+    prompt = " ".join(["fox"] * 60)
+    n = len(tiny_engine.prompt_ids(prompt))
+    updates = run(handlers, prompt=prompt, max_new_tokens=500)
+    notice = updates[-1][9]
+    assert f"lowered from 500 to {tiny_engine.cfg.max_seq_len - n}" in notice
+
+
+def test_select_step_and_token(handlers):
+    rec = run(handlers)[-1][-1]
+    assert "Step 3" in handlers.select_step(rec, 3)
+    assert "Step 11" in handlers.select_step(rec, 99)
+    bars, slider = handlers.select_token(rec, SimpleNamespace(index=4))
+    assert "Step 4" in bars and slider["value"] == 4
+
+
+def test_stop_ends_the_sessions_run(handlers):
+    c = Controls(prompt="The quick", max_new_tokens=200, temperature=1.0, seed="1")
+    gen = handlers.generate(*c.values(), SimpleNamespace(session_hash="s2"))
+    next(gen)
+    handlers.stop(SimpleNamespace(session_hash="other"))  # another session's Stop does nothing
+    next(gen)
+    handlers.stop(SimpleNamespace(session_hash="s2"))
+    rest = list(gen)
+    rec = rest[-1][-1]
+    assert rec.done.reason == "cancelled" and len(rec.steps) < 200
+    assert handlers.engine.active_runs == 0
+
+
+def test_share_link_round_trips_through_the_query(handlers):
+    c = Controls(prompt="今天天气真 & more?", mode="chat", system="be brief", temperature=0.3, top_k=40,
+                 top_p=0.9, min_p=0.05, repetition_penalty=1.1, max_new_tokens=77, seed="42",
+                 stop="\\n\nEND")
+    url = handlers.share_link(*c.values(), "http://host:7860/")
+    assert url.startswith("http://host:7860/?")
+    from urllib.parse import parse_qsl, urlsplit
+    query = dict(parse_qsl(urlsplit(url).query))
+    restored, problems = controls_from_query(query)
+    assert restored == c and problems == []
+    values = handlers.restore(SimpleNamespace(query_params=query))
+    assert list(values[:-1]) == c.values() and values[-1] == ""
+
+
+def test_bad_query_values_are_named_not_dropped():
+    c, problems = controls_from_query({"temperature": "nan", "top_k": "x", "mode": "poetry", "bogus": "1",
+                                       "seed": "-5", "prompt": "hi"})
+    assert c.prompt == "hi" and c.temperature == Controls().temperature
+    text = "\n".join(problems)
+    for name in ("temperature", "top_k", "mode", "bogus", "seed"):
+        assert name in text
+
+
+def test_parse_stop_and_default_url():
+    assert parse_stop("a\n\\n\\nEND\n\n") == ("a", "\n\nEND")
+    assert share_url("http://x/?old=1", Controls()) .startswith("http://x/?prompt=")
