@@ -32,3 +32,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def resolve_decode_dtype(name: str, device: torch.device, dtype: torch.dtype) -> torch.dtype | None:
+    """Weights for the bandwidth-bound decode step: 'auto' halves them on a float32 CPU model."""
+    if name == "same":
+        return None
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cpu" and dtype == torch.float32 else None
+    return resolve_dtype(name, device)

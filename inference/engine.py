@@ -15,7 +15,7 @@ import torch
 from .chat import chat_messages, render_chat
 from .checkpoint import read_hf_weights, to_model_names
 from .config import ModelConfig
-from .device import resolve_device, resolve_dtype
+from .device import resolve_decode_dtype, resolve_device, resolve_dtype
 from .errors import InputError, ModelError
 from .events import Candidate, DoneEvent, StepEvent
 from .model import Transformer
@@ -58,19 +58,22 @@ class Engine:
         return self._active
 
     @classmethod
-    def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto") -> "Engine":
+    def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto",
+             decode_dtype: str = "same") -> "Engine":
         """Load the default model (None), a Hugging Face directory, or a .gguf file."""
         from .default_model import resolve_model
-        return cls.from_hf_dir(resolve_model(model), device, dtype)
+        return cls.from_hf_dir(resolve_model(model), device, dtype, decode_dtype)
 
     @classmethod
-    def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto") -> "Engine":
+    def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto",
+                    decode_dtype: str = "same") -> "Engine":
+        """decode_dtype: weights for one-row matmuls ('same', 'auto' or a dtype; see model.Linear)."""
         model_dir = Path(model_dir)
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         cfg = ModelConfig.from_json(model_dir / "config.json")
         weights = to_model_names(cfg, read_hf_weights(model_dir, cfg), dt)
-        model = Transformer.from_state_dict(cfg, weights, dev, dt)
+        model = Transformer.from_state_dict(cfg, weights, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
         tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
         return cls(model, tokenizer, model_dir.name, _generation_defaults(model_dir))
 
@@ -110,10 +113,12 @@ class Engine:
         """Yield one StepEvent per new token, then a DoneEvent. Input errors raise before any event."""
         params = req.params
         ids = self.prompt_ids(req.prompt, req.chat, req.system)
-        return self._run(ids, params, req.top_n, cancel)
+        return self.generate_ids(ids, params, req.top_n, cancel)
 
-    def _run(self, ids: list[int], params: SamplingParams, top_n: int,
-             cancel: threading.Event | None) -> Iterator[StepEvent | DoneEvent]:
+    def generate_ids(self, ids: list[int], params: SamplingParams, top_n: int = 10,
+                     cancel: threading.Event | None = None) -> Iterator[StepEvent | DoneEvent]:
+        """Generate from prompt ids. top_n=0 skips the per-step instrumentation (raw
+        distribution, candidates): the benchmark's baseline."""
         model, tok, dev = self.model, self.tokenizer, self.device
         n_prompt = len(ids)
         max_new = min(params.max_new_tokens, self.cfg.max_seq_len - n_prompt)
@@ -121,7 +126,7 @@ class Engine:
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
         generator = torch.Generator(device=dev)
         generator.manual_seed(seed)
-        top_n = max(1, min(top_n, self.cfg.vocab_size))
+        top_n = max(0, min(top_n, self.cfg.vocab_size))
 
         cache = model.new_cache(n_prompt + max_new)
         with self._active_lock:
@@ -182,9 +187,12 @@ class Engine:
     def _pick(self, logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor,
               generator: torch.Generator, top_n: int) -> tuple[torch.Tensor, "_Pick"]:
         """Sample from logits (vocab,) and gather what the step reports, with one host sync."""
-        raw = logits.softmax(dim=-1)
         final = final_logits(logits, params, seen).softmax(dim=-1)
         next_id = sample(final.unsqueeze(0), generator)[0]  # (1,)
+        if top_n == 0:
+            token_id = int(next_id.item())
+            return next_id.view(1, 1), _Pick(token_id, float("nan"), float("nan"), [])
+        raw = logits.softmax(dim=-1)
         top_raw, top_ids = raw.topk(top_n)
         # One transfer for everything the event needs: [id, p, p_raw, ids..., p..., p_raw...].
         packed = torch.cat([next_id.to(raw.dtype), final[next_id], raw[next_id],

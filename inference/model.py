@@ -26,6 +26,25 @@ class Probe:
     residuals: list[torch.Tensor] = field(default_factory=list)  # per layer, (hidden,)
 
 
+# ---------------------------------------------------------------- linear layers, per phase
+class Linear(nn.Linear):
+    """A bias-free linear layer that may keep a second, low-precision copy for decode.
+
+    Decode multiplies one vector by every weight matrix, so it is bound by the bytes of weight
+    read; prefill multiplies matrices and is bound by arithmetic, which is fastest in float32
+    on CPUs without bf16 units. With `decode_weight` set, single-row inputs use it: every decode
+    step, and the LM head after prefill (also one vector times the matrix).
+    """
+
+    decode_weight: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        w = self.decode_weight
+        if w is not None and x.shape[-2] == 1:
+            return F.linear(x.to(w.dtype), w).to(x.dtype)
+        return F.linear(x, self.weight)
+
+
 # ---------------------------------------------------------------- RMSNorm
 class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float):
@@ -34,10 +53,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # Normalize in float32 whatever the weight dtype, then scale in the model dtype.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
 
 # ---------------------------------------------------------------- grouped-query attention
@@ -47,17 +66,18 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.q_dim, self.kv_dim = cfg.q_dim, cfg.kv_dim
         # Q, K and V projections fused into one matmul: rows are [q; k; v].
-        self.wqkv = nn.Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
-        self.wo = nn.Linear(cfg.q_dim, cfg.hidden_size, bias=False)
+        self.wqkv = Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
+        self.wo = Linear(cfg.q_dim, cfg.hidden_size, bias=False)
 
     def forward(self, x, cos, sin, k_cache, v_cache, start_pos: int, probe: Probe | None,
                 layer: int) -> torch.Tensor:
         bsz, T, _ = x.shape
-        q, k, v = self.wqkv(x).split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
-        q = q.view(bsz, T, self.n_heads, self.head_dim).transpose(1, 2)  # (bsz, n_heads, T, head_dim)
-        k = k.view(bsz, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
-        v = v.view(bsz, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        n_qk = self.n_heads + self.n_kv_heads
+        qkv = self.wqkv(x).view(bsz, T, n_qk + self.n_kv_heads, self.head_dim)  # (bsz, T, heads + 2 kv_heads, head_dim)
+        qk = apply_rope(qkv[:, :, :n_qk], cos, sin)  # Q and K rotated together: half the ops
+        q = qk[:, :, :self.n_heads].transpose(1, 2)  # (bsz, n_heads, T, head_dim)
+        k = qk[:, :, self.n_heads:].transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
+        v = qkv[:, :, n_qk:].transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
 
         end = start_pos + T
         k_cache[:, :, start_pos:end] = k
@@ -94,8 +114,8 @@ class FeedForward(nn.Module):
         super().__init__()
         self.ffn_dim = cfg.intermediate_size
         # Gate and up projections fused: rows are [gate; up].
-        self.w13 = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.w2 = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.ffn_dim, dim=-1)  # each (bsz, T, ffn_dim)
@@ -125,11 +145,12 @@ class Transformer(nn.Module):
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.output = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.output = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor],
-                        device: torch.device, dtype: torch.dtype) -> "Transformer":
+                        device: torch.device, dtype: torch.dtype,
+                        decode_dtype: torch.dtype | None = None) -> "Transformer":
         """Build the model around already-loaded weights (our names; see checkpoint.py)."""
         with torch.device("meta"):  # no random init: every parameter comes from `state`
             model = cls(cfg)
@@ -143,7 +164,16 @@ class Transformer(nn.Module):
         cos, sin = rope_tables(cfg, cfg.max_seq_len, device, dtype)
         model.register_buffer("rope_cos", cos, persistent=False)
         model.register_buffer("rope_sin", sin, persistent=False)
+        model.set_decode_dtype(decode_dtype)
         return model.eval()
+
+    def set_decode_dtype(self, decode_dtype: torch.dtype | None) -> None:
+        """Give every linear layer a decode copy in decode_dtype (None or dtype: no copy)."""
+        same = decode_dtype is None or decode_dtype == self.dtype
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.decode_weight = None if same else module.weight.to(decode_dtype)
+        self.decode_dtype = self.dtype if same else decode_dtype
 
     @property
     def device(self) -> torch.device:
@@ -166,8 +196,8 @@ class Transformer(nn.Module):
         if start_pos + T > cache.capacity:
             raise ValueError(f"positions {start_pos}..{start_pos + T} exceed the cache ({cache.capacity})")
         h = self.tok_embeddings(tokens)  # (bsz, T, hidden)
-        cos = self.rope_cos[start_pos:start_pos + T]  # (T, head_dim)
-        sin = self.rope_sin[start_pos:start_pos + T]
+        cos = self.rope_cos[start_pos:start_pos + T, None]  # (T, 1, head_dim): broadcasts over heads
+        sin = self.rope_sin[start_pos:start_pos + T, None]
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, cache.k[i], cache.v[i], start_pos, probe, i)
             if probe is not None and probe.logit_lens:

@@ -44,7 +44,7 @@ def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device,
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (bsz, heads, T, head_dim) by positions whose cos/sin are (T, head_dim).
+    """Rotate x (..., T, heads, head_dim) by positions whose cos/sin are (T, 1, head_dim).
 
     Uses the Hugging Face "rotate half" layout: dimension i pairs with i + head_dim/2.
     """

@@ -64,3 +64,20 @@ def test_rope_scaling_changes_the_output(tiny_dirs):
     scaled = rope_inv_freq(ModelConfig.from_hf_dict(cfg))
     plain = rope_inv_freq(ModelConfig.from_hf_dict({**cfg, "rope_scaling": None}))
     assert not torch.allclose(scaled, plain)
+
+
+def test_low_precision_decode_weights_apply_to_single_rows_only(tiny_dirs):
+    """decode_dtype keeps prefill in float32 and moves one-row matmuls to bfloat16 copies."""
+    exact = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+    fast = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32", decode_dtype="bfloat16")
+    assert fast.model.decode_dtype == torch.bfloat16 and exact.model.decode_dtype == torch.float32
+    ids = torch.randint(3, exact.cfg.vocab_size, (1, 20), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        a = exact.model(ids, exact.model.new_cache(21), 0, all_logits=True)
+        cache = fast.model.new_cache(21)
+        b = fast.model(ids, cache, 0, all_logits=True)
+        assert torch.equal(a, b)  # prefill over many rows: float32 weights, bit for bit
+        step_exact = exact.model(ids[:, :1], exact.model.new_cache(1), 0)
+        step_fast = fast.model(ids[:, :1], fast.model.new_cache(1), 0)
+    diff = (step_fast - step_exact).abs().max().item()
+    assert 0 < diff < 0.05  # bfloat16 weights: close, and really used

@@ -135,7 +135,8 @@ def model_card(engine) -> str:
             f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
             f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
             f" · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
-            f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(engine.dtype)} on "
+            f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(engine.dtype)}"
+            f"{'' if engine.model.decode_dtype == engine.dtype else ' (decode matmuls in ' + dtype_name(engine.model.decode_dtype) + ')'} on "
             f"{engine.device} · ≈ {si(cost.total, 'FLOPs')} per token at a 1-token context "
             f"(2 × matmul parameters + attention)")
 

@@ -1,0 +1,251 @@
+"""Token Lab's engine against its peers, measured in one run on the same machine and prompts.
+
+    python -m bench.run [--model PATH] [--device auto] [--tokens 128] [--quick]
+
+Reports, ratios first: TTFT for 128- and 512-token prompts, decode tok/s with p50/p95 ms per
+token, the cost of the per-step instrumentation, achieved GB/s against a copy bandwidth measured
+in the same run, peak RSS; and the same for transformers generate() on the same weights and
+llama-cpp-python on the same GGUF where installed. Writes bench/results/bench.{md,json}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from inference.engine import Engine  # noqa: E402
+from inference.flops import token_cost  # noqa: E402
+from inference.sampling import SamplingParams  # noqa: E402
+
+FILLER = ("The history of computing is a story of people who wanted to calculate faster. "
+          "Mechanical calculators gave way to relays, relays to vacuum tubes, and tubes to "
+          "transistors, each step making machines smaller, cheaper and more reliable. ")
+
+
+def copy_bandwidth_gbs(device: torch.device, mib: int = 256) -> float:
+    """Bytes moved (read + write) per second by a large tensor copy: the machine's roofline."""
+    a = torch.empty(mib * 2**20 // 4, device=device)
+    b = torch.empty_like(a)
+    for _ in range(2):
+        b.copy_(a)
+    _sync(device)
+    t = time.perf_counter()
+    n = 10
+    for _ in range(n):
+        b.copy_(a)
+    _sync(device)
+    return 2 * a.numel() * 4 * n / (time.perf_counter() - t) / 1e9
+
+
+def _sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def prompt_ids(engine: Engine, n: int) -> list[int]:
+    ids = engine.tokenizer.encode(FILLER * (n // 20 + 2), add_bos=False)
+    return ids[:n]
+
+
+def peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def pct(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
+
+
+def measure_engine(engine: Engine, tokens: int, top_n: int, repeats: int) -> dict:
+    """Our engine: TTFT at 128/512 prompt tokens; decode step times with instrumentation top_n."""
+    out = {}
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=1)
+    for n in (128, 512):
+        ids = prompt_ids(engine, n)
+        ttfts = []
+        for _ in range(repeats):
+            events = list(engine.generate_ids(ids, greedy, top_n))
+            ttfts.append(events[-1].ttft_ms)
+        out[f"ttft_{n}_ms"] = min(ttfts)
+    ids = prompt_ids(engine, 32)
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    step_ms = []
+    for _ in range(repeats):
+        events = list(engine.generate_ids(ids, params, top_n))
+        step_ms += [e.ms for e in events[1:-1]]
+    out["decode_tok_s"] = 1000 / statistics.mean(step_ms)
+    out["p50_ms"], out["p95_ms"] = pct(step_ms, 50), pct(step_ms, 95)
+    return out
+
+
+def measure_transformers(model_dir: Path, tokens: int, repeats: int) -> dict | None:
+    try:
+        import transformers
+    except ImportError:
+        return None
+    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tok_engine = Engine.from_hf_dir(model_dir)  # same tokenization as ours
+    out = {}
+
+    def run(ids, new):
+        x = torch.tensor([ids])
+        t = time.perf_counter()
+        with torch.inference_mode():
+            model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False,
+                           pad_token_id=0)
+        return time.perf_counter() - t
+
+    for n in (128, 512):
+        ids = prompt_ids(tok_engine, n)
+        out[f"ttft_{n}_ms"] = 1000 * min(run(ids, 1) for _ in range(repeats))
+    ids = prompt_ids(tok_engine, 32)
+    one = min(run(ids, 1) for _ in range(repeats))
+    full = min(run(ids, tokens) for _ in range(repeats))
+    out["decode_tok_s"] = (tokens - 1) / (full - one)
+    out["p50_ms"] = out["p95_ms"] = None  # generate() gives no per-step times
+    return out
+
+
+def measure_llama_cpp(gguf_path: Path | None, tokens: int) -> dict | None:
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    if gguf_path is None:
+        return None
+    llm = llama_cpp.Llama(str(gguf_path), n_ctx=1024, verbose=False)
+    ids = llm.tokenize(FILLER.encode() * 20)[:512]
+    out = {}
+    for n in (128, 512):
+        llm.reset()
+        t = time.perf_counter()
+        llm.eval(ids[:n])
+        out[f"ttft_{n}_ms"] = 1000 * (time.perf_counter() - t)
+    llm.reset()
+    llm.eval(ids[:32])
+    t = time.perf_counter()
+    for tok in llm.generate(ids[:32], temp=0.0):
+        tokens -= 1
+        if tokens <= 0:
+            break
+    out["decode_tok_s"] = (tokens or 128) / (time.perf_counter() - t)
+    out["p50_ms"] = out["p95_ms"] = None
+    return out
+
+
+def quality_guard(fast: Engine, ref: Engine) -> dict:
+    """Top-1 agreement of the fast path with the float32 reference, teacher-forced over the
+    shared reference prompts and their greedy continuations; and the largest probability gap."""
+    reference = ROOT.parent / "shared" / "reference" / "smollm2_next_token.json"
+    cases = json.loads(reference.read_text())["cases"] if reference.exists() else [
+        {"prompt_ids": prompt_ids(ref, 16), "greedy_ids": prompt_ids(ref, 40)[16:]}]
+    agree = total = 0
+    worst = 0.0
+    for case in cases:
+        ids = case["prompt_ids"] + case["greedy_ids"]
+        n0 = len(case["prompt_ids"])
+        with torch.inference_mode():
+            probs = []
+            for engine in (fast, ref):
+                cache = engine.model.new_cache(len(ids))
+                rows = [engine.model(torch.tensor([ids[:n0]], device=engine.device), cache, 0)[0]]
+                for pos in range(n0, len(ids) - 1):  # decode steps: where the fast path differs
+                    rows.append(engine.model(torch.tensor([[ids[pos]]], device=engine.device), cache, pos)[0])
+                probs.append(torch.stack(rows).softmax(-1).cpu())
+        agree += (probs[0].argmax(-1) == probs[1].argmax(-1)).sum().item()
+        total += probs[0].shape[0]
+        worst = max(worst, (probs[0] - probs[1]).abs().max().item())
+    return {"top1_agreement": agree / total, "steps": total, "max_prob_diff": worst}
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", default=None)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--tokens", type=int, default=128, help="decode tokens per run")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--top", type=int, default=10, help="candidates per step when instrumented")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = p.parse_args(argv)
+
+    from inference.default_model import resolve_model
+    model_dir = resolve_model(args.model)
+    engine = Engine.from_hf_dir(model_dir, args.device, "auto", "auto")
+    device = engine.device
+    copy_gbs = copy_bandwidth_gbs(device)
+    rows = {}
+    ours = measure_engine(engine, args.tokens, args.top, args.repeats)
+    bare = measure_engine(engine, args.tokens, 0, args.repeats)
+    ours["instrumentation_overhead_pct"] = 100 * (bare["decode_tok_s"] / ours["decode_tok_s"] - 1)
+    cost = token_cost(engine.cfg, 32 + args.tokens // 2, engine.model.decode_dtype.itemsize)
+    bytes_per_token = cost.weight_bytes + cost.kv_bytes
+    ours["achieved_gb_s"] = bytes_per_token * ours["decode_tok_s"] / 1e9
+    ours["roofline_fraction"] = ours["achieved_gb_s"] / (copy_gbs / 2)  # copy moves 2 bytes per byte read
+    rows["token-lab"] = ours
+    rows["token-lab (no instrumentation)"] = bare
+    if device.type == "cpu":
+        rows["transformers generate() fp32"] = measure_transformers(model_dir, args.tokens, args.repeats)
+    gguf = Path(args.model) if args.model and args.model.endswith(".gguf") else None
+    rows["llama-cpp-python"] = measure_llama_cpp(gguf, args.tokens)
+
+    ref_engine = Engine.from_hf_dir(model_dir, args.device, "float32", "same") \
+        if engine.model.decode_dtype != torch.float32 else None
+    quality = quality_guard(engine, ref_engine) if ref_engine is not None else None
+
+    base = rows.get("transformers generate() fp32")
+    ratios = {}
+    if base:
+        ratios["decode_vs_transformers"] = ours["decode_tok_s"] / base["decode_tok_s"]
+        ratios["ttft512_vs_transformers"] = ours["ttft_512_ms"] / base["ttft_512_ms"]
+    result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
+              "decode_dtype": str(engine.model.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
+              "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),
+              "ratios": ratios, "systems": rows, "quality_guard": quality}
+    md = to_markdown(result)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=2))
+    (out / "bench.md").write_text(md)
+    print(md)
+    return 0
+
+
+def to_markdown(r: dict) -> str:
+    lines = [f"# Token Lab benchmark: {r['model']} on {r['device']} ({r['dtype']}, decode weights "
+             f"{r['decode_dtype']})", ""]
+    for k, v in r["ratios"].items():
+        lines.append(f"- **{k}**: {v:.2f}×")
+    lines += ["", "| system | TTFT 128 | TTFT 512 | decode tok/s | p50 ms | p95 ms |", "|---|---|---|---|---|---|"]
+    for name, s in r["systems"].items():
+        if s is None:
+            lines.append(f"| {name} | not installed | | | | |")
+            continue
+        f = lambda v, fmt="{:.1f}": "–" if v is None else fmt.format(v)  # noqa: E731
+        lines.append(f"| {name} | {f(s['ttft_128_ms'], '{:.0f} ms')} | {f(s['ttft_512_ms'], '{:.0f} ms')} | "
+                     f"{f(s['decode_tok_s'])} | {f(s['p50_ms'])} | {f(s['p95_ms'])} |")
+    ours = r["systems"]["token-lab"]
+    lines += ["", f"- instrumentation overhead (top-N, raw and final probabilities, KV stats): "
+                  f"{ours['instrumentation_overhead_pct']:.1f}%",
+              f"- bytes read per decode token: {r['bytes_read_per_token'] / 2**20:.0f} MiB; achieved "
+              f"{ours['achieved_gb_s']:.1f} GB/s = {100 * ours['roofline_fraction']:.0f}% of the copy "
+              f"bandwidth measured in this run ({r['copy_bandwidth_gb_s']:.1f} GB/s read+write)",
+              f"- peak RSS: {r['peak_rss_mib']:.0f} MiB"]
+    q = r.get("quality_guard")
+    if q:
+        lines.append(f"- quality guard vs float32: top-1 equal on {100 * q['top1_agreement']:.1f}% of "
+                     f"{q['steps']} steps; largest probability difference {q['max_prob_diff']:.4f}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
