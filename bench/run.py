@@ -143,6 +143,42 @@ def measure_llama_cpp(gguf_path: Path | None, tokens: int) -> dict | None:
     return out
 
 
+PAGE_CLIENT = """
+import json, sys, time
+from gradio_client import Client
+client = Client(sys.argv[1], verbose=False)
+arrivals = []
+for update in client.submit(*json.loads(sys.argv[2]), api_name="/generate"):
+    arrivals.append((time.perf_counter(), len(update[1])))
+(t0, n0) = next(a for a in arrivals if a[1] > 0)
+(t1, n1) = arrivals[-1]
+print(json.dumps({"tok_s": (n1 - n0) / (t1 - t0), "updates": len(arrivals), "tokens": n1}))
+"""
+
+
+def measure_page(engine: Engine, tokens: int) -> dict | None:
+    """Tokens per second as a page receives them: the real app, streamed to a gradio_client in
+    another process (as a browser would be)."""
+    try:
+        import gradio_client  # noqa: F401
+    except ImportError:
+        return None
+    import subprocess
+
+    from ui.handlers import Controls, Handlers
+    from ui.layout import build_ui, launch
+
+    demo = build_ui(engine, Handlers(engine))
+    _, url, _ = launch(demo, engine, block=False)
+    try:
+        c = Controls(prompt=FILLER, temperature=0.0, max_new_tokens=tokens, seed="1")
+        proc = subprocess.run([sys.executable, "-c", PAGE_CLIENT, url, json.dumps(c.values())],
+                              capture_output=True, text=True, timeout=600)
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    finally:
+        demo.close()
+
+
 def quality_guard(fast: Engine, ref: Engine) -> dict:
     """Top-1 agreement of the fast path with the float32 reference, teacher-forced over the
     shared reference prompts and their greedy continuations; and the largest probability gap."""
@@ -195,6 +231,10 @@ def main(argv=None) -> int:
     rows["token-lab (no instrumentation)"] = bare
     if device.type == "cpu":
         rows["transformers generate() fp32"] = measure_transformers(model_dir, args.tokens, args.repeats)
+    page = measure_page(engine, args.tokens)
+    if page:
+        ours["page_tok_s"] = page["tok_s"]
+        ours["page_fraction"] = page["tok_s"] / ours["decode_tok_s"]
     gguf = Path(args.model) if args.model and args.model.endswith(".gguf") else None
     rows["llama-cpp-python"] = measure_llama_cpp(gguf, args.tokens)
 
@@ -240,6 +280,9 @@ def to_markdown(r: dict) -> str:
               f"{ours['achieved_gb_s']:.1f} GB/s = {100 * ours['roofline_fraction']:.0f}% of the copy "
               f"bandwidth measured in this run ({r['copy_bandwidth_gb_s']:.1f} GB/s read+write)",
               f"- peak RSS: {r['peak_rss_mib']:.0f} MiB"]
+    if "page_tok_s" in ours:
+        lines.append(f"- the page (gradio_client streaming from the real app) receives {ours['page_tok_s']:.1f} "
+                     f"tok/s = {100 * ours['page_fraction']:.0f}% of the engine's decode rate")
     q = r.get("quality_guard")
     if q:
         lines.append(f"- quality guard vs float32: top-1 equal on {100 * q['top1_agreement']:.1f}% of "

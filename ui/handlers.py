@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import queue
 import secrets
 import threading
 import time
@@ -18,7 +19,8 @@ from inference.events import DoneEvent
 from inference.sampling import SamplingParams
 from ui import format as fmt
 
-MIN_UPDATE_INTERVAL_S = 0.05  # at most ~20 page updates per second while streaming
+MIN_UPDATE_INTERVAL_S = 0.1  # at most 10 page updates per second while streaming
+CHART_INTERVAL_S = 0.5  # the charts, larger to send and draw, at most twice a second
 MODES = ("completion", "chat")
 
 
@@ -113,6 +115,54 @@ class RunRegistry:
         return len(self._runs)
 
 
+class EventPump:
+    """Runs the engine's event generator on its own thread, so the engine keeps decoding while
+    the page's previous update is serialized and sent; the handler takes events in batches."""
+
+    _END = object()
+
+    def __init__(self, events: Iterator, cancel: threading.Event):
+        self._queue: queue.Queue = queue.Queue()
+        self._cancel = cancel
+        self._thread = threading.Thread(target=self._run, args=(events,), daemon=True)
+        self._thread.start()
+
+    def _run(self, events: Iterator) -> None:
+        try:
+            for ev in events:
+                self._queue.put(ev)
+        except BaseException as e:  # handed to the page's thread, which reports it
+            self._queue.put(e)
+        finally:
+            self._queue.put(self._END)
+
+    def batches(self, interval_s: float) -> Iterator[list]:
+        """Lists of events, one list at most every interval_s; ends after the last event."""
+        while True:
+            batch = [self._queue.get()]
+            deadline = time.perf_counter() + interval_s
+            while batch[-1] is not self._END and (left := deadline - time.perf_counter()) > 0:
+                try:
+                    batch.append(self._queue.get(timeout=left))
+                except queue.Empty:
+                    break
+            done = batch[-1] is self._END
+            events = [e for e in batch if e is not self._END]
+            for e in events:
+                if isinstance(e, BaseException):
+                    if isinstance(e, TokenLabError):
+                        raise gr.Error(str(e), print_exception=False)
+                    raise e
+            yield events
+            if done:
+                return
+
+    def close(self) -> None:
+        """Stop the engine (if it still runs) and wait for its thread: the KV cache is freed."""
+        self._cancel.set()
+        self._thread.join()
+
+
 def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
@@ -148,41 +198,52 @@ class Handlers:
         if params.max_new_tokens > room:
             notice = (f"Max new tokens lowered from {params.max_new_tokens} to {room}: the prompt "
                       f"uses {len(ids)} of the {self.engine.cfg.max_seq_len}-token context window.")
+        events = self.engine.generate(Request(c.prompt, params, chat, c.system, self.top_n), cancel)
+        stream = EventPump(events, cancel)
         try:
-            yield self.outputs(rec, notice)
-            last = time.perf_counter()
-            events = self.engine.generate(Request(c.prompt, params, chat, c.system, self.top_n), cancel)
-            for ev in events:
-                if isinstance(ev, DoneEvent):
-                    rec.done = ev
-                else:
-                    rec.steps.append(ev)
-                now = time.perf_counter()
-                if now - last >= MIN_UPDATE_INTERVAL_S:
-                    last = now
-                    yield self.outputs(rec, notice)
+            yield self.outputs(rec, notice, phase="start")
+            last_chart = time.perf_counter()
+            for batch in stream.batches(MIN_UPDATE_INTERVAL_S):
+                for ev in batch:
+                    if isinstance(ev, DoneEvent):
+                        rec.done = ev
+                    else:
+                        rec.steps.append(ev)
+                if rec.done is None:
+                    now = time.perf_counter()
+                    charts = now - last_chart >= CHART_INTERVAL_S
+                    last_chart = now if charts else last_chart
+                    yield self.outputs(rec, notice, phase="stream", charts=charts)
             yield self.outputs(rec, notice)  # the final update always carries the complete text
         finally:
+            stream.close()
             self.registry.finish(session, cancel)
 
-    def outputs(self, rec: fmt.RunRecord, notice: str = "") -> tuple:
+    def outputs(self, rec: fmt.RunRecord, notice: str = "", phase: str = "final",
+                charts: bool = True) -> tuple:
         """Values for: prompt view, output, bars, KV chart, latency chart, stats, KV formula,
-        step slider, prompt tokens, notice, run state."""
+        step slider, prompt tokens, notice, run state.
+
+        While streaming ("stream") what does not change is skipped and the charts come only when
+        `charts` says so, so each update stays small and the engine keeps its pace.
+        """
         n = len(rec.steps)
         last = rec.steps[-1] if rec.steps else None
         tokens = len(rec.prompt_ids) + n
+        streaming = phase == "stream"
+        keep = gr.skip()
         return (
-            rec.prompt_text,
+            keep if streaming else rec.prompt_text,
             fmt.highlighted_output(rec),
             fmt.bars_html(last),
-            fmt.kv_frame(rec),
-            fmt.latency_frame(rec),
+            fmt.kv_frame(rec) if charts or not streaming else keep,
+            fmt.latency_frame(rec) if charts or not streaming else keep,
             fmt.stats_markdown(self.engine, rec),
             fmt.kv_formula(self.engine, tokens if n else None),
             gr.update(maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=rec.done is not None and n > 1),
-            fmt.prompt_tokens_view(self.engine.tokenizer, rec.prompt_ids),
-            notice,
-            rec,
+            keep if streaming else fmt.prompt_tokens_view(self.engine.tokenizer, rec.prompt_ids),
+            keep if streaming else notice,
+            keep if streaming else rec,
         )
 
     # -------------------------------------------------------- selecting a step after the run
