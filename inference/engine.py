@@ -16,7 +16,7 @@ from .chat import chat_messages, render_chat
 from .checkpoint import read_hf_weights, to_model_names
 from .config import ModelConfig
 from .device import resolve_decode_dtype, resolve_device, resolve_dtype
-from .errors import InputError, ModelError
+from .errors import InputError, ModelError, ResourceError
 from .events import Candidate, DoneEvent, StepEvent
 from .model import Transformer
 from .sampling import SamplingParams, final_logits, sample
@@ -172,6 +172,13 @@ class Engine:
                         break
                 else:
                     reason = "context" if capped else "length"
+        except torch.OutOfMemoryError:
+            cache.free()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            raise ResourceError(f"out of {dev.type.upper()} memory after {len(step_ms)} tokens "
+                                f"({n_prompt} prompt tokens); try a shorter prompt or fewer new "
+                                "tokens") from None
         finally:  # also reached when the consumer closes the generator (stop, closed tab)
             cache.free()
             with self._active_lock:

@@ -11,3 +11,7 @@ class ModelError(TokenLabError):
 
 class InputError(TokenLabError):
     """A prompt or sampling setting that cannot be used."""
+
+
+class ResourceError(TokenLabError):
+    """The device ran out of memory during a run; the run ended, the engine keeps serving."""

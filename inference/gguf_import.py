@@ -51,6 +51,15 @@ def _checked_reader(path: Path):
                                  "more than the file can hold")
             return super()._build_fields(offs, count)
 
+        def _get_field_parts(self, orig_offs, raw_type):
+            # An array needs at least one byte per item: a larger count would loop for ever.
+            if raw_type == gguf.GGUFValueType.ARRAY:
+                count = self._get(orig_offs + 4, np.uint64)
+                if len(count) != 1 or int(count[0]) > file_size - orig_offs:
+                    raise ModelError(f"{path.name}: a metadata array at byte {orig_offs} claims more "
+                                     "items than the file can hold")
+            return super()._get_field_parts(orig_offs, raw_type)
+
         def _build_tensor_info(self, offs, count):
             if int(count) > file_size // 24:  # each tensor info needs at least 24 bytes
                 raise ModelError(f"{path.name}: header claims {int(count)} tensors, "

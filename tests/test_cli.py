@@ -74,3 +74,41 @@ def test_real_entry_point_exit_status(tiny_dirs):
     proc = subprocess.run([sys.executable, "-m", "inference", "generate", "--model", str(tiny_dirs["mha"]),
                            "--prompt", "x", "--top-p", "7"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "top_p" in proc.stderr
+
+
+def test_app_safe_defaults():
+    import app
+    args = app.parse_args([])
+    assert args.host == "127.0.0.1" and not args.share and args.auth is None
+    assert app.parse_args(["--auth", "ann:secret"]).auth == ("ann", "secret")
+    with pytest.raises(SystemExit) as e:
+        app.parse_args(["--auth", "nopassword"])
+    assert e.value.code == 2
+
+
+def test_launch_turns_monitoring_off_and_hides_errors(monkeypatch, tiny_engine):
+    """The launch settings that keep a shared link safe: checked where they are set."""
+    import gradio as gr
+    from ui.layout import build_ui, launch
+    seen = {}
+    monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: seen.update(kw))
+    launch(build_ui(tiny_engine), tiny_engine, block=False)
+    assert seen["server_name"] == "127.0.0.1" and seen["enable_monitoring"] is False
+    assert seen["show_error"] is False and seen["share"] is False
+
+
+def test_share_prints_a_public_warning(monkeypatch, tiny_dirs, capsys):
+    import app
+    import ui.layout
+    monkeypatch.setattr(ui.layout, "launch", lambda *a, **k: None)
+    assert app.main(["--model", str(tiny_dirs["mha"]), "--share"]) == 0
+    assert "PUBLIC" in capsys.readouterr().err
+
+
+def test_no_upload_or_file_components(tiny_engine):
+    import gradio as gr
+    from ui.layout import build_ui
+    demo = build_ui(tiny_engine)
+    kinds = {type(b).__name__ for b in demo.blocks.values()}
+    assert not kinds & {"File", "UploadButton", "FileExplorer", "Image", "Audio", "Video"}
+    assert isinstance(demo, gr.Blocks)

@@ -57,3 +57,52 @@ def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(live_app):
         with pytest.raises(Exception, match=message):
             client.predict(*call(**kw), api_name="/generate")
     assert len(client.predict(*call(max_new_tokens=3), api_name="/generate")[1]) == 3
+
+
+def test_eight_clients_at_once_match_their_solo_runs(live_app):
+    from concurrent.futures import ThreadPoolExecutor
+    url, engine, _ = live_app
+
+    def run(i):
+        client = gradio_client.Client(url, verbose=False)
+        out = client.predict(*call(prompt=f"Story {i}:", temperature=1.0, top_k=20, max_new_tokens=15,
+                                   seed=str(10 + i)), api_name="/generate")
+        return "".join(t["token"] for t in out[1])
+
+    solo = [run(i) for i in range(8)]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(run, range(8)))
+    assert together == solo and len(set(solo)) == 8
+    assert engine.active_runs == 0
+
+
+def test_a_full_queue_says_busy(tiny_dirs, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+    from inference.engine import Engine
+    from ui.layout import build_ui, launch
+
+    engine = Engine.from_hf_dir(tiny_dirs["mha"])
+    forward = engine.model.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.02)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", slow)
+    demo = build_ui(engine)
+    _, url, _ = launch(demo, engine, block=False, queue_size=1)
+    try:
+        def run(_):
+            try:
+                gradio_client.Client(url, verbose=False).predict(*call(max_new_tokens=60), api_name="/generate")
+                return "ok"
+            except Exception as e:
+                return str(e)
+
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(run, range(4)))
+    finally:
+        demo.close()
+    assert "ok" in results
+    busy = [r for r in results if r != "ok"]
+    assert busy and all("full" in r.lower() or "try again" in r.lower() for r in busy), results

@@ -124,7 +124,7 @@ class EventPump:
     def __init__(self, events: Iterator, cancel: threading.Event):
         self._queue: queue.Queue = queue.Queue()
         self._cancel = cancel
-        self._thread = threading.Thread(target=self._run, args=(events,), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(events,), daemon=True, name="tokenlab-run")
         self._thread.start()
 
     def _run(self, events: Iterator) -> None:
