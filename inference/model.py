@@ -209,4 +209,4 @@ class Transformer(nn.Module):
 
     def lens_logits(self, residual: torch.Tensor) -> torch.Tensor:
         """The logit lens: one residual stream (hidden,) through the final norm and LM head."""
-        return self.output(self.norm(residual)).float()
+        return self.output(self.norm(residual.unsqueeze(0))).float()[0]  # as a (1, hidden) row

@@ -46,6 +46,15 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
                            timeout=10000)
     assert page.inner_text("#topk .tl-title").startswith("Step ")
 
+    # Inside one token: open the accordion and look inside the selected step.
+    page.get_by_text("Inside one token").click()
+    page.click("#inspect")
+    page.wait_for_function("(document.querySelector('#stages')?.innerText || '').includes('Prefill')",
+                           timeout=20000)
+    assert page.locator("#attention td").count() >= engine.cfg.n_heads
+    assert page.locator("#lens tr").count() == engine.cfg.n_layers
+    assert "embedding" in page.inner_text("#memory")
+
     # A long run, stopped from the page. The tiny model is too fast to catch: slow each step.
     forward = engine.model.forward
 

@@ -162,3 +162,77 @@ def stats_markdown(engine, rec: RunRecord) -> str:
                      + (f" Max new tokens was capped at {d.max_new_tokens} to fit the context "
                         f"window of {engine.cfg.max_seq_len}." if d.capped else ""))
     return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- inside one token
+
+def stages_markdown(engine, n_prompt: int, step: int) -> str:
+    """The path of one token: prefill over the prompt and the selected decode step side by side."""
+    from inference.anatomy import stages
+    cfg, b = engine.cfg, engine.dtype.itemsize
+    ctx = n_prompt + step
+    pre = stages(cfg, n_prompt, n_prompt, b)
+    dec = stages(cfg, 1, ctx, b)
+    lines = [f"Prefill: {n_prompt} prompt tokens at once. Decode step {step}: 1 token attending to "
+             f"{ctx} positions. Bytes are weights and KV cache read at {dtype_name(engine.dtype)}.", "",
+             "| stage | prefill shape | prefill FLOPs | decode shape | decode FLOPs | decode bytes |",
+             "|---|---|---|---|---|---|"]
+    for p, d in zip(pre, dec):
+        lines.append(f"| {p.name} | {p.shape} | {si(p.flops)} | {d.shape} | {si(d.flops)} | {si(d.bytes, 'B')} |")
+    lines.append(f"| **per token** | | {si(pre[-1].flops / n_prompt)} | | {si(dec[-1].flops)} | "
+                 f"{si(dec[-1].bytes, 'B')} |")
+    return "\n".join(lines)
+
+
+def attention_html(capture, tokenizer, max_rows: int = 400) -> str:
+    """Heatmap: context positions (rows, labelled) x heads (columns) for the captured layer."""
+    att = capture.attention  # (heads, T_ctx)
+    n_heads, T = att.shape
+    start = max(0, T - max_rows)
+    head = "".join(f"<th>h{i}</th>" for i in range(n_heads))
+    rows = []
+    for pos in range(start, T):
+        cells = "".join(
+            f"<td style='background: rgba(229,57,53,{min(1.0, float(att[h, pos]) ** 0.5):.3f})' "
+            f"title='head {h}, position {pos}: {float(att[h, pos]):.4f}'>{float(att[h, pos]):.2f}</td>"
+            for h in range(n_heads))
+        label = html.escape(visible(tokenizer.piece(capture.context_ids[pos])))
+        rows.append(f"<tr><th class='tl-pos'>{pos}</th><th class='tl-ctx'>{label}</th>{cells}</tr>")
+    note = f"<div>showing the last {max_rows} of {T} positions</div>" if start else ""
+    return (f"<div class='tl-att'><div class='tl-title'>Layer {capture.layer}: where the new token's "
+            f"query looked (each head's row of weights sums to 1; cell shade ∝ √weight)</div>{note}"
+            f"<table><tr><th>pos</th><th>token</th>{head}</tr>{''.join(rows)}</table></div>")
+
+
+def lens_html(capture, tokenizer) -> str:
+    """The logit lens: each layer's residual stream through the final norm and LM head."""
+    rows = []
+    for layer, top in enumerate(capture.lens):
+        cells = "".join(f"<td>{html.escape(visible(tokenizer.piece(i)))} <small>{p:.3f}</small></td>"
+                        for i, p in top)
+        rows.append(f"<tr><th>after layer {layer}</th>{cells}</tr>")
+    return ("<div class='tl-lens'><div class='tl-title'>Logit lens: the top tokens each layer's "
+            "residual stream would predict</div><table>" + "".join(rows) + "</table></div>")
+
+
+def memory_markdown(engine) -> str:
+    from inference.anatomy import memory_table
+    cfg, b = engine.cfg, engine.dtype.itemsize
+    lines = [f"| component | parameters | bytes at {dtype_name(engine.dtype)} |", "|---|---|---|"]
+    for name, n, nbytes in memory_table(cfg, b):
+        lines.append(f"| {name} | {n:,} | {si(nbytes, 'B')} |")
+    head = cfg.vocab_size * cfg.hidden_size
+    if cfg.tie_word_embeddings:
+        lines.append(f"\nThe LM head **shares the embedding matrix** (tied): that saves {head:,} "
+                     f"parameters, {si(head * b, 'B')} ({100 * head / (cfg.param_counts()['total'] + head):.0f}% "
+                     "of an untied model).")
+    else:
+        lines.append(f"\nThe LM head has its own matrix (untied): {head:,} parameters, {si(head * b, 'B')}.")
+    return "\n".join(lines)
+
+
+INSPECT_CSS = """
+.tl-att table, .tl-lens table { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 12px; }
+.tl-att td, .tl-att th, .tl-lens td, .tl-lens th { padding: 1px 5px; border: 1px solid rgba(128,128,128,.2); }
+.tl-att { max-height: 480px; overflow: auto; }
+"""

@@ -262,6 +262,21 @@ class Handlers:
         i = min(int(index), len(rec.steps) - 1)
         return fmt.bars_html(rec.steps[i]), gr.update(value=i)
 
+    # -------------------------------------------------------- inside one token
+
+    def inspect_step(self, rec: fmt.RunRecord | None, step, layer) -> tuple[str, str, str]:
+        """Stages with shapes and costs, attention heatmap and logit lens for the selected step."""
+        from inference.anatomy import capture_step
+        if rec is None or not rec.steps:
+            raise gr.Error("Generate first, then pick a step to look inside.", print_exception=False)
+        i = min(max(int(step or 0), 0), len(rec.steps) - 1)
+        layer = min(max(int(layer or 0), 0), self.engine.cfg.n_layers - 1)
+        context = rec.prompt_ids + [s.token_id for s in rec.steps[:i]]
+        capture = capture_step(self.engine.model, context, layer)
+        tok = self.engine.tokenizer
+        return (fmt.stages_markdown(self.engine, len(rec.prompt_ids), i),
+                fmt.attention_html(capture, tok), fmt.lens_html(capture, tok))
+
     # -------------------------------------------------------- stop, closed tabs
 
     def stop(self, request: gr.Request | None = None) -> None:

@@ -85,6 +85,16 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                 latency = gr.LinePlot(fmt.latency_frame(fmt.RunRecord()), x="step", y="ms",
                                       title="Decode latency per token", elem_id="latency-chart")
                 stats = gr.Markdown("No run yet.", elem_id="stats")
+        with gr.Accordion("Inside one token: the path through the model at the selected step", open=False):
+            with gr.Row():
+                lens_layer = gr.Slider(0, engine.cfg.n_layers - 1, value=engine.cfg.n_layers - 1, step=1,
+                                       label="Attention layer", elem_id="inspect-layer")
+                inspect_btn = gr.Button("Look inside the selected step", elem_id="inspect")
+            stages_md = gr.Markdown("", elem_id="stages")
+            with gr.Row():
+                attention = gr.HTML("", elem_id="attention")
+                lens = gr.HTML("", elem_id="lens")
+            gr.Markdown(fmt.memory_markdown(engine), elem_id="memory")
         record = gr.State(None)
 
         controls = [prompt, mode, system, temperature, top_k, top_p, min_p, rep, max_new, seed, stop]
@@ -92,12 +102,14 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         run = generate.click(
             h.generate, inputs=controls,
             outputs=[prompt_view, output, topk, kv_chart, latency, stats, kv_text, step, tokens, notice, record],
-            api_name="generate", show_progress="hidden")
+            api_name="generate", show_progress="hidden", concurrency_id="engine")
         stop_btn.click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
         step.release(h.select_step, inputs=[record, step], outputs=topk, api_visibility="private",
                      queue=False)
         output.select(h.select_token, inputs=record, outputs=[topk, step], api_visibility="private",
                       queue=False)
+        inspect_btn.click(h.inspect_step, inputs=[record, step, lens_layer], outputs=[stages_md, attention, lens],
+                          api_visibility="private", concurrency_id="engine")
         share_btn.click(h.share_link, inputs=controls + [page_url], outputs=share_link, js=PAGE_URL_JS,
                         api_visibility="private", queue=False)
         demo.load(h.restore, inputs=None, outputs=controls + [notice], api_visibility="private",
@@ -118,4 +130,4 @@ def launch(demo: gr.Blocks, engine: Engine, *, host: str = "127.0.0.1", port: in
     demo.queue(default_concurrency_limit=concurrency_for(engine), max_size=queue_size)
     return demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                        prevent_thread_lock=not block, enable_monitoring=False, show_error=False,
-                       css=fmt.BARS_CSS, footer_links=["api"], quiet=not block)
+                       css=fmt.BARS_CSS + fmt.INSPECT_CSS, footer_links=["api"], quiet=not block)

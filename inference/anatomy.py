@@ -1,0 +1,88 @@
+"""Inside one token: the stages of the path with their shapes and costs, and captures of what
+the model did at one step (attention weights, the logit lens). Captures re-run the step's
+forward pass on demand, so generation itself never pays for them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+from .model import Probe, Transformer
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    shape: str
+    flops: int  # multiply-adds count 2
+    bytes: int  # weights and KV cache read
+
+
+def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int) -> list[Stage]:
+    """The path of T new tokens that attend to T_ctx positions (prefill: T = T_ctx = prompt
+    length; a decode step: T = 1). Attention is counted over the full T x T_ctx rectangle."""
+    h, L, b = cfg.hidden_size, cfg.n_layers, bytes_per_value
+    qkv = Stage("Q, K, V projections + RoPE (per layer)",
+                f"Q [{T}, {cfg.n_heads}, {cfg.head_dim}], K and V [{T}, {cfg.n_kv_heads}, {cfg.head_dim}]",
+                2 * T * h * (cfg.q_dim + 2 * cfg.kv_dim), h * (cfg.q_dim + 2 * cfg.kv_dim) * b)
+    scores = Stage("attention softmax(QKᵀ/√d)·V, causal (per layer)",
+                   f"scores [{cfg.n_heads}, {T}, {T_ctx}]",
+                   2 * 2 * cfg.n_heads * T * T_ctx * cfg.head_dim, 2 * T_ctx * cfg.kv_dim * b)
+    out = Stage("attention output projection (per layer)", f"[{T}, {h}]", 2 * T * cfg.q_dim * h,
+                cfg.q_dim * h * b)
+    ffn = Stage("SwiGLU feed-forward (per layer)", f"gate, up [{T}, {cfg.intermediate_size}] → [{T}, {h}]",
+                2 * T * 3 * h * cfg.intermediate_size, 3 * h * cfg.intermediate_size * b)
+    norms = Stage("2 × RMSNorm + residuals (per layer)", f"[{T}, {h}]", 2 * 4 * T * h, 2 * h * b)
+    layer = [qkv, scores, out, ffn, norms]
+    attn_layer = Stage("attention, one layer", "", qkv.flops + scores.flops + out.flops,
+                       qkv.bytes + scores.bytes + out.bytes)
+    all_layers = Stage(f"all {L} layers", f"[{T}, {h}]", L * sum(s.flops for s in layer),
+                       L * sum(s.bytes for s in layer))
+    head = Stage("final RMSNorm + LM head (last position)", f"final hidden [{h}] → logits [{cfg.vocab_size}]",
+                 2 * h * cfg.vocab_size + 4 * h, (cfg.vocab_size + 1) * h * b)
+    first = [Stage("token ids", f"[{T}]", 0, 0),
+             Stage("embedding lookup", f"[{T}, {h}]", 0, T * h * b)]
+    total = Stage("total for this pass", "", all_layers.flops + head.flops,
+                  sum(s.bytes for s in first) + all_layers.bytes + head.bytes)
+    return first + layer + [attn_layer, Stage("feed-forward, one layer", "", ffn.flops, ffn.bytes),
+                            all_layers, head, total]
+
+
+@dataclass
+class StepCapture:
+    """What the model did when it predicted one step's token."""
+    context_ids: list[int]  # the positions the step attended to
+    layer: int
+    attention: torch.Tensor  # (n_heads, T_ctx), float32 on the CPU; rows sum to 1
+    lens: list[list[tuple[int, float]]]  # per layer: top (token id, probability)
+    probs: torch.Tensor  # the model's own next-token distribution (vocab,)
+
+
+@torch.inference_mode()
+def capture_step(model: Transformer, context_ids: list[int], layer: int, top: int = 5) -> StepCapture:
+    """Re-run the forward pass that predicted the token after context_ids, capturing the
+    attention of the last position in `layer` and every layer's residual for the logit lens."""
+    if not 0 <= layer < model.cfg.n_layers:
+        raise ValueError(f"layer must be in 0..{model.cfg.n_layers - 1}, got {layer}")
+    probe = Probe(attention_layers=(layer,), logit_lens=True)
+    tokens = torch.tensor([context_ids], device=model.device)
+    logits = model(tokens, model.new_cache(len(context_ids)), 0, probe=probe)[0]
+    lens = []
+    for residual in probe.residuals:
+        p = model.lens_logits(residual).softmax(-1)
+        values, ids = p.topk(top)
+        lens.append(list(zip(ids.tolist(), values.tolist())))
+    return StepCapture(context_ids, layer, probe.attention[layer].float().cpu(), lens,
+                       logits.softmax(-1).cpu())
+
+
+def memory_table(cfg: ModelConfig, bytes_per_value: int) -> list[tuple[str, int, int]]:
+    """(component, parameters, bytes) for the loaded model, and what tying saves."""
+    p = cfg.param_counts()
+    rows = [(name, p[key], p[key] * bytes_per_value) for name, key in (
+        ("embedding", "embedding"), ("attention (all layers)", "attention"),
+        ("feed-forward (all layers)", "ffn"), ("norms", "norms"), ("LM head", "lm_head"),
+        ("total", "total"))]
+    return rows
