@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top", type=int, default=5, help="candidates reported per step")
     g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
 
+    sc = sub.add_parser("score", help="log-probabilities of a continuation, teacher-forced")
+    _model_args(sc)
+    sc.add_argument("--prompt", required=True)
+    sc.add_argument("--continuation", required=True)
+    sc.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
+    sc.add_argument("--jsonl", action="store_true", help="one JSON object per token, then the sum")
+
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
     _model_args(t)
     t.add_argument("--text", required=True)
@@ -95,10 +102,32 @@ def _cmd_tokenize(args) -> int:
     return 0
 
 
+def _cmd_score(args) -> int:
+    import math
+
+    from .engine import Engine
+
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype)
+    scores = engine.score(engine.prompt_ids(args.prompt, args.chat), args.continuation)
+    total = sum(lp for _, _, lp in scores)
+    for i, piece, lp in scores:
+        if args.jsonl:
+            print(json.dumps({"token_id": i, "piece": piece, "logprob": lp, "prob": math.exp(lp)},
+                             ensure_ascii=False))
+        else:
+            print(f"{i:>8}  {piece!r:<24} logp {lp:9.4f}  p {math.exp(lp):.4f}")
+    if args.jsonl:
+        print(json.dumps({"done": True, "tokens": len(scores), "sum_logprob": total,
+                          "perplexity": math.exp(-total / len(scores))}))
+    else:
+        print(f"sum logp {total:.4f} over {len(scores)} tokens (perplexity {math.exp(-total / len(scores)):.3f})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": _cmd_generate, "tokenize": _cmd_tokenize}[args.command](args)
+        return {"generate": _cmd_generate, "tokenize": _cmd_tokenize, "score": _cmd_score}[args.command](args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import threading
 import time
@@ -19,6 +20,7 @@ from .device import resolve_decode_dtype, resolve_device, resolve_dtype
 from .errors import InputError, ModelError, ResourceError
 from .events import Candidate, DoneEvent, StepEvent
 from .model import Transformer
+from .replay import KEEP, StepLogits
 from .sampling import SamplingParams, final_logits, sample
 from .stop import StopMatcher
 from .tokenizer import Tokenizer, load_tokenizer
@@ -106,6 +108,28 @@ class Engine:
                              f"{len(ids) - self.cfg.max_seq_len + 1} tokens")
         return ids
 
+    # ------------------------------------------------------------ scoring
+
+    def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]:
+        """Teacher-forced log-probabilities of continuation's tokens after context_ids, from one
+        forward pass: [(token id, piece, log p)]."""
+        cont = self.tokenizer.encode_continuation(continuation)
+        if not cont:
+            raise InputError("the continuation is empty")
+        if not context_ids:
+            raise InputError("the context is empty: scoring needs at least one token before")
+        ids = context_ids + cont
+        if len(ids) > self.cfg.max_seq_len:
+            raise InputError(f"context and continuation are {len(ids)} tokens but the context window "
+                             f"is {self.cfg.max_seq_len}")
+        with torch.inference_mode():
+            tokens = torch.tensor([ids], device=self.device)
+            logits = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True)[0]
+            # The logits at position i predict token i + 1.
+            logp = logits[len(context_ids) - 1:-1].log_softmax(-1)  # (len(cont), vocab)
+            picked = logp.gather(-1, torch.tensor(cont, device=self.device)[:, None])[:, 0].tolist()
+        return [(i, self.tokenizer.piece(i), lp) for i, lp in zip(cont, picked)]
+
     # ------------------------------------------------------------ generation
 
     def generate(self, req: Request, cancel: threading.Event | None = None
@@ -161,6 +185,7 @@ class Engine:
                     yield StepEvent(
                         step=step, token_id=token_id, piece=tok.piece(token_id), text=delta,
                         prob=info.prob, raw_prob=info.raw_prob, top=info.top,
+                        entropy=info.entropy, rank=info.rank, logits=info.logits,
                         kv_cache_bytes=cache.bytes_used, kv_cache_capacity_bytes=cache.bytes_allocated,
                         ms=ms, prefill_ms=ms if step == 0 else None,
                         prompt_tokens=n_prompt if step == 0 else None)
@@ -198,19 +223,32 @@ class Engine:
         next_id = sample(final.unsqueeze(0), generator)[0]  # (1,)
         if top_n == 0:
             token_id = int(next_id.item())
-            return next_id.view(1, 1), _Pick(token_id, float("nan"), float("nan"), [])
-        raw = logits.softmax(dim=-1)
-        top_raw, top_ids = raw.topk(top_n)
-        # One transfer for everything the event needs: [id, p, p_raw, ids..., p..., p_raw...].
-        packed = torch.cat([next_id.to(raw.dtype), final[next_id], raw[next_id],
-                            top_ids.to(raw.dtype), final[top_ids], top_raw]).tolist()
-        token_id = int(packed[0])
-        ids = [int(i) for i in packed[3:3 + top_n]]
-        probs, raws = packed[3 + top_n:3 + 2 * top_n], packed[3 + 2 * top_n:]
+            return next_id.view(1, 1), _Pick(token_id, float("nan"), float("nan"), [], float("nan"), 0, None)
+        # What the step reports and keeps for replay, gathered on the device and sent in one
+        # transfer: [id, p, p_raw, entropy, rank, lse, rest_lse, K logits, K ids, top_n p].
+        vocab = logits.shape[-1]
+        k = min(KEEP, vocab)
+        lse = logits.logsumexp(-1, keepdim=True)
+        raw = (logits - lse).exp()
+        top_logits, top_ids = logits.topk(k)
+        rest = logits.scatter(-1, top_ids, -math.inf).logsumexp(-1, keepdim=True) if k < vocab \
+            else torch.full_like(lse, -math.inf)
+        entropy = torch.special.entr(raw).sum(-1, keepdim=True)
+        rank = (logits > logits[next_id]).sum(-1, keepdim=True) + 1
+        f = raw.dtype
+        packed = torch.cat([next_id.to(f), final[next_id], raw[next_id], entropy, rank.to(f), lse, rest,
+                            top_logits, top_ids.to(f), final[top_ids[:top_n]]]).cpu()
+        head = packed[:7].tolist()
+        token_id, lse_v = int(head[0]), head[5]
+        kept_logits, kept_ids = packed[7:7 + k], packed[7 + k:7 + 2 * k].to(torch.int32)
+        ids = kept_ids[:top_n].tolist()
+        raws = [math.exp(v - lse_v) for v in kept_logits[:top_n].tolist()]
+        probs = packed[7 + 2 * k:].tolist()
         if token_id not in ids:  # the chosen token is always listed, even outside the top N
-            ids, probs, raws = ids + [token_id], probs + [packed[1]], raws + [packed[2]]
+            ids, probs, raws = ids + [token_id], probs + [head[1]], raws + [head[2]]
         top = [Candidate(i, self.tokenizer.piece(i), p, r) for i, p, r in zip(ids, probs, raws)]
-        return next_id.view(1, 1), _Pick(token_id, packed[1], packed[2], top)
+        stored = StepLogits(kept_ids, kept_logits.clone(), head[6], vocab)
+        return next_id.view(1, 1), _Pick(token_id, head[1], head[2], top, head[3], int(head[4]), stored)
 
 
 def _generation_defaults(model_dir: Path) -> dict:
@@ -235,3 +273,6 @@ class _Pick:
     prob: float
     raw_prob: float
     top: list[Candidate]
+    entropy: float
+    rank: int
+    logits: StepLogits | None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 
 @dataclass
@@ -22,14 +22,18 @@ class StepEvent:
     prob: float
     raw_prob: float
     top: list[Candidate]
+    entropy: float  # of the raw distribution, in nats
+    rank: int  # the chosen token's rank in the raw distribution (1 = most likely)
     kv_cache_bytes: int
     kv_cache_capacity_bytes: int
     ms: float  # wall time of this step: prefill + sample for step 0, one decode + sample after
     prefill_ms: float | None = None  # step 0 only (the time to first token)
     prompt_tokens: int | None = None  # step 0 only
+    logits: object = field(default=None, repr=False, compare=False)  # replay.StepLogits; not in JSON
 
     def to_json(self) -> dict:
-        d = asdict(self)
+        d = {k: v for k, v in self.__dict__.items() if k != "logits"}
+        d["top"] = [asdict(c) for c in self.top]
         for key in ("prefill_ms", "prompt_tokens"):
             if d[key] is None:
                 d.pop(key)

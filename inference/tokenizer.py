@@ -66,9 +66,11 @@ class Tokenizer:
     """encode/decode plus the per-token bytes and display pieces the engine reports."""
 
     def __init__(self, *, encode_fn, token_bytes: list[bytes], raw_pieces: list[str],
+                 continue_fn=None,
                  bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
                  special_tokens: dict[str, int], chat_template: str | None, kind: str):
         self._encode_fn = encode_fn
+        self._continue_fn = continue_fn or encode_fn
         self.token_bytes = token_bytes
         self.raw_pieces = raw_pieces
         self.bos_id, self.eos_ids, self.add_bos = bos_id, eos_ids, add_bos
@@ -98,6 +100,10 @@ class Tokenizer:
         if add and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id] + ids
         return ids
+
+    def encode_continuation(self, text: str) -> list[int]:
+        """Ids of text that continues earlier text: no BOS, no sentencepiece dummy-prefix space."""
+        return self._continue_fn(text)
 
     def decode(self, ids: list[int]) -> str:
         """Text of the ids as a continuation: special tokens appear as their text."""
@@ -239,18 +245,19 @@ def _load_sentencepiece(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Toke
     sp_inner = spm.SentencePieceProcessor()
     sp_inner.LoadFromSerializedProto(proto.SerializeToString())
 
-    def encode(text: str) -> list[int]:
+    def encode(text: str, continuing: bool = False) -> list[int]:
         if pattern is None:
-            return sp.EncodeAsIds(text)
+            return (sp_inner if continuing else sp).EncodeAsIds(text)
         ids: list[int] = []
         for part in pattern.split(text):
             if part in specials:
                 ids.append(specials[part])
             elif part:
-                ids.extend((sp_inner if ids else sp).EncodeAsIds(part))
+                ids.extend((sp_inner if ids or continuing else sp).EncodeAsIds(part))
         return ids
 
     return Tokenizer(
-        encode_fn=encode, token_bytes=token_bytes, raw_pieces=raw, bos_id=bos_id, eos_ids=eos_ids,
+        encode_fn=encode, continue_fn=lambda text: encode(text, continuing=True),
+        token_bytes=token_bytes, raw_pieces=raw, bos_id=bos_id, eos_ids=eos_ids,
         add_bos=bool(tok_cfg.get("add_bos_token", True)), special_tokens=specials,
         chat_template=read_chat_template(model_dir, tok_cfg), kind="sentencepiece")

@@ -91,3 +91,19 @@ def test_deep_link_restores_settings(live_app, browser):
     link = page.input_value("#share-link textarea")
     assert link.startswith(url) and "top_k=7" in link and "mode=chat" in link
     page.close()
+
+
+def test_compare_shows_the_divergence_marker(live_app, browser):
+    url, _, _ = live_app
+    page = browser.new_page(viewport={"width": 1400, "height": 2400})
+    page.goto(url + "/?prompt=The%20quick&temperature=0&seed=5&max_new_tokens=20")
+    page.wait_for_function("document.querySelector('#seed input, #seed textarea')?.value === '5'", timeout=20000)
+    page.get_by_text("Sampling experiments").click()
+    page.click("#compare")
+    page.wait_for_function("(document.querySelector('#compare-summary')?.innerText || '').includes('divergence')",
+                           timeout=30000)
+    assert "First divergence at step" in page.inner_text("#compare-summary")
+    marked = page.locator("#compare-a .token[style*='142, 36, 170']")  # the "diverges here" colour
+    assert marked.count() == 1
+    assert page.locator("#compare-bars-b .tl-chosen").count() == 1
+    page.close()

@@ -14,7 +14,7 @@ from inference.flops import token_cost
 # Probability buckets for colouring generated tokens (HighlightedText categories).
 BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
 COLOR_MAP = {"p ≥ 0.9": "#2e7d32", "0.5 ≤ p < 0.9": "#9ccc65", "0.1 ≤ p < 0.5": "#ffb300",
-             "p < 0.1": "#e53935"}
+             "p < 0.1": "#e53935", "diverges here": "#8e24aa"}
 REASONS = {"eos": "end of sequence token", "length": "max new tokens reached",
            "stop": "stop string found", "context": "context window full", "cancelled": "stopped"}
 
@@ -27,6 +27,11 @@ class RunRecord:
     steps: list[StepEvent] = field(default_factory=list)
     done: DoneEvent | None = None
     seed: int | None = None
+    params: object = None  # the SamplingParams the run used
+
+    def seen_before(self, step: int) -> list[int]:
+        """Ids the repetition penalty saw at `step`: the prompt and the tokens before it."""
+        return self.prompt_ids + [s.token_id for s in self.steps[:step]]
 
 
 def si(n: float, unit: str = "") -> str:
@@ -236,3 +241,105 @@ INSPECT_CSS = """
 .tl-att td, .tl-att th, .tl-lens td, .tl-lens th { padding: 1px 5px; border: 1px solid rgba(128,128,128,.2); }
 .tl-att { max-height: 480px; overflow: auto; }
 """
+
+
+# ---------------------------------------------------------------- sampling experiments
+
+def run_summary(rec: RunRecord) -> dict:
+    """Mean chosen-token probability, mean raw entropy, and the perplexity of the generated
+    text under the model (from the raw probabilities of the chosen tokens)."""
+    import math
+    steps = rec.steps
+    if not steps:
+        return {"tokens": 0, "mean_p": float("nan"), "mean_entropy": float("nan"), "perplexity": float("nan")}
+    logp = [math.log(max(s.raw_prob, 1e-45)) for s in steps]
+    return {"tokens": len(steps), "mean_p": sum(s.prob for s in steps) / len(steps),
+            "mean_entropy": sum(s.entropy for s in steps) / len(steps),
+            "perplexity": math.exp(-sum(logp) / len(logp))}
+
+
+def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rows = []
+    for s in rec.steps:
+        rows.append({"step": s.step, "value": s.prob, "metric": "chosen-token probability"})
+        rows.append({"step": s.step, "value": s.entropy, "metric": "raw entropy (nats)"})
+    ranks = pd.DataFrame([{"step": s.step, "rank": s.rank} for s in rec.steps], columns=["step", "rank"])
+    return pd.DataFrame(rows, columns=["step", "value", "metric"]), ranks
+
+
+def stages_table(original, replayed, tokenizer, chosen: int) -> str:
+    lines = [f"Chosen token: **{html.escape(visible(tokenizer.piece(chosen)))}** (id {chosen}).", "",
+             "| stage | kept (run) | mass removed (run) | chosen rank, p (run) | kept (replay) | "
+             "mass removed (replay) | chosen rank, p (replay) |", "|---|---|---|---|---|---|---|"]
+
+    def rank(st):
+        return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {st.chosen_prob:.4f}"
+
+    for a, b in zip(original, replayed):
+        lines.append(f"| {a.name} | {a.kept:,} | {a.mass_removed:.4f} | {rank(a)} | {b.kept:,} | "
+                     f"{b.mass_removed:.4f} | {rank(b)} |")
+    return "\n".join(lines)
+
+
+def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10) -> str:
+    """The step's candidates: raw, final in the run, final under the replayed settings."""
+    ids = {c.id for c in step.top}
+    ids |= set(final_replay.topk(n).indices.tolist())
+    ids = sorted(ids, key=lambda i: -float(final_replay[i]))[: n + 2]
+    rows = []
+    for i in ids:
+        chosen = i == step.token_id
+        rows.append(
+            f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
+            f"<span class='tl-tok'>{'▶ ' if chosen else ''}{html.escape(visible(tokenizer.piece(i)))}</span>"
+            f"<span class='tl-bar'><span class='tl-raw' style='width:{100 * float(final_run[i]):.2f}%'></span></span>"
+            f"<span class='tl-num'>{float(final_run[i]):.4f}</span>"
+            f"<span class='tl-bar'><span class='tl-final' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
+            f"<span class='tl-num'>{float(final_replay[i]):.4f}</span></div>")
+    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-bar'>final in the run</span>"
+            "<span class='tl-num'></span><span class='tl-bar'>final, replayed</span><span class='tl-num'></span></div>")
+    return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
+
+
+def divergence(a: RunRecord, b: RunRecord) -> int | None:
+    for i, (x, y) in enumerate(zip(a.steps, b.steps)):
+        if x.token_id != y.token_id:
+            return i
+    return None if len(a.steps) == len(b.steps) else min(len(a.steps), len(b.steps))
+
+
+def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
+    sa, sb = run_summary(a), run_summary(b)
+    lines = []
+    if at is None:
+        lines.append("**A and B produced the same tokens.**")
+    elif at < min(len(a.steps), len(b.steps)):
+        x, y = a.steps[at], b.steps[at]
+        lines.append(f"**First divergence at step {at}**: A chose **{html.escape(visible(x.piece))}** "
+                     f"(p {x.prob:.4f}), B chose **{html.escape(visible(y.piece))}** (p {y.prob:.4f}).")
+    else:
+        lines.append(f"**Same tokens until step {at}, where one run stopped.**")
+    lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
+              "|---|---|---|---|---|"]
+    for name, s in (("A", sa), ("B", sb)):
+        lines.append(f"| {name} | {s['tokens']} | {s['mean_p']:.4f} | {s['mean_entropy']:.3f} | {s['perplexity']:.3f} |")
+    return "\n".join(lines)
+
+
+def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, str | None]]:
+    out = [(s.text, "diverges here" if i == at else bucket(s.prob)) for i, s in enumerate(rec.steps)]
+    if rec.done and rec.done.tail:
+        out.append((rec.done.tail, None))
+    return out
+
+
+def likelihood_table(scores) -> str:
+    import math
+    if not scores:
+        return ""
+    total = sum(lp for _, _, lp in scores)
+    lines = ["| token | id | p | log p |", "|---|---|---|---|"]
+    for i, piece, lp in scores:
+        lines.append(f"| {html.escape(visible(piece))} | {i} | {math.exp(lp):.4g} | {lp:.3f} |")
+    lines.append(f"| **all {len(scores)} tokens** | | {math.exp(total):.4g} | {total:.3f} |")
+    return "\n".join(lines)

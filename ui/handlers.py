@@ -190,7 +190,7 @@ class Handlers:
             ids = self.engine.prompt_ids(c.prompt, chat, c.system)
         except TokenLabError as e:
             raise gr.Error(str(e), print_exception=False) from None
-        rec = fmt.RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed)
+        rec = fmt.RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params)
         session = _session(request)
         cancel = self.registry.start(session)
         notice = ""
@@ -276,6 +276,80 @@ class Handlers:
         tok = self.engine.tokenizer
         return (fmt.stages_markdown(self.engine, len(rec.prompt_ids), i),
                 fmt.attention_html(capture, tok), fmt.lens_html(capture, tok))
+
+    # -------------------------------------------------------- sampling experiments
+
+    def run_charts(self, rec: fmt.RunRecord | None):
+        """Per step: chosen-token probability and raw entropy; and the chosen token's rank."""
+        return fmt.run_chart_frames(rec or fmt.RunRecord())
+
+    def replay_step(self, rec: fmt.RunRecord | None, step, temperature, top_k, top_p, min_p,
+                    repetition_penalty) -> tuple[str, str]:
+        """The step's sampling pipeline as it ran and under new settings, from its stored logits."""
+        from inference.replay import replay
+        if rec is None or not rec.steps:
+            raise gr.Error("Generate first, then pick a step to replay.", print_exception=False)
+        i = min(max(int(step or 0), 0), len(rec.steps) - 1)
+        ev = rec.steps[i]
+        try:
+            new = SamplingParams(temperature=temperature, top_k=_int("top_k", top_k), top_p=top_p,
+                                 min_p=min_p, repetition_penalty=repetition_penalty)
+        except TokenLabError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        seen = rec.seen_before(i)
+        ran, final_ran = replay(ev.logits, rec.params, seen, ev.token_id)
+        again, final_again = replay(ev.logits, new, seen, ev.token_id)
+        tok = self.engine.tokenizer
+        return (f"**Step {i}**, replayed from its stored logits (no model call).\n\n"
+                + fmt.stages_table(ran, again, tok, ev.token_id),
+                fmt.replay_bars(ev, final_ran, final_again, tok))
+
+    def _collect(self, c: Controls, seed: int, cancel: threading.Event) -> fmt.RunRecord:
+        params = sampling_params(c, seed)
+        chat = c.mode == "chat"
+        ids = self.engine.prompt_ids(c.prompt, chat, c.system)
+        rec = fmt.RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params)
+        for ev in self.engine.generate(Request(c.prompt, params, chat, c.system, self.top_n), cancel):
+            if isinstance(ev, DoneEvent):
+                rec.done = ev
+            else:
+                rec.steps.append(ev)
+        return rec
+
+    def compare(self, prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
+                max_new_tokens, seed, stop, temperature_b, top_k_b, top_p_b, min_p_b, repetition_penalty_b,
+                request: gr.Request = None):
+        """Run A (the page's settings) and B (the compare settings) with the same prompt and seed."""
+        a = Controls(prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
+                     max_new_tokens, seed, stop)
+        b = Controls(prompt, mode, system, temperature_b, top_k_b, top_p_b, min_p_b, repetition_penalty_b,
+                     max_new_tokens, seed, stop)
+        session = _session(request)
+        cancel = self.registry.start(session)
+        try:
+            chosen = parse_seed(seed)
+            chosen = secrets.randbelow(2**31) if chosen is None else chosen
+            ra, rb = self._collect(a, chosen, cancel), self._collect(b, chosen, cancel)
+        except TokenLabError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        finally:
+            self.registry.finish(session, cancel)
+        at = fmt.divergence(ra, rb)
+        bars = (fmt.bars_html(ra.steps[at], f"A at step {at}") if at is not None and at < len(ra.steps) else "",
+                fmt.bars_html(rb.steps[at], f"B at step {at}") if at is not None and at < len(rb.steps) else "")
+        return (fmt.highlighted_with_marker(ra, at), fmt.highlighted_with_marker(rb, at),
+                fmt.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both.", *bars)
+
+    def likelihood(self, rec: fmt.RunRecord | None, step, text: str) -> str:
+        """How likely was this text? Teacher-forced at the selected step's position."""
+        if rec is None or not rec.steps:
+            raise gr.Error("Generate first, then pick the position to score from.", print_exception=False)
+        i = min(max(int(step or 0), 0), len(rec.steps) - 1)
+        try:
+            scores = self.engine.score(rec.seen_before(i), text or "")
+        except TokenLabError as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        return (f"After the prompt and the first {i} generated tokens:\n\n" + fmt.likelihood_table(scores))
 
     # -------------------------------------------------------- stop, closed tabs
 

@@ -70,7 +70,8 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                 output = gr.HighlightedText(label="Generated text (colour = probability the token was "
                                                   "sampled with; click a token to inspect its step)",
                                             color_map=fmt.COLOR_MAP, show_legend=True,
-                                            combine_adjacent=False, elem_id="output")
+                                            show_inline_category=False, combine_adjacent=False,
+                                            elem_id="output")
                 tokens = gr.HighlightedText(label="Tokenization: the prompt's pieces and ids",
                                             show_legend=False, elem_id="tokens")
             with gr.Column(scale=2):
@@ -85,6 +86,50 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                 latency = gr.LinePlot(fmt.latency_frame(fmt.RunRecord()), x="step", y="ms",
                                       title="Decode latency per token", elem_id="latency-chart")
                 stats = gr.Markdown("No run yet.", elem_id="stats")
+        with gr.Accordion("Sampling experiments: the pipeline of a step, replay, compare A/B, "
+                          "how likely was X?", open=False):
+            with gr.Row():
+                run_chart = gr.LinePlot(fmt.run_chart_frames(fmt.RunRecord())[0], x="step", y="value",
+                                        color="metric", title="Per step: chosen-token probability and raw entropy",
+                                        elem_id="run-chart")
+                rank_chart = gr.LinePlot(fmt.run_chart_frames(fmt.RunRecord())[1], x="step", y="rank",
+                                         title="Rank of the chosen token in the raw distribution",
+                                         elem_id="rank-chart")
+            gr.Markdown("**Replay the selected step** under other settings: recomputed from the step's "
+                        "stored logits, no model call.")
+            with gr.Row():
+                r_temp = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature", elem_id="replay-temperature")
+                r_top_k = gr.Number(0, label="Top-k", precision=0, minimum=0, elem_id="replay-top-k")
+                r_top_p = gr.Slider(0.01, 1, value=0.5, step=0.01, label="Top-p", elem_id="replay-top-p")
+                r_min_p = gr.Slider(0, 1, value=0.0, step=0.01, label="Min-p", elem_id="replay-min-p")
+                r_rep = gr.Slider(0.5, 2, value=1.0, step=0.05, label="Repetition penalty", elem_id="replay-rep")
+            replay_btn = gr.Button("Replay the selected step", elem_id="replay")
+            with gr.Row():
+                replay_md = gr.Markdown("", elem_id="replay-stages")
+                replay_bars = gr.HTML("", elem_id="replay-bars")
+            gr.Markdown("**Compare A/B**: A uses the settings above, B these; same prompt, same seed.")
+            with gr.Row():
+                b_temp = gr.Slider(0, 2, value=1.2, step=0.05, label="B temperature", elem_id="b-temperature")
+                b_top_k = gr.Number(0, label="B top-k", precision=0, minimum=0, elem_id="b-top-k")
+                b_top_p = gr.Slider(0.01, 1, value=1.0, step=0.01, label="B top-p", elem_id="b-top-p")
+                b_min_p = gr.Slider(0, 1, value=0.0, step=0.01, label="B min-p", elem_id="b-min-p")
+                b_rep = gr.Slider(0.5, 2, value=1.0, step=0.05, label="B repetition penalty", elem_id="b-rep")
+            compare_btn = gr.Button("Run A and B", elem_id="compare")
+            compare_md = gr.Markdown("", elem_id="compare-summary")
+            with gr.Row():
+                out_a = gr.HighlightedText(label="A", color_map=fmt.COLOR_MAP, show_legend=True,
+                                           show_inline_category=False, elem_id="compare-a")
+                out_b = gr.HighlightedText(label="B", color_map=fmt.COLOR_MAP, show_legend=True,
+                                           show_inline_category=False, elem_id="compare-b")
+            with gr.Row():
+                bars_a = gr.HTML("", elem_id="compare-bars-a")
+                bars_b = gr.HTML("", elem_id="compare-bars-b")
+            gr.Markdown("**How likely was X?** Any continuation, scored token by token at the selected "
+                        "step's position (teacher-forced).")
+            with gr.Row():
+                x_text = gr.Textbox(" Paris", label="Continuation", elem_id="likely-text")
+                x_btn = gr.Button("Score it", elem_id="likely")
+            x_md = gr.Markdown("", elem_id="likely-table")
         with gr.Accordion("Inside one token: the path through the model at the selected step", open=False):
             with gr.Row():
                 lens_layer = gr.Slider(0, engine.cfg.n_layers - 1, value=engine.cfg.n_layers - 1, step=1,
@@ -108,6 +153,15 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                      queue=False)
         output.select(h.select_token, inputs=record, outputs=[topk, step], api_visibility="private",
                       queue=False)
+        run.then(h.run_charts, inputs=record, outputs=[run_chart, rank_chart], api_visibility="private",
+                 queue=False)
+        replay_btn.click(h.replay_step, inputs=[record, step, r_temp, r_top_k, r_top_p, r_min_p, r_rep],
+                         outputs=[replay_md, replay_bars], api_visibility="private", queue=False)
+        compare_btn.click(h.compare, inputs=controls + [b_temp, b_top_k, b_top_p, b_min_p, b_rep],
+                          outputs=[out_a, out_b, compare_md, bars_a, bars_b], api_name="compare",
+                          concurrency_id="engine")
+        x_btn.click(h.likelihood, inputs=[record, step, x_text], outputs=x_md, api_visibility="private",
+                    concurrency_id="engine")
         inspect_btn.click(h.inspect_step, inputs=[record, step, lens_layer], outputs=[stages_md, attention, lens],
                           api_visibility="private", concurrency_id="engine")
         share_btn.click(h.share_link, inputs=controls + [page_url], outputs=share_link, js=PAGE_URL_JS,
@@ -115,7 +169,6 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         demo.load(h.restore, inputs=None, outputs=controls + [notice], api_visibility="private",
                   queue=False)
         demo.unload(h.stop)
-        del run
     return demo
 
 

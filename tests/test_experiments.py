@@ -1,0 +1,123 @@
+"""Sampling experiments: stage statistics, replay from stored logits, compare A/B, scoring."""
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from inference.engine import Request
+from inference.replay import KEEP, StepLogits, pipeline, replay
+from inference.sampling import SamplingParams
+from ui import format as fmt
+from ui.handlers import Controls, Handlers
+
+PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
+
+
+def test_stage_counts_and_masses_by_hand():
+    params = SamplingParams(temperature=1.0, top_k=3, top_p=0.7, min_p=0.0)
+    stats, final = pipeline(PROBS.log(), params, torch.zeros(4, dtype=torch.bool), chosen=1)
+    by = {s.name: s for s in stats}
+    assert by["raw"].kept == 4 and by["raw"].chosen_rank == 2
+    assert by["top-k"].kept == 3 and by["top-k"].mass_removed == pytest.approx(0.05)
+    # After top-k: 0.5/0.95, 0.3/0.95, 0.15/0.95; top-p 0.7 keeps the first two (0.526 < 0.7).
+    assert by["top-p"].kept == 2 and by["top-p"].mass_removed == pytest.approx(0.15 / 0.95)
+    assert by["top-k"].chosen_prob == pytest.approx(0.3 / 0.95)  # renormalized after the stage
+    assert by["top-p"].chosen_prob == pytest.approx(0.3 / 0.8)
+    assert by["final (renormalized)"].chosen_prob == pytest.approx(0.3 / 0.8)
+    assert final.tolist() == pytest.approx([0.5 / 0.8, 0.3 / 0.8, 0, 0])
+    stats, _ = pipeline(PROBS.log(), SamplingParams(min_p=0.5), None, chosen=2)
+    assert stats[-2].name == "min-p" and stats[-2].kept == 2 and stats[-2].chosen_rank is None
+    assert stats[-2].mass_removed == pytest.approx(0.2)
+
+
+def test_compact_logits_rebuild_the_tail_mass():
+    logits = torch.randn(5000, generator=torch.Generator().manual_seed(0)) * 3
+    top, ids = logits.topk(KEEP)
+    rest = logits.scatter(0, ids, -math.inf).logsumexp(0).item()
+    step = StepLogits(ids.int(), top, rest, 5000)
+    rebuilt = step.full()
+    assert torch.equal(rebuilt[ids], top)
+    assert rebuilt.logsumexp(0).item() == pytest.approx(logits.logsumexp(0).item(), abs=1e-4)
+    assert step.nbytes == KEEP * 8 + 16
+
+
+def run(engine, **kw):
+    events = list(engine.generate(Request("The quick brown", SamplingParams(**kw), top_n=5)))
+    return events[:-1], events[-1]
+
+
+def test_replay_equals_a_real_rerun_with_the_same_prefix(tiny_engine):
+    a_params = dict(temperature=0.0, max_new_tokens=12, seed=3)
+    b_params = dict(temperature=0.8, top_k=5, top_p=0.9, min_p=0.02, repetition_penalty=1.3,
+                    max_new_tokens=12, seed=3)
+    a, _ = run(tiny_engine, **a_params)
+    b, _ = run(tiny_engine, **b_params)
+    prompt = tiny_engine.tokenizer.encode("The quick brown")
+    same = next((i for i, (x, y) in enumerate(zip(a, b)) if x.token_id != y.token_id), len(a))
+    for k in range(0, same + 1):  # steps whose earlier tokens agree in both runs
+        seen = prompt + [s.token_id for s in a[:k]]
+        _, replayed = replay(a[k].logits, SamplingParams(**b_params), seen, a[k].token_id)
+        for c in b[k].top:
+            assert replayed[c.id].item() == pytest.approx(c.prob, abs=1e-5)
+        assert replayed[b[k].token_id] > 0
+
+
+def test_compare_marks_the_first_divergence(tiny_engine):
+    h = Handlers(tiny_engine)
+    c = Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=15, seed="11")
+    out_a, out_b, summary, bars_a, bars_b = h.compare(*c.values(), 1.5, 0, 1.0, 0.0, 1.0,
+                                                      SimpleNamespace(session_hash="cmp"))
+    a, _ = run(tiny_engine, temperature=0.0, max_new_tokens=15, seed=11)
+    b, _ = run(tiny_engine, temperature=1.5, max_new_tokens=15, seed=11)
+    expected = next(i for i, (x, y) in enumerate(zip(a, b)) if x.token_id != y.token_id)
+    assert f"First divergence at step {expected}" in summary
+    assert out_a[expected][1] == "diverges here" and out_b[expected][1] == "diverges here"
+    assert sum(1 for _, cat in out_a if cat == "diverges here") == 1
+    assert f"A at step {expected}" in bars_a and f"B at step {expected}" in bars_b
+    assert "Seed 11 for both" in summary and "perplexity" in summary
+
+
+def test_run_summary_by_hand(tiny_engine):
+    steps, _ = run(tiny_engine, temperature=1.0, max_new_tokens=6, seed=2)
+    rec = fmt.RunRecord(steps=steps)
+    s = fmt.run_summary(rec)
+    assert s["mean_p"] == pytest.approx(sum(x.prob for x in steps) / 6)
+    assert s["perplexity"] == pytest.approx(math.exp(-sum(math.log(x.raw_prob) for x in steps) / 6))
+    for x in steps:  # entropy and rank reported per step against the stored logits
+        p = x.logits.full().softmax(-1)
+        assert x.entropy == pytest.approx(-(p * p.log()).sum().item(), abs=1e-4)
+        assert x.rank == int((x.logits.full() > x.logits.full()[x.token_id]).sum()) + 1
+
+
+def test_score_equals_transformers_teacher_forced(tiny_dirs, tiny_engine):
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.LlamaForCausalLM.from_pretrained(tiny_dirs["gqa_tied"], dtype=torch.float32).eval()
+    context = tiny_engine.tokenizer.encode("The quick brown")
+    scores = tiny_engine.score(context, " fox jumps 😀")
+    cont = [i for i, _, _ in scores]
+    with torch.inference_mode():
+        logp = ref(torch.tensor([context + cont])).logits[0].log_softmax(-1)
+    expected = [logp[len(context) - 1 + j, t].item() for j, t in enumerate(cont)]
+    assert [lp for _, _, lp in scores] == pytest.approx(expected, abs=1e-4)
+
+
+def test_score_cli_sums(tiny_dirs, capsys):
+    import json
+    from inference.cli import main
+    assert main(["score", "--model", str(tiny_dirs["mha"]), "--prompt", "The quick", "--continuation",
+                 " brown fox", "--jsonl"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert lines[-1]["done"] and lines[-1]["sum_logprob"] == pytest.approx(sum(x["logprob"] for x in lines[:-1]))
+    assert main(["score", "--model", str(tiny_dirs["mha"]), "--prompt", "x", "--continuation", ""]) == 2
+
+
+def test_replay_and_likelihood_handlers(tiny_engine):
+    h = Handlers(tiny_engine)
+    rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=8, seed="4", temperature=1.0).values(),
+                          SimpleNamespace(session_hash="r")))[-1][-1]
+    md, bars = h.replay_step(rec, 2, 1.0, 0, 0.5, 0.0, 1.0)
+    assert "Step 2" in md and "| top-p |" in md and "final, replayed" in bars
+    table = h.likelihood(rec, 3, " fox")
+    assert "| **all" in table and "first 3 generated tokens" in table
