@@ -33,7 +33,7 @@ FILLER = ("The history of computing is a story of people who wanted to calculate
 
 
 def copy_bandwidth_gbs(device: torch.device, mib: int = 256) -> float:
-    """Bytes moved (read + write) per second by a large tensor copy: the machine's roofline."""
+    """Bytes moved (read + written) per second by a large tensor copy: the memory roofline."""
     a = torch.empty(mib * 2**20 // 4, device=device)
     b = torch.empty_like(a)
     for _ in range(2):
@@ -52,6 +52,42 @@ def _sync(device):
         torch.cuda.synchronize()
 
 
+RANDOM_SHAPES = {  # Hugging Face config fields of models measured with random weights
+    "llama-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                     num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096),
+    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                         rope_theta=100000.0, tie_word_embeddings=True),
+    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024),
+}
+
+
+def random_engine(name: str, device: str, dtype: str) -> Engine:
+    """An engine with random weights of a published shape, built on the device (no checkpoint)
+    and a byte tokenizer: for speed measurements of models we cannot download."""
+    from inference.config import ModelConfig
+    from inference.device import resolve_device, resolve_dtype
+    from inference.model import Transformer
+    from inference.tokenizer import Tokenizer
+
+    cfg = ModelConfig.from_hf_dict(RANDOM_SHAPES[name])
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    g = torch.Generator(device=dev).manual_seed(0)
+    with torch.device("meta"):
+        shapes = {k: v.shape for k, v in Transformer(cfg).state_dict().items()}
+    state = {k: (torch.randn(shape, generator=g, device=dev, dtype=dt) * 0.02 if len(shape) == 2
+                 else torch.ones(shape, device=dev, dtype=dt))
+             for k, shape in shapes.items() if not (cfg.tie_word_embeddings and k == "output.weight")}
+    model = Transformer.from_state_dict(cfg, state, dev, dt)
+    table = [bytes([i % 256]) for i in range(cfg.vocab_size)]
+    tok = Tokenizer(encode_fn=lambda text: list(text.encode("utf-8")), token_bytes=table,
+                    raw_pieces=[t.decode("latin-1") for t in table], bos_id=None, eos_ids=(),
+                    add_bos=False, special_tokens={}, chat_template=None, kind="bytes")
+    return Engine(model, tok, f"{name} (random weights)")
+
+
 def prompt_ids(engine: Engine, n: int) -> list[int]:
     ids = engine.tokenizer.encode(FILLER * (n // 20 + 2), add_bos=False)
     return ids[:n]
@@ -67,7 +103,8 @@ def pct(values, q):
 
 
 def measure_engine(engine: Engine, tokens: int, top_n: int, repeats: int) -> dict:
-    """Our engine: TTFT at 128/512 prompt tokens; decode step times with instrumentation top_n."""
+    """Our engine: TTFT at 128/512 prompt tokens; decode step times with instrumentation top_n
+    (a run may end early at an end-of-sequence token: step times are averaged)."""
     out = {}
     greedy = SamplingParams(temperature=0.0, max_new_tokens=1)
     for n in (128, 512):
@@ -207,16 +244,22 @@ def quality_guard(fast: Engine, ref: Engine) -> dict:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default=None)
+    p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
+                   help="measure random weights of a published shape instead of a checkpoint")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--decode-dtype", default="auto")
     p.add_argument("--device", default="auto")
     p.add_argument("--tokens", type=int, default=128, help="decode tokens per run")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--top", type=int, default=10, help="candidates per step when instrumented")
+    p.add_argument("--no-page", action="store_true", help="skip the page (gradio) measurement")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args(argv)
 
     from inference.default_model import resolve_model
-    model_dir = resolve_model(args.model)
-    engine = Engine.from_hf_dir(model_dir, args.device, "auto", "auto")
+    model_dir = None if args.random else resolve_model(args.model)
+    engine = random_engine(args.random, args.device, args.dtype) if args.random else \
+        Engine.from_hf_dir(model_dir, args.device, args.dtype, args.decode_dtype)
     device = engine.device
     copy_gbs = copy_bandwidth_gbs(device)
     rows = {}
@@ -226,12 +269,12 @@ def main(argv=None) -> int:
     cost = token_cost(engine.cfg, 32 + args.tokens // 2, engine.model.decode_dtype.itemsize)
     bytes_per_token = cost.weight_bytes + cost.kv_bytes
     ours["achieved_gb_s"] = bytes_per_token * ours["decode_tok_s"] / 1e9
-    ours["roofline_fraction"] = ours["achieved_gb_s"] / (copy_gbs / 2)  # copy moves 2 bytes per byte read
+    ours["roofline_fraction"] = ours["achieved_gb_s"] / copy_gbs  # copy_gbs counts bytes read + written
     rows["token-lab"] = ours
     rows["token-lab (no instrumentation)"] = bare
-    if device.type == "cpu":
+    if device.type == "cpu" and model_dir is not None:
         rows["transformers generate() fp32"] = measure_transformers(model_dir, args.tokens, args.repeats)
-    page = measure_page(engine, args.tokens)
+    page = measure_page(engine, args.tokens) if not args.no_page else None
     if page:
         ours["page_tok_s"] = page["tok_s"]
         ours["page_fraction"] = page["tok_s"] / ours["decode_tok_s"]
@@ -239,7 +282,7 @@ def main(argv=None) -> int:
     rows["llama-cpp-python"] = measure_llama_cpp(gguf, args.tokens)
 
     ref_engine = Engine.from_hf_dir(model_dir, args.device, "float32", "same") \
-        if engine.model.decode_dtype != torch.float32 else None
+        if model_dir is not None and engine.model.decode_dtype != torch.float32 else None
     quality = quality_guard(engine, ref_engine) if ref_engine is not None else None
 
     base = rows.get("transformers generate() fp32")
@@ -254,8 +297,9 @@ def main(argv=None) -> int:
     md = to_markdown(result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "bench.json").write_text(json.dumps(result, indent=2))
-    (out / "bench.md").write_text(md)
+    stem = f"bench-{args.random}" if args.random else "bench"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (out / f"{stem}.md").write_text(md)
     print(md)
     return 0
 
@@ -278,7 +322,7 @@ def to_markdown(r: dict) -> str:
                   f"{ours['instrumentation_overhead_pct']:.1f}%",
               f"- bytes read per decode token: {r['bytes_read_per_token'] / 2**20:.0f} MiB; achieved "
               f"{ours['achieved_gb_s']:.1f} GB/s = {100 * ours['roofline_fraction']:.0f}% of the copy "
-              f"bandwidth measured in this run ({r['copy_bandwidth_gb_s']:.1f} GB/s read+write)",
+              f"bandwidth measured in this run ({r['copy_bandwidth_gb_s']:.1f} GB/s read + written)",
               f"- peak RSS: {r['peak_rss_mib']:.0f} MiB"]
     if "page_tok_s" in ours:
         lines.append(f"- the page (gradio_client streaming from the real app) receives {ours['page_tok_s']:.1f} "

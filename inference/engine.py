@@ -233,7 +233,7 @@ class Engine:
         top_logits, top_ids = logits.topk(k)
         rest = logits.scatter(-1, top_ids, -math.inf).logsumexp(-1, keepdim=True) if k < vocab \
             else torch.full_like(lse, -math.inf)
-        entropy = torch.special.entr(raw).sum(-1, keepdim=True)
+        entropy = lse - (raw * logits).sum(-1, keepdim=True)  # H = log Z - E[logit], in nats
         rank = (logits > logits[next_id]).sum(-1, keepdim=True) + 1
         f = raw.dtype
         packed = torch.cat([next_id.to(f), final[next_id], raw[next_id], entropy, rank.to(f), lse, rest,

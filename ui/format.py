@@ -284,8 +284,9 @@ def stages_table(original, replayed, tokenizer, chosen: int) -> str:
 def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10) -> str:
     """The step's candidates: raw, final in the run, final under the replayed settings."""
     ids = {c.id for c in step.top}
-    ids |= set(final_replay.topk(n).indices.tolist())
-    ids = sorted(ids, key=lambda i: -float(final_replay[i]))[: n + 2]
+    values, top = final_replay.topk(n)
+    ids |= {i for i, v in zip(top.tolist(), values.tolist()) if v > 0}
+    ids = sorted(ids, key=lambda i: (-float(final_replay[i]), -float(final_run[i])))[: n + 2]
     rows = []
     for i in ids:
         chosen = i == step.token_id
