@@ -1,0 +1,17 @@
+"""The benchmark runs end to end (on random weights of a tiny shape) and reports what it says."""
+
+import json
+
+from bench.run import main, to_markdown
+
+
+def test_bench_reports_ratios_table_and_json(tmp_path):
+    assert main(["--random", "tiny", "--tokens", "8", "--repeats", "1", "--no-page", "--device", "cpu",
+                 "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench-tiny.json").read_text())
+    ours = result["systems"]["token-lab"]
+    assert ours["decode_tok_s"] > 0 and ours["p95_ms"] >= ours["p50_ms"] > 0
+    assert 0 < ours["roofline_fraction"] < 1.5 and result["copy_bandwidth_gb_s"] > 0
+    assert "instrumentation_overhead_pct" in ours and result["peak_rss_mib"] > 0
+    md = (tmp_path / "bench-tiny.md").read_text()
+    assert md == to_markdown(result) and "| token-lab |" in md
