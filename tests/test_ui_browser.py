@@ -107,3 +107,27 @@ def test_compare_shows_the_divergence_marker(live_app, browser):
     assert marked.count() == 1
     assert page.locator("#compare-bars-b .tl-chosen").count() == 1
     page.close()
+
+
+def test_closing_the_tab_ends_the_run(live_app, browser, monkeypatch):
+    url, engine, handlers = live_app
+    forward = engine.model.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", slow)
+    page = browser.new_page()
+    page.goto(url + "/?prompt=Once&max_new_tokens=200&temperature=1")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'", timeout=20000)
+    page.click("#generate")
+    deadline = time.time() + 20
+    while engine.active_runs == 0 and time.time() < deadline:
+        time.sleep(0.02)
+    assert engine.active_runs == 1
+    page.close(run_before_unload=True)
+    deadline = time.time() + 4  # the run alone would take over 10 s
+    while engine.active_runs and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.active_runs == 0

@@ -106,3 +106,26 @@ def test_a_full_queue_says_busy(tiny_dirs, monkeypatch):
     assert "ok" in results
     busy = [r for r in results if r != "ok"]
     assert busy and all("full" in r.lower() or "try again" in r.lower() for r in busy), results
+
+
+def test_a_client_that_disconnects_ends_its_run(live_app, monkeypatch):
+    url, engine, handlers = live_app
+    forward = engine.model.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.05)
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(engine.model, "forward", slow)
+    client = gradio_client.Client(url, verbose=False)
+    job = client.submit(*call(temperature=1.0, max_new_tokens=240), api_name="/generate")
+    deadline = time.time() + 20
+    while engine.active_runs == 0 and time.time() < deadline:
+        time.sleep(0.01)
+    assert engine.active_runs == 1
+    job.cancel()
+    client.close()
+    deadline = time.time() + 3  # the run alone would take over 10 s
+    while engine.active_runs and time.time() < deadline:
+        time.sleep(0.05)
+    assert engine.active_runs == 0 and len(handlers.registry) == 0
