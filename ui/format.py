@@ -205,7 +205,7 @@ def attention_html(capture, tokenizer, max_rows: int = 400) -> str:
         rows.append(f"<tr><th class='tl-pos'>{pos}</th><th class='tl-ctx'>{label}</th>{cells}</tr>")
     note = f"<div>showing the last {max_rows} of {T} positions</div>" if start else ""
     return (f"<div class='tl-att'><div class='tl-title'>Layer {capture.layer}: where the new token's "
-            f"query looked (each head's row of weights sums to 1; cell shade ∝ √weight)</div>{note}"
+            f"query looked (each head's column of weights sums to 1; cell shade ∝ √weight)</div>{note}"
             f"<table><tr><th>pos</th><th>token</th>{head}</tr>{''.join(rows)}</table></div>")
 
 
