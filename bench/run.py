@@ -102,7 +102,7 @@ def pct(values, q):
     return values[min(len(values) - 1, int(round(q / 100 * (len(values) - 1))))]
 
 
-def measure_engine(engine: Engine, tokens: int, top_n: int, repeats: int) -> dict:
+def measure_engine(engine: Engine, tokens: int, top_n: int, repeats: int = 1) -> dict:
     """Our engine: TTFT at 128/512 prompt tokens; decode step times with instrumentation top_n
     (a run may end early at an end-of-sequence token: step times are averaged)."""
     out = {}
@@ -125,31 +125,43 @@ def measure_engine(engine: Engine, tokens: int, top_n: int, repeats: int) -> dic
     return out
 
 
-def measure_transformers(model_dir: Path, tokens: int, repeats: int) -> dict | None:
+def transformers_peer(model_dir: Path | None):
+    """transformers' LlamaForCausalLM on the same weights, float32, or None if not installed."""
+    if model_dir is None:
+        return None
     try:
         import transformers
     except ImportError:
         return None
     model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    tok_engine = Engine.from_hf_dir(model_dir)  # same tokenization as ours
-    out = {}
+    return model, Engine.from_hf_dir(model_dir)  # the engine only tokenizes, identically to ours
+
+
+def measure_transformers(peer, tokens: int) -> dict:
+    """generate(): TTFT = a 1-token generation; decode = the extra time of `tokens` tokens."""
+    model, tok_engine = peer
 
     def run(ids, new):
         x = torch.tensor([ids])
         t = time.perf_counter()
         with torch.inference_mode():
-            model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False,
-                           pad_token_id=0)
+            model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
         return time.perf_counter() - t
 
-    for n in (128, 512):
-        ids = prompt_ids(tok_engine, n)
-        out[f"ttft_{n}_ms"] = 1000 * min(run(ids, 1) for _ in range(repeats))
+    out = {f"ttft_{n}_ms": 1000 * run(prompt_ids(tok_engine, n), 1) for n in (128, 512)}
     ids = prompt_ids(tok_engine, 32)
-    one = min(run(ids, 1) for _ in range(repeats))
-    full = min(run(ids, tokens) for _ in range(repeats))
+    one, full = run(ids, 1), run(ids, tokens)
     out["decode_tok_s"] = (tokens - 1) / (full - one)
     out["p50_ms"] = out["p95_ms"] = None  # generate() gives no per-step times
+    return out
+
+
+def combine(rounds: list[dict]) -> dict:
+    """Rounds measured in turn with the peers (so drift hits all alike): best TTFT, median rest."""
+    out = {}
+    for key in rounds[0]:
+        values = [r[key] for r in rounds if r[key] is not None]
+        out[key] = None if not values else min(values) if key.startswith("ttft") else statistics.median(values)
     return out
 
 
@@ -263,8 +275,14 @@ def main(argv=None) -> int:
     device = engine.device
     copy_gbs = copy_bandwidth_gbs(device)
     rows = {}
-    ours = measure_engine(engine, args.tokens, args.top, args.repeats)
-    bare = measure_engine(engine, args.tokens, 0, args.repeats)
+    peer = transformers_peer(model_dir) if device.type == "cpu" else None
+    rounds = {"ours": [], "bare": [], "peer": []}
+    for _ in range(args.repeats):  # one round of each system in turn
+        rounds["ours"].append(measure_engine(engine, args.tokens, args.top))
+        rounds["bare"].append(measure_engine(engine, args.tokens, 0))
+        if peer is not None:
+            rounds["peer"].append(measure_transformers(peer, args.tokens))
+    ours, bare = combine(rounds["ours"]), combine(rounds["bare"])
     ours["instrumentation_overhead_pct"] = 100 * (bare["decode_tok_s"] / ours["decode_tok_s"] - 1)
     cost = token_cost(engine.cfg, 32 + args.tokens // 2, engine.model.decode_dtype.itemsize)
     bytes_per_token = cost.weight_bytes + cost.kv_bytes
@@ -272,8 +290,9 @@ def main(argv=None) -> int:
     ours["roofline_fraction"] = ours["achieved_gb_s"] / copy_gbs  # copy_gbs counts bytes read + written
     rows["token-lab"] = ours
     rows["token-lab (no instrumentation)"] = bare
-    if device.type == "cpu" and model_dir is not None:
-        rows["transformers generate() fp32"] = measure_transformers(model_dir, args.tokens, args.repeats)
+    if peer is not None:
+        rows["transformers generate() fp32"] = combine(rounds["peer"])
+        del peer
     page = measure_page(engine, args.tokens) if not args.no_page else None
     if page:
         ours["page_tok_s"] = page["tok_s"]
