@@ -34,13 +34,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
     g.add_argument("--system", default=None, help="system prompt for --chat")
-    g.add_argument("--temperature", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--min-p", type=float, default=0.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
+    # Sampling defaults: the model's generation_config.json, else these (see SAMPLING_DEFAULTS).
+    g.add_argument("--temperature", type=float, default=None, help="default 1.0 (0 = greedy)")
+    g.add_argument("--top-k", type=int, default=None, help="default 0 (off)")
+    g.add_argument("--top-p", type=float, default=None, help="default 1.0 (off)")
+    g.add_argument("--min-p", type=float, default=None, help="default 0.0 (off)")
+    g.add_argument("--repetition-penalty", type=float, default=None, help="default 1.0 (off)")
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=int, default=None, help="default 64")
     g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
     g.add_argument("--top", type=int, default=5, help="candidates reported per step")
     g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
@@ -58,20 +59,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
+                     "repetition_penalty": 1.0, "max_new_tokens": 64}
+
+
+def _sampling_params(args, model_defaults: dict):
+    from .sampling import SamplingParams
+
+    values = {k: getattr(args, k) if getattr(args, k) is not None else model_defaults.get(k, v)
+              for k, v in SAMPLING_DEFAULTS.items()}
+    values["top_k"], values["max_new_tokens"] = int(values["top_k"]), int(values["max_new_tokens"])
+    return SamplingParams(**values, seed=args.seed, stop=tuple(args.stop))
+
+
 def _cmd_generate(args) -> int:
     from .engine import Engine, Request
     from .events import DoneEvent
-    from .sampling import SamplingParams
 
-    params = SamplingParams(  # validated before the model loads
-        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-        repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens,
-        seed=args.seed, stop=tuple(args.stop))
+    _sampling_params(args, {})  # bad values fail before the model loads
     if args.top < 1:
         raise InputError(f"--top must be >= 1, got {args.top}")
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
     engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype)
+    params = _sampling_params(args, engine.generation_defaults)
     events = engine.generate(Request(args.prompt, params, chat=args.chat, system=args.system,
                                      top_n=args.top))
     shown = []

@@ -228,6 +228,7 @@ class Engine:
         # transfer: [id, p, p_raw, entropy, rank, lse, rest_lse, K logits, K ids, top_n p].
         vocab = logits.shape[-1]
         k = min(KEEP, vocab)
+        top_n = min(top_n, k)
         lse = logits.logsumexp(-1, keepdim=True)
         raw = (logits - lse).exp()
         top_logits, top_ids = logits.topk(k)

@@ -112,3 +112,22 @@ def test_no_upload_or_file_components(tiny_engine):
     kinds = {type(b).__name__ for b in demo.blocks.values()}
     assert not kinds & {"File", "UploadButton", "FileExplorer", "Image", "Audio", "Video"}
     assert isinstance(demo, gr.Blocks)
+
+
+def test_generation_config_supplies_defaults(tiny_dirs, capsys, tmp_path):
+    """The tiny models' generation_config.json says temperature 0.7, top_p 0.9."""
+    import shutil
+    from inference.engine import Engine
+    from ui.handlers import Controls
+    engine = Engine.from_hf_dir(tiny_dirs["mha"])
+    assert engine.generation_defaults == {"temperature": 0.7, "top_p": 0.9}
+    c = Controls.for_model(engine.generation_defaults)
+    assert (c.temperature, c.top_p, c.top_k) == (0.7, 0.9, 0)
+    d = tmp_path / "greedy"
+    shutil.copytree(tiny_dirs["mha"], d)
+    (d / "generation_config.json").write_text(json.dumps({"do_sample": False}))
+    runs = []
+    for _ in range(2):  # greedy by the model's config: the same text without a seed
+        assert main(["generate", "--model", str(d), "--prompt", "The quick", "--max-new-tokens", "12"]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1]

@@ -93,7 +93,7 @@ def test_share_link_round_trips_through_the_query(handlers):
     assert url.startswith("http://host:7860/?")
     from urllib.parse import parse_qsl, urlsplit
     query = dict(parse_qsl(urlsplit(url).query))
-    restored, problems = controls_from_query(query)
+    restored, problems = controls_from_query(query, Controls.for_model(handlers.engine.generation_defaults))
     assert restored == c and problems == []
     values = handlers.restore(SimpleNamespace(query_params=query))
     assert list(values[:-1]) == c.values() and values[-1] == ""

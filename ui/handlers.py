@@ -40,6 +40,15 @@ class Controls:
     stop: str = ""
 
     @classmethod
+    def for_model(cls, generation_defaults: dict) -> "Controls":
+        """The page's defaults, with the model's generation_config.json where it has one."""
+        c = cls()
+        for name in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens"):
+            if name in generation_defaults:
+                setattr(c, name, type(getattr(c, name))(generation_defaults[name]))
+        return c
+
+    @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
@@ -361,18 +370,19 @@ class Handlers:
     def restore(self, request: gr.Request | None = None) -> tuple:
         """Controls from the page URL's query parameters; bad values are named in the notice."""
         query = dict(getattr(request, "query_params", {}) or {})
-        c, problems = controls_from_query(query)
+        c, problems = controls_from_query(query, Controls.for_model(self.engine.generation_defaults))
         return (*c.values(), "\n".join(problems))
 
     def share_link(self, prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
                    max_new_tokens, seed, stop, base: str) -> str:
         """A link that restores these settings; `base` is the page's own address."""
         return share_url(base or "", Controls(prompt, mode, system, temperature, top_k, top_p, min_p,
-                                              repetition_penalty, max_new_tokens, seed, stop))
+                                              repetition_penalty, max_new_tokens, seed, stop),
+                         Controls.for_model(self.engine.generation_defaults))
 
 
-def controls_from_query(query: dict) -> tuple[Controls, list[str]]:
-    c, problems = Controls(), []
+def controls_from_query(query: dict, defaults: Controls | None = None) -> tuple[Controls, list[str]]:
+    c, problems = defaults or Controls(), []
     conv = {"temperature": float, "top_p": float, "min_p": float, "repetition_penalty": float,
             "top_k": int, "max_new_tokens": int}
     for name in Controls.names():
@@ -401,8 +411,9 @@ def controls_from_query(query: dict) -> tuple[Controls, list[str]]:
     return c, problems
 
 
-def share_url(base: str, c: Controls) -> str:
-    default = Controls()
+def share_url(base: str, c: Controls, default: Controls | None = None) -> str:
+    """A link with every setting that differs from the defaults, plus the prompt and seed."""
+    default = default or Controls()
     query = {n: v for n, v in zip(Controls.names(), c.values())
              if v != getattr(default, n) or n in ("prompt", "seed")}
     return f"{base.split('?')[0]}?{urlencode(query)}"

@@ -22,7 +22,7 @@ PAGE_URL_JS = "(...a) => { a[a.length - 1] = window.location.origin + window.loc
 
 def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
     h = handlers or Handlers(engine)
-    d = Controls()
+    d = Controls.for_model(engine.generation_defaults)
     with gr.Blocks(title="Token Lab") as demo:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
