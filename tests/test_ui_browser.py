@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from tiny_models import slow_down
+
 playwright = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -56,13 +58,7 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     assert "embedding" in page.inner_text("#memory")
 
     # A long run, stopped from the page. The tiny model is too fast to catch: slow each step.
-    forward = engine.model.forward
-
-    def slow_forward(*args, **kwargs):
-        time.sleep(0.05)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(engine.model, "forward", slow_forward)
+    slow_down(monkeypatch, engine, 0.05)
     page.fill("#max-new-tokens input[type=number]", "200")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
     page.click("#generate")
@@ -111,13 +107,7 @@ def test_compare_shows_the_divergence_marker(live_app, browser):
 
 def test_closing_the_tab_ends_the_run(live_app, browser, monkeypatch):
     url, engine, handlers = live_app
-    forward = engine.model.forward
-
-    def slow(*args, **kwargs):
-        time.sleep(0.05)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(engine.model, "forward", slow)
+    slow_down(monkeypatch, engine, 0.05)
     page = browser.new_page()
     page.goto(url + "/?prompt=Once&max_new_tokens=200&temperature=1")
     page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'", timeout=20000)

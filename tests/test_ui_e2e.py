@@ -4,6 +4,8 @@ import time
 
 import pytest
 
+from tiny_models import slow_down
+
 gradio_client = pytest.importorskip("gradio_client")
 
 ARGS = dict(prompt="The quick", mode="completion", system="", temperature=0.0, top_k=0, top_p=1.0,
@@ -82,13 +84,7 @@ def test_a_full_queue_says_busy(tiny_dirs, monkeypatch):
     from ui.layout import build_ui, launch
 
     engine = Engine.from_hf_dir(tiny_dirs["mha"])
-    forward = engine.model.forward
-
-    def slow(*args, **kwargs):
-        time.sleep(0.02)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(engine.model, "forward", slow)
+    slow_down(monkeypatch, engine, 0.02)
     demo = build_ui(engine)
     _, url, _ = launch(demo, engine, block=False, queue_size=1)
     try:
@@ -110,13 +106,7 @@ def test_a_full_queue_says_busy(tiny_dirs, monkeypatch):
 
 def test_a_client_that_disconnects_ends_its_run(live_app, monkeypatch):
     url, engine, handlers = live_app
-    forward = engine.model.forward
-
-    def slow(*args, **kwargs):
-        time.sleep(0.05)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(engine.model, "forward", slow)
+    slow_down(monkeypatch, engine, 0.05)
     client = gradio_client.Client(url, verbose=False)
     job = client.submit(*call(temperature=1.0, max_new_tokens=240), api_name="/generate")
     deadline = time.time() + 20
