@@ -13,7 +13,7 @@ from urllib.parse import urlencode
 
 import gradio as gr
 
-from inference.engine import Engine, Request
+from inference.engine import Engine
 from inference.errors import TokenLabError
 from inference.events import DoneEvent
 from inference.sampling import SamplingParams
@@ -172,6 +172,12 @@ class EventPump:
         self._thread.join()
 
 
+def _seed_or_random(text) -> int:
+    """The seed typed, or a random one: either way the run knows, and shows, its seed."""
+    seed = parse_seed(text)
+    return secrets.randbelow(2**31) if seed is None else seed
+
+
 def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
@@ -190,24 +196,17 @@ class Handlers:
         c = Controls(prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
                      max_new_tokens, seed, stop)
         try:
-            if c.mode not in MODES:
-                raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {c.mode!r}")
-            seed = parse_seed(c.seed)
-            seed = secrets.randbelow(2**31) if seed is None else seed
-            params = sampling_params(c, seed)
-            chat = c.mode == "chat"
-            ids = self.engine.prompt_ids(c.prompt, chat, c.system)
+            rec = self._prepare(c, _seed_or_random(c.seed))
         except TokenLabError as e:
             raise gr.Error(str(e), print_exception=False) from None
-        rec = fmt.RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params)
         session = _session(request)
         cancel = self.registry.start(session)
         notice = ""
-        room = self.engine.cfg.max_seq_len - len(ids)
-        if params.max_new_tokens > room:
-            notice = (f"Max new tokens lowered from {params.max_new_tokens} to {room}: the prompt "
-                      f"uses {len(ids)} of the {self.engine.cfg.max_seq_len}-token context window.")
-        events = self.engine.generate(Request(c.prompt, params, chat, c.system, self.top_n), cancel)
+        n, room = len(rec.prompt_ids), self.engine.cfg.max_seq_len - len(rec.prompt_ids)
+        if rec.params.max_new_tokens > room:
+            notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
+                      f"uses {n} of the {self.engine.cfg.max_seq_len}-token context window.")
+        events = self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel)
         stream = EventPump(events, cancel)
         try:
             yield self.outputs(rec, notice, phase="start")
@@ -313,12 +312,18 @@ class Handlers:
                 + fmt.stages_table(ran, again, tok, ev.token_id),
                 fmt.replay_bars(ev, final_ran, final_again, tok))
 
-    def _collect(self, c: Controls, seed: int, cancel: threading.Event) -> fmt.RunRecord:
+    def _prepare(self, c: Controls, seed: int) -> fmt.RunRecord:
+        """Validate the controls and tokenize the prompt: an empty record ready to run."""
+        if c.mode not in MODES:
+            raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {c.mode!r}")
         params = sampling_params(c, seed)
         chat = c.mode == "chat"
         ids = self.engine.prompt_ids(c.prompt, chat, c.system)
-        rec = fmt.RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params)
-        for ev in self.engine.generate(Request(c.prompt, params, chat, c.system, self.top_n), cancel):
+        return fmt.RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params)
+
+    def _collect(self, c: Controls, seed: int, cancel: threading.Event) -> fmt.RunRecord:
+        rec = self._prepare(c, seed)
+        for ev in self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
             if isinstance(ev, DoneEvent):
                 rec.done = ev
             else:
@@ -336,8 +341,7 @@ class Handlers:
         session = _session(request)
         cancel = self.registry.start(session)
         try:
-            chosen = parse_seed(seed)
-            chosen = secrets.randbelow(2**31) if chosen is None else chosen
+            chosen = _seed_or_random(seed)
             ra, rb = self._collect(a, chosen, cancel), self._collect(b, chosen, cancel)
         except TokenLabError as e:
             raise gr.Error(str(e), print_exception=False) from None
