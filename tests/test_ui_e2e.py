@@ -84,19 +84,21 @@ def test_a_full_queue_says_busy(tiny_dirs, monkeypatch):
     from ui.layout import build_ui, launch
 
     engine = Engine.from_hf_dir(tiny_dirs["mha"])
-    slow_down(monkeypatch, engine, 0.02)
+    slow_down(monkeypatch, engine, 0.05)  # each run takes over 5 s: the queue stays full
     demo = build_ui(engine)
     _, url, _ = launch(demo, engine, block=False, queue_size=1)
     try:
-        def run(_):
+        clients = [gradio_client.Client(url, verbose=False) for _ in range(5)]  # connected first
+
+        def run(client):
             try:
-                gradio_client.Client(url, verbose=False).predict(*call(max_new_tokens=60), api_name="/generate")
+                client.predict(*call(max_new_tokens=100), api_name="/generate")
                 return "ok"
             except Exception as e:
                 return str(e)
 
-        with ThreadPoolExecutor(4) as pool:
-            results = list(pool.map(run, range(4)))
+        with ThreadPoolExecutor(5) as pool:
+            results = list(pool.map(run, clients))
     finally:
         demo.close()
     assert "ok" in results
