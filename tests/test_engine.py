@@ -109,7 +109,7 @@ def test_empty_prompt_is_rejected(tiny_engine, prompt):
 
 def test_cancel_ends_within_one_step_and_frees_the_cache(tiny_engine):
     cancel = threading.Event()
-    gen = tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=50)), cancel)
+    gen = tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=50, seed=1)), cancel)
     seen = []
     for ev in gen:
         seen.append(ev)
@@ -121,7 +121,7 @@ def test_cancel_ends_within_one_step_and_frees_the_cache(tiny_engine):
 
 
 def test_closing_the_generator_frees_the_cache(tiny_engine):
-    gen = tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=50)))
+    gen = tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=50, seed=1)))
     next(gen)
     assert tiny_engine.active_runs == 1
     gen.close()

@@ -109,7 +109,7 @@ def test_closing_the_tab_ends_the_run(live_app, browser, monkeypatch):
     url, engine, handlers = live_app
     slow_down(monkeypatch, engine, 0.05)
     page = browser.new_page()
-    page.goto(url + "/?prompt=Once&max_new_tokens=200&temperature=1")
+    page.goto(url + "/?prompt=Once&max_new_tokens=200&temperature=1&seed=1")
     page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'", timeout=20000)
     page.click("#generate")
     deadline = time.time() + 20
