@@ -38,7 +38,7 @@ def bpe_dir(tmp_path_factory):
                            dir_name="bpe")
 
 
-@pytest.mark.parametrize("name, qtype", [("mha", "F32"), ("gqa_tied", "F32"), ("gqa_tied", "F16"),
+@pytest.mark.parametrize("name, qtype", [("mha", "F32"), ("gqa_tied", "F32"), ("gqa_tied", "F16"), ("mha", "BF16"),
                                          ("mha", "Q8_0"), ("gqa_tied", "Q4_0"), ("gqa_tied", "Q4_1")])
 def test_gguf_with_sentencepiece_vocab_matches_its_source(tiny_dirs, tmp_path, name, qtype):
     src = tiny_dirs[name]
