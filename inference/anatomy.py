@@ -50,6 +50,20 @@ def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int) -> list[S
                             all_layers, head, total]
 
 
+@dataclass(frozen=True)
+class TokenCost:
+    flops: int
+    attention_flops: int  # QK^T and attention x V over the context, all layers
+    bytes: int  # weights and KV cache read
+
+
+def decode_cost(cfg: ModelConfig, context_len: int, bytes_per_value: int) -> TokenCost:
+    """One new token attending to `context_len` positions: the totals of its stages."""
+    rows = stages(cfg, 1, context_len, bytes_per_value)
+    attention = next(r for r in rows if r.name.startswith("attention softmax"))
+    return TokenCost(rows[-1].flops, cfg.n_layers * attention.flops, rows[-1].bytes)
+
+
 @dataclass
 class StepCapture:
     """What the model did when it predicted one step's token."""

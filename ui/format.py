@@ -9,7 +9,7 @@ import pandas as pd
 
 from inference.device import dtype_name
 from inference.events import DoneEvent, StepEvent
-from inference.flops import token_cost
+from inference.anatomy import decode_cost, memory_table, stages
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
 BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
@@ -134,7 +134,7 @@ def kv_formula(engine, tokens: int | None = None) -> str:
 def model_card(engine) -> str:
     cfg = engine.cfg
     params = cfg.param_counts()
-    cost = token_cost(cfg, 1, engine.dtype.itemsize)
+    cost = decode_cost(cfg, 1, engine.dtype.itemsize)
     return (f"**{html.escape(engine.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
             f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
             f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
@@ -142,7 +142,7 @@ def model_card(engine) -> str:
             f" · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(engine.dtype)}"
             f"{'' if engine.model.decode_dtype == engine.dtype else ' (decode matmuls in ' + dtype_name(engine.model.decode_dtype) + ')'} on "
-            f"{engine.device} · ≈ {si(cost.total, 'FLOPs')} per token at a 1-token context "
+            f"{engine.device} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
             f"(2 × matmul parameters + attention)")
 
 
@@ -152,14 +152,14 @@ def stats_markdown(engine, rec: RunRecord) -> str:
     first = rec.steps[0]
     n = len(rec.steps)
     ctx = len(rec.prompt_ids) + n
-    cost = token_cost(engine.cfg, ctx, engine.dtype.itemsize)
+    cost = decode_cost(engine.cfg, ctx, engine.dtype.itemsize)
     decode_ms = sum(s.ms for s in rec.steps[1:])
     tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
     lines = [
         f"| prompt tokens | time to first token | generated | decode speed | FLOPs / token (at {ctx} ctx) | seed |",
         "|---|---|---|---|---|---|",
         f"| {len(rec.prompt_ids)} | {first.prefill_ms:.0f} ms | {n} | {tps:.1f} tok/s | "
-        f"{si(cost.total)} ({si(cost.attention_scores)} attention) | {rec.seed} |",
+        f"{si(cost.flops)} ({si(cost.attention_flops)} attention) | {rec.seed} |",
     ]
     if rec.done is not None:
         d = rec.done
@@ -173,7 +173,6 @@ def stats_markdown(engine, rec: RunRecord) -> str:
 
 def stages_markdown(engine, n_prompt: int, step: int) -> str:
     """The path of one token: prefill over the prompt and the selected decode step side by side."""
-    from inference.anatomy import stages
     cfg, b = engine.cfg, engine.dtype.itemsize
     ctx = n_prompt + step
     pre = stages(cfg, n_prompt, n_prompt, b)
@@ -221,7 +220,6 @@ def lens_html(capture, tokenizer) -> str:
 
 
 def memory_markdown(engine) -> str:
-    from inference.anatomy import memory_table
     cfg, b = engine.cfg, engine.dtype.itemsize
     lines = [f"| component | parameters | bytes at {dtype_name(engine.dtype)} |", "|---|---|---|"]
     for name, n, nbytes in memory_table(cfg, b):
