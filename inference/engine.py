@@ -44,13 +44,9 @@ class Engine:
         self.cfg: ModelConfig = model.cfg
         self.generation_defaults = generation_defaults or {}
         if tokenizer.vocab_size > self.cfg.vocab_size:
-            raise InputError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's "
+            raise ModelError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's "
                              f"vocabulary is {self.cfg.vocab_size}")
-        # Ids past the tokenizer's table (padding rows of the embedding) decode to nothing.
-        missing = self.cfg.vocab_size - tokenizer.vocab_size
-        tokenizer.token_bytes.extend([b""] * missing)
-        tokenizer.raw_pieces.extend([""] * missing)
-        tokenizer._pieces.extend([f"<unused {i}>" for i in range(tokenizer.vocab_size, self.cfg.vocab_size)])
+        tokenizer.pad_to(self.cfg.vocab_size)
         self.eos_ids = set(tokenizer.eos_ids) | set(self.cfg.eos_token_ids)
         self._active = 0  # runs holding a KV cache right now
         self._active_lock = threading.Lock()

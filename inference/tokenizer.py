@@ -93,6 +93,13 @@ class Tokenizer:
     def eos_token(self) -> str:
         return self.raw_pieces[self.eos_ids[0]] if self.eos_ids else ""
 
+    def pad_to(self, vocab_size: int) -> None:
+        """Cover ids past the table (padding rows of a model's embedding): they decode to nothing."""
+        for i in range(self.vocab_size, vocab_size):
+            self.token_bytes.append(b"")
+            self.raw_pieces.append("")
+            self._pieces.append(f"<unused {i}>")
+
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         """Exactly the ids the model is fed: special-token text becomes its id, BOS per config."""
         ids = self._encode_fn(text)

@@ -96,3 +96,14 @@ def test_header_that_lies_about_shapes(tiny_dirs, tmp_path):
     (d / "model.safetensors").write_bytes(len(new).to_bytes(8, "little") + new + raw[8 + n:])
     with pytest.raises(ModelError):
         Engine.from_hf_dir(d)
+
+
+def test_embedding_rows_past_the_tokenizer_decode_to_nothing(tmp_path, sp_model_bytes):
+    from tiny_models import make_tiny_model
+    d = make_tiny_model(tmp_path, "mha", sp_model=sp_model_bytes, vocab_size=400)
+    engine = Engine.from_hf_dir(d)
+    tok = engine.tokenizer
+    assert tok.vocab_size == 400 and tok.piece(399) == "<unused 399>" and tok.decode([399]) == ""
+    with pytest.raises(ModelError, match="tokenizer has 384 tokens"):
+        make_tiny_model(tmp_path, "mha", sp_model=sp_model_bytes, vocab_size=300, dir_name="small")
+        Engine.from_hf_dir(tmp_path / "small")
