@@ -59,13 +59,20 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
 
     # A long run, stopped from the page. The tiny model is too fast to catch: slow each step.
     slow_down(monkeypatch, engine, 0.05)
+    from ui import format as fmt
+    live_frames = []  # the chart timer draws the running run's KV cache while it streams
+    kv_frame = fmt.kv_frame
+    monkeypatch.setattr(fmt, "kv_frame", lambda rec: live_frames.append(
+        (len(rec.steps), rec.done is None)) or kv_frame(rec))
     page.fill("#max-new-tokens input[type=number]", "200")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
     page.click("#generate")
     deadline = time.time() + 20
     while engine.active_runs == 0 and time.time() < deadline:
         time.sleep(0.02)
-    time.sleep(0.3)
+    while not any(n > 0 and running for n, running in live_frames) and time.time() < deadline:
+        time.sleep(0.05)
+    assert any(n > 0 and running for n, running in live_frames), live_frames
     page.click("#stop")
     page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped')", timeout=20000)
     assert engine.active_runs == 0

@@ -21,11 +21,11 @@ def test_generate_streams_over_the_api(live_app):
     client = gradio_client.Client(url, verbose=False)
     job = client.submit(*call(), api_name="/generate")
     updates = list(job)
-    assert len(updates) >= 2  # the first update (prompt, tokens) arrives before generation ends
+    assert len(updates) >= 2  # the first update (an empty output) arrives before generation ends
     final = updates[-1]
-    output = final[1]
+    output = final[0]
     assert len(output) == 20 and all({"token", "class_or_confidence"} <= set(t) for t in output)
-    assert "Step 19" in final[2] and "20 |" in final[5]
+    assert "Step 19" in final[1] and "20 |" in final[2]
     # The same seed over the API gives the same tokens as the engine alone.
     from inference.engine import Request
     from inference.sampling import SamplingParams
@@ -42,8 +42,8 @@ def test_stop_over_the_api_ends_the_run_and_frees_it(live_app):
         time.sleep(0.01)
     client.predict(api_name="/stop")
     final = job.result()
-    assert "**stopped**" in final[5]
-    assert len(final[1]) < 240
+    assert "**stopped**" in final[2]
+    assert len(final[0]) < 240
     deadline = time.time() + 5
     while (engine.active_runs or len(handlers.registry)) and time.time() < deadline:
         time.sleep(0.05)
@@ -58,7 +58,7 @@ def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(live_app):
                         (dict(top_k=-2), "top_k|minimum")]:
         with pytest.raises(Exception, match=message):
             client.predict(*call(**kw), api_name="/generate")
-    assert len(client.predict(*call(max_new_tokens=3), api_name="/generate")[1]) == 3
+    assert len(client.predict(*call(max_new_tokens=3), api_name="/generate")[0]) == 3
 
 
 def test_eight_clients_at_once_match_their_solo_runs(live_app):
@@ -69,7 +69,7 @@ def test_eight_clients_at_once_match_their_solo_runs(live_app):
         client = gradio_client.Client(url, verbose=False)
         out = client.predict(*call(prompt=f"Story {i}:", temperature=1.0, top_k=20, max_new_tokens=15,
                                    seed=str(10 + i)), api_name="/generate")
-        return "".join(t["token"] for t in out[1])
+        return "".join(t["token"] for t in out[0])
 
     solo = [run(i) for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
@@ -121,3 +121,14 @@ def test_a_client_that_disconnects_ends_its_run(live_app, monkeypatch):
     while engine.active_runs and time.time() < deadline:
         time.sleep(0.05)
     assert engine.active_runs == 0 and len(handlers.registry) == 0
+
+
+def test_the_queue_polls_gently(tiny_engine):
+    """Gradio's queue would wake every 1 ms and take the GIL from the engine's thread; if a
+    Gradio upgrade renames the setting this fails instead of the tuning silently going away."""
+    from ui.handlers import Handlers
+    from ui.layout import QUEUE_POLL_S, build_ui, configure_queue
+    demo = build_ui(tiny_engine, Handlers(tiny_engine))
+    configure_queue(demo, tiny_engine)
+    assert demo._queue.sleep_when_free == QUEUE_POLL_S
+    assert demo._queue.max_size == 16

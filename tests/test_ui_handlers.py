@@ -6,11 +6,14 @@ import gradio as gr
 import pytest
 
 from ui import format as fmt
+from tiny_models import slow_down
 from ui.handlers import Controls, Handlers, controls_from_query, parse_stop, share_url
+
+ARGS = {"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 12}
 
 
 def run(h, **kw):
-    c = Controls(**{"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 12, **kw})
+    c = Controls(**{**ARGS, **kw})
     return list(h.generate(*c.values(), SimpleNamespace(session_hash="s1")))
 
 
@@ -22,19 +25,44 @@ def handlers(tiny_engine):
 def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
     updates = run(handlers)
     assert len(updates) >= 2
-    (prompt_view, output, bars, kv, latency, stats, kv_text, slider, tokens, notice, rec) = updates[-1]
-    assert prompt_view == "The quick brown fox"
+    output, bars, stats, kv_text, notice, rec = updates[-1]
     assert len(rec.steps) == 12 and rec.done.reason == "length"
     assert "".join(t for t, _ in output) == rec.done.text
     assert [cat for _, cat in output[:12]] == [fmt.bucket(s.prob) for s in rec.steps]
     assert "Step 11" in bars and "tl-chosen" in bars
+    assert "| 5 |" not in stats and "tok/s" in stats
+    assert len(handlers.registry) == 0  # the run is no longer registered
+    # A gr.skip() rebuilds the component on the server: streaming updates send values.
+    assert not any(isinstance(v, dict) for u in updates for v in u)
+
+
+def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
+    prompt_view, tokens, kv, latency, timer = handlers.begin(*Controls(**ARGS).values())
+    assert prompt_view == "The quick brown fox" and timer.active
+    assert [int(i) for _, i in tokens] == tiny_engine.prompt_ids("The quick brown fox")
+    assert len(kv) == 0 and len(latency) == 0
+    assert handlers.begin(*Controls(**{**ARGS, "prompt": " "}).values())[0] == ""  # generate says why
+    rec = run(handlers)[-1][-1]
+    assert handlers.live_charts(rec) == (gr.skip(), gr.skip())  # over: after_run draws the end
+    timer, kv, latency, slider, prob_chart, rank_chart = handlers.after_run(rec)
+    assert not timer.active
     assert list(kv.columns) == ["step", "MiB", "series"] and len(kv) == 2 * 13
     used = kv[kv.series == "used"]["MiB"].tolist()
     assert used[0] == 0 and used[1] > 0 and all(b > a for a, b in zip(used[1:], used[2:]))
-    assert len(latency) == 11
-    assert "| 5 |" not in stats and "tok/s" in stats
-    assert [int(i) for _, i in tokens] == rec.prompt_ids
-    assert len(handlers.registry) == 0  # the run is no longer registered
+    assert len(latency) == 11 and len(rank_chart) == 12
+    assert slider["maximum"] == 11 and slider["value"] == 11 and slider["interactive"]
+
+
+def test_live_charts_draw_the_running_run(handlers, tiny_engine, monkeypatch):
+    slow_down(monkeypatch, tiny_engine, 0.03)  # several streaming updates
+    ups = []
+    for u in handlers.generate(*Controls(**{**ARGS, "max_new_tokens": 8}).values()):
+        rec = u[-1]
+        if rec.steps and rec.done is None:
+            ups.append((len(rec.steps), handlers.live_charts(rec)))
+    assert ups, "no streaming update arrived before the end"
+    n, (kv, latency) = ups[-1]
+    assert len(kv) == 2 * (n + 1) and len(latency) == n - 1
 
 
 def test_seed_used_is_reported_and_reproduces(handlers):
@@ -60,7 +88,7 @@ def test_capped_max_new_tokens_is_said(handlers, tiny_engine):
     prompt = " ".join(["fox"] * 60)
     n = len(tiny_engine.prompt_ids(prompt))
     updates = run(handlers, prompt=prompt, max_new_tokens=500)
-    notice = updates[-1][9]
+    notice = updates[-1][4]
     assert f"lowered from 500 to {tiny_engine.cfg.max_seq_len - n}" in notice
 
 

@@ -209,50 +209,64 @@ class Handlers:
         events = self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel)
         stream = EventPump(events, cancel)
         try:
-            yield self.outputs(rec, notice, phase="start")
-            last_chart = time.perf_counter()
+            yield self.outputs(rec, notice)
             for batch in stream.batches(MIN_UPDATE_INTERVAL_S):
                 for ev in batch:
                     if isinstance(ev, DoneEvent):
                         rec.done = ev
                     else:
                         rec.steps.append(ev)
-                if rec.done is None:
-                    now = time.perf_counter()
-                    charts = now - last_chart >= CHART_INTERVAL_S
-                    last_chart = now if charts else last_chart
-                    yield self.outputs(rec, notice, phase="stream", charts=charts)
-            yield self.outputs(rec, notice)  # the final update always carries the complete text
+                yield self.outputs(rec, notice)  # the last one carries the complete text
         finally:
             stream.close()
             self.registry.finish(session, cancel)
 
-    def outputs(self, rec: fmt.RunRecord, notice: str = "", phase: str = "final",
-                charts: bool = True) -> tuple:
-        """Values for: prompt view, output, bars, KV chart, latency chart, stats, KV formula,
-        step slider, prompt tokens, notice, run state.
+    def outputs(self, rec: fmt.RunRecord, notice: str = "") -> tuple:
+        """Values for: output, bars, stats, KV formula, notice, run state.
 
-        While streaming ("stream") what does not change is skipped and the charts come only when
-        `charts` says so, so each update stays small and the engine keeps its pace.
+        Only what changes with every token streams here, and every value is sent: a gr.skip()
+        costs more than a small value, as Gradio rebuilds the component on the server. The
+        prompt's view and the charts, larger and slower to change, come from `begin`,
+        `live_charts` (twice a second while the run streams) and `after_run`.
         """
         n = len(rec.steps)
-        last = rec.steps[-1] if rec.steps else None
-        tokens = len(rec.prompt_ids) + n
-        streaming = phase == "stream"
-        keep = gr.skip()
         return (
-            keep if streaming else rec.prompt_text,
             fmt.highlighted_output(rec),
-            fmt.bars_html(last),
-            fmt.kv_frame(rec) if charts or not streaming else keep,
-            fmt.latency_frame(rec) if charts or not streaming else keep,
+            fmt.bars_html(rec.steps[-1] if rec.steps else None),
             fmt.stats_markdown(self.engine, rec),
-            fmt.kv_formula(self.engine, tokens if n else None),
-            gr.update(maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=rec.done is not None and n > 1),
-            keep if streaming else fmt.prompt_tokens_view(self.engine.tokenizer, rec.prompt_ids),
-            keep if streaming else notice,
-            keep if streaming else rec,
+            fmt.kv_formula(self.engine, len(rec.prompt_ids) + n if n else None),
+            notice,
+            rec,
         )
+
+    def begin(self, prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
+              max_new_tokens, seed, stop) -> tuple:
+        """At the click, before the run is queued: the prompt as fed and its tokens, empty
+        charts, and the chart timer on. Bad input shows nothing here; `generate` reports it."""
+        c = Controls(prompt, mode, system, temperature, top_k, top_p, min_p, repetition_penalty,
+                     max_new_tokens, seed, stop)
+        try:
+            rec = self._prepare(c, 0)
+        except TokenLabError:
+            rec = fmt.RunRecord()
+        empty = fmt.RunRecord()
+        return (rec.prompt_text, fmt.prompt_tokens_view(self.engine.tokenizer, rec.prompt_ids),
+                fmt.kv_frame(empty), fmt.latency_frame(empty), gr.Timer(active=True))
+
+    def live_charts(self, rec: fmt.RunRecord | None) -> tuple:
+        """The KV-cache and latency charts of the running run (a timer tick while it streams)."""
+        if rec is None or rec.done is not None:  # still the previous run's record, or over
+            return gr.skip(), gr.skip()
+        return fmt.kv_frame(rec), fmt.latency_frame(rec)
+
+    def after_run(self, rec: fmt.RunRecord | None) -> tuple:
+        """Once a run has ended: the chart timer off, the final KV-cache and latency charts, the
+        step slider spanning the run's steps, and the whole-run charts."""
+        rec = rec or fmt.RunRecord()
+        n = len(rec.steps)
+        step = gr.update(maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1)
+        return (gr.Timer(active=False), fmt.kv_frame(rec), fmt.latency_frame(rec), step,
+                *fmt.run_chart_frames(rec))
 
     # -------------------------------------------------------- selecting a step after the run
 
@@ -286,10 +300,6 @@ class Handlers:
                 fmt.attention_html(capture, tok), fmt.lens_html(capture, tok))
 
     # -------------------------------------------------------- sampling experiments
-
-    def run_charts(self, rec: fmt.RunRecord | None):
-        """Per step: chosen-token probability and raw entropy; and the chosen token's rank."""
-        return fmt.run_chart_frames(rec or fmt.RunRecord())
 
     def replay_step(self, rec: fmt.RunRecord | None, step, temperature, top_k, top_p, min_p,
                     repetition_penalty) -> tuple[str, str]:

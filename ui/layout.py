@@ -6,7 +6,7 @@ import gradio as gr
 
 from inference.engine import Engine
 from ui import format as fmt
-from ui.handlers import Controls, Handlers
+from ui.handlers import CHART_INTERVAL_S, Controls, Handlers
 
 EXAMPLES = [
     ["The capital of France is", "completion"],
@@ -144,16 +144,20 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
 
         controls = [prompt, mode, system, temperature, top_k, top_p, min_p, rep, max_new, seed, stop]
         assert len(controls) == len(Controls.names())
+        live = gr.Timer(CHART_INTERVAL_S, active=False)
+        generate.click(h.begin, inputs=controls, outputs=[prompt_view, tokens, kv_chart, latency, live],
+                       api_visibility="private", queue=False, show_progress="hidden")
         run = generate.click(
-            h.generate, inputs=controls,
-            outputs=[prompt_view, output, topk, kv_chart, latency, stats, kv_text, step, tokens, notice, record],
+            h.generate, inputs=controls, outputs=[output, topk, stats, kv_text, notice, record],
             api_name="generate", show_progress="hidden", concurrency_id="engine")
+        live.tick(h.live_charts, inputs=record, outputs=[kv_chart, latency], api_visibility="private",
+                  queue=False, show_progress="hidden")
         stop_btn.click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
         step.release(h.select_step, inputs=[record, step], outputs=topk, api_visibility="private",
                      queue=False)
         output.select(h.select_token, inputs=record, outputs=[topk, step], api_visibility="private",
                       queue=False)
-        run.then(h.run_charts, inputs=record, outputs=[run_chart, rank_chart], api_visibility="private",
+        run.then(h.after_run, inputs=record, outputs=[live, kv_chart, latency, step, run_chart, rank_chart], api_visibility="private",
                  queue=False)
         replay_btn.click(h.replay_step, inputs=[record, step, r_temp, r_top_k, r_top_p, r_min_p, r_rep],
                          outputs=[replay_md, replay_bars], api_visibility="private", queue=False)
@@ -172,15 +176,26 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
     return demo
 
 
+QUEUE_POLL_S = 0.02
+
+
 def concurrency_for(engine: Engine) -> int:
     """Runs at once: on a CPU they share the same cores, so one at a time; a GPU takes a few."""
     return 4 if engine.device.type == "cuda" else 1
 
 
+def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16) -> None:
+    demo.queue(default_concurrency_limit=concurrency_for(engine), max_size=queue_size)
+    # Gradio's queue loop wakes every 1 ms while it waits; each wake takes the GIL from the
+    # engine's thread, costing decode speed on a small CPU. 20 ms is still instant to a person.
+    if hasattr(demo._queue, "sleep_when_free"):
+        demo._queue.sleep_when_free = QUEUE_POLL_S
+
+
 def launch(demo: gr.Blocks, engine: Engine, *, host: str = "127.0.0.1", port: int | None = None,
            share: bool = False, auth: tuple[str, str] | None = None, block: bool = True,
            queue_size: int = 16):
-    demo.queue(default_concurrency_limit=concurrency_for(engine), max_size=queue_size)
+    configure_queue(demo, engine, queue_size)
     return demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                        prevent_thread_lock=not block, enable_monitoring=False, show_error=False,
                        css=fmt.BARS_CSS + fmt.INSPECT_CSS, footer_links=["api"], quiet=not block)
