@@ -16,6 +16,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-dtype", default="auto",
                    help="weights for the bandwidth-bound decode step: auto (bfloat16 copies for a float32 "
                         "model on CPU, about 2x faster; prefill stays float32), same, or a dtype")
+    p.add_argument("--compile", action="store_true",
+                   help="compile each decode step with torch.compile: on CUDA one CUDA-graph replay per token "
+                        "(the first steps of each new cache size compile, seconds to a minute)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free)")
     p.add_argument("--share", action="store_true", help="create a PUBLIC Gradio share link")
@@ -35,7 +38,7 @@ def main(argv=None) -> int:
     from inference.errors import TokenLabError
 
     try:
-        engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype)
+        engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
     except TokenLabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

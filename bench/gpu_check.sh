@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
-# The benchmark on a CUDA machine, in well under 5 minutes: SmolLM2 (the embedded default model
-# if it can be fetched, else random weights of its shape) and random weights of LLaMA-7B's shapes,
-# bf16 with a static KV cache. Reports tok/s and the fraction of the copy bandwidth (HBM) reached.
+# The benchmark on a CUDA machine, in under 5 minutes: SmolLM2 (the embedded default model if it
+# can be fetched, else random weights of its shape) and random weights of LLaMA-7B's shapes, bf16
+# with a static KV cache, each eager and with the compiled decode step (CUDA graphs). Reports
+# tok/s and the fraction of the copy bandwidth (HBM) reached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
 if "$PY" -c "from inference.default_model import default_model_dir; default_model_dir()" 2>/dev/null; then
-  "$PY" -m bench.run --device cuda --tokens 256 --repeats 2 --no-page
+  SMOL=()
 else
-  "$PY" -m bench.run --device cuda --random smollm2-135m --tokens 256 --repeats 2 --no-page
+  SMOL=(--random smollm2-135m)
 fi
-"$PY" -m bench.run --device cuda --random llama-7b --tokens 128 --repeats 2 --no-page
+for flag in "" --compile; do
+  "$PY" -m bench.run --device cuda "${SMOL[@]}" --tokens 256 --repeats 2 --no-page $flag
+  "$PY" -m bench.run --device cuda --random llama-7b --tokens 128 --repeats 2 --no-page $flag
+done

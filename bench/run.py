@@ -63,7 +63,7 @@ RANDOM_SHAPES = {  # Hugging Face config fields of models measured with random w
 }
 
 
-def random_engine(name: str, device: str, dtype: str) -> Engine:
+def random_engine(name: str, device: str, dtype: str, compile: bool = False) -> Engine:
     """An engine with random weights of a published shape, built on the device (no checkpoint)
     and a byte tokenizer: for speed measurements of models we cannot download."""
     from inference.config import ModelConfig
@@ -85,7 +85,7 @@ def random_engine(name: str, device: str, dtype: str) -> Engine:
     tok = Tokenizer(encode_fn=lambda text: list(text.encode("utf-8")), token_bytes=table,
                     raw_pieces=[t.decode("latin-1") for t in table], bos_id=None, eos_ids=(),
                     add_bos=False, special_tokens={}, chat_template=None, kind="bytes")
-    return Engine(model, tok, f"{name} (random weights)")
+    return Engine(model, tok, f"{name} (random weights)", compile_backend="inductor" if compile else None)
 
 
 def prompt_ids(engine: Engine, n: int) -> list[int]:
@@ -270,10 +270,14 @@ def quality_guard(fast: Engine, ref: Engine) -> dict:
         with torch.inference_mode():
             probs = []
             for engine in (fast, ref):
-                cache = engine.model.new_cache(len(ids))
+                decoder = engine.decoder
+                cache = decoder.take_cache(len(ids)) if decoder else engine.model.new_cache(len(ids))
                 rows = [engine.model(torch.tensor([ids[:n0]], device=engine.device), cache, 0)[0]]
                 for pos in range(n0, len(ids) - 1):  # decode steps: where the fast path differs
-                    rows.append(engine.model(torch.tensor([[ids[pos]]], device=engine.device), cache, pos)[0])
+                    token = torch.tensor([[ids[pos]]], device=engine.device)
+                    rows.append((decoder.decode(token, pos, cache) if decoder else engine.model(token, cache, pos))[0])
+                if decoder:
+                    decoder.give_back(cache)
                 probs.append(torch.stack(rows).softmax(-1).cpu())
         agree += (probs[0].argmax(-1) == probs[1].argmax(-1)).sum().item()
         total += probs[0].shape[0]
@@ -289,6 +293,7 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="auto")
     p.add_argument("--decode-dtype", default="auto")
     p.add_argument("--device", default="auto")
+    p.add_argument("--compile", action="store_true", help="compiled decode steps (CUDA graphs on a GPU)")
     p.add_argument("--tokens", type=int, default=128, help="decode tokens per run")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--top", type=int, default=10, help="candidates per step when instrumented")
@@ -300,13 +305,17 @@ def main(argv=None) -> int:
 
     from inference.default_model import resolve_model
     model_dir = None if args.random else resolve_model(args.model)
-    engine = random_engine(args.random, args.device, args.dtype) if args.random else \
-        Engine.from_hf_dir(model_dir, args.device, args.dtype, args.decode_dtype)
+    engine = random_engine(args.random, args.device, args.dtype, args.compile) if args.random else \
+        Engine.from_hf_dir(model_dir, args.device, args.dtype, args.decode_dtype, args.compile)
     device = engine.device
     copy_gbs = copy_bandwidth_gbs(device)
     rows = {}
     peer = transformers_peer(model_dir) if device.type == "cpu" else None
     rounds = {"ours": [], "bare": [], "peer": []}
+    if engine.decoder is not None:  # compile (and record CUDA graphs) before anything is timed
+        t = time.perf_counter()
+        list(engine.generate_ids(prompt_ids(engine, 32), SamplingParams(temperature=0.0, max_new_tokens=args.tokens)))
+        print(f"compiled the decode step in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     for _ in range(args.repeats):  # one round of each system in turn
         rounds["ours"].append(measure_engine(engine, args.tokens, args.top))
         rounds["bare"].append(measure_engine(engine, args.tokens, 0))
@@ -332,8 +341,9 @@ def main(argv=None) -> int:
     gguf = Path(args.gguf) if args.gguf else Path(args.model) if args.model and args.model.endswith(".gguf") else None
     rows["llama-cpp-python"] = measure_llama_cpp(gguf, args.tokens)
 
+    faster = engine.model.decode_dtype != torch.float32 or engine.decoder is not None
     ref_engine = Engine.from_hf_dir(model_dir, args.device, "float32", "same") \
-        if model_dir is not None and engine.model.decode_dtype != torch.float32 else None
+        if model_dir is not None and faster else None
     quality = quality_guard(engine, ref_engine) if ref_engine is not None else None
 
     base = rows.get("transformers generate() fp32")
@@ -342,13 +352,14 @@ def main(argv=None) -> int:
         ratios["decode_vs_transformers"] = ours["decode_tok_s"] / base["decode_tok_s"]
         ratios["ttft512_vs_transformers"] = ours["ttft_512_ms"] / base["ttft_512_ms"]
     result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
+              "compiled": engine.decoder is not None,
               "decode_dtype": str(engine.model.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
               "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),
               "ratios": ratios, "systems": rows, "quality_guard": quality}
     md = to_markdown(result)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench-{args.random}" if args.random else "bench"
+    stem = (f"bench-{args.random}" if args.random else "bench") + ("-compiled" if args.compile else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
     (out / f"{stem}.md").write_text(md)
     print(md)
@@ -356,8 +367,9 @@ def main(argv=None) -> int:
 
 
 def to_markdown(r: dict) -> str:
+    compiled = ", compiled decode step" if r.get("compiled") else ""
     lines = [f"# Token Lab benchmark: {r['model']} on {r['device']} ({r['dtype']}, decode weights "
-             f"{r['decode_dtype']})", ""]
+             f"{r['decode_dtype']}{compiled})", ""]
     for k, v in r["ratios"].items():
         lines.append(f"- **{k}**: {v:.2f}×")
     lines += ["", "| system | TTFT 128 | TTFT 512 | decode tok/s | p50 ms | p95 ms |", "|---|---|---|---|---|---|"]

@@ -23,6 +23,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-dtype", default="same",
                    help="weights for one-row matmuls (decode): same, auto (bfloat16 for a float32 "
                         "model on CPU: about 2x faster decode), or a dtype")
+    p.add_argument("--compile", action="store_true",
+                   help="compile each decode step with torch.compile: on CUDA one CUDA-graph replay per token "
+                        "(the first steps of each new cache size compile, seconds to a minute)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,7 +84,7 @@ def _cmd_generate(args) -> int:
         raise InputError(f"--top must be >= 1, got {args.top}")
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
     params = _sampling_params(args, engine.generation_defaults)
     events = engine.generate(Request(args.prompt, params, chat=args.chat, system=args.system,
                                      top_n=args.top))
@@ -106,7 +109,7 @@ def _cmd_generate(args) -> int:
 def _cmd_tokenize(args) -> int:
     from .engine import Engine
 
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
     tok = engine.tokenizer
     ids = tok.encode(args.text)
     print(json.dumps([{"id": i, "piece": tok.piece(i)} for i in ids], ensure_ascii=False))
@@ -118,7 +121,7 @@ def _cmd_score(args) -> int:
 
     from .engine import Engine
 
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
     scores = engine.score(engine.prompt_ids(args.prompt, args.chat), args.continuation)
     total = sum(lp for _, _, lp in scores)
     for i, piece, lp in scores:

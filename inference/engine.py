@@ -15,6 +15,7 @@ import torch
 
 from .chat import chat_messages, render_chat
 from .checkpoint import read_hf_weights, to_model_names
+from .compiled import CompiledDecoder
 from .config import ModelConfig
 from .device import resolve_decode_dtype, resolve_device, resolve_dtype
 from .errors import InputError, ModelError, ResourceError
@@ -39,8 +40,11 @@ class Engine:
     """A loaded model and its tokenizer. Stateless between runs: each run owns its KV cache."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, name: str = "model",
-                 generation_defaults: dict | None = None):
+                 generation_defaults: dict | None = None, compile_backend: str | None = None):
+        """compile_backend: None runs decode steps eagerly; "inductor" compiles them (CUDA
+        graphs on a GPU, see compiled.py); "eager" traces them without code generation (tests)."""
         self.model, self.tokenizer, self.name = model, tokenizer, name
+        self.decoder = CompiledDecoder(model, compile_backend) if compile_backend else None
         self.cfg: ModelConfig = model.cfg
         self.generation_defaults = generation_defaults or {}
         if tokenizer.vocab_size > self.cfg.vocab_size:
@@ -57,14 +61,14 @@ class Engine:
 
     @classmethod
     def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto",
-             decode_dtype: str = "same") -> "Engine":
+             decode_dtype: str = "same", compile: bool = False) -> "Engine":
         """Load the default model (None), a Hugging Face directory, or a .gguf file."""
         from .default_model import resolve_model
-        return cls.from_hf_dir(resolve_model(model), device, dtype, decode_dtype)
+        return cls.from_hf_dir(resolve_model(model), device, dtype, decode_dtype, compile)
 
     @classmethod
     def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto",
-                    decode_dtype: str = "same") -> "Engine":
+                    decode_dtype: str = "same", compile: bool = False) -> "Engine":
         """decode_dtype: weights for one-row matmuls ('same', 'auto' or a dtype; see model.Linear)."""
         model_dir = Path(model_dir)
         dev = resolve_device(device)
@@ -73,7 +77,8 @@ class Engine:
         weights = to_model_names(cfg, read_hf_weights(model_dir, cfg), dt)
         model = Transformer.from_state_dict(cfg, weights, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
         tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
-        return cls(model, tokenizer, model_dir.name, _generation_defaults(model_dir))
+        return cls(model, tokenizer, model_dir.name, _generation_defaults(model_dir),
+                   "inductor" if compile else None)
 
     @property
     def device(self) -> torch.device:
@@ -148,7 +153,8 @@ class Engine:
         generator.manual_seed(seed)
         top_n = max(0, min(top_n, self.cfg.vocab_size))
 
-        cache = model.new_cache(n_prompt + max_new)
+        decoder = self.decoder
+        cache = decoder.take_cache(n_prompt + max_new) if decoder else model.new_cache(n_prompt + max_new)
         with self._active_lock:
             self._active += 1
         seen = torch.zeros(self.cfg.vocab_size, dtype=torch.bool, device=dev)
@@ -168,6 +174,8 @@ class Engine:
                     t0 = time.perf_counter()
                     if step == 0:
                         logits = model(prompt, cache, 0)  # (1, vocab)
+                    elif decoder:
+                        logits = decoder.decode(next_id, n_prompt + step - 1, cache)
                     else:
                         logits = model(next_id, cache, n_prompt + step - 1)
                     next_id, info = self._pick(logits[0], params, seen, generator, top_n)
@@ -201,7 +209,10 @@ class Engine:
                                 f"({n_prompt} prompt tokens); try a shorter prompt or fewer new "
                                 "tokens") from None
         finally:  # also reached when the consumer closes the generator (stop, closed tab)
-            cache.free()
+            if decoder and cache.k is not None:
+                decoder.give_back(cache)  # kept for the next run: compiled graphs know its address
+            else:
+                cache.free()
             with self._active_lock:
                 self._active -= 1
         tail = "" if reason == "stop" else stops.push(stream.flush()) + stops.flush()

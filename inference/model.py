@@ -69,8 +69,8 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
         self.wo = Linear(cfg.q_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, start_pos: int, probe: Probe | None,
-                layer: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, k_cache, v_cache, start_pos: int | torch.Tensor,
+                probe: Probe | None, layer: int) -> torch.Tensor:
         bsz, T, _ = x.shape
         n_qk = self.n_heads + self.n_kv_heads
         qkv = self.wqkv(x).view(bsz, T, n_qk + self.n_kv_heads, self.head_dim)  # (bsz, T, heads + 2 kv_heads, head_dim)
@@ -79,16 +79,21 @@ class Attention(nn.Module):
         k = qk[:, :, self.n_heads:].transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
         v = qkv[:, :, n_qk:].transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
 
-        end = start_pos + T
-        k_cache[:, :, start_pos:end] = k
-        v_cache[:, :, start_pos:end] = v
-        keys, values = k_cache[:, :, :end], v_cache[:, :, :end]  # (bsz, n_kv_heads, end, head_dim)
-
         mask, causal = None, False
-        if T > 1 and start_pos == 0:
-            causal = True
-        elif T > 1:  # a chunk after cached positions: query i sees keys 0 .. start_pos + i
-            mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+        if isinstance(start_pos, torch.Tensor):  # static decode (T = 1): see Transformer.decode_static
+            k_cache.index_copy_(2, start_pos, k)
+            v_cache.index_copy_(2, start_pos, v)
+            keys, values = k_cache, v_cache  # (bsz, n_kv_heads, capacity, head_dim)
+            mask = (torch.arange(k_cache.shape[2], device=x.device) <= start_pos)[None]  # (1, capacity)
+        else:
+            end = start_pos + T
+            k_cache[:, :, start_pos:end] = k
+            v_cache[:, :, start_pos:end] = v
+            keys, values = k_cache[:, :, :end], v_cache[:, :, :end]  # (bsz, n_kv_heads, end, head_dim)
+            if T > 1 and start_pos == 0:
+                causal = True
+            elif T > 1:  # a chunk after cached positions: query i sees keys 0 .. start_pos + i
+                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                              enable_gqa=self.n_heads != self.n_kv_heads)
         if probe is not None and layer in probe.attention_layers:
@@ -206,6 +211,19 @@ class Transformer(nn.Module):
         if not all_logits:
             h = h[:, -1]  # (bsz, hidden): only the next token's logits are needed
         return self.output(self.norm(h)).float()
+
+    def decode_static(self, token: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
+                      v: torch.Tensor) -> torch.Tensor:
+        """One decode step in which no shape depends on the position, as CUDA graphs and
+        torch.compile need: token (bsz, 1) at position pos (1,) (a tensor), attending over the
+        cache's whole capacity with the positions after pos masked out. k, v: KVCache.k, .v.
+        Returns float32 logits (bsz, vocab). The caller advances the cache's length."""
+        h = self.tok_embeddings(token)  # (bsz, 1, hidden)
+        cos = self.rope_cos[pos][:, None]  # (1, 1, head_dim)
+        sin = self.rope_sin[pos][:, None]
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, k[i], v[i], pos, None, i)
+        return self.output(self.norm(h[:, -1])).float()
 
     def lens_logits(self, residual: torch.Tensor) -> torch.Tensor:
         """The logit lens: one residual stream (hidden,) through the final norm and LM head."""

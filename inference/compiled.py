@@ -1,0 +1,78 @@
+"""The decode step compiled with torch.compile (CUDA graphs on a GPU), and its static caches.
+
+At batch 1 a decode step is ~20 small kernels per layer; on a GPU, launching them from Python
+takes longer than running them. Compiled with mode="reduce-overhead" the whole step becomes one
+CUDA graph replay. That needs every shape and address fixed from step to step, so the step is
+`Transformer.decode_static` (the position is a tensor, attention covers the cache's capacity)
+and caches come in a few capacities (powers of two) and are kept and reused between runs: a new
+capacity costs one compilation, a new cache one graph recording.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+from .kv_cache import KVCache
+from .model import Transformer
+
+MIN_CAPACITY = 256
+
+
+def capacity_bucket(needed: int, max_len: int) -> int:
+    """The smallest power of two >= needed (at least MIN_CAPACITY), capped at max_len."""
+    cap = MIN_CAPACITY
+    while cap < needed:
+        cap *= 2
+    return min(cap, max_len)
+
+
+class CompiledDecoder:
+    """decode(token, pos, cache) -> logits, compiled; caches lent out per run and taken back."""
+
+    def __init__(self, model: Transformer, backend: str = "inductor"):
+        self.model = model
+        mode = "reduce-overhead" if model.device.type == "cuda" and backend == "inductor" else None
+        # dynamic=False: one graph per cache capacity, never a shape-generic one.
+        self._step = torch.compile(model.decode_static, backend=backend, mode=mode, fullgraph=True,
+                                   dynamic=False)
+        self._free: dict[int, list[KVCache]] = {}
+        self._lock = threading.Lock()
+
+    def take_cache(self, needed: int) -> KVCache:
+        cap = capacity_bucket(needed, self.model.cfg.max_seq_len)
+        with self._lock:
+            pool = self._free.setdefault(cap, [])
+            if pool:
+                cache = pool.pop()
+                cache.length = 0
+                return cache
+        cache = self.model.new_cache(cap)
+        # Positions past the current one are masked, but a masked NaN still poisons the sum
+        # (0 * NaN): start from zeros, not from whatever the allocator hands over.
+        cache.k.zero_()
+        cache.v.zero_()
+        # Graphs read the cache at a fixed address: tell the compiler it stays put.
+        torch._dynamo.mark_static_address(cache.k)
+        torch._dynamo.mark_static_address(cache.v)
+        return cache
+
+    def give_back(self, cache: KVCache) -> None:
+        with self._lock:
+            self._free.setdefault(cache.capacity, []).append(cache)
+
+    def decode(self, token: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
+        """Logits (bsz, vocab) for token (bsz, 1) at position pos; advances the cache."""
+        pos_t = torch.tensor([pos], device=token.device)
+        logits = self._step(token, pos_t, cache.k, cache.v)
+        cache.length = pos + 1
+        if self.model.device.type == "cuda":
+            logits = logits.clone()  # a graph's output is overwritten by its next replay
+        return logits
+
+    @property
+    def held_bytes(self) -> int:
+        """Memory of the caches kept for reuse between runs."""
+        with self._lock:
+            return sum(c.bytes_allocated for pool in self._free.values() for c in pool)
