@@ -232,31 +232,40 @@ class Engine:
             token_id = int(next_id.item())
             return next_id.view(1, 1), _Pick(token_id, float("nan"), float("nan"), [], float("nan"), 0, None)
         # What the step reports and keeps for replay, gathered on the device and sent in one
-        # transfer: [id, p, p_raw, entropy, rank, lse, rest_lse, K logits, K ids, top_n p].
+        # transfer. From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, the sum of e
+        # outside the kept top K the mass of the rest (summed on its own: Z minus the top's sum
+        # would cancel away a tiny tail), dot(e, logits) / Z the mean logit for the entropy.
         vocab = logits.shape[-1]
         k = min(KEEP, vocab)
         top_n = min(top_n, k)
-        lse = logits.logsumexp(-1, keepdim=True)
-        raw = (logits - lse).exp()
-        top_logits, top_ids = logits.topk(k)
-        rest = logits.scatter(-1, top_ids, -math.inf).logsumexp(-1, keepdim=True) if k < vocab \
-            else torch.full_like(lse, -math.inf)
-        entropy = lse - (raw * logits).sum(-1, keepdim=True)  # H = log Z - E[logit], in nats
-        rank = (logits > logits[next_id]).sum(-1, keepdim=True) + 1
-        f = raw.dtype
-        packed = torch.cat([next_id.to(f), final[next_id], raw[next_id], entropy, rank.to(f), lse, rest,
-                            top_logits, top_ids.to(f), final[top_ids[:top_n]]]).cpu()
+        top_logits, top_ids = logits.topk(k)  # sorted: top_logits[0] is the max
+        e = (logits - top_logits[0]).exp()
+        f = torch.float64
+        packed = torch.cat([
+            next_id.to(f), final[next_id].to(f), e[next_id].to(f), logits[next_id].to(f),
+            e.sum(dtype=f, keepdim=True, dim=-1), e.index_fill(0, top_ids, 0).sum(dtype=f, keepdim=True, dim=-1),
+            torch.dot(e, logits).to(f).view(1),  # Z * E[logit], for the entropy
+            top_logits.to(f), top_ids.to(f), final[top_ids[:top_n]].to(f)]).cpu()
         head = packed[:7].tolist()
-        token_id, lse_v = int(head[0]), head[5]
-        kept_logits, kept_ids = packed[7:7 + k], packed[7 + k:7 + 2 * k].to(torch.int32)
+        token_id, e_chosen, chosen_logit, z, z_rest, z_mean = int(head[0]), *head[2:]
+        m = float(packed[7])
+        lse = m + math.log(z)
+        rest = m + math.log(z_rest) if z_rest > 0 else -math.inf
+        entropy = lse - z_mean / z  # H = log Z - E[logit], in nats
+        kept_logits, kept_ids = packed[7:7 + k].float(), packed[7 + k:7 + 2 * k].to(torch.int32)
+        if chosen_logit >= kept_logits[-1].item():  # every larger logit is among the kept ones
+            rank = int((kept_logits > chosen_logit).sum()) + 1
+        else:  # sampled from the tail (a high temperature, no filter): count on the device
+            rank = int((logits > logits[next_id]).sum()) + 1
         ids = kept_ids[:top_n].tolist()
-        raws = [math.exp(v - lse_v) for v in kept_logits[:top_n].tolist()]
+        raws = [math.exp(v - lse) for v in packed[7:7 + top_n].tolist()]
         probs = packed[7 + 2 * k:].tolist()
+        prob, raw_prob = head[1], e_chosen / z
         if token_id not in ids:  # the chosen token is always listed, even outside the top N
-            ids, probs, raws = ids + [token_id], probs + [head[1]], raws + [head[2]]
+            ids, probs, raws = ids + [token_id], probs + [prob], raws + [raw_prob]
         top = [Candidate(i, self.tokenizer.piece(i), p, r) for i, p, r in zip(ids, probs, raws)]
-        stored = StepLogits(kept_ids, kept_logits.clone(), head[6], vocab)
-        return next_id.view(1, 1), _Pick(token_id, head[1], head[2], top, head[3], int(head[4]), stored)
+        stored = StepLogits(kept_ids, kept_logits, rest, vocab)
+        return next_id.view(1, 1), _Pick(token_id, prob, raw_prob, top, entropy, rank, stored)
 
 
 def _generation_defaults(model_dir: Path) -> dict:

@@ -127,3 +127,33 @@ def test_replay_and_likelihood_handlers(tiny_engine):
     assert "Step 2" in md and "| top-p |" in md and "final, replayed" in bars
     table = h.likelihood(rec, 3, " fox")
     assert "| **all" in table and "first 3 generated tokens" in table
+
+
+def test_step_statistics_are_exact_even_for_a_tiny_tail_or_a_tail_pick(tiny_engine):
+    """What each step reports, from crafted logits against float64 on the whole vocabulary:
+    log-sum-exp of the tokens outside the kept top 256 (also when their mass is ~1e-13),
+    entropy, raw probability, and rank (also when the token was sampled from outside the top 256)."""
+    from inference.replay import KEEP
+    vocab = tiny_engine.cfg.vocab_size
+    assert vocab > KEEP
+    g = torch.Generator().manual_seed(0)
+    tiny_tail = torch.cat([torch.rand(KEEP, generator=g) * 10 + 10, torch.full((vocab - KEEP,), -20.0)])
+    flat = torch.cat([torch.full((KEEP,), 0.05), torch.zeros(vocab - KEEP)])
+    tail_picks = 0
+    for logits, seeds in ((tiny_tail, range(3)), (flat, range(12))):
+        logits = logits[torch.randperm(vocab, generator=g)]
+        exact = logits.double()
+        order = exact.argsort(descending=True)
+        rest = exact[order[KEEP:]].logsumexp(-1).item()
+        p = exact.softmax(-1)
+        for seed in seeds:
+            seen = torch.zeros(vocab, dtype=torch.bool)
+            gen = torch.Generator().manual_seed(seed)
+            _, pick = tiny_engine._pick(logits, SamplingParams(temperature=1.0), seen, gen, 10)
+            i = pick.token_id
+            assert pick.logits.rest_lse == pytest.approx(rest, abs=1e-6)
+            assert pick.entropy == pytest.approx(-(p * p.log()).sum().item(), abs=1e-5)
+            assert pick.raw_prob == pytest.approx(p[i].item(), rel=1e-5)
+            assert pick.rank == int((exact > exact[i]).sum()) + 1
+            tail_picks += int(exact[i] < exact[order[KEEP - 1]])
+    assert tail_picks > 0  # the rank's slow path ran
