@@ -32,7 +32,8 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
 
 def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device,
                 dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin tables, each (max_len, head_dim); halves repeated (rotate-half layout).
+    """cos and signed sin tables, each (max_len, head_dim), in the rotate-half layout: halves
+    repeated, and the sin's first half negated (see apply_rope).
 
     Computed in float32 and then cast, as the reference implementation does.
     """
@@ -40,15 +41,15 @@ def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device,
     pos = torch.arange(max_len, dtype=torch.float32, device=device)
     freqs = torch.outer(pos, inv_freq)  # (max_len, head_dim // 2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, head_dim)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    sign = torch.ones(cfg.head_dim, device=device)
+    sign[:cfg.head_dim // 2] = -1
+    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate x (..., T, heads, head_dim) by positions whose cos/sin are (T, 1, head_dim).
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotate x (..., T, heads, head_dim) by positions whose tables are (T, 1, head_dim).
 
-    Uses the Hugging Face "rotate half" layout: dimension i pairs with i + head_dim/2.
+    Hugging Face's "rotate half" layout: dimension i pairs with i + head_dim/2, and
+    x * cos + cat(-x2, x1) * sin == x * cos + roll(x, half) * signed_sin, in three ops.
     """
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    rotated = torch.cat((-x2, x1), dim=-1)
-    return x * cos + rotated * sin
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), signed_sin)

@@ -51,7 +51,9 @@ def reference_attention(model, ids, layer):
     """softmax(QK^T / sqrt(d)) for the last query, built from the weights by hand (no cache)."""
     cfg = model.cfg
     h = model.tok_embeddings.weight[torch.tensor(ids)]
-    cos, sin = model.rope_cos[: len(ids)], model.rope_sin[: len(ids)]
+    from inference.rope import rope_inv_freq
+    freqs = torch.outer(torch.arange(len(ids), dtype=torch.float32), rope_inv_freq(cfg))
+    cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
 
     def rope(x):  # (T, heads, hd)
         half = x.shape[-1] // 2
