@@ -49,6 +49,9 @@ class CompiledDecoder:
                 cache.length = 0
                 return cache
         cache = self.model.new_cache(cap)
+        # The position lives on the device too: fill_ launches a kernel, torch.tensor([pos])
+        # would copy from the host and wait for the device every step.
+        cache.position = torch.zeros(1, dtype=torch.long, device=self.model.device)
         # Positions past the current one are masked, but a masked NaN still poisons the sum
         # (0 * NaN): start from zeros, not from whatever the allocator hands over.
         cache.k.zero_()
@@ -56,6 +59,7 @@ class CompiledDecoder:
         # Graphs read the cache at a fixed address: tell the compiler it stays put.
         torch._dynamo.mark_static_address(cache.k)
         torch._dynamo.mark_static_address(cache.v)
+        torch._dynamo.mark_static_address(cache.position)
         return cache
 
     def give_back(self, cache: KVCache) -> None:
@@ -64,8 +68,8 @@ class CompiledDecoder:
 
     def decode(self, token: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
         """Logits (bsz, vocab) for token (bsz, 1) at position pos; advances the cache."""
-        pos_t = torch.tensor([pos], device=token.device)
-        logits = self._step(token, pos_t, cache.k, cache.v)
+        cache.position.fill_(pos)
+        logits = self._step(token, cache.position, cache.k, cache.v)
         cache.length = pos + 1
         if self.model.device.type == "cuda":
             logits = logits.clone()  # a graph's output is overwritten by its next replay
