@@ -12,7 +12,8 @@ if "$PY" -c "from inference.default_model import default_model_dir; default_mode
 else
   SMOL=(--random smollm2-135m)
 fi
-for flag in "" --compile; do
-  "$PY" -m bench.run --device cuda "${SMOL[@]}" --tokens 256 --repeats 2 --no-page $flag
-  "$PY" -m bench.run --device cuda --random llama-7b --tokens 128 --repeats 2 --no-page $flag
-done
+"$PY" -m bench.run --device cuda "${SMOL[@]}" --tokens 256 --repeats 2 --no-page
+"$PY" -m bench.run --device cuda --random llama-7b --tokens 128 --repeats 2 --no-page
+# Compiling takes most of these two: one round each.
+"$PY" -m bench.run --device cuda "${SMOL[@]}" --tokens 256 --repeats 1 --no-page --compile
+"$PY" -m bench.run --device cuda --random llama-7b --tokens 128 --repeats 1 --no-page --compile
