@@ -56,7 +56,7 @@ def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
 def test_live_charts_draw_the_running_run(handlers, tiny_engine, monkeypatch):
     slow_down(monkeypatch, tiny_engine, 0.03)  # several streaming updates
     ups = []
-    for u in handlers.generate(*Controls(**{**ARGS, "max_new_tokens": 8}).values()):
+    for u in handlers.generate(*Controls(**{**ARGS, "max_new_tokens": 30}).values()):
         rec = u[-1]
         if rec.steps and rec.done is None:
             ups.append((len(rec.steps), handlers.live_charts(rec)))
@@ -139,3 +139,18 @@ def test_bad_query_values_are_named_not_dropped():
 def test_parse_stop_and_default_url():
     assert parse_stop("a\n\\n\\nEND\n\n") == ("a", "\n\nEND")
     assert share_url("http://x/?old=1", Controls()) .startswith("http://x/?prompt=")
+
+
+def test_updates_are_paced_by_the_interval(tiny_engine, monkeypatch):
+    import time
+    from ui.handlers import update_interval_for
+    assert update_interval_for(tiny_engine) == 0.2  # a CPU engine: 5 updates a second
+    slow_down(monkeypatch, tiny_engine, 0.01)
+    for interval in (0.2, 0.05):
+        h = Handlers(tiny_engine, update_interval_s=interval)
+        t = time.perf_counter()
+        updates = run(h, max_new_tokens=60)
+        elapsed = time.perf_counter() - t
+        assert len(updates[-1][-1].steps) == 60
+        # One update at the start, then at most one per interval, and the final one.
+        assert 3 <= len(updates) <= elapsed / interval + 2, (interval, len(updates), elapsed)
