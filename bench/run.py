@@ -243,17 +243,20 @@ def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict | None:
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
     demo = build_ui(engine, Handlers(engine))
     _, url, _ = launch(demo, engine, block=False)
-    page, alone = [], []
+    page, alone, received = [], [], []
     try:
         for _ in range(rounds):
             proc = subprocess.run([sys.executable, "-c", PAGE_CLIENT, url, json.dumps(c.values())],
                                   capture_output=True, text=True, timeout=600)
-            page.append(json.loads(proc.stdout.strip().splitlines()[-1])["tok_s"])
+            client = json.loads(proc.stdout.strip().splitlines()[-1])
+            page.append(client["tok_s"])
+            received.append(client["tokens"])
             alone.append(list(engine.generate_ids(ids, params, 10))[-1].decode_tokens_per_s)
     finally:
         demo.close()
     return {"tok_s": statistics.median(page), "engine_tok_s": statistics.median(alone),
-            "fraction": statistics.median(page) / statistics.median(alone), "rounds": rounds}
+            "fraction": statistics.median(page) / statistics.median(alone), "rounds": rounds,
+            "tokens_received": received}
 
 
 def quality_guard(fast: Engine, ref: Engine) -> dict:

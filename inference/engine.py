@@ -225,7 +225,8 @@ class Engine:
 
     def _pick(self, logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor,
               generator: torch.Generator, top_n: int) -> tuple[torch.Tensor, "_Pick"]:
-        """Sample from logits (vocab,) and gather what the step reports, with one host sync."""
+        """Sample from logits (vocab,) and gather what the step reports, with one host sync (a
+        second only when the token was sampled from outside the kept top K, for its rank)."""
         final = final_logits(logits, params, seen).softmax(dim=-1)
         next_id = sample(final.unsqueeze(0), generator)[0]  # (1,)
         if top_n == 0:

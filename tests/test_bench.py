@@ -15,3 +15,24 @@ def test_bench_reports_ratios_table_and_json(tmp_path):
     assert "instrumentation_overhead_pct" in ours and result["peak_rss_mib"] > 0
     md = (tmp_path / "bench-tiny.md").read_text()
     assert md == to_markdown(result) and "| token-lab |" in md
+
+
+def test_bench_compiled_decode(tmp_path):
+    assert main(["--random", "tiny", "--tokens", "8", "--repeats", "1", "--no-page", "--device", "cpu",
+                 "--compile", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench-tiny-compiled.json").read_text())
+    assert result["compiled"] and result["systems"]["token-lab"]["decode_tok_s"] > 0
+    assert "compiled decode step" in (tmp_path / "bench-tiny-compiled.md").read_text()
+
+
+def test_page_measurement_receives_every_token(monkeypatch):
+    """The page measurement: the real app, a gradio_client in another process, and the engine
+    alone in turn; every requested token arrives at the client."""
+    from bench.run import measure_page, random_engine
+    from tiny_models import slow_down
+    engine = random_engine("tiny", "cpu", "float32")
+    slow_down(monkeypatch, engine, 0.03)  # several updates per run, as with a real model
+    page = measure_page(engine, 24, rounds=2)
+    assert page["tokens_received"] == [24, 24]
+    assert page["tok_s"] > 0 and page["engine_tok_s"] > 0 and page["rounds"] == 2
+    assert page["fraction"] == page["tok_s"] / page["engine_tok_s"]
