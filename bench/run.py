@@ -25,6 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from inference.engine import Engine  # noqa: E402
 from inference.anatomy import decode_cost  # noqa: E402
+from inference.cli import add_model_args  # noqa: E402
 from inference.sampling import SamplingParams  # noqa: E402
 
 FILLER = ("The history of computing is a story of people who wanted to calculate faster. "
@@ -290,13 +291,9 @@ def quality_guard(fast: Engine, ref: Engine) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default=None)
+    add_model_args(p, decode_dtype="auto")
     p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
                    help="measure random weights of a published shape instead of a checkpoint")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--decode-dtype", default="auto")
-    p.add_argument("--device", default="auto")
-    p.add_argument("--compile", action="store_true", help="compiled decode steps (CUDA graphs on a GPU)")
     p.add_argument("--tokens", type=int, default=128, help="decode tokens per run")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--top", type=int, default=10, help="candidates per step when instrumented")

@@ -93,10 +93,9 @@ def capture_step(model: Transformer, context_ids: list[int], layer: int, top: in
 
 
 def memory_table(cfg: ModelConfig, bytes_per_value: int) -> list[tuple[str, int, int]]:
-    """(component, parameters, bytes) for the loaded model, and what tying saves."""
+    """(component, parameters, bytes) for the loaded model."""
     p = cfg.param_counts()
-    rows = [(name, p[key], p[key] * bytes_per_value) for name, key in (
+    return [(name, p[key], p[key] * bytes_per_value) for name, key in (
         ("embedding", "embedding"), ("attention (all layers)", "attention"),
         ("feed-forward (all layers)", "ffn"), ("norms", "norms"), ("LM head", "lm_head"),
         ("total", "total"))]
-    return rows

