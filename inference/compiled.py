@@ -14,6 +14,7 @@ import threading
 
 import torch
 
+from .decoding import EagerDecoder
 from .kv_cache import KVCache
 from .model import Transformer
 
@@ -28,11 +29,12 @@ def capacity_bucket(needed: int, max_len: int) -> int:
     return min(cap, max_len)
 
 
-class CompiledDecoder:
-    """decode(token, pos, cache) -> logits, compiled; caches lent out per run and taken back."""
+class CompiledDecoder(EagerDecoder):
+    """Decode steps compiled; caches in power-of-two capacities, lent per run and kept for the
+    next. The prefill stays eager: its shape changes with every prompt."""
 
     def __init__(self, model: Transformer, backend: str = "inductor"):
-        self.model = model
+        super().__init__(model)
         mode = "reduce-overhead" if model.device.type == "cuda" and backend == "inductor" else None
         # dynamic=False: one graph per cache capacity, never a shape-generic one.
         self._step = torch.compile(model.decode_static, backend=backend, mode=mode, fullgraph=True,
@@ -40,7 +42,7 @@ class CompiledDecoder:
         self._free: dict[int, list[KVCache]] = {}
         self._lock = threading.Lock()
 
-    def take_cache(self, needed: int) -> KVCache:
+    def new_cache(self, needed: int) -> KVCache:
         cap = capacity_bucket(needed, self.model.cfg.max_seq_len)
         with self._lock:
             pool = self._free.setdefault(cap, [])
@@ -62,15 +64,18 @@ class CompiledDecoder:
         torch._dynamo.mark_static_address(cache.position)
         return cache
 
-    def give_back(self, cache: KVCache) -> None:
+    def release(self, cache: KVCache) -> None:
+        """Keep the cache for the next run: the compiled graphs know its address."""
+        if cache.k is None:  # freed after an error
+            return
         with self._lock:
             self._free.setdefault(cache.capacity, []).append(cache)
 
-    def decode(self, token: torch.Tensor, pos: int, cache: KVCache) -> torch.Tensor:
-        """Logits (bsz, vocab) for token (bsz, 1) at position pos; advances the cache."""
-        cache.position.fill_(pos)
+    def step(self, token: torch.Tensor, cache: KVCache) -> torch.Tensor:
+        """Logits (bsz, vocab) for token (bsz, 1) at the cache's next position; advances it."""
+        cache.position.fill_(cache.length)
         logits = self._step(token, cache.position, cache.k, cache.v)
-        cache.length = pos + 1
+        cache.length += 1
         if self.model.device.type == "cuda":
             logits = logits.clone()  # a graph's output is overwritten by its next replay
         return logits

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import math
 import secrets
 import threading
 import time
@@ -13,18 +11,19 @@ from typing import Iterator
 
 import torch
 
+from .anatomy import StepCapture, capture_step
 from .chat import chat_messages, render_chat
-from .checkpoint import read_hf_weights, to_model_names
 from .compiled import CompiledDecoder
 from .config import ModelConfig
-from .device import resolve_decode_dtype, resolve_device, resolve_dtype
+from .decoding import EagerDecoder
 from .errors import InputError, ModelError, ResourceError
-from .events import Candidate, DoneEvent, StepEvent
+from .events import DoneEvent, StepEvent
 from .model import Transformer
-from .replay import KEEP, StepLogits
-from .sampling import SamplingParams, final_logits, sample
+from .replay import StageStat, StepLogits, replay
+from .sampling import SamplingParams
+from .step_stats import candidates, pick
 from .stop import StopMatcher
-from .tokenizer import Tokenizer, load_tokenizer
+from .tokenizer import Tokenizer
 
 
 @dataclass
@@ -36,6 +35,17 @@ class Request:
     top_n: int = 10  # candidates reported per step
 
 
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the engine is: for the model card and every byte count the page shows."""
+    name: str
+    cfg: ModelConfig
+    device: torch.device
+    dtype: torch.dtype  # the weights', and the KV cache's
+    decode_dtype: torch.dtype  # the weights' read by one-row (decode) matmuls
+    compiled: bool
+
+
 class Engine:
     """A loaded model and its tokenizer. Stateless between runs: each run owns its KV cache."""
 
@@ -44,7 +54,7 @@ class Engine:
         """compile_backend: None runs decode steps eagerly; "inductor" compiles them (CUDA
         graphs on a GPU, see compiled.py); "eager" traces them without code generation (tests)."""
         self.model, self.tokenizer, self.name = model, tokenizer, name
-        self.decoder = CompiledDecoder(model, compile_backend) if compile_backend else None
+        self.decoder = CompiledDecoder(model, compile_backend) if compile_backend else EagerDecoder(model)
         self.cfg: ModelConfig = model.cfg
         self.generation_defaults = generation_defaults or {}
         if tokenizer.vocab_size > self.cfg.vocab_size:
@@ -62,23 +72,19 @@ class Engine:
     @classmethod
     def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto",
              decode_dtype: str = "same", compile: bool = False) -> "Engine":
-        """Load the default model (None), a Hugging Face directory, or a .gguf file."""
-        from .default_model import resolve_model
-        return cls.from_hf_dir(resolve_model(model), device, dtype, decode_dtype, compile)
+        """The default model (None), a Hugging Face directory, or a .gguf file: see loading.py."""
+        from .loading import load_engine
+        return load_engine(model, device, dtype, decode_dtype, compile)
 
     @classmethod
     def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto",
                     decode_dtype: str = "same", compile: bool = False) -> "Engine":
-        """decode_dtype: weights for one-row matmuls ('same', 'auto' or a dtype; see model.Linear)."""
-        model_dir = Path(model_dir)
-        dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
-        cfg = ModelConfig.from_json(model_dir / "config.json")
-        weights = to_model_names(cfg, read_hf_weights(model_dir, cfg), dt)
-        model = Transformer.from_state_dict(cfg, weights, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
-        tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
-        return cls(model, tokenizer, model_dir.name, _generation_defaults(model_dir),
-                   "inductor" if compile else None)
+        from .loading import engine_from_hf_dir
+        return engine_from_hf_dir(model_dir, device, dtype, decode_dtype, compile)
+
+    def describe(self) -> EngineInfo:
+        return EngineInfo(self.name, self.cfg, self.device, self.dtype, self.model.decode_dtype,
+                          isinstance(self.decoder, CompiledDecoder))
 
     @property
     def device(self) -> torch.device:
@@ -144,7 +150,7 @@ class Engine:
                      cancel: threading.Event | None = None) -> Iterator[StepEvent | DoneEvent]:
         """Generate from prompt ids. top_n=0 skips the per-step instrumentation (raw
         distribution, candidates): the benchmark's baseline."""
-        model, tok, dev = self.model, self.tokenizer, self.device
+        tok, dev = self.tokenizer, self.device
         n_prompt = len(ids)
         max_new = min(params.max_new_tokens, self.cfg.max_seq_len - n_prompt)
         capped = max_new < params.max_new_tokens
@@ -154,7 +160,7 @@ class Engine:
         top_n = max(0, min(top_n, self.cfg.vocab_size))
 
         decoder = self.decoder
-        cache = decoder.take_cache(n_prompt + max_new) if decoder else model.new_cache(n_prompt + max_new)
+        cache = decoder.new_cache(n_prompt + max_new)
         with self._active_lock:
             self._active += 1
         seen = torch.zeros(self.cfg.vocab_size, dtype=torch.bool, device=dev)
@@ -173,12 +179,10 @@ class Engine:
                         break
                     t0 = time.perf_counter()
                     if step == 0:
-                        logits = model(prompt, cache, 0)  # (1, vocab)
-                    elif decoder:
-                        logits = decoder.decode(next_id, n_prompt + step - 1, cache)
+                        logits = decoder.prefill(prompt, cache)  # (1, vocab)
                     else:
-                        logits = model(next_id, cache, n_prompt + step - 1)
-                    next_id, info = self._pick(logits[0], params, seen, generator, top_n)
+                        logits = decoder.step(next_id, cache)
+                    next_id, info = pick(logits[0], params, seen, generator, top_n)
                     seen[next_id[0]] = True
                     token_id = info.token_id
                     is_eos = token_id in self.eos_ids
@@ -188,7 +192,7 @@ class Engine:
                     step_ms.append(ms)
                     yield StepEvent(
                         step=step, token_id=token_id, piece=tok.piece(token_id), text=delta,
-                        prob=info.prob, raw_prob=info.raw_prob, top=info.top,
+                        prob=info.prob, raw_prob=info.raw_prob, top=candidates(info, tok.piece),
                         entropy=info.entropy, rank=info.rank, logits=info.logits,
                         kv_cache_bytes=cache.bytes_used, kv_cache_capacity_bytes=cache.bytes_allocated,
                         ms=ms, prefill_ms=ms if step == 0 else None,
@@ -209,10 +213,7 @@ class Engine:
                                 f"({n_prompt} prompt tokens); try a shorter prompt or fewer new "
                                 "tokens") from None
         finally:  # also reached when the consumer closes the generator (stop, closed tab)
-            if decoder and cache.k is not None:
-                decoder.give_back(cache)  # kept for the next run: compiled graphs know its address
-            else:
-                cache.free()
+            decoder.release(cache)
             with self._active_lock:
                 self._active -= 1
         tail = "" if reason == "stop" else stops.push(stream.flush()) + stops.flush()
@@ -223,74 +224,15 @@ class Engine:
             decode_tokens_per_s=(len(step_ms) - 1) / decode_s if decode_s > 0 else 0.0,
             seed=seed, max_new_tokens=max_new, capped=capped)
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor,
-              generator: torch.Generator, top_n: int) -> tuple[torch.Tensor, "_Pick"]:
-        """Sample from logits (vocab,) and gather what the step reports, with one host sync (a
-        second only when the token was sampled from outside the kept top K, for its rank)."""
-        final = final_logits(logits, params, seen).softmax(dim=-1)
-        next_id = sample(final.unsqueeze(0), generator)[0]  # (1,)
-        if top_n == 0:
-            token_id = int(next_id.item())
-            return next_id.view(1, 1), _Pick(token_id, float("nan"), float("nan"), [], float("nan"), 0, None)
-        # What the step reports and keeps for replay, gathered on the device and sent in one
-        # transfer. From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, the sum of e
-        # outside the kept top K the mass of the rest (summed on its own: Z minus the top's sum
-        # would cancel away a tiny tail), dot(e, logits) / Z the mean logit for the entropy.
-        vocab = logits.shape[-1]
-        k = min(KEEP, vocab)
-        top_n = min(top_n, k)
-        top_logits, top_ids = logits.topk(k)  # sorted: top_logits[0] is the max
-        e = (logits - top_logits[0]).exp()
-        f = torch.float64
-        packed = torch.cat([
-            next_id.to(f), final[next_id].to(f), e[next_id].to(f), logits[next_id].to(f),
-            e.sum(dtype=f, keepdim=True, dim=-1), e.index_fill(0, top_ids, 0).sum(dtype=f, keepdim=True, dim=-1),
-            torch.dot(e, logits).to(f).view(1),  # Z * E[logit], for the entropy
-            top_logits.to(f), top_ids.to(f), final[top_ids[:top_n]].to(f)]).cpu()
-        head = packed[:7].tolist()
-        token_id, e_chosen, chosen_logit, z, z_rest, z_mean = int(head[0]), *head[2:]
-        m = float(packed[7])
-        lse = m + math.log(z)
-        rest = m + math.log(z_rest) if z_rest > 0 else -math.inf
-        entropy = lse - z_mean / z  # H = log Z - E[logit], in nats
-        kept_logits, kept_ids = packed[7:7 + k].float(), packed[7 + k:7 + 2 * k].to(torch.int32)
-        if chosen_logit >= kept_logits[-1].item():  # every larger logit is among the kept ones
-            rank = int((kept_logits > chosen_logit).sum()) + 1
-        else:  # sampled from the tail (a high temperature, no filter): count on the device
-            rank = int((logits > logits[next_id]).sum()) + 1
-        ids = kept_ids[:top_n].tolist()
-        raws = [math.exp(v - lse) for v in packed[7:7 + top_n].tolist()]
-        probs = packed[7 + 2 * k:].tolist()
-        prob, raw_prob = head[1], e_chosen / z
-        if token_id not in ids:  # the chosen token is always listed, even outside the top N
-            ids, probs, raws = ids + [token_id], probs + [prob], raws + [raw_prob]
-        top = [Candidate(i, self.tokenizer.piece(i), p, r) for i, p, r in zip(ids, probs, raws)]
-        stored = StepLogits(kept_ids, kept_logits, rest, vocab)
-        return next_id.view(1, 1), _Pick(token_id, prob, raw_prob, top, entropy, rank, stored)
+    # ------------------------------------------------------------ looking inside a step
 
+    def capture(self, context_ids: list[int], layer: int) -> StepCapture:
+        """Re-run the forward pass that predicted the token after context_ids, capturing the
+        attention of `layer` and every layer's residual for the logit lens."""
+        return capture_step(self.model, context_ids, layer)
 
-def _generation_defaults(model_dir: Path) -> dict:
-    """Sampling defaults from generation_config.json, restricted to settings we support."""
-    path = model_dir / "generation_config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
-    except (OSError, ValueError) as e:
-        raise ModelError(f"cannot read {path.name}: {e}") from None
-    if not isinstance(data, dict):
-        return {}
-    keys = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "max_new_tokens")
-    out = {k: data[k] for k in keys if isinstance(data.get(k), (int, float))}
-    if data.get("do_sample") is False:
-        out["temperature"] = 0.0
-    return out
-
-
-@dataclass
-class _Pick:
-    token_id: int
-    prob: float
-    raw_prob: float
-    top: list[Candidate]
-    entropy: float
-    rank: int
-    logits: StepLogits | None
+    def replay(self, logits: StepLogits, params: SamplingParams, seen_ids: list[int],
+               chosen: int) -> tuple[list[StageStat], torch.Tensor]:
+        """A step's sampling pipeline under `params`, from its stored logits: the stages and the
+        final distribution."""
+        return replay(logits, params, seen_ids, chosen)

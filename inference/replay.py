@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import (SamplingParams, apply_min_p, apply_repetition_penalty, apply_temperature,
-                       apply_top_k, apply_top_p)
+from .sampling import SamplingParams, stages
 
 KEEP = 256  # also what keeps the per-step cost small: top-256 costs 0.2 ms, top-1024 0.7 ms
 
@@ -65,15 +64,7 @@ def pipeline(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | 
     Returns the stages and the final distribution. The stages are those of sampling.final_logits.
     """
     stats = [_stat("raw", logits, 0.0, chosen)]
-    steps = [
-        ("repetition penalty", lambda x: apply_repetition_penalty(x, seen, params.repetition_penalty)
-         if seen is not None else x),
-        ("temperature", lambda x: apply_temperature(x, params.temperature)),
-        ("top-k", lambda x: apply_top_k(x, params.top_k)),
-        ("top-p", lambda x: apply_top_p(x, params.top_p)),
-        ("min-p", lambda x: apply_min_p(x, params.min_p)),
-    ]
-    for name, fn in steps:
+    for name, fn in stages(params, seen):
         before = logits.softmax(-1)
         logits = fn(logits)
         removed = float(before[~torch.isfinite(logits)].sum())

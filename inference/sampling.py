@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import InputError
+from .settings import BY_NAME, FILTER_SETTINGS, SETTINGS
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -19,12 +20,13 @@ MAX_STOP_LENGTH = 256
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 = greedy
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1 = off
-    min_p: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # 1 = off
-    max_new_tokens: int = 128
+    """Defaults and ranges come from settings.SETTINGS."""
+    temperature: float = BY_NAME["temperature"].default  # 0 = greedy
+    top_k: int = BY_NAME["top_k"].default  # 0 = off
+    top_p: float = BY_NAME["top_p"].default  # 1 = off
+    min_p: float = BY_NAME["min_p"].default  # 0 = off
+    repetition_penalty: float = BY_NAME["repetition_penalty"].default  # 1 = off
+    max_new_tokens: int = BY_NAME["max_new_tokens"].default
     seed: int | None = None  # None = random; the seed used is reported
     stop: tuple[str, ...] = ()
 
@@ -32,34 +34,13 @@ class SamplingParams:
         validate(self)
 
 
-def _finite(name: str, value) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a number, got {value!r}") from None
-    if not math.isfinite(value):
-        raise InputError(f"{name} must be a finite number, got {value}")
-    return value
-
-
 def validate(p: SamplingParams) -> None:
     """Raise InputError with a one-line message for any setting that cannot be used."""
-    if _finite("temperature", p.temperature) < 0:
-        raise InputError(f"temperature must be >= 0 (0 = greedy), got {p.temperature}")
-    if not 0 < _finite("top_p", p.top_p) <= 1:
-        raise InputError(f"top_p must be in (0, 1], got {p.top_p}")
-    if not 0 <= _finite("min_p", p.min_p) <= 1:
-        raise InputError(f"min_p must be in [0, 1], got {p.min_p}")
-    if _finite("repetition_penalty", p.repetition_penalty) <= 0:
-        raise InputError(f"repetition_penalty must be > 0, got {p.repetition_penalty}")
-    for name in ("top_k", "max_new_tokens"):
-        value = getattr(p, name)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise InputError(f"{name} must be an integer, got {value!r}")
-    if p.top_k < 0:
-        raise InputError(f"top_k must be >= 0 (0 = off), got {p.top_k}")
-    if p.max_new_tokens < 1:
-        raise InputError(f"max_new_tokens must be >= 1, got {p.max_new_tokens}")
+    for s in SETTINGS:
+        value = getattr(p, s.name)
+        if s.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InputError(f"{s.name} must be an integer, got {value!r}")
+        s.parse(value)
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
                                or not 0 <= p.seed < 2**63):
         raise InputError(f"seed must be an integer in [0, 2^63), got {p.seed!r}")
@@ -124,14 +105,29 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, -math.inf)
 
 
+# (label, setting) -> stage function (logits, value, seen) -> logits, in the order applied.
+STAGES = {
+    "repetition_penalty": ("repetition penalty",
+                           lambda x, v, seen: apply_repetition_penalty(x, seen, v) if seen is not None else x),
+    "temperature": ("temperature", lambda x, v, seen: apply_temperature(x, v)),
+    "top_k": ("top-k", lambda x, v, seen: apply_top_k(x, v)),
+    "top_p": ("top-p", lambda x, v, seen: apply_top_p(x, v)),
+    "min_p": ("min-p", lambda x, v, seen: apply_min_p(x, v)),
+}
+assert tuple(STAGES) == FILTER_SETTINGS
+
+
+def stages(params: SamplingParams, seen: torch.Tensor | None):
+    """(label, function of logits) for each stage, in order, with these settings."""
+    return [(label, lambda x, fn=fn, v=getattr(params, name): fn(x, v, seen))
+            for name, (label, fn) in STAGES.items()]
+
+
 def final_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
     """All stages in order; softmax of the result is the distribution sampled from."""
-    if seen is not None:
-        logits = apply_repetition_penalty(logits, seen, params.repetition_penalty)
-    logits = apply_temperature(logits, params.temperature)
-    logits = apply_top_k(logits, params.top_k)
-    logits = apply_top_p(logits, params.top_p)
-    return apply_min_p(logits, params.min_p)
+    for _, stage in stages(params, seen):
+        logits = stage(logits)
+    return logits
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -50,8 +50,8 @@ def test_compiled_engine_generates_what_the_eager_one_does(tiny_dirs, monkeypatc
     eager = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32")
     compiled = Engine(eager.model, eager.tokenizer, compile_backend="eager")
     steps = []
-    decode = compiled.decoder.decode
-    monkeypatch.setattr(compiled.decoder, "decode", lambda *a: steps.append(a[1]) or decode(*a))
+    step = compiled.decoder.step
+    monkeypatch.setattr(compiled.decoder, "step", lambda token, cache: steps.append(cache.length) or step(token, cache))
     for kw in (dict(), dict(seed=3, temperature=0.9), dict(n=40, prompt=(2, 3, 4, 5, 6, 7))):
         counters.clear()
         ids, probs, done = run(compiled, **kw)

@@ -134,6 +134,7 @@ def test_step_statistics_are_exact_even_for_a_tiny_tail_or_a_tail_pick(tiny_engi
     log-sum-exp of the tokens outside the kept top 256 (also when their mass is ~1e-13),
     entropy, raw probability, and rank (also when the token was sampled from outside the top 256)."""
     from inference.replay import KEEP
+    from inference.step_stats import pick
     vocab = tiny_engine.cfg.vocab_size
     assert vocab > KEEP
     g = torch.Generator().manual_seed(0)
@@ -149,11 +150,11 @@ def test_step_statistics_are_exact_even_for_a_tiny_tail_or_a_tail_pick(tiny_engi
         for seed in seeds:
             seen = torch.zeros(vocab, dtype=torch.bool)
             gen = torch.Generator().manual_seed(seed)
-            _, pick = tiny_engine._pick(logits, SamplingParams(temperature=1.0), seen, gen, 10)
-            i = pick.token_id
-            assert pick.logits.rest_lse == pytest.approx(rest, abs=1e-6)
-            assert pick.entropy == pytest.approx(-(p * p.log()).sum().item(), abs=1e-5)
-            assert pick.raw_prob == pytest.approx(p[i].item(), rel=1e-5)
-            assert pick.rank == int((exact > exact[i]).sum()) + 1
+            _, info = pick(logits, SamplingParams(temperature=1.0), seen, gen, 10)
+            i = info.token_id
+            assert info.logits.rest_lse == pytest.approx(rest, abs=1e-6)
+            assert info.entropy == pytest.approx(-(p * p.log()).sum().item(), abs=1e-5)
+            assert info.raw_prob == pytest.approx(p[i].item(), rel=1e-5)
+            assert info.rank == int((exact > exact[i]).sum()) + 1
             tail_picks += int(exact[i] < exact[order[KEEP - 1]])
     assert tail_picks > 0  # the rank's slow path ran
