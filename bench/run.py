@@ -27,6 +27,7 @@ from inference.engine import Engine  # noqa: E402
 from inference.anatomy import decode_cost  # noqa: E402
 from inference.cli import add_model_args  # noqa: E402
 from inference.sampling import SamplingParams  # noqa: E402
+from inference.step_stats import pick  # noqa: E402
 
 FILLER = ("The history of computing is a story of people who wanted to calculate faster. "
           "Mechanical calculators gave way to relays, relays to vacuum tubes, and tubes to "
@@ -138,7 +139,7 @@ def pick_overhead_ms(engine: Engine, top_n: int, n: int = 300) -> float:
         for i in range(2 * n):
             k = top_n if i % 2 else 0
             t = time.perf_counter()
-            engine._pick(logits, params, seen, g, k)
+            pick(logits, params, seen, g, k)
             _sync(engine.device)
             times[k].append(time.perf_counter() - t)
     return 1000 * (statistics.median(times[top_n]) - statistics.median(times[0]))
@@ -236,7 +237,8 @@ def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict | None:
         return None
     import subprocess
 
-    from ui.handlers import Controls, Handlers
+    from ui.controls import Controls
+    from ui.handlers import Handlers
     from ui.layout import build_ui, launch
 
     c = Controls(prompt=FILLER, temperature=0.0, max_new_tokens=tokens, seed="1")
@@ -275,13 +277,11 @@ def quality_guard(fast: Engine, ref: Engine) -> dict:
             probs = []
             for engine in (fast, ref):
                 decoder = engine.decoder
-                cache = decoder.take_cache(len(ids)) if decoder else engine.model.new_cache(len(ids))
-                rows = [engine.model(torch.tensor([ids[:n0]], device=engine.device), cache, 0)[0]]
+                cache = decoder.new_cache(len(ids))
+                rows = [decoder.prefill(torch.tensor([ids[:n0]], device=engine.device), cache)[0]]
                 for pos in range(n0, len(ids) - 1):  # decode steps: where the fast path differs
-                    token = torch.tensor([[ids[pos]]], device=engine.device)
-                    rows.append((decoder.decode(token, pos, cache) if decoder else engine.model(token, cache, pos))[0])
-                if decoder:
-                    decoder.give_back(cache)
+                    rows.append(decoder.step(torch.tensor([[ids[pos]]], device=engine.device), cache)[0])
+                decoder.release(cache)
                 probs.append(torch.stack(rows).softmax(-1).cpu())
         agree += (probs[0].argmax(-1) == probs[1].argmax(-1)).sum().item()
         total += probs[0].shape[0]
@@ -307,12 +307,13 @@ def main(argv=None) -> int:
     model_dir = None if args.random else resolve_model(args.model)
     engine = random_engine(args.random, args.device, args.dtype, args.compile) if args.random else \
         Engine.from_hf_dir(model_dir, args.device, args.dtype, args.decode_dtype, args.compile)
+    info = engine.describe()
     device = engine.device
     copy_gbs = copy_bandwidth_gbs(device)
     rows = {}
     peer = transformers_peer(model_dir) if device.type == "cpu" else None
     rounds = {"ours": [], "bare": [], "peer": []}
-    if engine.decoder is not None:  # compile (and record CUDA graphs) before anything is timed
+    if info.compiled:  # compile (and record CUDA graphs) before anything is timed
         t = time.perf_counter()
         list(engine.generate_ids(prompt_ids(engine, 32), SamplingParams(temperature=0.0, max_new_tokens=args.tokens)))
         print(f"compiled the decode step in {time.perf_counter() - t:.1f} s", file=sys.stderr)
@@ -326,7 +327,7 @@ def main(argv=None) -> int:
     ours["instrumentation_ms"] = pick_overhead_ms(engine, args.top)
     ours["instrumentation_direct_pct"] = 100 * ours["instrumentation_ms"] * bare["decode_tok_s"] / 1000
     # Weights and KV cache read per decode step, both counted at the decode dtype's width.
-    bytes_per_token = decode_cost(engine.cfg, 32 + args.tokens // 2, engine.model.decode_dtype.itemsize).bytes
+    bytes_per_token = decode_cost(engine.cfg, 32 + args.tokens // 2, info.decode_dtype.itemsize).bytes
     ours["achieved_gb_s"] = bytes_per_token * ours["decode_tok_s"] / 1e9
     ours["roofline_fraction"] = ours["achieved_gb_s"] / copy_gbs  # copy_gbs counts bytes read + written
     rows["token-lab"] = ours
@@ -341,7 +342,7 @@ def main(argv=None) -> int:
     gguf = Path(args.gguf) if args.gguf else Path(args.model) if args.model and args.model.endswith(".gguf") else None
     rows["llama-cpp-python"] = measure_llama_cpp(gguf, args.tokens)
 
-    faster = engine.model.decode_dtype != torch.float32 or engine.decoder is not None
+    faster = info.decode_dtype != torch.float32 or info.compiled
     ref_engine = Engine.from_hf_dir(model_dir, args.device, "float32", "same") \
         if model_dir is not None and faster else None
     quality = quality_guard(engine, ref_engine) if ref_engine is not None else None
@@ -352,8 +353,8 @@ def main(argv=None) -> int:
         ratios["decode_vs_transformers"] = ours["decode_tok_s"] / base["decode_tok_s"]
         ratios["ttft512_vs_transformers"] = ours["ttft_512_ms"] / base["ttft_512_ms"]
     result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
-              "compiled": engine.decoder is not None,
-              "decode_dtype": str(engine.model.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
+              "compiled": info.compiled,
+              "decode_dtype": str(info.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
               "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),
               "ratios": ratios, "systems": rows, "quality_guard": quality}
     md = to_markdown(result)

@@ -7,6 +7,7 @@ import json
 import sys
 
 from .errors import InputError, TokenLabError
+from .settings import SETTINGS, defaults
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,14 +42,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
     g.add_argument("--system", default=None, help="system prompt for --chat")
-    # Sampling defaults: the model's generation_config.json, else these (see SAMPLING_DEFAULTS).
-    g.add_argument("--temperature", type=float, default=None, help="default 1.0 (0 = greedy)")
-    g.add_argument("--top-k", type=int, default=None, help="default 0 (off)")
-    g.add_argument("--top-p", type=float, default=None, help="default 1.0 (off)")
-    g.add_argument("--min-p", type=float, default=None, help="default 0.0 (off)")
-    g.add_argument("--repetition-penalty", type=float, default=None, help="default 1.0 (off)")
+    # Sampling defaults: the model's generation_config.json, else the settings' own.
+    for s in SETTINGS:
+        g.add_argument(s.flag, type=s.kind, default=None,
+                       help=f"{s.help}; in {s.range_text()}, default {s.default:g}")
     g.add_argument("--seed", type=int, default=None)
-    g.add_argument("--max-new-tokens", type=int, default=None, help="default 64")
     g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
     g.add_argument("--top", type=int, default=5, help="candidates reported per step")
     g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
@@ -66,16 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-SAMPLING_DEFAULTS = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0,
-                     "repetition_penalty": 1.0, "max_new_tokens": 64}
-
-
 def _sampling_params(args, model_defaults: dict):
     from .sampling import SamplingParams
 
-    values = {k: getattr(args, k) if getattr(args, k) is not None else model_defaults.get(k, v)
-              for k, v in SAMPLING_DEFAULTS.items()}
-    values["top_k"], values["max_new_tokens"] = int(values["top_k"]), int(values["max_new_tokens"])
+    values = {k: getattr(args, k) if getattr(args, k) is not None else v
+              for k, v in defaults(model_defaults).items()}
     return SamplingParams(**values, seed=args.seed, stop=tuple(args.stop))
 
 

@@ -105,7 +105,7 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, -math.inf)
 
 
-# (label, setting) -> stage function (logits, value, seen) -> logits, in the order applied.
+# setting -> (label, stage function (logits, value, seen) -> logits), in the order applied.
 STAGES = {
     "repetition_penalty": ("repetition penalty",
                            lambda x, v, seen: apply_repetition_penalty(x, seen, v) if seen is not None else x),
@@ -114,7 +114,7 @@ STAGES = {
     "top_p": ("top-p", lambda x, v, seen: apply_top_p(x, v)),
     "min_p": ("min-p", lambda x, v, seen: apply_min_p(x, v)),
 }
-assert tuple(STAGES) == FILTER_SETTINGS
+assert set(STAGES) == set(FILTER_SETTINGS)
 
 
 def stages(params: SamplingParams, seen: torch.Tensor | None):

@@ -69,8 +69,9 @@ SETTINGS: tuple[Setting, ...] = (
             "are generated", step=1),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
-# The stages of sampling.final_logits, in order; max_new_tokens is not one.
-FILTER_SETTINGS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
+# The settings that shape the distribution sampled from (each a stage of sampling.final_logits),
+# in the page's order; max_new_tokens is not one.
+FILTER_SETTINGS = tuple(s.name for s in SETTINGS if s.name != "max_new_tokens")
 
 
 def defaults(generation_defaults: dict | None = None) -> dict:

@@ -116,8 +116,9 @@ def test_capture_does_not_change_the_sampled_tokens(tiny_engine):
 
 def test_inspect_handler_renders_all_parts(tiny_engine):
     from types import SimpleNamespace
-    from ui import format as fmt
-    from ui.handlers import Controls, Handlers
+    from ui import render as fmt
+    from ui.controls import Controls
+    from ui.handlers import Handlers
     h = Handlers(tiny_engine)
     rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=6, seed="1").values(),
                           SimpleNamespace(session_hash="i")))[-1][-1]

@@ -118,7 +118,7 @@ def test_generation_config_supplies_defaults(tiny_dirs, capsys, tmp_path):
     """The tiny models' generation_config.json says temperature 0.7, top_p 0.9."""
     import shutil
     from inference.engine import Engine
-    from ui.handlers import Controls
+    from ui.controls import Controls
     engine = Engine.from_hf_dir(tiny_dirs["mha"])
     assert engine.generation_defaults == {"temperature": 0.7, "top_p": 0.9}
     c = Controls.for_model(engine.generation_defaults)

@@ -9,8 +9,10 @@ import torch
 from inference.engine import Request
 from inference.replay import KEEP, StepLogits, pipeline, replay
 from inference.sampling import SamplingParams
-from ui import format as fmt
-from ui.handlers import Controls, Handlers
+from ui import render as fmt
+from ui.run_state import RunRecord, run_summary
+from ui.controls import Controls
+from ui.handlers import Handlers
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 
@@ -81,8 +83,8 @@ def test_compare_marks_the_first_divergence(tiny_engine):
 
 def test_run_summary_by_hand(tiny_engine):
     steps, _ = run(tiny_engine, temperature=1.0, max_new_tokens=6, seed=2)
-    rec = fmt.RunRecord(steps=steps)
-    s = fmt.run_summary(rec)
+    rec = RunRecord(steps=steps)
+    s = run_summary(rec)
     assert s["mean_p"] == pytest.approx(sum(x.prob for x in steps) / 6)
     assert s["perplexity"] == pytest.approx(math.exp(-sum(math.log(x.raw_prob) for x in steps) / 6))
     # Entropy and rank per step against one teacher-forced forward over the whole vocabulary.

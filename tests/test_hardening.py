@@ -13,7 +13,8 @@ import torch
 from inference.engine import Engine, Request
 from inference.errors import ResourceError
 from inference.sampling import SamplingParams
-from ui.handlers import Controls, Handlers
+from ui.controls import Controls
+from ui.handlers import Handlers
 
 
 @pytest.mark.parametrize("prompt", ["tab\there\x00nul\x1bescape\x7f", "שלום עולם مرحبا بالعالم",

@@ -59,7 +59,7 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
 
     # A long run, stopped from the page. The tiny model is too fast to catch: slow each step.
     slow_down(monkeypatch, engine, 0.05)
-    from ui import format as fmt
+    from ui import render as fmt
     live_frames = []  # the chart timer draws the running run's KV cache while it streams
     kv_frame = fmt.kv_frame
     monkeypatch.setattr(fmt, "kv_frame", lambda rec: live_frames.append(

@@ -5,9 +5,10 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from ui import format as fmt
+from ui import render as fmt
 from tiny_models import slow_down
-from ui.handlers import Controls, Handlers, controls_from_query, parse_stop, share_url
+from ui.controls import Controls, controls_from_query, parse_stop, share_url
+from ui.handlers import Handlers
 
 ARGS = {"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 12}
 
@@ -143,7 +144,7 @@ def test_parse_stop_and_default_url():
 
 def test_updates_are_paced_by_the_interval(tiny_engine, monkeypatch):
     import time
-    from ui.handlers import update_interval_for
+    from ui.streaming import update_interval_for
     assert update_interval_for(tiny_engine) == 0.2  # a CPU engine: 5 updates a second
     slow_down(monkeypatch, tiny_engine, 0.01)
     for interval in (0.2, 0.05):

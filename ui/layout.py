@@ -5,8 +5,12 @@ from __future__ import annotations
 import gradio as gr
 
 from inference.engine import Engine
-from ui import format as fmt
-from ui.handlers import CHART_INTERVAL_S, Controls, Handlers
+from inference.settings import BY_NAME, FILTER_SETTINGS, Setting
+from ui import render as fmt
+from ui.controls import NAMES, Controls
+from ui.handlers import Handlers
+from ui.run_state import RunRecord
+from ui.streaming import CHART_INTERVAL_S
 
 EXAMPLES = [
     ["The capital of France is", "completion"],
@@ -16,18 +20,33 @@ EXAMPLES = [
     ["Explain in one sentence why the sky is blue.", "chat"],
 ]
 
+B_DEFAULTS = {"temperature": 1.5}  # compare A/B starts from a visible difference
+
 # Reads the page's own address into the hidden `page_url` input before share_link runs.
 PAGE_URL_JS = "(...a) => { a[a.length - 1] = window.location.origin + window.location.pathname; return a; }"
 
 
+def setting_control(s: Setting, value, engine: Engine, label_prefix: str = "", elem_prefix: str = ""):
+    """The page's control for one sampling setting: a number box for top-k, a slider otherwise."""
+    elem_id = elem_prefix + s.name.replace("_", "-")
+    label = label_prefix + s.label
+    if s.name == "top_k":
+        return gr.Number(value, label=f"{label} (0 = off)", precision=0, minimum=0,
+                         maximum=engine.cfg.vocab_size, info=None if label_prefix else s.help, elem_id=elem_id)
+    lo = s.step if s.min_open else s.minimum
+    hi = s.maximum if s.maximum is not None else min(2048, engine.cfg.max_seq_len - 1)
+    return gr.Slider(lo, hi, value=value, step=s.step, label=label,
+                     info=None if label_prefix else s.help, elem_id=elem_id)
+
+
 def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
     h = handlers or Handlers(engine)
-    d = Controls.for_model(engine.generation_defaults)
+    d = h.defaults
     with gr.Blocks(title="Token Lab") as demo:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
-        gr.Markdown(fmt.model_card(engine), elem_id="model-card")
+        gr.Markdown(fmt.model_card(h.info), elem_id="model-card")
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt")
@@ -42,19 +61,9 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
                 gr.Examples(EXAMPLES, inputs=[prompt, mode], label="Examples")
             with gr.Column(scale=2):
-                temperature = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature (0 = greedy)",
-                                        elem_id="temperature")
-                with gr.Row():
-                    top_k = gr.Number(d.top_k, label="Top-k (0 = off)", precision=0, minimum=0, elem_id="top-k")
-                    top_p = gr.Slider(0.01, 1, value=d.top_p, step=0.01, label="Top-p", elem_id="top-p")
-                with gr.Row():
-                    min_p = gr.Slider(0, 1, value=d.min_p, step=0.01, label="Min-p", elem_id="min-p")
-                    rep = gr.Slider(0.5, 2, value=d.repetition_penalty, step=0.05,
-                                    label="Repetition penalty (1 = off)", elem_id="repetition-penalty")
-                with gr.Row():
-                    max_new = gr.Slider(1, min(2048, engine.cfg.max_seq_len - 1), value=d.max_new_tokens,
-                                        step=1, label="Max new tokens", elem_id="max-new-tokens")
-                    seed = gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed")
+                sampling = {name: setting_control(BY_NAME[name], getattr(d, name), engine)
+                            for name in BY_NAME}
+                seed = gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed")
                 stop = gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
                                   elem_id="stop-strings")
                 with gr.Row():
@@ -62,13 +71,14 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                     page_url = gr.Textbox(visible=False)
                 share_link = gr.Textbox(label="Link (restores prompt, mode, settings and seed)",
                                         buttons=["copy"], elem_id="share-link")
-        notice = gr.Markdown("", elem_id="notice")
+        notice = gr.Markdown("", label="Notice", elem_id="notice")
         with gr.Row():
             with gr.Column(scale=3):
                 prompt_view = gr.Textbox(label="Prompt as fed to the model", lines=2, interactive=False,
                                          elem_id="prompt-view")
-                output = gr.HighlightedText(label="Generated text (colour = probability the token was "
-                                                  "sampled with; click a token to inspect its step)",
+                gr.Markdown("Colour = the probability each token was sampled with; click a token to "
+                            "inspect its step.", elem_id="output-caption")
+                output = gr.HighlightedText(label="Generated text",
                                             color_map=fmt.COLOR_MAP, show_legend=True,
                                             show_inline_category=False, combine_adjacent=False,
                                             elem_id="output")
@@ -76,54 +86,48 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                                             show_legend=False, elem_id="tokens")
             with gr.Column(scale=2):
                 step = gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step")
-                topk = gr.HTML(fmt.bars_html(None), elem_id="topk")
+                topk = gr.HTML(fmt.bars_html(None), label="Candidates", elem_id="topk")
         with gr.Row():
             with gr.Column():
-                kv_chart = gr.LinePlot(fmt.kv_frame(fmt.RunRecord()), x="step", y="MiB", color="series",
+                kv_chart = gr.LinePlot(fmt.kv_frame(RunRecord()), x="step", y="MiB", color="series",
                                        title="KV-cache memory per step", elem_id="kv-chart")
-                kv_text = gr.Markdown(fmt.kv_formula(engine), elem_id="kv-formula")
+                kv_text = gr.Markdown(fmt.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula")
             with gr.Column():
-                latency = gr.LinePlot(fmt.latency_frame(fmt.RunRecord()), x="step", y="ms",
+                latency = gr.LinePlot(fmt.latency_frame(RunRecord()), x="step", y="ms",
                                       title="Decode latency per token", elem_id="latency-chart")
-                stats = gr.Markdown("No run yet.", elem_id="stats")
+                stats = gr.Markdown("No run yet.", label="Run statistics", elem_id="stats")
         with gr.Accordion("Sampling experiments: the pipeline of a step, replay, compare A/B, "
                           "how likely was X?", open=False):
             with gr.Row():
-                run_chart = gr.LinePlot(fmt.run_chart_frames(fmt.RunRecord())[0], x="step", y="value",
+                run_chart = gr.LinePlot(fmt.run_chart_frames(RunRecord())[0], x="step", y="value",
                                         color="metric", title="Per step: chosen-token probability and raw entropy",
                                         elem_id="run-chart")
-                rank_chart = gr.LinePlot(fmt.run_chart_frames(fmt.RunRecord())[1], x="step", y="rank",
+                rank_chart = gr.LinePlot(fmt.run_chart_frames(RunRecord())[1], x="step", y="rank",
                                          title="Rank of the chosen token in the raw distribution",
                                          elem_id="rank-chart")
             gr.Markdown("**Replay the selected step** under other settings: recomputed from the step's "
                         "stored logits, no model call.")
             with gr.Row():
-                r_temp = gr.Slider(0, 2, value=d.temperature, step=0.05, label="Temperature", elem_id="replay-temperature")
-                r_top_k = gr.Number(0, label="Top-k", precision=0, minimum=0, elem_id="replay-top-k")
-                r_top_p = gr.Slider(0.01, 1, value=0.5, step=0.01, label="Top-p", elem_id="replay-top-p")
-                r_min_p = gr.Slider(0, 1, value=0.0, step=0.01, label="Min-p", elem_id="replay-min-p")
-                r_rep = gr.Slider(0.5, 2, value=1.0, step=0.05, label="Repetition penalty", elem_id="replay-rep")
+                replay_inputs = [setting_control(BY_NAME[n], getattr(d, n), engine, "Replay ", "replay-")
+                                 for n in FILTER_SETTINGS]
             replay_btn = gr.Button("Replay the selected step", elem_id="replay")
             with gr.Row():
                 replay_md = gr.Markdown("", elem_id="replay-stages")
                 replay_bars = gr.HTML("", elem_id="replay-bars")
             gr.Markdown("**Compare A/B**: A uses the settings above, B these; same prompt, same seed.")
             with gr.Row():
-                b_temp = gr.Slider(0, 2, value=1.2, step=0.05, label="B temperature", elem_id="b-temperature")
-                b_top_k = gr.Number(0, label="B top-k", precision=0, minimum=0, elem_id="b-top-k")
-                b_top_p = gr.Slider(0.01, 1, value=1.0, step=0.01, label="B top-p", elem_id="b-top-p")
-                b_min_p = gr.Slider(0, 1, value=0.0, step=0.01, label="B min-p", elem_id="b-min-p")
-                b_rep = gr.Slider(0.5, 2, value=1.0, step=0.05, label="B repetition penalty", elem_id="b-rep")
+                b_inputs = [setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), engine, "B ", "b-")
+                            for n in FILTER_SETTINGS]
             compare_btn = gr.Button("Run A and B", elem_id="compare")
-            compare_md = gr.Markdown("", elem_id="compare-summary")
+            compare_md = gr.Markdown("", label="Comparison", elem_id="compare-summary")
             with gr.Row():
                 out_a = gr.HighlightedText(label="A", color_map=fmt.COLOR_MAP, show_legend=True,
                                            show_inline_category=False, elem_id="compare-a")
                 out_b = gr.HighlightedText(label="B", color_map=fmt.COLOR_MAP, show_legend=True,
                                            show_inline_category=False, elem_id="compare-b")
             with gr.Row():
-                bars_a = gr.HTML("", elem_id="compare-bars-a")
-                bars_b = gr.HTML("", elem_id="compare-bars-b")
+                bars_a = gr.HTML("", label="A's candidates at the divergence", elem_id="compare-bars-a")
+                bars_b = gr.HTML("", label="B's candidates at the divergence", elem_id="compare-bars-b")
             gr.Markdown("**How likely was X?** Any continuation, scored token by token at the selected "
                         "step's position (teacher-forced).")
             with gr.Row():
@@ -139,11 +143,11 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
             with gr.Row():
                 attention = gr.HTML("", elem_id="attention")
                 lens = gr.HTML("", elem_id="lens")
-            gr.Markdown(fmt.memory_markdown(engine), elem_id="memory")
+            gr.Markdown(fmt.memory_markdown(h.info), elem_id="memory")
         record = gr.State(None)
 
-        controls = [prompt, mode, system, temperature, top_k, top_p, min_p, rep, max_new, seed, stop]
-        assert len(controls) == len(Controls.names())
+        controls = [prompt, mode, system, *sampling.values(), seed, stop]
+        assert len(controls) == len(NAMES)
         live = gr.Timer(CHART_INTERVAL_S, active=False)
         generate.click(h.begin, inputs=controls, outputs=[prompt_view, tokens, kv_chart, latency, live],
                        api_visibility="private", queue=False, show_progress="hidden")
@@ -159,9 +163,9 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                       queue=False)
         run.then(h.after_run, inputs=record, outputs=[live, kv_chart, latency, step, run_chart, rank_chart], api_visibility="private",
                  queue=False)
-        replay_btn.click(h.replay_step, inputs=[record, step, r_temp, r_top_k, r_top_p, r_min_p, r_rep],
+        replay_btn.click(h.replay_step, inputs=[record, step, *replay_inputs],
                          outputs=[replay_md, replay_bars], api_visibility="private", queue=False)
-        compare_btn.click(h.compare, inputs=controls + [b_temp, b_top_k, b_top_p, b_min_p, b_rep],
+        compare_btn.click(h.compare, inputs=controls + b_inputs,
                           outputs=[out_a, out_b, compare_md, bars_a, bars_b], api_name="compare",
                           concurrency_id="engine")
         x_btn.click(h.likelihood, inputs=[record, step, x_text], outputs=x_md, api_visibility="private",
@@ -195,7 +199,16 @@ def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16) -> No
 def launch(demo: gr.Blocks, engine: Engine, *, host: str = "127.0.0.1", port: int | None = None,
            share: bool = False, auth: tuple[str, str] | None = None, block: bool = True,
            queue_size: int = 16):
+    """Serve the page; with block, print where and wait until interrupted. Returns gradio's
+    (app, local URL, share URL)."""
     configure_queue(demo, engine, queue_size)
-    return demo.launch(server_name=host, server_port=port, share=share, auth=auth,
-                       prevent_thread_lock=not block, enable_monitoring=False, show_error=False,
-                       css=fmt.BARS_CSS + fmt.INSPECT_CSS, footer_links=["api"], quiet=not block)
+    served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
+                         prevent_thread_lock=True, enable_monitoring=False, show_error=False,
+                         css=fmt.BARS_CSS + fmt.INSPECT_CSS, footer_links=["api"], quiet=True)
+    if block:
+        _, local_url, share_url = served
+        print(f"Token Lab is running on {local_url}"
+              + (f" and publicly on {share_url}" if share_url else " (python app.py --share makes a public link)"),
+              flush=True)
+        demo.block_thread()
+    return served

@@ -1,15 +1,16 @@
-"""Turning engine events into what the page's components show. Pure functions, no Gradio."""
+"""What the page's components show, from a run's record and the engine's description: HTML,
+Markdown, data frames and CSS. Pure functions, no Gradio."""
 
 from __future__ import annotations
 
 import html
-from dataclasses import dataclass, field
 
 import pandas as pd
 
 from inference.device import dtype_name
-from inference.events import DoneEvent, StepEvent
+from inference.events import StepEvent
 from inference.anatomy import decode_cost, memory_table, stages
+from ui.run_state import RunRecord, run_summary
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
 BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
@@ -17,21 +18,6 @@ COLOR_MAP = {"p ≥ 0.9": "#2e7d32", "0.5 ≤ p < 0.9": "#9ccc65", "0.1 ≤ p < 
              "p < 0.1": "#e53935", "diverges here": "#8e24aa"}
 REASONS = {"eos": "end of sequence token", "length": "max new tokens reached",
            "stop": "stop string found", "context": "context window full", "cancelled": "stopped"}
-
-
-@dataclass
-class RunRecord:
-    """Everything the page keeps about one run, per browser session."""
-    prompt_text: str = ""
-    prompt_ids: list[int] = field(default_factory=list)
-    steps: list[StepEvent] = field(default_factory=list)
-    done: DoneEvent | None = None
-    seed: int | None = None
-    params: object = None  # the SamplingParams the run used
-
-    def seen_before(self, step: int) -> list[int]:
-        """Ids the repetition penalty saw at `step`: the prompt and the tokens before it."""
-        return self.prompt_ids + [s.token_id for s in self.steps[:step]]
 
 
 def si(n: float, unit: str = "") -> str:
@@ -119,9 +105,9 @@ def latency_frame(rec: RunRecord) -> pd.DataFrame:
     return pd.DataFrame([{"step": s.step, "ms": s.ms} for s in rec.steps[1:]], columns=["step", "ms"])
 
 
-def kv_formula(engine, tokens: int | None = None) -> str:
-    cfg = engine.cfg
-    b = engine.dtype.itemsize
+def kv_formula(info, tokens: int | None = None) -> str:
+    cfg = info.cfg
+    b = info.dtype.itemsize
     per = cfg.kv_bytes_per_token(b)
     text = (f"**KV cache** = 2 × layers × KV heads × head dim × bytes per value × tokens = "
             f"2 × {cfg.n_layers} × {cfg.n_kv_heads} × {cfg.head_dim} × {b} × tokens = "
@@ -131,28 +117,28 @@ def kv_formula(engine, tokens: int | None = None) -> str:
     return text
 
 
-def model_card(engine) -> str:
-    cfg = engine.cfg
+def model_card(info) -> str:
+    cfg = info.cfg
     params = cfg.param_counts()
-    cost = decode_cost(cfg, 1, engine.dtype.itemsize)
-    return (f"**{html.escape(engine.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
+    cost = decode_cost(cfg, 1, info.dtype.itemsize)
+    return (f"**{html.escape(info.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
             f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
             f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
             f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
             f" · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
-            f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(engine.dtype)}"
-            f"{'' if engine.model.decode_dtype == engine.dtype else ' (decode matmuls in ' + dtype_name(engine.model.decode_dtype) + ')'} on "
-            f"{engine.device} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
+            f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
+            f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'} on "
+            f"{info.device} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
             f"(2 × matmul parameters + attention)")
 
 
-def stats_markdown(engine, rec: RunRecord) -> str:
+def stats_markdown(info, rec: RunRecord) -> str:
     if not rec.steps:
         return "No run yet."
     first = rec.steps[0]
     n = len(rec.steps)
     ctx = len(rec.prompt_ids) + n
-    cost = decode_cost(engine.cfg, ctx, engine.dtype.itemsize)
+    cost = decode_cost(info.cfg, ctx, info.dtype.itemsize)
     decode_ms = sum(s.ms for s in rec.steps[1:])
     tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
     lines = [
@@ -165,20 +151,20 @@ def stats_markdown(engine, rec: RunRecord) -> str:
         d = rec.done
         lines.append(f"\nStopped: **{REASONS.get(d.reason, d.reason)}**."
                      + (f" Max new tokens was capped at {d.max_new_tokens} to fit the context "
-                        f"window of {engine.cfg.max_seq_len}." if d.capped else ""))
+                        f"window of {info.cfg.max_seq_len}." if d.capped else ""))
     return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- inside one token
 
-def stages_markdown(engine, n_prompt: int, step: int) -> str:
+def stages_markdown(info, n_prompt: int, step: int) -> str:
     """The path of one token: prefill over the prompt and the selected decode step side by side."""
-    cfg, b = engine.cfg, engine.dtype.itemsize
+    cfg, b = info.cfg, info.dtype.itemsize
     ctx = n_prompt + step
     pre = stages(cfg, n_prompt, n_prompt, b)
     dec = stages(cfg, 1, ctx, b)
     lines = [f"Prefill: {n_prompt} prompt tokens at once. Decode step {step}: 1 token attending to "
-             f"{ctx} positions. Bytes are weights and KV cache read at {dtype_name(engine.dtype)}.", "",
+             f"{ctx} positions. Bytes are weights and KV cache read at {dtype_name(info.dtype)}.", "",
              "| stage | prefill shape | prefill FLOPs | decode shape | decode FLOPs | decode bytes |",
              "|---|---|---|---|---|---|"]
     for p, d in zip(pre, dec):
@@ -219,9 +205,9 @@ def lens_html(capture, tokenizer) -> str:
             "residual stream would predict</div><table>" + "".join(rows) + "</table></div>")
 
 
-def memory_markdown(engine) -> str:
-    cfg, b = engine.cfg, engine.dtype.itemsize
-    lines = [f"| component | parameters | bytes at {dtype_name(engine.dtype)} |", "|---|---|---|"]
+def memory_markdown(info) -> str:
+    cfg, b = info.cfg, info.dtype.itemsize
+    lines = [f"| component | parameters | bytes at {dtype_name(info.dtype)} |", "|---|---|---|"]
     for name, n, nbytes in memory_table(cfg, b):
         lines.append(f"| {name} | {n:,} | {si(nbytes, 'B')} |")
     head = cfg.vocab_size * cfg.hidden_size
@@ -242,19 +228,6 @@ INSPECT_CSS = """
 
 
 # ---------------------------------------------------------------- sampling experiments
-
-def run_summary(rec: RunRecord) -> dict:
-    """Mean chosen-token probability, mean raw entropy, and the perplexity of the generated
-    text under the model (from the raw probabilities of the chosen tokens)."""
-    import math
-    steps = rec.steps
-    if not steps:
-        return {"tokens": 0, "mean_p": float("nan"), "mean_entropy": float("nan"), "perplexity": float("nan")}
-    logp = [math.log(max(s.raw_prob, 1e-45)) for s in steps]
-    return {"tokens": len(steps), "mean_p": sum(s.prob for s in steps) / len(steps),
-            "mean_entropy": sum(s.entropy for s in steps) / len(steps),
-            "perplexity": math.exp(-sum(logp) / len(logp))}
-
 
 def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
@@ -298,13 +271,6 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
     head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-bar'>final in the run</span>"
             "<span class='tl-num'></span><span class='tl-bar'>final, replayed</span><span class='tl-num'></span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
-
-
-def divergence(a: RunRecord, b: RunRecord) -> int | None:
-    for i, (x, y) in enumerate(zip(a.steps, b.steps)):
-        if x.token_id != y.token_id:
-            return i
-    return None if len(a.steps) == len(b.steps) else min(len(a.steps), len(b.steps))
 
 
 def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:

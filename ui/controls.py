@@ -1,0 +1,110 @@
+"""The page's inputs: their values as one object, their checks, and the share link's codec.
+
+The sampling controls come from inference.settings.SETTINGS: their names are the URL's query
+keys and /generate's parameter names, their ranges the checks.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import field, fields, make_dataclass
+from urllib.parse import urlencode
+
+from inference.errors import InputError, TokenLabError
+from inference.sampling import SamplingParams
+from inference.settings import BY_NAME, SETTINGS, defaults
+
+MODES = ("completion", "chat")
+DEFAULT_PROMPT = "The capital of France is"
+
+
+def _values(self) -> list:
+    return [getattr(self, f.name) for f in fields(self)]
+
+
+# The page's inputs, in the order the layout passes them: prompt, mode, system, every sampling
+# setting, seed (text: empty = random) and stop strings (one per line).
+Controls = make_dataclass(
+    "Controls",
+    [("prompt", str, field(default=DEFAULT_PROMPT)), ("mode", str, field(default="completion")),
+     ("system", str, field(default=""))]
+    + [(s.name, s.kind, field(default=s.default)) for s in SETTINGS]
+    + [("seed", str, field(default="")), ("stop", str, field(default=""))],
+    namespace={"values": _values, "names": classmethod(lambda cls: [f.name for f in fields(cls)]),
+               # The page's defaults, with the model's generation_config.json where it has one.
+               "for_model": classmethod(lambda cls, generation_defaults: cls(**defaults(generation_defaults))),
+               "__doc__": "The page's inputs, in the order the layout passes them (also the URL "
+                          "query keys and /generate's parameters)."})
+NAMES = Controls.names()
+
+
+def signature(*extra: str) -> inspect.Signature:
+    """A signature naming each control (and `extra` names after them), then gradio's request:
+    gradio takes /generate's parameter names from it."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter(n, kind) for n in (*NAMES, *extra)]
+    import gradio as gr
+    params.append(inspect.Parameter("request", inspect.Parameter.KEYWORD_ONLY, default=None,
+                                    annotation=gr.Request))
+    return inspect.Signature(params)
+
+
+def parse_seed(text) -> int | None:
+    if text is None or str(text).strip() == "":
+        return None
+    try:
+        value = int(str(text).strip())
+    except ValueError:
+        raise InputError(f"seed must be a whole number or empty (random), got {text!r}") from None
+    if not 0 <= value < 2**63:
+        raise InputError(f"seed must be between 0 and 2^63 - 1, got {value}")
+    return value
+
+
+def parse_stop(text: str | None) -> tuple[str, ...]:
+    """One stop string per line; \\n and \\t written literally stand for newline and tab."""
+    if not text:
+        return ()
+    return tuple(line.replace("\\n", "\n").replace("\\t", "\t") for line in text.split("\n") if line)
+
+
+def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams:
+    """Validated settings; raises InputError naming the field, in one line."""
+    values = {s.name: BY_NAME[s.name].parse(override.get(s.name, getattr(c, s.name))) for s in SETTINGS}
+    return SamplingParams(**values, seed=seed, stop=parse_stop(c.stop))
+
+
+def controls_from_query(query: dict, base: Controls | None = None) -> tuple[Controls, list[str]]:
+    """Controls from a link's query; each unusable or unknown parameter is left at its default
+    and named, as it appears in the link, in the returned problems."""
+    c, problems = base or Controls(), []
+    for name in NAMES:
+        if name not in query:
+            continue
+        raw = query[name]
+        try:
+            if name in BY_NAME:
+                value = BY_NAME[name].parse(raw)
+            elif name == "mode":
+                if raw not in MODES:
+                    raise InputError(f"mode must be one of {', '.join(MODES)}")
+                value = raw
+            else:
+                value = str(raw)
+                if name == "seed":
+                    parse_seed(value)
+        except TokenLabError as e:
+            problems.append(f"Ignored link parameter `{name}` = {raw!r}: {e}")
+            continue
+        setattr(c, name, value)
+    for key in query:
+        if key not in NAMES and not key.startswith("__"):
+            problems.append(f"Ignored unknown link parameter `{key}`")
+    return c, problems
+
+
+def share_url(base: str, c: Controls, default: Controls | None = None) -> str:
+    """A link with every setting that differs from the defaults, plus the prompt and seed."""
+    default = default or Controls()
+    query = {n: v for n, v in zip(NAMES, c.values()) if v != getattr(default, n) or n in ("prompt", "seed")}
+    return f"{base.split('?')[0]}?{urlencode(query)}"

@@ -1,0 +1,42 @@
+"""What the page keeps about a run, per browser session, and what is computed from it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from inference.events import DoneEvent, StepEvent
+
+
+@dataclass
+class RunRecord:
+    """Everything the page keeps about one run, per browser session."""
+    prompt_text: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    steps: list[StepEvent] = field(default_factory=list)
+    done: DoneEvent | None = None
+    seed: int | None = None
+    params: object = None  # the SamplingParams the run used
+
+    def seen_before(self, step: int) -> list[int]:
+        """Ids the repetition penalty saw at `step`: the prompt and the tokens before it."""
+        return self.prompt_ids + [s.token_id for s in self.steps[:step]]
+
+
+def run_summary(rec: RunRecord) -> dict:
+    """Mean chosen-token probability, mean raw entropy, and the perplexity of the generated
+    text under the model (from the raw probabilities of the chosen tokens)."""
+    steps = rec.steps
+    if not steps:
+        return {"tokens": 0, "mean_p": float("nan"), "mean_entropy": float("nan"), "perplexity": float("nan")}
+    logp = [math.log(max(s.raw_prob, 1e-45)) for s in steps]
+    return {"tokens": len(steps), "mean_p": sum(s.prob for s in steps) / len(steps),
+            "mean_entropy": sum(s.entropy for s in steps) / len(steps),
+            "perplexity": math.exp(-sum(logp) / len(logp))}
+
+
+def divergence(a: RunRecord, b: RunRecord) -> int | None:
+    for i, (x, y) in enumerate(zip(a.steps, b.steps)):
+        if x.token_id != y.token_id:
+            return i
+    return None if len(a.steps) == len(b.steps) else min(len(a.steps), len(b.steps))
