@@ -10,7 +10,7 @@ from inference.cli import add_model_args
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Token Lab: watch a language model predict, token by token")
-    add_model_args(p, decode_dtype="auto")
+    add_model_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free)")
     p.add_argument("--share", action="store_true", help="create a PUBLIC Gradio share link")

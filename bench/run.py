@@ -219,8 +219,11 @@ import json, sys, time
 from gradio_client import Client
 client = Client(sys.argv[1], verbose=False)
 arrivals = []
+def generated(stats):  # the "generated" cell of the run statistics table
+    rows = [r for r in stats.splitlines() if r.startswith("| ") and r[2:3].isdigit()]
+    return int(rows[0].split("|")[3]) if rows else 0
 for update in client.submit(*json.loads(sys.argv[2]), api_name="/generate"):
-    arrivals.append((time.perf_counter(), len(update[0])))
+    arrivals.append((time.perf_counter(), generated(update[2])))
 (t0, n0) = next(a for a in arrivals if a[1] > 0)
 (t1, n1) = arrivals[-1]
 print(json.dumps({"tok_s": (n1 - n0) / (t1 - t0), "updates": len(arrivals), "tokens": n1}))
@@ -291,7 +294,7 @@ def quality_guard(fast: Engine, ref: Engine) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_model_args(p, decode_dtype="auto")
+    add_model_args(p)
     p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
                    help="measure random weights of a published shape instead of a checkpoint")
     p.add_argument("--tokens", type=int, default=128, help="decode tokens per run")

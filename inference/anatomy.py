@@ -20,16 +20,19 @@ class Stage:
     bytes: int  # weights and KV cache read
 
 
-def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int) -> list[Stage]:
+def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int,
+           kv_bytes_per_value: int | None = None) -> list[Stage]:
     """The path of T new tokens that attend to T_ctx positions (prefill: T = T_ctx = prompt
-    length; a decode step: T = 1). Attention is counted over the full T x T_ctx rectangle."""
+    length; a decode step: T = 1). Attention is counted over the full T x T_ctx rectangle.
+    Weights are read at bytes_per_value, the KV cache at kv_bytes_per_value (default the same)."""
     h, L, b = cfg.hidden_size, cfg.n_layers, bytes_per_value
+    kv_b = b if kv_bytes_per_value is None else kv_bytes_per_value
     qkv = Stage("Q, K, V projections + RoPE (per layer)",
                 f"Q [{T}, {cfg.n_heads}, {cfg.head_dim}], K and V [{T}, {cfg.n_kv_heads}, {cfg.head_dim}]",
                 2 * T * h * (cfg.q_dim + 2 * cfg.kv_dim), h * (cfg.q_dim + 2 * cfg.kv_dim) * b)
     scores = Stage("attention softmax(QKᵀ/√d)·V, causal (per layer)",
                    f"scores [{cfg.n_heads}, {T}, {T_ctx}]",
-                   2 * 2 * cfg.n_heads * T * T_ctx * cfg.head_dim, 2 * T_ctx * cfg.kv_dim * b)
+                   2 * 2 * cfg.n_heads * T * T_ctx * cfg.head_dim, 2 * T_ctx * cfg.kv_dim * kv_b)
     out = Stage("attention output projection (per layer)", f"[{T}, {h}]", 2 * T * cfg.q_dim * h,
                 cfg.q_dim * h * b)
     ffn = Stage("SwiGLU feed-forward (per layer)", f"gate, up [{T}, {cfg.intermediate_size}] → [{T}, {h}]",
@@ -57,9 +60,10 @@ class TokenCost:
     bytes: int  # weights and KV cache read
 
 
-def decode_cost(cfg: ModelConfig, context_len: int, bytes_per_value: int) -> TokenCost:
+def decode_cost(cfg: ModelConfig, context_len: int, bytes_per_value: int,
+                kv_bytes_per_value: int | None = None) -> TokenCost:
     """One new token attending to `context_len` positions: the totals of its stages."""
-    rows = stages(cfg, 1, context_len, bytes_per_value)
+    rows = stages(cfg, 1, context_len, bytes_per_value, kv_bytes_per_value)
     attention = next(r for r in rows if r.name.startswith("attention softmax"))
     return TokenCost(rows[-1].flops, cfg.n_layers * attention.flops, rows[-1].bytes)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -25,6 +27,29 @@ def render_chat(template: str | None, messages: list[dict], *, bos_token: str = 
             bos_token=bos_token, eos_token=eos_token)
     except Exception as e:  # jinja2 and the sandbox raise many types; all mean "template failed"
         raise InputError(f"the chat template failed: {type(e).__name__}: {e}") from None
+
+
+PLACEHOLDER = "\ue000{}\ue001"  # private-use characters: no template writes them
+_SPLIT = re.compile("\ue000(\\d+)\ue001")
+
+
+def render_chat_segments(template: str | None, messages: list[dict], **kwargs) -> tuple[str, list[tuple[str, bool]]]:
+    """The rendered prompt, and the same text cut into (text, written by the template) parts:
+    the messages' contents are the user's text, everything else the template's. Only the
+    template's parts may hold control tokens, so a user cannot end a turn by typing one."""
+    text = render_chat(template, messages, **kwargs)
+    marked = render_chat(template, [{**m, "content": PLACEHOLDER.format(i)} for i, m in enumerate(messages)],
+                         **kwargs)
+    pieces = _SPLIT.split(marked)  # template, index, template, index, ..., template
+    for transform in (lambda c: c, str.strip):  # a template may trim the content
+        parts = []
+        for j, piece in enumerate(pieces):
+            parts.append((piece, True) if j % 2 == 0 else (transform(messages[int(piece)]["content"]), False))
+        if "".join(p for p, _ in parts) == text:
+            return text, [p for p in parts if p[0]]
+    # A template whose text depends on the content: no part can be told from the user's.
+    raise InputError("the chat template changes the message text in a way Token Lab cannot "
+                     "follow; use completion mode")
 
 
 def chat_messages(prompt: str, system: str | None = None) -> list[dict]:

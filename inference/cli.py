@@ -25,9 +25,10 @@ def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same") -> No
     p.add_argument("--dtype", default="auto",
                    help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16")
     p.add_argument("--decode-dtype", default=decode_dtype,
-                   help="weights for the bandwidth-bound decode step: auto (bfloat16 copies for a "
-                        "float32 model on CPU, about 2x faster; prefill stays float32), same, or a "
-                        f"dtype (default: {decode_dtype})")
+                   help="weights for the bandwidth-bound decode step: same (the model's dtype: on a "
+                        "CPU the float32 model, exact), auto (bfloat16 copies for a float32 model on "
+                        "a CPU: about 2x faster decoding, approximate probabilities; prefill stays "
+                        f"float32), or a dtype (default: {decode_dtype})")
     p.add_argument("--compile", action="store_true",
                    help="compile each decode step with torch.compile: on CUDA one CUDA-graph replay per token "
                         "(the first steps of each new cache size compile, seconds to a minute)")

@@ -12,14 +12,15 @@ from typing import Iterator
 import torch
 
 from .anatomy import StepCapture, capture_step
-from .chat import chat_messages, render_chat
+from .chat import chat_messages, render_chat_segments
 from .compiled import CompiledDecoder
 from .config import ModelConfig
 from .decoding import EagerDecoder
 from .errors import InputError, ModelError, ResourceError
 from .events import DoneEvent, StepEvent
 from .model import Transformer
-from .replay import StageStat, StepLogits, replay
+from .precision import PrecisionReport, measure_decode_error
+from .replay import StageStat, pipeline, seen_mask
 from .sampling import SamplingParams
 from .step_stats import candidates, pick
 from .stop import StopMatcher
@@ -44,6 +45,8 @@ class EngineInfo:
     dtype: torch.dtype  # the weights', and the KV cache's
     decode_dtype: torch.dtype  # the weights' read by one-row (decode) matmuls
     compiled: bool
+    # When decode_dtype differs from dtype: measured against float32 (see precision.py).
+    decode_error: PrecisionReport | None = None
 
 
 class Engine:
@@ -64,6 +67,7 @@ class Engine:
         self.eos_ids = set(tokenizer.eos_ids) | set(self.cfg.eos_token_ids)
         self._active = 0  # runs holding a KV cache right now
         self._active_lock = threading.Lock()
+        self._decode_error: PrecisionReport | None = None
 
     @property
     def active_runs(self) -> int:
@@ -83,8 +87,13 @@ class Engine:
         return engine_from_hf_dir(model_dir, device, dtype, decode_dtype, compile)
 
     def describe(self) -> EngineInfo:
+        """What the engine is; a reduced-precision decode path is measured (once, about a
+        second) so that the page can say how approximate its numbers are."""
+        with self._active_lock:
+            if self._decode_error is None and self.model.decode_dtype != self.dtype:
+                self._decode_error = measure_decode_error(self)
         return EngineInfo(self.name, self.cfg, self.device, self.dtype, self.model.decode_dtype,
-                          isinstance(self.decoder, CompiledDecoder))
+                          isinstance(self.decoder, CompiledDecoder), self._decode_error)
 
     @property
     def device(self) -> torch.device:
@@ -97,18 +106,32 @@ class Engine:
     # ------------------------------------------------------------ prompt -> ids
 
     def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None) -> str:
+        """The text fed to the model: the prompt, or in chat mode the rendered template."""
+        return self._segments(prompt, chat, system)[0]
+
+    def _segments(self, prompt: str, chat: bool, system: str | None) -> tuple[str, list[tuple[str, bool]]]:
+        """The prompt text, and its parts as (text, written by the chat template)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError("the prompt is empty")
         if not chat:
-            return prompt
-        return render_chat(self.tokenizer.chat_template, chat_messages(prompt, system),
-                           bos_token=self.tokenizer.bos_token, eos_token=self.tokenizer.eos_token)
+            return prompt, [(prompt, False)]
+        tok = self.tokenizer
+        return render_chat_segments(tok.chat_template, chat_messages(prompt, system),
+                                    bos_token=tok.bos_token, eos_token=tok.eos_token)
 
     def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
-        """The ids fed to the model; raises InputError if they do not fit the context window."""
-        text = self.prompt_text(prompt, chat, system)
-        # A rendered chat template already holds the BOS text where the model wants it.
-        ids = self.tokenizer.encode(text, add_bos=False if chat else None)
+        """The ids fed to the model; raises InputError if they do not fit the context window.
+        Control tokens come only from the chat template, never from what the user typed."""
+        tok = self.tokenizer
+        _, parts = self._segments(prompt, chat, system)
+        ids: list[int] = []
+        for text, by_template in parts:
+            if by_template:
+                ids += tok.encode_template(text, continuing=bool(ids))
+            elif ids:
+                ids += tok.encode_continuation(text)
+            else:  # a rendered template holds the BOS text itself where the model wants it
+                ids += tok.encode(text, add_bos=None if not chat else False)
         if len(ids) >= self.cfg.max_seq_len:
             raise InputError(f"the prompt is {len(ids)} tokens but the context window is "
                              f"{self.cfg.max_seq_len}; shorten it by at least "
@@ -193,7 +216,7 @@ class Engine:
                     yield StepEvent(
                         step=step, token_id=token_id, piece=tok.piece(token_id), text=delta,
                         prob=info.prob, raw_prob=info.raw_prob, top=candidates(info, tok.piece),
-                        entropy=info.entropy, rank=info.rank, logits=info.logits,
+                        entropy=info.entropy, rank=info.rank,
                         kv_cache_bytes=cache.bytes_used, kv_cache_capacity_bytes=cache.bytes_allocated,
                         ms=ms, prefill_ms=ms if step == 0 else None,
                         prompt_tokens=n_prompt if step == 0 else None)
@@ -231,8 +254,16 @@ class Engine:
         attention of `layer` and every layer's residual for the logit lens."""
         return capture_step(self.model, context_ids, layer)
 
-    def replay(self, logits: StepLogits, params: SamplingParams, seen_ids: list[int],
+    def step_logits(self, context_ids: list[int]) -> torch.Tensor:
+        """The float32 logits (vocab,) a run computes after context_ids, by one forward pass."""
+        if not context_ids:
+            raise InputError("the context is empty")
+        with torch.inference_mode():
+            tokens = torch.tensor([context_ids], device=self.device)  # (1, T)
+            return self.model(tokens, self.model.new_cache(len(context_ids)), 0)[0].float().cpu()
+
+    def replay(self, logits: torch.Tensor, params: SamplingParams, seen_ids: list[int],
                chosen: int) -> tuple[list[StageStat], torch.Tensor]:
-        """A step's sampling pipeline under `params`, from its stored logits: the stages and the
-        final distribution."""
-        return replay(logits, params, seen_ids, chosen)
+        """A step's sampling pipeline under `params` on its logits (from step_logits): the
+        stages, and the final distribution (vocab,)."""
+        return pipeline(logits, params, seen_mask(logits.shape[-1], seen_ids), chosen)

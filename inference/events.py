@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 
 @dataclass
@@ -29,10 +29,9 @@ class StepEvent:
     ms: float  # wall time of this step: prefill + sample for step 0, one decode + sample after
     prefill_ms: float | None = None  # step 0 only (the time to first token)
     prompt_tokens: int | None = None  # step 0 only
-    logits: object = field(default=None, repr=False, compare=False)  # replay.StepLogits; not in JSON
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "logits"}
+        d = dict(self.__dict__)
         d["top"] = [asdict(c) for c in self.top]
         for key in ("prefill_ms", "prompt_tokens"):
             if d[key] is None:

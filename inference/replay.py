@@ -1,43 +1,19 @@
-"""Replaying a step's sampling under other settings, from a compact copy of its logits.
+"""Replaying a step's sampling under other settings: the stage-by-stage pipeline on the step's
+full logit vector.
 
-Each step keeps its KEEP largest logits exactly and the rest as one log-sum-exp: 256 x
-(4-byte id + 4-byte logit) + 16 bytes = about 2 KiB a step, 2 MiB for a 1,000-token run
-(a full float16 vector would be 96 KiB a step for SmolLM2's 49,152 tokens). To replay, the
-vector is rebuilt with the remaining tokens sharing their mass equally, and the very same
-sampling functions as generation run on it: exact whenever the tokens that matter lie in the
-top KEEP, which they do unless top-k > KEEP or a high temperature with no filter lifts the tail.
+The vector is recomputed with one forward pass over the step's context (the prompt and the
+tokens before it): the same float32 arithmetic a run does at that step, so the replayed
+distribution is the one a real run with those settings would sample from, for every token of
+the vocabulary. Nothing is stored per step; a replay costs one prefill of the context.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from .sampling import SamplingParams, stages
-
-KEEP = 256  # also what keeps the per-step cost small: top-256 costs 0.2 ms, top-1024 0.7 ms
-
-
-@dataclass
-class StepLogits:
-    ids: torch.Tensor  # (K,) int32, most likely first
-    logits: torch.Tensor  # (K,) float32
-    rest_lse: float  # log-sum-exp of the other vocab_size - K logits (-inf if none)
-    vocab_size: int
-
-    @property
-    def nbytes(self) -> int:
-        return self.ids.numel() * 4 + self.logits.numel() * 4 + 16
-
-    def full(self) -> torch.Tensor:
-        """A (vocab,) logit vector: the kept logits exact, the rest equal and with their mass."""
-        n_rest = self.vocab_size - self.ids.numel()
-        fill = self.rest_lse - math.log(n_rest) if n_rest > 0 else -math.inf
-        out = torch.full((self.vocab_size,), fill, dtype=torch.float32)
-        out[self.ids.long()] = self.logits
-        return out
 
 
 @dataclass
@@ -74,11 +50,9 @@ def pipeline(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | 
     return stats, final
 
 
-def replay(step: StepLogits, params: SamplingParams, seen_ids: list[int], chosen: int
-           ) -> tuple[list[StageStat], torch.Tensor]:
-    """The pipeline of a stored step under `params`, with no model call."""
-    logits = step.full()
-    seen = torch.zeros(step.vocab_size, dtype=torch.bool)
+def seen_mask(vocab_size: int, seen_ids: list[int], device=None) -> torch.Tensor:
+    """The repetition penalty's bool mask over the vocabulary."""
+    seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
     if seen_ids:
-        seen[torch.tensor(seen_ids)] = True
-    return pipeline(logits, params, seen, chosen)
+        seen[torch.tensor(seen_ids, device=device)] = True
+    return seen

@@ -66,11 +66,14 @@ class Tokenizer:
     """encode/decode plus the per-token bytes and display pieces the engine reports."""
 
     def __init__(self, *, encode_fn, token_bytes: list[bytes], raw_pieces: list[str],
-                 continue_fn=None,
+                 continue_fn=None, template_fn=None,
                  bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
                  special_tokens: dict[str, int], chat_template: str | None, kind: str):
+        """encode_fn and continue_fn encode text as text: a control token's spelling typed by a
+        user stays characters. template_fn turns control-token text into its id (templates)."""
         self._encode_fn = encode_fn
         self._continue_fn = continue_fn or encode_fn
+        self._template_fn = template_fn or (lambda text, continuing=False: encode_fn(text))
         self.token_bytes = token_bytes
         self.raw_pieces = raw_pieces
         self.bos_id, self.eos_ids, self.add_bos = bos_id, eos_ids, add_bos
@@ -80,6 +83,7 @@ class Tokenizer:
         self._pieces = [b.decode("utf-8", errors="tokenlab_hex") for b in token_bytes]
         for text, i in special_tokens.items():
             self._pieces[i] = text
+        self._control_ids = frozenset(special_tokens.values()) | {i for i in (bos_id, *eos_ids) if i is not None}
 
     @property
     def vocab_size(self) -> int:
@@ -101,7 +105,8 @@ class Tokenizer:
             self._pieces.append(f"<unused {i}>")
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Exactly the ids the model is fed: special-token text becomes its id, BOS per config."""
+        """The ids of text a user typed, BOS per config: text that spells a control token
+        ("</s>", "<|im_end|>") is encoded as the characters it is, never as the control token."""
         ids = self._encode_fn(text)
         add = self.add_bos if add_bos is None else add_bos
         if add and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
@@ -109,8 +114,13 @@ class Tokenizer:
         return ids
 
     def encode_continuation(self, text: str) -> list[int]:
-        """Ids of text that continues earlier text: no BOS, no sentencepiece dummy-prefix space."""
+        """Ids of text that continues earlier text: no BOS, no sentencepiece dummy-prefix space;
+        control-token spellings stay text, as in encode."""
         return self._continue_fn(text)
+
+    def encode_template(self, text: str, continuing: bool = False) -> list[int]:
+        """Ids of text a chat template wrote: its control-token text becomes the token's id."""
+        return self._template_fn(text, continuing)
 
     def decode(self, ids: list[int]) -> str:
         """Text of the ids as a continuation: special tokens appear as their text."""
@@ -122,6 +132,24 @@ class Tokenizer:
 
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self.token_bytes)
+
+    def char_groups(self, ids: list[int]) -> list[tuple[range, bool]]:
+        """Runs of consecutive tokens whose bytes make whole characters together: (positions in
+        ids, complete). A token that is whole characters is a run of one; byte tokens of one
+        character form one run; the last run is incomplete when ids end inside a character."""
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        groups, start = [], 0
+        for i, token_id in enumerate(ids):
+            utf8.decode(self.token_bytes[token_id])
+            if not utf8.getstate()[0]:  # nothing held: the run ends here
+                groups.append((range(start, i + 1), True))
+                start = i + 1
+        if start < len(ids):
+            groups.append((range(start, len(ids)), False))
+        return groups
+
+    def is_control(self, token_id: int) -> bool:
+        return token_id in self._control_ids
 
 
 # ---------------------------------------------------------------- loading from a directory
@@ -204,8 +232,11 @@ def _load_hf_tokenizers(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Toke
     if add_bos is None:  # decided by the post-processor, as transformers does
         with_special = tok.encode("a", add_special_tokens=True).ids
         add_bos = bos_id is not None and bool(with_special) and with_special[0] == bos_id
+    as_text = HFTokenizer.from_file(str(path))
+    as_text.encode_special_tokens = True  # control-token spellings are split like any text
     return Tokenizer(
-        encode_fn=lambda text: tok.encode(text, add_special_tokens=False).ids,
+        encode_fn=lambda text: as_text.encode(text, add_special_tokens=False).ids,
+        template_fn=lambda text, continuing=False: tok.encode(text, add_special_tokens=False).ids,
         token_bytes=token_bytes, raw_pieces=raw, bos_id=bos_id, eos_ids=eos_ids,
         add_bos=bool(add_bos), special_tokens=specials,
         chat_template=read_chat_template(model_dir, tok_cfg), kind="bpe")
@@ -252,19 +283,25 @@ def _load_sentencepiece(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Toke
     sp_inner = spm.SentencePieceProcessor()
     sp_inner.LoadFromSerializedProto(proto.SerializeToString())
 
-    def encode(text: str, continuing: bool = False) -> list[int]:
+    def encode(text: str, continuing: bool = False, controls: bool = False) -> list[int]:
+        """controls: control-token text becomes its id (a template's); else it stays text, its
+        first character encoded apart so that no symbol of the model can match it."""
         if pattern is None:
             return (sp_inner if continuing else sp).EncodeAsIds(text)
         ids: list[int] = []
         for part in pattern.split(text):
-            if part in specials:
+            if part in specials and controls:
                 ids.append(specials[part])
+            elif part in specials:
+                ids.extend((sp_inner if ids or continuing else sp).EncodeAsIds(part[0]))
+                ids.extend(sp_inner.EncodeAsIds(part[1:]))
             elif part:
                 ids.extend((sp_inner if ids or continuing else sp).EncodeAsIds(part))
         return ids
 
     return Tokenizer(
         encode_fn=encode, continue_fn=lambda text: encode(text, continuing=True),
+        template_fn=lambda text, continuing=False: encode(text, continuing, controls=True),
         token_bytes=token_bytes, raw_pieces=raw, bos_id=bos_id, eos_ids=eos_ids,
         add_bos=bool(tok_cfg.get("add_bos_token", True)), special_tokens=specials,
         chat_template=read_chat_template(model_dir, tok_cfg), kind="sentencepiece")

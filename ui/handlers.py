@@ -111,15 +111,18 @@ class Handlers:
         prompt's view and the charts, larger and slower to change, come from `begin`,
         `live_charts` (twice a second while the run streams) and `after_run`.
         """
-        n = len(rec.steps)
+        last = rec.steps[-1] if rec.steps else None
         return (
-            render.highlighted_output(rec),
-            render.bars_html(rec.steps[-1] if rec.steps else None),
+            render.highlighted_output(rec, self.engine.tokenizer),
+            self._bars(last),
             render.stats_markdown(self.info, rec),
-            render.kv_formula(self.info, len(rec.prompt_ids) + n if n else None),
+            render.kv_formula(self.info, last.kv_cache_bytes if last else None),
             notice,
             rec,
         )
+
+    def _bars(self, step, title: str = "") -> str:
+        return render.bars_html(step, title, render.approx_note(self.info))
 
     @takes_controls()
     def begin(self, c: Controls, request: gr.Request = None) -> tuple:
@@ -130,7 +133,7 @@ class Handlers:
         except TokenLabError:
             rec = RunRecord()
         empty = RunRecord()
-        return (rec.prompt_text, render.prompt_tokens_view(self.engine.tokenizer, rec.prompt_ids),
+        return (rec.prompt_text, render.prompt_tokens_html(self.engine.tokenizer, rec.prompt_ids),
                 render.kv_frame(empty), render.latency_frame(empty), gr.Timer(active=True))
 
     def live_charts(self, rec: RunRecord | None) -> tuple:
@@ -152,16 +155,18 @@ class Handlers:
 
     def select_step(self, rec: RunRecord | None, step) -> str:
         if rec is None or not rec.steps:
-            return render.bars_html(None)
-        return render.bars_html(rec.steps[_step_index(rec, step)])
+            return self._bars(None)
+        return self._bars(rec.steps[_step_index(rec, step)])
 
     def select_token(self, rec: RunRecord | None, evt: gr.SelectData):
-        """Clicking a generated token shows its step's bars and moves the slider there."""
+        """Clicking a generated token (or character) shows its (first) step's bars and moves the
+        slider there."""
         if rec is None or not rec.steps or evt is None or evt.index is None:
             return gr.update(), gr.update()
         index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
-        i = _step_index(rec, index)
-        return render.bars_html(rec.steps[i]), gr.update(value=i)
+        chips = render.output_chips(rec, self.engine.tokenizer)
+        i = chips[min(int(index), len(chips) - 1)].steps[0]
+        return self._bars(rec.steps[i]), gr.update(value=i)
 
     # -------------------------------------------------------- inside one token
 
@@ -180,7 +185,8 @@ class Handlers:
 
     def replay_step(self, rec: RunRecord | None, step, *values) -> tuple[str, str]:
         """The step's sampling pipeline as it ran and under new settings (values: one per
-        settings.FILTER_SETTINGS), from its stored logits."""
+        settings.FILTER_SETTINGS), on the step's logits recomputed by one forward pass (kept
+        for the next replay of the same step)."""
         if rec is None or not rec.steps:
             raise gr.Error("Generate first, then pick a step to replay.", print_exception=False)
         i = _step_index(rec, step)
@@ -190,10 +196,12 @@ class Handlers:
         except TokenLabError as e:
             raise _page_error(e) from None
         seen = rec.seen_before(i)
-        ran, final_ran = self.engine.replay(ev.logits, rec.params, seen, ev.token_id)
-        again, final_again = self.engine.replay(ev.logits, new, seen, ev.token_id)
+        logits = rec.logits_at(i, self.engine.step_logits)
+        ran, final_ran = self.engine.replay(logits, rec.params, seen, ev.token_id)
+        again, final_again = self.engine.replay(logits, new, seen, ev.token_id)
         tok = self.engine.tokenizer
-        return (f"**Step {i}**, replayed from its stored logits (no model call).\n\n"
+        return (f"**Step {i}**, every token of the vocabulary through each stage; the step's "
+                "logits recomputed by one forward pass over its context.\n\n"
                 + render.stages_table(ran, again, tok, ev.token_id),
                 render.replay_bars(ev, final_ran, final_again, tok))
 
@@ -228,8 +236,8 @@ class Handlers:
         finally:
             self.registry.finish(session, cancel)
         at = divergence(ra, rb)
-        bars = (render.bars_html(ra.steps[at], f"A at step {at}") if at is not None and at < len(ra.steps) else "",
-                render.bars_html(rb.steps[at], f"B at step {at}") if at is not None and at < len(rb.steps) else "")
+        bars = (self._bars(ra.steps[at], f"A at step {at}") if at is not None and at < len(ra.steps) else "",
+                self._bars(rb.steps[at], f"B at step {at}") if at is not None and at < len(rb.steps) else "")
         return (render.highlighted_with_marker(ra, at), render.highlighted_with_marker(rb, at),
                 render.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both.", *bars)
 

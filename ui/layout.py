@@ -22,6 +22,8 @@ EXAMPLES = [
 
 B_DEFAULTS = {"temperature": 1.5}  # compare A/B starts from a visible difference
 
+SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); return []; }"
+
 # Reads the page's own address into the hidden `page_url` input before share_link runs.
 PAGE_URL_JS = "(...a) => { a[a.length - 1] = window.location.origin + window.location.pathname; return a; }"
 
@@ -82,10 +84,11 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                                             color_map=fmt.COLOR_MAP, show_legend=True,
                                             show_inline_category=False, combine_adjacent=False,
                                             elem_id="output")
-                tokens = gr.HighlightedText(label="Tokenization: the prompt's pieces and ids",
-                                            show_legend=False, elem_id="tokens")
+                tokens = gr.HTML(fmt.prompt_tokens_html(engine.tokenizer, []),
+                                 label="Tokenization: the prompt's tokens and ids", elem_id="tokens")
             with gr.Column(scale=2):
                 step = gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step")
+                show_logp = gr.Checkbox(False, label="Show log p instead of p", elem_id="show-logp")
                 topk = gr.HTML(fmt.bars_html(None), label="Candidates", elem_id="topk")
         with gr.Row():
             with gr.Column():
@@ -177,6 +180,8 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         demo.load(h.restore, inputs=None, outputs=controls + [notice], api_visibility="private",
                   queue=False)
         demo.unload(h.stop)
+        # A display switch only: every number is rendered both ways and CSS shows one.
+        show_logp.change(None, inputs=show_logp, outputs=None, js=SHOW_LOGP_JS)
     return demo
 
 
@@ -204,7 +209,7 @@ def launch(demo: gr.Blocks, engine: Engine, *, host: str = "127.0.0.1", port: in
     configure_queue(demo, engine, queue_size)
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
-                         css=fmt.BARS_CSS + fmt.INSPECT_CSS, footer_links=["api"], quiet=True)
+                         css=fmt.BARS_CSS + fmt.INSPECT_CSS + fmt.PROB_CSS, footer_links=["api"], quiet=True)
     if block:
         _, local_url, share_url = served
         print(f"Token Lab is running on {local_url}"

@@ -4,6 +4,8 @@ Markdown, data frames and CSS. Pure functions, no Gradio."""
 from __future__ import annotations
 
 import html
+import math
+from dataclasses import dataclass
 
 import pandas as pd
 
@@ -37,20 +39,78 @@ def visible(text: str) -> str:
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") if text else "∅"
 
 
-def highlighted_output(rec: RunRecord) -> list[tuple[str, str | None]]:
-    """One (text, bucket) entry per step, so a click's index is the step number."""
-    out = [(s.text, bucket(s.prob)) for s in rec.steps]
-    if rec.done and rec.done.tail:
-        out.append((rec.done.tail, None))
+def fmt_p(p: float) -> str:
+    """A probability as shown everywhere: 4 decimals, or 3 significant digits below 1e-4 so that
+    small numbers stay visible."""
+    return f"{p:.4f}" if p >= 1e-4 or p == 0 else f"{p:.3g}"
+
+
+def fmt_logp(p: float) -> str:
+    return f"{math.log(p):.3f}" if p > 0 else "−∞"
+
+
+def prob_html(p: float) -> str:
+    """p and log p, one shown at a time by the page's switch (PROB_CSS)."""
+    return f"<span class='tl-p'>{fmt_p(p)}</span><span class='tl-lp'>{fmt_logp(p)}</span>"
+
+
+@dataclass
+class Chip:
+    """One piece of the generated text as the page shows it: a token, or the byte tokens that
+    make one character together."""
+    text: str
+    prob: float  # the probability the chip was sampled with: the product over its tokens
+    steps: range  # the steps it spans
+    cut: bool = False  # a character the end of the run cut off
+
+
+def output_chips(rec: RunRecord, tokenizer) -> list[Chip]:
+    chips = []
+    for steps, complete in tokenizer.char_groups([s.token_id for s in rec.steps]):
+        group = [rec.steps[i] for i in steps]
+        text = "".join(s.text for s in group)
+        if not complete:
+            held = "".join(s.piece for s in group)
+            text = f"{text}[cut off: {held}]" if rec.done is not None else text
+        chips.append(Chip(text, math.prod(s.prob for s in group), steps, not complete))
+    return chips
+
+
+def highlighted_output(rec: RunRecord, tokenizer) -> list[tuple[str, str | None]]:
+    """One (text, bucket) entry per chip; output_chips maps a click's index to its steps."""
+    chips = output_chips(rec, tokenizer)
+    out = [(c.text, bucket(c.prob)) for c in chips]
+    tail = rec.done.tail if rec.done else ""
+    if chips and chips[-1].cut:  # shown as cut off above, not as U+FFFD
+        tail = tail.replace("\ufffd", "")
+    if tail:
+        out.append((tail, None))
     return out
 
 
-def prompt_tokens_view(tokenizer, ids: list[int]) -> list[tuple[str, str]]:
-    return [(visible(tokenizer.piece(i)), str(i)) for i in ids]
+def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
+    """The prompt's tokens as chips: one per token, and one per character made of byte tokens
+    with those tokens beneath it; control tokens marked."""
+    chips = []
+    for positions, complete in tokenizer.char_groups(ids):
+        group = [ids[i] for i in positions]
+        tokens = "".join(f"<span class='tl-tk{' tl-ctl' if tokenizer.is_control(i) else ''}'>"
+                         f"{html.escape(visible(tokenizer.piece(i)))}<sub>{i}</sub></span>" for i in group)
+        if len(group) == 1:
+            chips.append(f"<span class='tl-chip'>{tokens}</span>")
+        else:
+            char = tokenizer.decode(group) if complete else "[cut off]"
+            chips.append(f"<span class='tl-chip tl-char'><span class='tl-c'>{html.escape(visible(char))}"
+                         f"</span><span class='tl-bytes'>{tokens}</span></span>")
+    control = sum(tokenizer.is_control(i) for i in ids)
+    return (f"<div class='tl-tokens'><div class='tl-title'>{len(ids)} tokens"
+            + (f", {control} of them control tokens (outlined)" if control else "")
+            + f"</div><div class='tl-chips'>{''.join(chips)}</div></div>")
 
 
-def bars_html(step: StepEvent | None, title: str = "") -> str:
-    """Horizontal bars: raw model probability and final sampling probability per candidate."""
+def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
+    """Horizontal bars: raw model probability and final sampling probability per candidate;
+    `approx` says how approximate the numbers are (empty when they are the model's)."""
     if step is None:
         return "<div class='tl-bars tl-empty'>Generate to see each step's candidates.</div>"
     rows = []
@@ -61,16 +121,43 @@ def bars_html(step: StepEvent | None, title: str = "") -> str:
             f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
             f"<span class='tl-tok' title='id {c.id}'>{'▶ ' if chosen else ''}{label}</span>"
             f"<span class='tl-bar'><span class='tl-raw' style='width:{100 * c.raw_prob:.2f}%'></span></span>"
-            f"<span class='tl-num'>{c.raw_prob:.4f}</span>"
+            f"<span class='tl-num'>{prob_html(c.raw_prob)}</span>"
             f"<span class='tl-bar'><span class='tl-final' style='width:{100 * c.prob:.2f}%'></span></span>"
-            f"<span class='tl-num'>{c.prob:.4f}</span></div>")
+            f"<span class='tl-num'>{prob_html(c.prob)}</span></div>")
     head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
-            f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with p = {step.prob:.4f} "
-            f"(raw {step.raw_prob:.4f})</div>"
-            "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
+            f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with p = {prob_html(step.prob)} "
+            f"(raw {prob_html(step.raw_prob)})</div>"
+            + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
+            + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
             "<span class='tl-bar'>raw model probability</span><span class='tl-num'></span>"
             "<span class='tl-bar'>final (sampled from)</span><span class='tl-num'></span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
+
+
+def approx_note(info) -> str:
+    """What the page says beside its numbers when decoding is not at the model's dtype."""
+    r = info.decode_error
+    if r is None:
+        return ""
+    return (f"Approximate: decode steps read {dtype_name(info.decode_dtype)} copies of the weights. "
+            f"Measured at start-up against {dtype_name(info.dtype)} over {r.steps} steps: "
+            f"probabilities differ by up to {r.max_prob_diff:.4f}; the most likely token agreed on "
+            f"{100 * r.top1_agreement:.0f}% of steps. Start with --decode-dtype same for exact numbers.")
+
+
+PROB_CSS = """
+.tl-lp { display: none; }
+body.tl-show-logp .tl-p { display: none; }
+body.tl-show-logp .tl-lp { display: inline; }
+.tl-approx { color: #b26a00; font-size: 12px; margin-bottom: 4px; }
+.tl-tokens .tl-chips { display: flex; flex-wrap: wrap; gap: 3px; max-height: 220px; overflow: auto; }
+.tl-chip { display: inline-flex; flex-direction: column; align-items: center; border: 1px solid rgba(128,128,128,.3);
+           border-radius: 4px; padding: 1px 3px; font-family: ui-monospace, monospace; font-size: 12px; }
+.tl-tk sub { opacity: .6; margin-left: 2px; }
+.tl-ctl { outline: 2px solid #8e24aa; border-radius: 3px; }
+.tl-char .tl-c { font-size: 15px; }
+.tl-char .tl-bytes { display: flex; gap: 2px; font-size: 10px; opacity: .8; }
+"""
 
 
 BARS_CSS = """
@@ -105,15 +192,17 @@ def latency_frame(rec: RunRecord) -> pd.DataFrame:
     return pd.DataFrame([{"step": s.step, "ms": s.ms} for s in rec.steps[1:]], columns=["step", "ms"])
 
 
-def kv_formula(info, tokens: int | None = None) -> str:
+def kv_formula(info, kv_bytes: int | None = None) -> str:
+    """The cache's formula with this model's numbers; with kv_bytes (a step's cache use), the
+    positions it holds: the prompt and every token but the newest, not yet fed back."""
     cfg = info.cfg
     b = info.dtype.itemsize
     per = cfg.kv_bytes_per_token(b)
-    text = (f"**KV cache** = 2 × layers × KV heads × head dim × bytes per value × tokens = "
-            f"2 × {cfg.n_layers} × {cfg.n_kv_heads} × {cfg.head_dim} × {b} × tokens = "
-            f"**{per:,} bytes per token**")
-    if tokens:
-        text += f"; × {tokens} tokens = {per * tokens / 2**20:.2f} MiB"
+    text = (f"**KV cache** = 2 × layers × KV heads × head dim × bytes per value × positions = "
+            f"2 × {cfg.n_layers} × {cfg.n_kv_heads} × {cfg.head_dim} × {b} × positions = "
+            f"**{per:,} bytes per position**")
+    if kv_bytes:
+        text += f"; × {kv_bytes // per} positions held = {kv_bytes:,} bytes ({kv_bytes / 2**20:.2f} MiB)"
     return text
 
 
@@ -129,7 +218,9 @@ def model_card(info) -> str:
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
             f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'} on "
             f"{info.device} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
-            f"(2 × matmul parameters + attention)")
+            f"(2 × matmul parameters + attention) · every probability on this page is computed at "
+            f"{dtype_name(info.decode_dtype)}"
+            + (f"  \n⚠ {approx_note(info)}" if info.decode_error else ""))
 
 
 def stats_markdown(info, rec: RunRecord) -> str:
@@ -159,12 +250,13 @@ def stats_markdown(info, rec: RunRecord) -> str:
 
 def stages_markdown(info, n_prompt: int, step: int) -> str:
     """The path of one token: prefill over the prompt and the selected decode step side by side."""
-    cfg, b = info.cfg, info.dtype.itemsize
+    cfg, b, b_dec = info.cfg, info.dtype.itemsize, info.decode_dtype.itemsize
     ctx = n_prompt + step
     pre = stages(cfg, n_prompt, n_prompt, b)
-    dec = stages(cfg, 1, ctx, b)
+    dec = stages(cfg, 1, ctx, b_dec, b)
     lines = [f"Prefill: {n_prompt} prompt tokens at once. Decode step {step}: 1 token attending to "
-             f"{ctx} positions. Bytes are weights and KV cache read at {dtype_name(info.dtype)}.", "",
+             f"{ctx} positions. Decode bytes are the weights read at {dtype_name(info.decode_dtype)} "
+             f"and the KV cache at {dtype_name(info.dtype)}.", "",
              "| stage | prefill shape | prefill FLOPs | decode shape | decode FLOPs | decode bytes |",
              "|---|---|---|---|---|---|"]
     for p, d in zip(pre, dec):
@@ -198,7 +290,7 @@ def lens_html(capture, tokenizer) -> str:
     """The logit lens: each layer's residual stream through the final norm and LM head."""
     rows = []
     for layer, top in enumerate(capture.lens):
-        cells = "".join(f"<td>{html.escape(visible(tokenizer.piece(i)))} <small>{p:.3f}</small></td>"
+        cells = "".join(f"<td>{html.escape(visible(tokenizer.piece(i)))} <small>{prob_html(p)}</small></td>"
                         for i, p in top)
         rows.append(f"<tr><th>after layer {layer}</th>{cells}</tr>")
     return ("<div class='tl-lens'><div class='tl-title'>Logit lens: the top tokens each layer's "
@@ -244,11 +336,11 @@ def stages_table(original, replayed, tokenizer, chosen: int) -> str:
              "mass removed (replay) | chosen rank, p (replay) |", "|---|---|---|---|---|---|---|"]
 
     def rank(st):
-        return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {st.chosen_prob:.4f}"
+        return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {prob_html(st.chosen_prob)}"
 
     for a, b in zip(original, replayed):
-        lines.append(f"| {a.name} | {a.kept:,} | {a.mass_removed:.4f} | {rank(a)} | {b.kept:,} | "
-                     f"{b.mass_removed:.4f} | {rank(b)} |")
+        lines.append(f"| {a.name} | {a.kept:,} | {fmt_p(a.mass_removed)} | {rank(a)} | {b.kept:,} | "
+                     f"{fmt_p(b.mass_removed)} | {rank(b)} |")
     return "\n".join(lines)
 
 
@@ -265,9 +357,9 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
             f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
             f"<span class='tl-tok'>{'▶ ' if chosen else ''}{html.escape(visible(tokenizer.piece(i)))}</span>"
             f"<span class='tl-bar'><span class='tl-raw' style='width:{100 * float(final_run[i]):.2f}%'></span></span>"
-            f"<span class='tl-num'>{float(final_run[i]):.4f}</span>"
+            f"<span class='tl-num'>{prob_html(float(final_run[i]))}</span>"
             f"<span class='tl-bar'><span class='tl-final' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
-            f"<span class='tl-num'>{float(final_replay[i]):.4f}</span></div>")
+            f"<span class='tl-num'>{prob_html(float(final_replay[i]))}</span></div>")
     head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-bar'>final in the run</span>"
             "<span class='tl-num'></span><span class='tl-bar'>final, replayed</span><span class='tl-num'></span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
@@ -281,13 +373,13 @@ def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
     elif at < min(len(a.steps), len(b.steps)):
         x, y = a.steps[at], b.steps[at]
         lines.append(f"**First divergence at step {at}**: A chose **{html.escape(visible(x.piece))}** "
-                     f"(p {x.prob:.4f}), B chose **{html.escape(visible(y.piece))}** (p {y.prob:.4f}).")
+                     f"(p {prob_html(x.prob)}), B chose **{html.escape(visible(y.piece))}** (p {prob_html(y.prob)}).")
     else:
         lines.append(f"**Same tokens until step {at}, where one run stopped.**")
     lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
               "|---|---|---|---|---|"]
     for name, s in (("A", sa), ("B", sb)):
-        lines.append(f"| {name} | {s['tokens']} | {s['mean_p']:.4f} | {s['mean_entropy']:.3f} | {s['perplexity']:.3f} |")
+        lines.append(f"| {name} | {s['tokens']} | {fmt_p(s['mean_p'])} | {s['mean_entropy']:.3f} | {s['perplexity']:.3f} |")
     return "\n".join(lines)
 
 
@@ -299,12 +391,11 @@ def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, s
 
 
 def likelihood_table(scores) -> str:
-    import math
     if not scores:
         return ""
     total = sum(lp for _, _, lp in scores)
     lines = ["| token | id | p | log p |", "|---|---|---|---|"]
     for i, piece, lp in scores:
-        lines.append(f"| {html.escape(visible(piece))} | {i} | {math.exp(lp):.4g} | {lp:.3f} |")
-    lines.append(f"| **all {len(scores)} tokens** | | {math.exp(total):.4g} | {total:.3f} |")
+        lines.append(f"| {html.escape(visible(piece))} | {i} | {fmt_p(math.exp(lp))} | {lp:.3f} |")
+    lines.append(f"| **all {len(scores)} tokens** | | {fmt_p(math.exp(total))} | {total:.3f} |")
     return "\n".join(lines)

@@ -17,10 +17,19 @@ class RunRecord:
     done: DoneEvent | None = None
     seed: int | None = None
     params: object = None  # the SamplingParams the run used
+    # The full logits of the last step replayed, (step, (vocab,) tensor): moving a replay
+    # slider on the same step then costs no forward pass.
+    _logits: tuple | None = field(default=None, repr=False, compare=False)
 
     def seen_before(self, step: int) -> list[int]:
         """Ids the repetition penalty saw at `step`: the prompt and the tokens before it."""
         return self.prompt_ids + [s.token_id for s in self.steps[:step]]
+
+    def logits_at(self, step: int, compute) -> "torch.Tensor":
+        """The step's logits, from compute(context ids) unless this step's are kept already."""
+        if self._logits is None or self._logits[0] != step:
+            self._logits = (step, compute(self.seen_before(step)))
+        return self._logits[1]
 
 
 def run_summary(rec: RunRecord) -> dict:
