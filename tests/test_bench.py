@@ -17,14 +17,6 @@ def test_bench_reports_ratios_table_and_json(tmp_path):
     assert md == to_markdown(result) and "| token-lab |" in md
 
 
-def test_bench_compiled_decode(tmp_path):
-    assert main(["--random", "tiny", "--tokens", "8", "--repeats", "1", "--no-page", "--device", "cpu",
-                 "--compile", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "bench-tiny-compiled.json").read_text())
-    assert result["compiled"] and result["systems"]["token-lab"]["decode_tok_s"] > 0
-    assert "compiled decode step" in (tmp_path / "bench-tiny-compiled.md").read_text()
-
-
 def test_page_measurement_receives_every_token(monkeypatch):
     """The page measurement: the real app, a gradio_client in another process, and the engine
     alone in turn; every requested token arrives at the client."""
