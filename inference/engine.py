@@ -91,9 +91,10 @@ class Engine:
 
     @classmethod
     def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto",
-                    decode_dtype: str = "same", kv_pool_mib: float | None = None) -> "Engine":
+                    decode_dtype: str = "same", kv_pool_mib: float | None = None,
+                    prefill_chunk: int | None = None) -> "Engine":
         from .loading import engine_from_hf_dir
-        return engine_from_hf_dir(model_dir, device, dtype, decode_dtype, kv_pool_mib)
+        return engine_from_hf_dir(model_dir, device, dtype, decode_dtype, kv_pool_mib, prefill_chunk)
 
     def describe(self) -> EngineInfo:
         """What the engine is; a reduced-precision decode path is measured (once, about a

@@ -86,6 +86,8 @@ class Scheduler:
         run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed)
         with self._cv:
             self._waiting.append(run)
+            if self._reserved + sum(r.blocks_needed for r in self._waiting) > self.pool.n_blocks:
+                self._tell_waiting()  # at once: the page shows the wait from the click on
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, daemon=True, name="tokenlab-scheduler")
                 self._thread.start()
@@ -144,6 +146,10 @@ class Scheduler:
             self._reserved += run.blocks_needed
             self._start(run)
             self._active.append(run)
+        self._tell_waiting()
+
+    def _tell_waiting(self) -> None:
+        """A WaitEvent to each queued run whose place in line changed."""
         now = time.perf_counter()
         for position, run in enumerate(self._waiting, 1):
             if run.wait_position != position:

@@ -188,13 +188,15 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
 QUEUE_POLL_S = 0.02
 
 
-def concurrency_for(engine: Engine) -> int:
-    """Runs at once: on a CPU they share the same cores, so one at a time; a GPU takes a few."""
-    return 4 if engine.device.type == "cuda" else 1
+# Page events handled at once. A run's event mostly waits for its tokens: the engine's scheduler
+# batches every run into one forward pass per step and queues what the KV pool cannot hold, so
+# Gradio's queue must not serialize them.
+CONCURRENCY = 64
 
 
-def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16) -> None:
-    demo.queue(default_concurrency_limit=concurrency_for(engine), max_size=queue_size)
+def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16,
+                    concurrency: int = CONCURRENCY) -> None:
+    demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
     # Gradio's queue loop wakes every 1 ms while it waits; each wake takes the GIL from the
     # engine's thread, costing decode speed on a small CPU. 20 ms is still instant to a person.
     if hasattr(demo._queue, "sleep_when_free"):
