@@ -2,11 +2,10 @@
 
 import os
 import shutil
-import time
 
 import pytest
 
-from tiny_models import slow_down
+from engine_hold import wait_until
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -27,7 +26,7 @@ def browser():
         b.close()
 
 
-def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch):
+def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch, hold):
     url, engine, _ = live_app
     page = browser.new_page(viewport={"width": 1400, "height": 1600})
     page.goto(url)
@@ -57,8 +56,8 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     assert page.locator("#lens tr").count() == engine.cfg.n_layers
     assert "embedding" in page.inner_text("#memory")
 
-    # A long run, stopped from the page. The tiny model is too fast to catch: slow each step.
-    slow_down(monkeypatch, engine, 0.05)
+    # A long run, stopped from the page. The tiny model is too fast to catch: hold it.
+    held = hold(engine)
     from ui import format as fmt
     live_frames = []  # the chart timer draws the running run's KV cache while it streams
     kv_frame = fmt.kv_frame
@@ -67,12 +66,8 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     page.fill("#max-new-tokens input[type=number]", "200")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
     page.click("#generate")
-    deadline = time.time() + 20
-    while engine.active_runs == 0 and time.time() < deadline:
-        time.sleep(0.02)
-    while not any(n > 0 and running for n, running in live_frames) and time.time() < deadline:
-        time.sleep(0.05)
-    assert any(n > 0 and running for n, running in live_frames), live_frames
+    held.step(3)  # the run has made 3 tokens and is held before the 4th
+    wait_until(lambda: any(n > 0 and running for n, running in live_frames), "a chart of the running run")
     page.click("#stop")
     page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped')", timeout=20000)
     assert engine.active_runs == 0
@@ -112,19 +107,15 @@ def test_compare_shows_the_divergence_marker(live_app, browser):
     page.close()
 
 
-def test_closing_the_tab_ends_the_run(live_app, browser, monkeypatch):
+def test_closing_the_tab_ends_the_run(live_app, browser, hold):
     url, engine, handlers = live_app
-    slow_down(monkeypatch, engine, 0.05)
+    held = hold(engine)
     page = browser.new_page()
     page.goto(url + "/?prompt=Once&max_new_tokens=200&temperature=1&seed=1")
     page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'", timeout=20000)
     page.click("#generate")
-    deadline = time.time() + 20
-    while engine.active_runs == 0 and time.time() < deadline:
-        time.sleep(0.02)
+    held.step(2)  # the run has made 2 tokens and is held before the 3rd
     assert engine.active_runs == 1
     page.close(run_before_unload=True)
-    deadline = time.time() + 4  # the run alone would take over 10 s
-    while engine.active_runs and time.time() < deadline:
-        time.sleep(0.05)
-    assert engine.active_runs == 0
+    wait_until(lambda: engine.active_runs == 0, "the run's end")
+    assert held.started == 3  # no token after the one being made when the tab closed
