@@ -20,6 +20,7 @@ class Hold:
     def __init__(self, monkeypatch, engine):
         self.allowed = 0
         self.started = 0  # passes that have begun (run or waiting)
+        self.ended = 0  # held runs that have ended
         self._cond = threading.Condition()
         self._run = threading.local()
         self._monkeypatch = monkeypatch
@@ -27,7 +28,13 @@ class Hold:
 
         def tracked(ids, params, top_n=10, cancel=None):
             self._run.cancel = cancel  # on the thread that runs the engine
-            yield from generate_ids(ids, params, top_n, cancel)
+            try:
+                yield from generate_ids(ids, params, top_n, cancel)
+            finally:
+                if cancel is not None:
+                    with self._cond:
+                        self.ended += 1
+                        self._cond.notify_all()
 
         def held(*args, **kwargs):
             cancel = getattr(self._run, "cancel", None)
@@ -52,10 +59,12 @@ class Hold:
 
     def step(self, n: int) -> None:
         """Let the run make n more tokens, and wait until it is held again."""
+        ended = self.ended
         self.allow(n)
         with self._cond:
-            assert _wait(self._cond, lambda: self.started > self.allowed), \
-                f"no run reached forward pass {self.allowed} (it has begun {self.started})"
+            assert _wait(self._cond, lambda: self.started > self.allowed or self.ended > ended), \
+                f"no run reached forward pass {self.allowed} within {TIMEOUT_S:.0f} s"
+            assert self.started > self.allowed, f"the run ended before forward pass {self.allowed}"
 
     def open(self) -> None:
         """Let every run go, now and later."""
