@@ -11,6 +11,7 @@ from typing import Iterator
 import gradio as gr
 
 from inference.errors import TokenLabError
+from inference.events import WaitEvent
 
 CHART_INTERVAL_S = 0.5  # the charts, larger to send and draw, at most twice a second
 
@@ -76,11 +77,12 @@ class EventPump:
             self._queue.put(self._END)
 
     def batches(self, interval_s: float) -> Iterator[list]:
-        """Lists of events, one list at most every interval_s (an empty one when nothing came:
-        a queued run's page still shows its wait growing); ends after the last event."""
+        """Lists of events, one list at most every interval_s; ends after the last event. While
+        the run is queued, an empty list each interval: its page shows the wait growing."""
+        waiting = False
         while True:
             try:
-                batch = [self._queue.get(timeout=interval_s)]
+                batch = [self._queue.get(timeout=interval_s if waiting else None)]
             except queue.Empty:
                 yield []
                 continue
@@ -92,6 +94,7 @@ class EventPump:
                     break
             done = batch[-1] is self._END
             events = [e for e in batch if e is not self._END]
+            waiting = bool(events) and isinstance(events[-1], WaitEvent)
             for e in events:
                 if isinstance(e, BaseException):
                     if isinstance(e, TokenLabError):
