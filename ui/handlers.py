@@ -11,14 +11,17 @@ from typing import Iterator
 import gradio as gr
 
 from inference.engine import Engine
-from inference.errors import TokenLabError
+from inference.errors import TokenLabError, shown
 from inference.events import DoneEvent
 from inference.settings import FILTER_SETTINGS
 from ui import render
-from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, sampling_params,
-                         share_url)
+from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop,
+                         sampling_params, share_url)
 from ui.run_state import RunRecord, divergence
 from ui.streaming import EventPump, RunRegistry, update_interval_for
+
+
+MAX_URL_CHARS = 2048  # the page's own address, sent by the browser for the share link
 
 
 def takes_controls(*extra: str):
@@ -208,7 +211,7 @@ class Handlers:
     def _prepare(self, c: Controls, seed: int, **override) -> RunRecord:
         """Validate the controls and tokenize the prompt: an empty record ready to run."""
         if c.mode not in MODES:
-            raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {c.mode!r}")
+            raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
         params = sampling_params(c, seed, **override)
         chat = c.mode == "chat"
         ids = self.engine.prompt_ids(c.prompt, chat, c.system)
@@ -268,7 +271,16 @@ class Handlers:
     @takes_controls("base")
     def share_link(self, c: Controls, base: str, request: gr.Request = None) -> str:
         """A link that restores these settings; `base` is the page's own address."""
-        return share_url(base or "", c, self.defaults)
+        try:  # text that no run could use makes no link (and is not copied into one)
+            self.engine.check_prompt_size(c.prompt, c.mode == "chat", c.system)
+            parse_stop(c.stop)
+            parse_seed(c.seed)
+            if c.mode not in MODES:
+                raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
+        except TokenLabError as e:
+            raise _page_error(e) from None
+        base = base if isinstance(base, str) and len(base) <= MAX_URL_CHARS else ""
+        return share_url(base, c, self.defaults)
 
 
 def _step_index(rec: RunRecord, step) -> int:
