@@ -128,3 +128,22 @@ def test_closing_the_tab_ends_the_run(live_app, browser, monkeypatch):
     while engine.active_runs and time.time() < deadline:
         time.sleep(0.05)
     assert engine.active_runs == 0
+
+
+def test_a_second_generate_says_a_run_is_going(live_app, browser, monkeypatch):
+    """Generate clicked again while this tab's run goes: the page says so (a toast); the run
+    it has goes on to its end."""
+    from tiny_models import Hold
+    from ui.public import RUN_GOING
+    url, engine, _ = live_app
+    hold = Hold(monkeypatch, engine)
+    page = browser.new_page()
+    page.goto(url + "/?prompt=Once&max_new_tokens=12&temperature=0&seed=1")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'", timeout=20000)
+    page.click("#generate")
+    hold.wait_entered()
+    page.click("#generate")
+    page.get_by_text(RUN_GOING).first.wait_for(timeout=20000)
+    hold.release()
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('max new tokens reached')", timeout=20000)
+    page.close()

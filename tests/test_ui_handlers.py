@@ -6,7 +6,7 @@ import gradio as gr
 import pytest
 
 from ui import render as fmt
-from tiny_models import slow_down
+from tiny_models import Hold, slow_down
 from ui.controls import Controls, controls_from_query, parse_stop, share_url
 from ui.handlers import Handlers
 
@@ -102,13 +102,16 @@ def test_select_step_and_token(handlers):
     assert "Step 4" in bars and slider["value"] == 4
 
 
-def test_stop_ends_the_sessions_run(handlers):
+def test_stop_ends_the_sessions_run(handlers, tiny_engine, monkeypatch):
+    hold = Hold(monkeypatch, tiny_engine)  # the run waits at its prefill: Stop finds it going
     c = Controls(prompt="The quick", max_new_tokens=200, temperature=1.0, seed="1")
     gen = handlers.generate(*c.values(), SimpleNamespace(session_hash="s2"))
     next(gen)
+    hold.wait_entered()
     handlers.stop(SimpleNamespace(session_hash="other"))  # another session's Stop does nothing
-    next(gen)
+    assert not handlers.registry._runs["s2"][0].is_set()
     handlers.stop(SimpleNamespace(session_hash="s2"))
+    hold.release()
     rest = list(gen)
     rec = rest[-1][-1]
     assert rec.done.reason == "cancelled" and len(rec.steps) < 200

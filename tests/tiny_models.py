@@ -115,3 +115,29 @@ def slow_down(monkeypatch, engine, seconds: float) -> None:
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(engine.model, "forward", slow)
+
+
+class Hold:
+    """Hold the engine's model at its next forward passes until released: a test catches a run
+    mid-way (registered, holding its KV cache) whatever the machine's speed. `entered` is set
+    once a forward pass waits; after release() every pass runs freely."""
+
+    def __init__(self, monkeypatch, engine, timeout_s: float = 60.0):
+        import threading
+        self.entered, self.released = threading.Event(), threading.Event()
+        forward = engine.model.forward
+
+        def held(*args, **kwargs):
+            if not self.released.is_set():
+                self.entered.set()
+                if not self.released.wait(timeout_s):  # a test that forgot: fail, not hang
+                    raise RuntimeError("Hold: never released")
+            return forward(*args, **kwargs)
+
+        monkeypatch.setattr(engine.model, "forward", held)
+
+    def wait_entered(self, timeout_s: float = 60.0) -> None:
+        assert self.entered.wait(timeout_s), "no forward pass reached the hold"
+
+    def release(self) -> None:
+        self.released.set()

@@ -178,9 +178,10 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         assert len(controls) == len(NAMES)
         live = gr.Timer(CHART_INTERVAL_S, active=False)
         # At the click: the prompt's view, or, if this tab has a run going (or its visitor their
-        # share), the refusal; only then is the run queued.
+        # share), the refusal; only then is the run queued. Through the queue, unlimited: an
+        # error of an unqueued event reaches the page as an HTTP 500.
         begun = generate.click(h.begin, inputs=controls, outputs=[prompt_view, tokens, kv_chart, latency, live],
-                               api_visibility="private", queue=False, show_progress="hidden")
+                               api_visibility="private", concurrency_limit=None, show_progress="hidden")
         run = begun.success(
             h.generate, inputs=controls, outputs=[output, topk, stats, kv_text, notice, record],
             api_name="generate", show_progress="hidden", concurrency_id=ENGINE)
@@ -203,7 +204,7 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         inspect_btn.click(h.inspect_step, inputs=[record, step, lens_layer], outputs=[stages_md, attention, lens],
                           api_visibility="private", concurrency_id=ENGINE)
         share_btn.click(h.share_link, inputs=controls + [page_url], outputs=share_link, js=PAGE_URL_JS,
-                        api_visibility="private", queue=False)
+                        api_visibility="private", concurrency_limit=None)  # its refusals: as begin's
         demo.load(h.restore, inputs=None, outputs=controls + [notice], api_visibility="private",
                   queue=False)
         demo.unload(h.closed)
