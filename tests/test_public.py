@@ -230,6 +230,10 @@ def test_sessions_per_client(shared_app):
     r = visit("s3", address)
     assert r.status_code == 429 and r.json()["detail"].startswith("You have 3 sessions open; the server allows 3")
     assert visit("t0", "192.0.2.45").status_code == 200
+    # A body naming two sessions (a decoy nested inside, to be counted instead) is refused.
+    r = httpx.post(shared_app.url + "/gradio_api/run/predict", timeout=30, headers={"X-Forwarded-For": address},
+                   json={"data": [], "fn_index": fn, "event_data": {"session_hash": "s0"}, "session_hash": "s9"})
+    assert r.status_code == 400
     h.closed(SimpleNamespace(session_hash="s1"))  # a tab closed: its session stops counting
     assert visit("s3", address).status_code == 200
 

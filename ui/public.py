@@ -169,7 +169,8 @@ SESSION_IDLE_S = 15 * 60  # a session no request has named for this long no long
 _SERVED = re.compile(
     r"/gradio_api/(queue/(join|data)|heartbeat/[^/]+|run/predict|startup-events|info|openapi\.json"
     r"|call/(v2/)?[^/]+(/[^/]+)?|cancel|reset|login_check|user|token|app_id|theme\.css)/?")
-_SESSION = re.compile(rb'"session_hash"\s*:\s*"([^"\\]{1,100})"')
+_SESSION_KEY = b'"session_hash"'
+_SESSION = re.compile(rb'"session_hash"\s*:\s*(?:"([^"\\]{1,100})"|null)')
 
 
 def served(path: str) -> bool:
@@ -262,12 +263,17 @@ class RouteGuard:
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
-        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        body = chunks[0] if len(chunks) == 1 else b"".join(chunks)  # the app takes this one copy
         del chunks
-        m = _SESSION.search(body)
-        if m is not None:
-            client = _scope_client(scope)
-            if not self.sessions.admit(client, m.group(1).decode("ascii", "replace")):
+        # The session the body names: its one "session_hash" key (inside JSON strings quotes are
+        # escaped, so the bare key appears only as a key; gradio's clients send it last).
+        at = body.rfind(_SESSION_KEY)
+        if at >= 0:
+            m = _SESSION.match(body, at)
+            if body.find(_SESSION_KEY, 0, at) >= 0 or m is None:
+                return await _reply(send, 400, "A request names one session, by a short string.")
+            session = m.group(1)
+            if session is not None and not self.sessions.admit(_scope_client(scope), session.decode("ascii", "replace")):
                 return await _reply(send, 429, sessions_message(self.sessions.cap, self.sessions.idle_s))
         sent = False
 
