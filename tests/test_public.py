@@ -16,7 +16,7 @@ import pytest
 from tiny_models import Hold
 from ui.controls import Controls
 from ui.handlers import Handlers
-from ui.public import RUN_GOING, Limits, Sessions, served
+from ui.public import RUN_GOING, UNREAD_REFUSALS, Limits, Sessions, served
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -210,6 +210,28 @@ def test_the_queue_refuses_a_second_job_and_a_clients_extra_runs(shared_app, mon
         hold.release()
         for c in (ann, ann2, bob):
             c.close()
+
+
+def test_refusals_nobody_reads_do_not_pile_up(shared_app, monkeypatch):
+    """A script that joins the queue again and again without reading its stream: its refusals
+    wait in memory only up to a bound, then come as HTTP 400s with the same message."""
+    hold = Hold(monkeypatch, shared_app.engine)
+    fn = next(i for i, f in shared_app.demo.fns.items() if f.api_name == "generate")
+    queue = shared_app.demo._queue
+    body = {"data": call(), "fn_index": fn, "session_hash": "unread", "event_data": None, "trigger_id": None}
+    try:
+        with httpx.Client(base_url=shared_app.url, headers={"X-Forwarded-For": "192.0.2.77"}, timeout=30) as http:
+            assert http.post("/gradio_api/queue/join", json=body).status_code == 200  # the run
+            hold.wait_entered()
+            codes = [http.post("/gradio_api/queue/join", json=body) for _ in range(20)]
+        statuses = [r.status_code for r in codes]
+        n = statuses.count(200)  # refusals sent as the jobs' errors, until 8 messages wait
+        assert 1 <= n <= UNREAD_REFUSALS and statuses == [200] * n + [400] * (20 - n), statuses
+        assert all(r.json()["detail"] == RUN_GOING for r in codes[n:])
+        assert queue.pending_messages_per_session["unread"].qsize() <= UNREAD_REFUSALS + 1
+    finally:
+        hold.release()
+        shared_app.handlers.stop(SimpleNamespace(session_hash="unread"))
 
 
 def test_sessions_per_client(shared_app):

@@ -127,12 +127,24 @@ class Admission:
             if fn is not None and fn.concurrency_id == ENGINE and body.session_hash:
                 who = SimpleNamespace(username=username, client=getattr(request, "client", None))
                 refusal = self.refusal(body.session_hash, client_key(who))
+            if refusal is not None and _unread(queue, body.session_hash) >= UNREAD_REFUSALS:
+                # A client that does not read its refusals gets them as HTTP 400s: each
+                # delivered as a job's error waits in memory until the client reads it.
+                return False, refusal, "error"
             ok, event_id, state = await push(body=body, request=request, username=username)
             if ok and refusal is not None:
                 _fail_at_once(queue, event_id, refusal)
             return ok, event_id, state
 
         queue.push = admitted_push
+
+
+UNREAD_REFUSALS = 8
+
+
+def _unread(queue, session: str) -> int:
+    messages = queue.pending_messages_per_session.get(session)
+    return messages.qsize() if messages is not None else 0
 
 
 def _fn_for(demo, body):
