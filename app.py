@@ -75,9 +75,6 @@ def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
     lim.add_argument("--sessions-per-client", type=count, default=None, metavar="N",
                      help="open sessions (tabs, API clients) per visitor; one idle for 15 minutes "
                           "stops counting (8)")
-    lim.add_argument("--concurrent-runs", type=count, default=None, metavar="N",
-                     help="engine jobs at once, all visitors (0 or unset: 4 on a GPU; on a CPU 2 "
-                          "with visitor limits, else 1)")
     args = p.parse_args(argv)
     args.logins = read_logins(args, p, environ)
     if args.auth is not None:
@@ -89,7 +86,7 @@ def limits_for(args):
     """The limits of a --share page by default, none otherwise; the flags set each one."""
     from ui.public import Limits
     values = dict(max_new_tokens=args.max_new_tokens_cap, runs_per_client=args.runs_per_client,
-                  sessions_per_client=args.sessions_per_client, concurrent_runs=args.concurrent_runs)
+                  sessions_per_client=args.sessions_per_client)
     return Limits.shared(**values) if args.share else Limits.local(**values)
 
 
@@ -99,7 +96,7 @@ def main(argv=None) -> int:
     from inference.errors import TokenLabError
 
     try:
-        engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
+        engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
     except TokenLabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,6 +1,6 @@
-"""Runs app.py with each forward pass of the model made TOKENLAB_TEST_STEP_S seconds longer (a
-sleep: it holds no core), so that a tiny model's runs last long enough to overlap as a real
-model's do. Usage: TOKENLAB_TEST_STEP_S=0.02 python slow_app.py APP_ARGS..."""
+"""Runs app.py with each forward pass of the model (the scheduler's one pass a step for all
+runs, and the direct ones) made TOKENLAB_TEST_STEP_S seconds longer (a sleep: it holds no
+core), so that a tiny model's runs last long enough to overlap as a real model's do. Usage: TOKENLAB_TEST_STEP_S=0.02 python slow_app.py APP_ARGS..."""
 
 import os
 import runpy
@@ -16,15 +16,17 @@ STEP_S = float(os.environ.get("TOKENLAB_TEST_STEP_S", "0"))
 _init = _engine.Engine.__init__
 
 
-def _slow_init(self, *args, **kwargs):
-    _init(self, *args, **kwargs)
-    forward = self.model.forward
-
+def _slowed(forward):
     def slow(*a, **k):
         time.sleep(STEP_S)
         return forward(*a, **k)
+    return slow
 
-    self.model.forward = slow
+
+def _slow_init(self, *args, **kwargs):
+    _init(self, *args, **kwargs)
+    for name in ("forward", "forward_paged"):  # direct passes, and the scheduler's batched one
+        setattr(self.model, name, _slowed(getattr(self.model, name)))
 
 
 _engine.Engine.__init__ = _slow_init

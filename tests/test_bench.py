@@ -17,14 +17,6 @@ def test_bench_reports_ratios_table_and_json(tmp_path):
     assert md == to_markdown(result) and "| token-lab |" in md
 
 
-def test_bench_compiled_decode(tmp_path):
-    assert main(["--random", "tiny", "--tokens", "8", "--repeats", "1", "--no-page", "--device", "cpu",
-                 "--compile", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "bench-tiny-compiled.json").read_text())
-    assert result["compiled"] and result["systems"]["token-lab"]["decode_tok_s"] > 0
-    assert "compiled decode step" in (tmp_path / "bench-tiny-compiled.md").read_text()
-
-
 def test_page_measurement_receives_every_token(monkeypatch):
     """The page measurement: the real app, a gradio_client in another process, and the engine
     alone in turn; every requested token arrives at the client."""
@@ -36,3 +28,15 @@ def test_page_measurement_receives_every_token(monkeypatch):
     assert page["tokens_received"] == [24, 24]
     assert page["tok_s"] > 0 and page["engine_tok_s"] > 0 and page["rounds"] == 2
     assert page["fraction"] == page["tok_s"] / page["engine_tok_s"]
+
+
+def test_users_bench_reports_each_system_and_ratios(tiny_dirs, tmp_path):
+    from bench import users
+    assert users.main(["--model", str(tiny_dirs["gqa_tied"]), "--device", "cpu", "--users", "1", "3",
+                       "--tokens", "6", "--no-page", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "users.json").read_text())
+    rows = result["systems"]["engine"]
+    assert set(rows) == {"1", "3"} and rows["3"]["users"] == 3
+    assert rows["3"]["tokens"] <= 3 * 6 and rows["3"]["aggregate_tok_s"] > 0
+    assert "engine: aggregate 3 users / 1 user" in result["ratios"]
+    assert (tmp_path / "users.md").read_text() == users.to_markdown(result)

@@ -43,7 +43,8 @@ def test_events_report_kv_bytes_and_first_step_extras(tiny_engine):
     assert all(s.prompt_tokens is None for s in steps[1:])
     for s in steps:
         assert s.kv_cache_bytes == (n_prompt + s.step) * per_token
-        assert s.kv_cache_capacity_bytes == (n_prompt + 6) * per_token
+        blocks = -(-(n_prompt + s.step) // 16)  # the paged cache holds 16-position blocks
+        assert s.kv_blocks == blocks and s.kv_cache_capacity_bytes == blocks * 16 * per_token
         assert 1 <= len(s.top) <= 6 and s.token_id in [c.id for c in s.top]
         assert sum(c.raw_prob for c in s.top) <= 1 + 1e-6
     assert done.text == "".join(s.text for s in steps) + done.tail

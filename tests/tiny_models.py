@@ -118,23 +118,26 @@ def slow_down(monkeypatch, engine, seconds: float) -> None:
 
 
 class Hold:
-    """Hold the engine's model at its next forward passes until released: a test catches a run
-    mid-way (registered, holding its KV cache) whatever the machine's speed. `entered` is set
-    once a forward pass waits; after release() every pass runs freely."""
+    """Hold the engine's model at its next forward passes (the scheduler's batched pass and the
+    direct ones of scoring and inspecting) until released: a test catches a run mid-way
+    (registered, holding KV blocks) whatever the machine's speed. `entered` is set once a
+    forward pass waits; after release() every pass runs freely."""
 
     def __init__(self, monkeypatch, engine, timeout_s: float = 60.0):
         import threading
         self.entered, self.released = threading.Event(), threading.Event()
-        forward = engine.model.forward
 
-        def held(*args, **kwargs):
-            if not self.released.is_set():
-                self.entered.set()
-                if not self.released.wait(timeout_s):  # a test that forgot: fail, not hang
-                    raise RuntimeError("Hold: never released")
-            return forward(*args, **kwargs)
+        def holding(forward):
+            def held(*args, **kwargs):
+                if not self.released.is_set():
+                    self.entered.set()
+                    if not self.released.wait(timeout_s):  # a test that forgot: fail, not hang
+                        raise RuntimeError("Hold: never released")
+                return forward(*args, **kwargs)
+            return held
 
-        monkeypatch.setattr(engine.model, "forward", held)
+        for name in ("forward", "forward_paged"):
+            monkeypatch.setattr(engine.model, name, holding(getattr(engine.model, name)))
 
     def wait_entered(self, timeout_s: float = 60.0) -> None:
         assert self.entered.wait(timeout_s), "no forward pass reached the hold"

@@ -217,23 +217,18 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
 QUEUE_POLL_S = 0.02
 
 
-def concurrency_for(engine: Engine, limits: Limits | None = None) -> int:
-    """Runs at once: on a CPU they share the same cores, so one at a time; a GPU takes a few. A
-    page whose visitors are limited (a shared one) takes two on a CPU, so that one visitor's
-    long run slows another's rather than holding it back until it ends."""
-    if limits is not None and limits.concurrent_runs is not None:
-        return limits.concurrent_runs
-    if engine.device.type == "cuda":
-        return 4
-    return 2 if limits is not None and limits.runs_per_client is not None else 1
+# Page events handled at once. A run's event mostly waits for its tokens: the engine's scheduler
+# batches every run into one forward pass per step and queues what the KV pool cannot hold, so
+# Gradio's queue must not serialize them. What one visitor may hold is ui/public.py's Admission.
+CONCURRENCY = 64
 
 
-def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16) -> None:
-    h = getattr(demo, "tokenlab_handlers", None)
-    limits = h.limits if h is not None else None
+def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16,
+                    concurrency: int = CONCURRENCY) -> None:
     # api_open=False: the queued events are reached only through the queue (where the
     # admission checks them), never through the direct REST routes that would skip it.
-    demo.queue(default_concurrency_limit=concurrency_for(engine, limits), max_size=queue_size, api_open=False)
+    demo.queue(default_concurrency_limit=concurrency, max_size=queue_size, api_open=False)
+    h = getattr(demo, "tokenlab_handlers", None)
     if h is not None:
         h.admission.attach(demo)
     # Gradio's queue loop wakes every 1 ms while it waits; each wake takes the GIL from the

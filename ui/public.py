@@ -53,14 +53,12 @@ class Limits:
     max_new_tokens: int | None = None  # a run's max new tokens, at most
     runs_per_client: int | None = None  # engine jobs queued or running per client
     sessions_per_client: int | None = None  # sessions a client holds (idle ones expire)
-    concurrent_runs: int | None = None  # engine jobs at once (None: one on a CPU, four on a GPU)
     session_capacity: int | None = None  # sessions the server keeps state for, all clients
 
     @classmethod
     def shared(cls, **overrides) -> "Limits":
         """The defaults of a --share page; overrides of None keep the default, 0 means no limit."""
-        base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, concurrent_runs=None,
-                   session_capacity=256)
+        base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, session_capacity=256)
         values = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **{k: (None if v == 0 else v) for k, v in values.items()})
 
