@@ -123,15 +123,19 @@ class Scheduler:
             with self._cv:
                 while not self._active and not self._waiting:
                     self._cv.wait()
-                self._drop_cancelled_waiting()
-                self._admit()
-                active = list(self._active)
-            for run in active:
-                if run.cancel.is_set():
-                    self._finish(run, "cancelled")
-            active = [r for r in active if not r.released.is_set()]
-            if active:
-                self._step(active)
+            self._iteration()  # its locals end with it: a finished run is not kept while idle
+
+    def _iteration(self) -> None:
+        with self._cv:
+            self._drop_cancelled_waiting()
+            self._admit()
+            active = list(self._active)
+        for run in active:
+            if run.cancel.is_set():
+                self._finish(run, "cancelled")
+        active = [r for r in active if not r.released.is_set()]
+        if active:
+            self._step(active)
 
     def _drop_cancelled_waiting(self) -> None:
         for run in [r for r in self._waiting if r.cancel.is_set()]:

@@ -4,7 +4,6 @@ job per session, runs and sessions per client, a cap on new tokens), said on the
 import os
 import socket
 import tempfile
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import SimpleNamespace
@@ -13,7 +12,7 @@ import gradio as gr
 import httpx
 import pytest
 
-from tiny_models import Hold
+from engine_hold import wait_until
 from ui.controls import Controls
 from ui.handlers import Handlers
 from ui.public import RUN_GOING, UNREAD_REFUSALS, Limits, Sessions, served
@@ -112,13 +111,13 @@ def test_an_oversized_body_is_refused_before_it_is_read(shared_app):
 # ------------------------------------------------------------------ one job per session
 
 
-def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_engine, monkeypatch):
+def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_engine, hold):
     h = Handlers(tiny_engine)
-    hold = Hold(monkeypatch, tiny_engine)
+    held = hold(tiny_engine)
     first = h.generate(*Controls(prompt="The quick", temperature=0.0, max_new_tokens=12).values(), req("tab"))
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(list, first)
-        hold.wait_entered()
+        held.step(1)  # the run has made a token and is held before the next
         c = Controls(prompt="Another", max_new_tokens=5)
         for attempt in (lambda: list(h.generate(*c.values(), req("tab"))),
                         lambda: h.begin(*c.values(), req("tab")),
@@ -127,33 +126,32 @@ def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_eng
                 attempt()
             assert e.value.message == RUN_GOING
         assert h.begin(*c.values(), req("other tab"))[0] == "Another"  # other sessions may
-        hold.release()
+        held.open()
         rec = done.result(timeout=60)[-1][-1]
     assert rec.done.reason == "length" and len(rec.steps) == 12  # the first ran to its end
     assert len(h.registry) == 0
     assert len(list(h.generate(*c.values(), req("tab")))[-1][-1].steps) == 5  # and then the next
 
 
-def test_generate_right_after_stop_waits_for_the_stopped_run(tiny_engine, monkeypatch):
+def test_generate_right_after_stop_waits_for_the_stopped_run(tiny_engine, hold):
     h = Handlers(tiny_engine)
-    hold = Hold(monkeypatch, tiny_engine)
+    held = hold(tiny_engine)
     gen = h.generate(*Controls(prompt="The quick", max_new_tokens=200).values(), req("tab"))
-    with ThreadPoolExecutor(2) as pool:
+    with ThreadPoolExecutor(1) as pool:
         done = pool.submit(list, gen)
-        hold.wait_entered()
-        h.stop(req("tab"))
-        pool.submit(lambda: (time.sleep(0.2), hold.release()))
+        held.step(1)
+        h.stop(req("tab"))  # the held run ends within its step
         assert h.begin(*Controls(prompt="Next").values(), req("tab"))[0] == "Next"  # not refused
         assert done.result(timeout=60)[-1][-1].done.reason == "cancelled"
 
 
-def test_runs_per_client(tiny_engine, monkeypatch):
+def test_runs_per_client(tiny_engine, hold):
     h = Handlers(tiny_engine, limits=Limits(runs_per_client=1))
-    hold = Hold(monkeypatch, tiny_engine)
+    held = hold(tiny_engine)
     c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=6)
     with ThreadPoolExecutor(2) as pool:
         a = pool.submit(lambda: list(h.generate(*c.values(), req("a1", host="203.0.113.1"))))
-        hold.wait_entered()
+        held.step(1)
         with pytest.raises(gr.Error, match="1 run going or waiting.*allows 1 at a time"):
             list(h.generate(*c.values(), req("a2", host="203.0.113.1")))  # same address, other tab
         with pytest.raises(gr.Error, match="allows 1 at a time"):
@@ -161,7 +159,7 @@ def test_runs_per_client(tiny_engine, monkeypatch):
         b = pool.submit(lambda: list(h.generate(*c.values(), req("b1", host="203.0.113.2"))))
         # With --auth a visitor is their login: the same address, another user, is another visitor.
         assert h.begin(*c.values(), req("u1", host="203.0.113.1", user="ann"))[0] == "The quick"
-        hold.release()
+        held.open()
         assert len(a.result(60)[-1][-1].steps) == len(b.result(60)[-1][-1].steps) == 6
 
 
@@ -186,16 +184,16 @@ def test_the_new_tokens_cap_is_on_the_page_and_enforced(tiny_engine):
 # ------------------------------------------------------------------ through the queue
 
 
-def test_the_queue_refuses_a_second_job_and_a_clients_extra_runs(shared_app, monkeypatch):
+def test_the_queue_refuses_a_second_job_and_a_clients_extra_runs(shared_app, hold):
     """Every client, scripts included, is checked when its job joins the queue; the refusal is
     the job's error, as a gr.Error would be."""
-    hold = Hold(monkeypatch, shared_app.engine)
+    held = hold(shared_app.engine)
     ann = gradio_client.Client(shared_app.url, verbose=False, headers={"X-Forwarded-For": "203.0.113.7"})
     ann2 = gradio_client.Client(shared_app.url, verbose=False, headers={"X-Forwarded-For": "203.0.113.7"})
     bob = gradio_client.Client(shared_app.url, verbose=False, headers={"X-Forwarded-For": "203.0.113.8"})
     try:
         first = ann.submit(*call(), api_name="/generate")
-        hold.wait_entered()
+        wait_until(lambda: held.started > 0, "the first run's first pass")
         with pytest.raises(Exception, match="You already have a run going"):
             ann.predict(*call(prompt="again"), api_name="/generate")  # the same session
         with pytest.raises(Exception, match="allows 1 at a time per visitor"):
@@ -203,26 +201,26 @@ def test_the_queue_refuses_a_second_job_and_a_clients_extra_runs(shared_app, mon
         with pytest.raises(Exception, match="greater than maximum value 40"):  # the slider's end
             bob.predict(*call(max_new_tokens=41), api_name="/generate")
         bobs = bob.submit(*call(prompt="Bob's"), api_name="/generate")  # another visitor may
-        hold.release()
+        held.open()
         assert len(first.result(timeout=60)[0]) == 20 and len(bobs.result(timeout=60)[0]) >= 1
         assert len(ann.predict(*call(max_new_tokens=3), api_name="/generate")[0]) == 3  # then again
     finally:
-        hold.release()
+        held.open()
         for c in (ann, ann2, bob):
             c.close()
 
 
-def test_refusals_nobody_reads_do_not_pile_up(shared_app, monkeypatch):
+def test_refusals_nobody_reads_do_not_pile_up(shared_app, hold):
     """A script that joins the queue again and again without reading its stream: its refusals
     wait in memory only up to a bound, then come as HTTP 400s with the same message."""
-    hold = Hold(monkeypatch, shared_app.engine)
+    held = hold(shared_app.engine)
     fn = next(i for i, f in shared_app.demo.fns.items() if f.api_name == "generate")
     queue = shared_app.demo._queue
     body = {"data": call(), "fn_index": fn, "session_hash": "unread", "event_data": None, "trigger_id": None}
     try:
         with httpx.Client(base_url=shared_app.url, headers={"X-Forwarded-For": "192.0.2.77"}, timeout=30) as http:
             assert http.post("/gradio_api/queue/join", json=body).status_code == 200  # the run
-            hold.wait_entered()
+            wait_until(lambda: held.started > 0, "the run's first pass")
             codes = [http.post("/gradio_api/queue/join", json=body) for _ in range(20)]
         statuses = [r.status_code for r in codes]
         # Refusals sent as the jobs' errors until 8 messages wait unread (the run's own count).
@@ -231,7 +229,7 @@ def test_refusals_nobody_reads_do_not_pile_up(shared_app, monkeypatch):
         assert all(r.json()["detail"] == RUN_GOING for r in codes[n:])
         assert queue.pending_messages_per_session["unread"].qsize() <= UNREAD_REFUSALS + 4
     finally:
-        hold.release()
+        held.open()
         shared_app.handlers.stop(SimpleNamespace(session_hash="unread"))
 
 
