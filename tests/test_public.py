@@ -72,7 +72,8 @@ def test_only_the_pages_own_routes_are_served():
                  "/gradio_api/stream/e1", "/gradio_api/stream/s/r/1/playlist.m3u8", "/gradio_api/vibe-code",
                  "/gradio_api/run-history/connect", "/gradio_api/runs", "/gradio_api/custom_component/a/b/c/d",
                  "/gradio_api/run/generate", "/gradio_api/api/generate", "/gradio_api/deep_link",
-                 "/gradio_api/mcp/sse", "/gradio_api/dev/reload", "/gradio_api/queue/join/../../upload"):
+                 "/gradio_api/mcp/sse", "/gradio_api/dev/reload", "/gradio_api/queue/join/../../upload",
+                 "/monitoring", "/monitoring/summary"):
         assert not served(path), path
 
 

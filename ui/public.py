@@ -185,8 +185,10 @@ _SESSION = re.compile(rb'"session_hash"\s*:\s*(?:"([^"\\]{1,100})"|null)')
 
 def served(path: str) -> bool:
     """Whether the page serves this path: its own routes, and gradio's page and assets outside
-    /gradio_api. Uploads, files, proxies, media streams, recordings, component servers and
-    run history are not served."""
+    /gradio_api. Uploads, files, proxies, media streams, recordings, component servers, run
+    history and the monitoring dashboard are not served."""
+    if path.startswith("/monitoring"):  # gradio's analytics dashboard: off, and closed
+        return False
     if not path.startswith("/gradio_api"):
         return True
     return _SERVED.fullmatch(path) is not None
