@@ -15,3 +15,12 @@ class InputError(TokenLabError):
 
 class ResourceError(TokenLabError):
     """The device ran out of memory during a run; the run ended, the engine keeps serving."""
+
+
+def shown(value, limit: int = 40) -> str:
+    """repr(value) for a message, cut to about `limit` characters: a value a visitor sent can be
+    megabytes long, and the message must stay one short line (only the head is converted)."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value):,} long)"
+    text = repr(value)
+    return text if len(text) <= 2 * limit else text[:limit] + "…"

@@ -122,3 +122,21 @@ def test_closing_the_tab_ends_the_run(live_app, browser, hold):
     page.close(run_before_unload=True)
     wait_until(lambda: engine.active_runs == 0, "the run's end")
     assert held.started == 3  # no token after the one being made when the tab closed
+
+
+def test_a_second_generate_says_a_run_is_going(live_app, browser, hold):
+    """Generate clicked again while this tab's run goes: the page says so (a toast), and the
+    run it has goes on to its end."""
+    from ui.public import RUN_GOING
+    url, engine, _ = live_app
+    held = hold(engine)
+    page = open_page(browser)
+    page.goto(url + "/?prompt=Once&max_new_tokens=12&temperature=0&seed=1")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'")
+    page.click("#generate")
+    held.step(2)  # the run has made 2 tokens and is held before the 3rd
+    page.click("#generate")
+    page.get_by_text(RUN_GOING).first.wait_for()
+    held.open()
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('max new tokens reached')")
+    page.close()

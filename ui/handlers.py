@@ -6,18 +6,42 @@ from __future__ import annotations
 import functools
 import inspect
 import secrets
+from contextlib import contextmanager
 from typing import Iterator
 
 import gradio as gr
 
 from inference.engine import Engine
-from inference.errors import TokenLabError
+from inference.errors import TokenLabError, shown
 from inference.settings import FILTER_SETTINGS
 from ui import render
-from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, sampling_params,
-                         share_url)
+from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop,
+                         sampling_params, share_url)
 from ui.run_state import RunRecord, divergence
+from ui.public import Admission, Limits, Refused, client_key, tokens_message
 from ui.streaming import EventPump, RunRegistry, update_interval_for
+
+
+MAX_URL_CHARS = 2048  # the page's own address, sent by the browser for the share link
+
+
+def named_args(*names: str):
+    """The method takes a value for each of `names` (the last ones as *values), then gradio's
+    request; the signature names them all, so that gradio passes the request (it finds it only
+    among named parameters)."""
+    def wrap(fn):
+        n = len(names)
+
+        def method(self, *args):
+            return fn(self, *args[:n], request=args[n] if len(args) > n else None)
+        functools.update_wrapper(method, fn)
+        del method.__wrapped__
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        method.__signature__ = inspect.Signature(
+            [inspect.Parameter(p, kind) for p in ("self", *names)]
+            + [inspect.Parameter("request", kind, default=None, annotation=gr.Request)])
+        return method
+    return wrap
 
 
 def takes_controls(*extra: str):
@@ -62,15 +86,40 @@ def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
 
+def _who(request: gr.Request | None) -> tuple[str, str]:
+    """(session, client) of a page event; client as ui.public.client_key names it."""
+    return _session(request), client_key(request)
+
+
 class Handlers:
     """The engine and the run registry, passed in; each method is one page event."""
 
     def __init__(self, engine: Engine, registry: RunRegistry | None = None, top_n: int = 10,
-                 update_interval_s: float | None = None):
+                 update_interval_s: float | None = None, limits: Limits | None = None):
+        """limits: what one visitor may cost (ui/public.py); none by default."""
         self.engine, self.registry, self.top_n = engine, registry or RunRegistry(), top_n
+        self.limits = limits or Limits()
+        self.admission = Admission(self.registry, self.limits)
         self.info = engine.describe()
+        cap = self.limits.max_new_tokens
         self.defaults = Controls.for_model(engine.generation_defaults)
+        if cap is not None and self.defaults.max_new_tokens > cap:
+            self.defaults.max_new_tokens = cap
         self.update_interval_s = update_interval_s or update_interval_for(engine)
+
+    @contextmanager
+    def _job(self, request: gr.Request | None):
+        """Hold the session's one engine job while the body runs; yields its cancel flag. A
+        session with a job going, or a client at its share, is refused with a page error."""
+        session, client = _who(request)
+        try:
+            cancel = self.registry.start(session, client, self.limits.runs_per_client)
+        except Refused as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        try:
+            yield cancel
+        finally:
+            self.registry.finish(session, cancel)
 
     # -------------------------------------------------------- a run (also the /generate API)
 
@@ -81,8 +130,10 @@ class Handlers:
             rec = self._prepare(c, _seed_or_random(c.seed))
         except TokenLabError as e:
             raise _page_error(e) from None
-        session = _session(request)
-        cancel = self.registry.start(session)
+        with self._job(request) as cancel:
+            yield from self._stream(rec, cancel)
+
+    def _stream(self, rec: RunRecord, cancel) -> Iterator[tuple]:
         notice = ""
         n, room = len(rec.prompt_ids), self.info.cfg.max_seq_len - len(rec.prompt_ids)
         if rec.params.max_new_tokens > room:
@@ -97,7 +148,6 @@ class Handlers:
                 yield self.outputs(rec, notice)  # the last one carries the complete text
         finally:
             stream.close()
-            self.registry.finish(session, cancel)
 
     def outputs(self, rec: RunRecord, notice: str = "") -> tuple:
         """Values for: output, bars, stats, KV formula, notice, run state.
@@ -123,7 +173,14 @@ class Handlers:
     @takes_controls()
     def begin(self, c: Controls, request: gr.Request = None) -> tuple:
         """At the click, before the run is queued: the prompt as fed and its tokens, empty
-        charts, and the chart timer on. Bad input shows nothing here; `generate` reports it."""
+        charts, and the chart timer on. Bad input shows nothing here; `generate` reports it.
+        A session with a job going, or a client at its share, is refused here, before the run
+        is queued (the page then does not queue it)."""
+        session, client = _who(request)
+        self.registry.settle(session)  # a run just stopped ends within a step
+        refusal = self.admission.refusal(session, client)
+        if refusal is not None:
+            raise gr.Error(refusal, print_exception=False)
         try:
             rec = self._prepare(c, 0)
         except TokenLabError:
@@ -166,20 +223,22 @@ class Handlers:
 
     # -------------------------------------------------------- inside one token
 
-    def inspect_step(self, rec: RunRecord | None, step, layer) -> tuple[str, str, str]:
+    def inspect_step(self, rec: RunRecord | None, step, layer, request: gr.Request = None) -> tuple[str, str, str]:
         """Stages with shapes and costs, attention heatmap and logit lens for the selected step."""
         if rec is None or not rec.steps:
             raise gr.Error("Generate first, then pick a step to look inside.", print_exception=False)
         i = _step_index(rec, step)
         layer = min(max(int(layer or 0), 0), self.info.cfg.n_layers - 1)
-        capture = self.engine.capture(rec.seen_before(i), layer)
+        with self._job(request):
+            capture = self.engine.capture(rec.seen_before(i), layer)
         tok = self.engine.tokenizer
         return (render.stages_markdown(self.info, len(rec.prompt_ids), i),
                 render.attention_html(capture, tok), render.lens_html(capture, tok))
 
     # -------------------------------------------------------- sampling experiments
 
-    def replay_step(self, rec: RunRecord | None, step, *values) -> tuple[str, str]:
+    @named_args("rec", "step", *FILTER_SETTINGS)
+    def replay_step(self, rec: RunRecord | None, step, *values, request: gr.Request = None) -> tuple[str, str]:
         """The step's sampling pipeline as it ran and under new settings (values: one per
         settings.FILTER_SETTINGS), on the step's logits recomputed by one forward pass (kept
         for the next replay of the same step)."""
@@ -192,7 +251,8 @@ class Handlers:
         except TokenLabError as e:
             raise _page_error(e) from None
         seen = rec.seen_before(i)
-        logits = rec.logits_at(i, self.engine.step_logits)
+        with self._job(request):  # one forward pass, unless this step's logits are kept
+            logits = rec.logits_at(i, self.engine.step_logits)
         ran, final_ran = self.engine.replay(logits, rec.params, seen, ev.token_id)
         again, final_again = self.engine.replay(logits, new, seen, ev.token_id)
         tok = self.engine.tokenizer
@@ -204,8 +264,11 @@ class Handlers:
     def _prepare(self, c: Controls, seed: int, **override) -> RunRecord:
         """Validate the controls and tokenize the prompt: an empty record ready to run."""
         if c.mode not in MODES:
-            raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {c.mode!r}")
+            raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
         params = sampling_params(c, seed, **override)
+        cap = self.limits.max_new_tokens
+        if cap is not None and params.max_new_tokens > cap:
+            raise TokenLabError(tokens_message(cap, params.max_new_tokens))
         chat = c.mode == "chat"
         ids = self.engine.prompt_ids(c.prompt, chat, c.system)
         return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params)
@@ -218,29 +281,27 @@ class Handlers:
     @takes_controls(*(f"{name}_b" for name in FILTER_SETTINGS))
     def compare(self, c: Controls, *b_values, request: gr.Request = None):
         """Run A (the page's settings) and B (the compare settings) with the same prompt and seed."""
-        session = _session(request)
-        cancel = self.registry.start(session)
         try:
             chosen = _seed_or_random(c.seed)
-            ra = self._collect(self._prepare(c, chosen), cancel)
-            rb = self._collect(self._prepare(c, chosen, **dict(zip(FILTER_SETTINGS, b_values))), cancel)
+            ra, rb = self._prepare(c, chosen), self._prepare(c, chosen, **dict(zip(FILTER_SETTINGS, b_values)))
+            with self._job(request) as cancel:
+                ra, rb = self._collect(ra, cancel), self._collect(rb, cancel)
         except TokenLabError as e:
             raise _page_error(e) from None
-        finally:
-            self.registry.finish(session, cancel)
         at = divergence(ra, rb)
         bars = (self._bars(ra.steps[at], f"A at step {at}") if at is not None and at < len(ra.steps) else "",
                 self._bars(rb.steps[at], f"B at step {at}") if at is not None and at < len(rb.steps) else "")
         return (render.highlighted_with_marker(ra, at), render.highlighted_with_marker(rb, at),
                 render.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both.", *bars)
 
-    def likelihood(self, rec: RunRecord | None, step, text: str) -> str:
+    def likelihood(self, rec: RunRecord | None, step, text: str, request: gr.Request = None) -> str:
         """How likely was this text? Teacher-forced at the selected step's position."""
         if rec is None or not rec.steps:
             raise gr.Error("Generate first, then pick the position to score from.", print_exception=False)
         i = _step_index(rec, step)
         try:
-            scores = self.engine.score(rec.seen_before(i), text or "")
+            with self._job(request):
+                scores = self.engine.score(rec.seen_before(i), text or "")
         except TokenLabError as e:
             raise _page_error(e) from None
         return f"After the prompt and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)
@@ -250,18 +311,36 @@ class Handlers:
     def stop(self, request: gr.Request | None = None) -> None:
         self.registry.stop(_session(request))
 
+    def closed(self, request: gr.Request | None = None) -> None:
+        """The tab was closed: its run ends, and its session no longer counts to its client."""
+        self.stop(request)
+        self.admission.sessions.forget(_session(request))
+
     # -------------------------------------------------------- sharing
 
     def restore(self, request: gr.Request | None = None) -> tuple:
         """Controls from the page URL's query parameters; bad values are named in the notice."""
         query = dict(getattr(request, "query_params", {}) or {})
-        c, problems = controls_from_query(query, Controls.for_model(self.engine.generation_defaults))
+        c, problems = controls_from_query(query, Controls(**vars(self.defaults)))
+        cap = self.limits.max_new_tokens
+        if cap is not None and c.max_new_tokens > cap:
+            problems.append(f"Max new tokens lowered from {c.max_new_tokens} to {cap}: {tokens_message(cap)}")
+            c.max_new_tokens = cap
         return (*c.values(), "\n".join(problems))
 
     @takes_controls("base")
     def share_link(self, c: Controls, base: str, request: gr.Request = None) -> str:
         """A link that restores these settings; `base` is the page's own address."""
-        return share_url(base or "", c, self.defaults)
+        try:  # text that no run could use makes no link (and is not copied into one)
+            self.engine.check_prompt_size(c.prompt, c.mode == "chat", c.system)
+            parse_stop(c.stop)
+            parse_seed(c.seed)
+            if c.mode not in MODES:
+                raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
+        except TokenLabError as e:
+            raise _page_error(e) from None
+        base = base if isinstance(base, str) and len(base) <= MAX_URL_CHARS else ""
+        return share_url(base, c, self.defaults)
 
 
 def _step_index(rec: RunRecord, step) -> int:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from inference.engine import Engine
 from inference.settings import BY_NAME, FILTER_SETTINGS, Setting
 from ui import render as fmt
 from ui.controls import NAMES, Controls
 from ui.handlers import Handlers
+from ui.public import ENGINE, Limits, RouteGuard, tokens_message
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
 
@@ -28,23 +30,44 @@ SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); re
 PAGE_URL_JS = "(...a) => { a[a.length - 1] = window.location.origin + window.location.pathname; return a; }"
 
 
-def setting_control(s: Setting, value, engine: Engine, label_prefix: str = "", elem_prefix: str = ""):
-    """The page's control for one sampling setting: a number box for top-k, a slider otherwise."""
+def setting_control(s: Setting, value, engine: Engine, label_prefix: str = "", elem_prefix: str = "",
+                    limits: Limits | None = None):
+    """The page's control for one sampling setting: a number box for top-k, a slider otherwise.
+    A server cap on max new tokens is the slider's end, and its help says so."""
     elem_id = elem_prefix + s.name.replace("_", "-")
     label = label_prefix + s.label
+    info = None if label_prefix else s.help
     if s.name == "top_k":
         return gr.Number(value, label=f"{label} (0 = off)", precision=0, minimum=0,
-                         maximum=engine.cfg.vocab_size, info=None if label_prefix else s.help, elem_id=elem_id)
+                         maximum=engine.cfg.vocab_size, info=info, elem_id=elem_id)
     lo = s.step if s.min_open else s.minimum
     hi = s.maximum if s.maximum is not None else min(2048, engine.cfg.max_seq_len - 1)
-    return gr.Slider(lo, hi, value=value, step=s.step, label=label,
-                     info=None if label_prefix else s.help, elem_id=elem_id)
+    cap = limits.max_new_tokens if limits is not None and s.name == "max_new_tokens" else None
+    if cap is not None:
+        hi, value = min(hi, cap), min(value, cap)
+        info = f"{info}; {tokens_message(cap)[:-1].lower()}" if info else tokens_message(cap)
+    return gr.Slider(lo, hi, value=value, step=s.step, label=label, info=info, elem_id=elem_id)
+
+
+def limits_markdown(limits: Limits) -> str:
+    """The shared page's limits, said once above the controls."""
+    parts = []
+    if limits.runs_per_client is not None:
+        parts.append(f"{limits.runs_per_client} run{'s' if limits.runs_per_client != 1 else ''} "
+                     "at a time per visitor (one per tab)")
+    if limits.max_new_tokens is not None:
+        parts.append(f"at most {limits.max_new_tokens} new tokens a run")
+    if limits.sessions_per_client is not None:
+        parts.append(f"{limits.sessions_per_client} open tabs per visitor")
+    return ("**Shared page:** " + "; ".join(parts) + ".") if parts else ""
 
 
 def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
     h = handlers or Handlers(engine)
     d = h.defaults
-    with gr.Blocks(title="Token Lab") as demo:
+    # Gradio's temporary files (the page makes none; uploads are refused) are deleted hourly
+    # and when the server stops.
+    with gr.Blocks(title="Token Lab", delete_cache=(3600, 3600)) as demo:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
@@ -61,9 +84,11 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                 with gr.Row():
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
                     stop_btn = gr.Button("Stop", variant="stop", elem_id="stop")
+                if h.limits.any:
+                    gr.Markdown(limits_markdown(h.limits), elem_id="limits")
                 gr.Examples(EXAMPLES, inputs=[prompt, mode], label="Examples")
             with gr.Column(scale=2):
-                sampling = {name: setting_control(BY_NAME[name], getattr(d, name), engine)
+                sampling = {name: setting_control(BY_NAME[name], getattr(d, name), engine, limits=h.limits)
                             for name in BY_NAME}
                 seed = gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed")
                 stop = gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
@@ -152,11 +177,14 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         controls = [prompt, mode, system, *sampling.values(), seed, stop]
         assert len(controls) == len(NAMES)
         live = gr.Timer(CHART_INTERVAL_S, active=False)
-        generate.click(h.begin, inputs=controls, outputs=[prompt_view, tokens, kv_chart, latency, live],
-                       api_visibility="private", queue=False, show_progress="hidden")
-        run = generate.click(
+        # At the click: the prompt's view, or, if this tab has a run going (or its visitor their
+        # share), the refusal; only then is the run queued. Through the queue, unlimited: an
+        # error of an unqueued event reaches the page as an HTTP 500.
+        begun = generate.click(h.begin, inputs=controls, outputs=[prompt_view, tokens, kv_chart, latency, live],
+                               api_visibility="private", concurrency_limit=None, show_progress="hidden")
+        run = begun.success(
             h.generate, inputs=controls, outputs=[output, topk, stats, kv_text, notice, record],
-            api_name="generate", show_progress="hidden", concurrency_id="engine")
+            api_name="generate", show_progress="hidden", concurrency_id=ENGINE)
         live.tick(h.live_charts, inputs=record, outputs=[kv_chart, latency], api_visibility="private",
                   queue=False, show_progress="hidden")
         stop_btn.click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
@@ -167,21 +195,22 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         run.then(h.after_run, inputs=record, outputs=[live, kv_chart, latency, step, run_chart, rank_chart], api_visibility="private",
                  queue=False)
         replay_btn.click(h.replay_step, inputs=[record, step, *replay_inputs],
-                         outputs=[replay_md, replay_bars], api_visibility="private", queue=False)
+                         outputs=[replay_md, replay_bars], api_visibility="private", concurrency_id=ENGINE)
         compare_btn.click(h.compare, inputs=controls + b_inputs,
                           outputs=[out_a, out_b, compare_md, bars_a, bars_b], api_name="compare",
-                          concurrency_id="engine")
+                          concurrency_id=ENGINE)
         x_btn.click(h.likelihood, inputs=[record, step, x_text], outputs=x_md, api_visibility="private",
-                    concurrency_id="engine")
+                    concurrency_id=ENGINE)
         inspect_btn.click(h.inspect_step, inputs=[record, step, lens_layer], outputs=[stages_md, attention, lens],
-                          api_visibility="private", concurrency_id="engine")
+                          api_visibility="private", concurrency_id=ENGINE)
         share_btn.click(h.share_link, inputs=controls + [page_url], outputs=share_link, js=PAGE_URL_JS,
-                        api_visibility="private", queue=False)
+                        api_visibility="private", concurrency_limit=None)  # its refusals: as begin's
         demo.load(h.restore, inputs=None, outputs=controls + [notice], api_visibility="private",
                   queue=False)
-        demo.unload(h.stop)
+        demo.unload(h.closed)
         # A display switch only: every number is rendered both ways and CSS shows one.
         show_logp.change(None, inputs=show_logp, outputs=None, js=SHOW_LOGP_JS)
+    demo.tokenlab_handlers = h  # launch wires the queue's admission to them
     return demo
 
 
@@ -190,13 +219,18 @@ QUEUE_POLL_S = 0.02
 
 # Page events handled at once. A run's event mostly waits for its tokens: the engine's scheduler
 # batches every run into one forward pass per step and queues what the KV pool cannot hold, so
-# Gradio's queue must not serialize them.
+# Gradio's queue must not serialize them. What one visitor may hold is ui/public.py's Admission.
 CONCURRENCY = 64
 
 
 def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16,
                     concurrency: int = CONCURRENCY) -> None:
-    demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
+    # api_open=False: the queued events are reached only through the queue (where the
+    # admission checks them), never through the direct REST routes that would skip it.
+    demo.queue(default_concurrency_limit=concurrency, max_size=queue_size, api_open=False)
+    h = getattr(demo, "tokenlab_handlers", None)
+    if h is not None:
+        h.admission.attach(demo)
     # Gradio's queue loop wakes every 1 ms while it waits; each wake takes the GIL from the
     # engine's thread, costing decode speed on a small CPU. 20 ms is still instant to a person.
     if hasattr(demo._queue, "sleep_when_free"):
@@ -209,9 +243,17 @@ def launch(demo: gr.Blocks, engine: Engine, *, host: str = "127.0.0.1", port: in
     """Serve the page; with block, print where and wait until interrupted. Returns gradio's
     (app, local URL, share URL)."""
     configure_queue(demo, engine, queue_size)
+    h = getattr(demo, "tokenlab_handlers", None)
+    limits = h.limits if h is not None else Limits()
+    sessions = h.admission.sessions if h is not None else None
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
-                         css=fmt.BARS_CSS + fmt.INSPECT_CSS + fmt.PROB_CSS, footer_links=["api"], quiet=True)
+                         css=fmt.BARS_CSS + fmt.INSPECT_CSS + fmt.PROB_CSS, footer_links=["api"], quiet=True,
+                         # The page's own routes only, small bodies, each visitor's sessions
+                         # counted (ui/public.py); no uploads, no run history kept.
+                         app_kwargs={"middleware": [Middleware(RouteGuard, sessions=sessions)]},
+                         max_file_size=1, run_history=False,
+                         state_session_capacity=limits.session_capacity or 10000)
     if block:
         _, local_url, share_url = served
         print(f"Token Lab is running on {local_url}"
