@@ -137,3 +137,22 @@ def test_events_write_null_for_what_is_not_known():
     d = remote_step(step=1, prefill_ms=None, prompt_tokens=None).to_json()
     assert d["entropy"] is None and d["kv_cache_bytes"] is None and d["top"][0]["prob"] is None
     assert "prefill_ms" not in d  # as for the local engine: step 0 only
+
+
+def test_the_page_in_front_of_a_server_says_what_it_cannot_show():
+    """The layout with a RemoteEngine (no request is made to build it): notes in place of the
+    controls that need the model's insides, the server's load beside the KV-cache formula."""
+    from inference.remote import RemoteEngine
+    from inference.server_http import ServerHTTP
+    from ui.layout import build_ui, concurrency_for
+
+    engine = RemoteEngine(ServerHTTP("http://127.0.0.1:9/v1"), "M", 2048, "raw", "given", cfg=SMOL)
+    engine.info = info()
+    blocks = build_ui(engine).blocks.values()
+    ids = {getattr(b, "elem_id", None) for b in blocks}
+    assert {"inside-note", "replay-note", "charts-note", "server-load", "kv-formula"} <= ids
+    assert not ids & {"replay", "inspect", "inspect-layer", "attention", "lens"}
+    texts = " ".join(str(getattr(b, "value", "")) for b in blocks)
+    assert "not available when the page is in front of a server" in texts
+    assert "46,080 bytes per token" in texts and "served by vLLM" in texts
+    assert concurrency_for(engine) > 1
