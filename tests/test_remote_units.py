@@ -91,10 +91,10 @@ def remote_step(**kw) -> StepEvent:
 
 
 def test_bars_say_what_the_server_does_not_give():
-    html = render.bars_html(remote_step(), source="From the server's log-probabilities")
+    html = render.bars_html(remote_step(), approx="From the server's log-probabilities")
     assert "final (sampled from) (not given by the server)" in html
     assert "raw model probability</span>" in html and "0.7725" in html
-    assert "p = –" in html and "rank not known" in html and "From the server" in html
+    assert "p = <span class='tl-p'>–</span>" in html and "rank not known" in html and "From the server" in html
     assert "0.0000" not in html  # an unknown number is a dash, not a zero
 
 
@@ -110,7 +110,8 @@ def test_charts_and_summaries_leave_out_what_is_not_known():
     s = run_summary(rec)
     assert s["mean_p"] == pytest.approx(0.7725) and math.isnan(s["mean_entropy"])
     assert "| – |" in render.compare_summary(rec, rec, None)
-    assert render.highlighted_output(rec)[0] == (" Paris", "0.5 ≤ p < 0.9")
+    from inference.remote import RemoteTokenizer
+    assert render.highlighted_output(rec, RemoteTokenizer(None, "M"))[0] == (" Paris", "0.5 ≤ p < 0.9")
 
 
 def info(cfg=SMOL, kv_bytes=4) -> RemoteInfo:
@@ -122,8 +123,9 @@ def test_remote_card_formula_and_stats():
     assert "context 2,048 tokens (the server's)" in render_remote.model_card(info())
     assert "--engine-config" in render_remote.model_card(info(cfg=None))
     text = render_remote.kv_formula(info(), 13)
-    assert "2 × 30 × 3 × 64 × 4" in text and "46,080 bytes per token" in text and "by the formula" in text
-    assert "11,520 × b bytes per token" in render_remote.kv_formula(info(kv_bytes=None))
+    assert "2 × 30 × 3 × 64 × 4" in text and "46,080 bytes per position" in text
+    assert "13 positions this run holds" in text and "by the formula" in text
+    assert "11,520 × b bytes per position" in render_remote.kv_formula(info(kv_bytes=None))
     assert "--engine-config" in render_remote.kv_formula(info(cfg=None))
     assert render_remote.kv_bytes_per_token(info()) == 46080
     rec = RunRecord(prompt_ids=[1] * 5, steps=[remote_step(), remote_step(step=1, ms=100.0)], seed=3)
@@ -144,7 +146,7 @@ def test_the_page_in_front_of_a_server_says_what_it_cannot_show():
     controls that need the model's insides, the server's load beside the KV-cache formula."""
     from inference.remote import RemoteEngine
     from inference.server_http import ServerHTTP
-    from ui.layout import build_ui, concurrency_for
+    from ui.layout import build_ui
 
     engine = RemoteEngine(ServerHTTP("http://127.0.0.1:9/v1"), "M", 2048, "raw", "given", cfg=SMOL)
     engine.info = info()
@@ -154,5 +156,4 @@ def test_the_page_in_front_of_a_server_says_what_it_cannot_show():
     assert not ids & {"replay", "inspect", "inspect-layer", "attention", "lens"}
     texts = " ".join(str(getattr(b, "value", "")) for b in blocks)
     assert "not available when the page is in front of a server" in texts
-    assert "46,080 bytes per token" in texts and "served by vLLM" in texts
-    assert concurrency_for(engine) > 1
+    assert "46,080 bytes per position" in texts and "served by vLLM" in texts
