@@ -20,9 +20,9 @@ import gradio as gr
 import pytest
 
 URL = os.environ.get("TOKENLAB_VLLM_URL", "").rstrip("/")
-pytestmark = pytest.mark.skipif(
-    not URL, reason="no vLLM server: set TOKENLAB_VLLM_URL=http://127.0.0.1:PORT/v1 "
-                    "(bash scripts/test_vllm.sh starts one and runs these tests)")
+if not URL:
+    pytest.skip("no vLLM server: set TOKENLAB_VLLM_URL=http://127.0.0.1:PORT/v1 "
+                "(bash scripts/test_vllm.sh starts one and runs these tests)", allow_module_level=True)
 
 from inference.cli import main  # noqa: E402
 from inference.errors import ContextTooLong, ModelNotServed, ServerRefused  # noqa: E402
