@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from inference.cli import add_model_args
+from inference.cli import add_engine_args, add_model_args
 
 AUTH_ENV = "TOKENLAB_AUTH"
 
@@ -56,6 +56,7 @@ def count(text: str) -> int:
 def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Token Lab: watch a language model predict, token by token")
     add_model_args(p)
+    add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free)")
     p.add_argument("--share", action="store_true", help="create a PUBLIC Gradio share link (with the "
@@ -92,19 +93,24 @@ def limits_for(args):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from inference.engine import Engine
-    from inference.errors import TokenLabError
+    from inference.cli import open_engine
+    from inference.errors import InputError, TokenLabError
 
     try:
-        engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+        engine = open_engine(args)
     except TokenLabError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return 2 if isinstance(e, InputError) else 1
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch, limits_markdown
 
-    print(f"Loaded {engine.name}: {engine.cfg.n_layers} layers, {engine.dtype} on {engine.device}",
-          file=sys.stderr)
+    if getattr(engine, "is_remote", False):
+        info = engine.describe()
+        print(f"Using {info.name} served at {info.url} (context {info.max_seq_len}, "
+              f"{info.logprobs} log-probabilities)", file=sys.stderr)
+    else:
+        print(f"Loaded {engine.name}: {engine.cfg.n_layers} layers, {engine.dtype} on {engine.device}",
+              file=sys.stderr)
     if args.auth is not None:
         print(f"note: a password given with --auth shows in the process list; ${AUTH_ENV} or "
               "--auth-file keep it out", file=sys.stderr)

@@ -12,9 +12,9 @@ from typing import Iterator
 import gradio as gr
 
 from inference.engine import Engine
-from inference.errors import TokenLabError, shown
+from inference.errors import ServerError, TokenLabError, shown
 from inference.settings import FILTER_SETTINGS
-from ui import render
+from ui import render, render_remote
 from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop,
                          sampling_params, share_url)
 from ui.run_state import RunRecord, divergence
@@ -91,8 +91,14 @@ def _who(request: gr.Request | None) -> tuple[str, str]:
     return _session(request), client_key(request)
 
 
+def is_remote(engine) -> bool:
+    """A RemoteEngine: the page in front of a model server (inference/remote.py)."""
+    return getattr(engine, "is_remote", False)
+
+
 class Handlers:
-    """The engine and the run registry, passed in; each method is one page event."""
+    """The engine and the run registry, passed in; each method is one page event. The engine is
+    a local Engine or a RemoteEngine (same methods); `view` formats what depends on which."""
 
     def __init__(self, engine: Engine, registry: RunRegistry | None = None, top_n: int = 10,
                  update_interval_s: float | None = None, limits: Limits | None = None):
@@ -102,6 +108,12 @@ class Handlers:
         self.admission = Admission(self.registry, self.limits)
         self.info = engine.describe()
         cap = self.limits.max_new_tokens
+        self.remote = is_remote(engine)
+        self.view = render_remote if self.remote else render
+        self.context = self.info.max_seq_len if self.remote else self.info.cfg.max_seq_len
+        # The line under each step's bars: where the numbers come from, or how approximate they are.
+        self.bars_note = (render_remote.bars_source(self.info, top_n) if self.remote
+                          else render.approx_note(self.info))
         self.defaults = Controls.for_model(engine.generation_defaults)
         if cap is not None and self.defaults.max_new_tokens > cap:
             self.defaults.max_new_tokens = cap
@@ -135,10 +147,10 @@ class Handlers:
 
     def _stream(self, rec: RunRecord, cancel) -> Iterator[tuple]:
         notice = ""
-        n, room = len(rec.prompt_ids), self.info.cfg.max_seq_len - len(rec.prompt_ids)
+        n, room = len(rec.prompt_ids), self.context - len(rec.prompt_ids)
         if rec.params.max_new_tokens > room:
             notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
-                      f"uses {n} of the {self.info.cfg.max_seq_len}-token context window.")
+                      f"uses {n} of the {self.context}-token context window.")
         stream = EventPump(self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel), cancel)
         try:
             yield self.outputs(rec, notice)
@@ -161,14 +173,23 @@ class Handlers:
         return (
             render.highlighted_output(rec, self.engine.tokenizer),
             self._bars(last),
-            render.stats_markdown(self.info, rec),
-            render.kv_formula(self.info, last.kv_cache_bytes if last else None) + render.pool_markdown(last),
+            self.view.stats_markdown(self.info, rec),
+            self._kv_text(rec),
             "\n\n".join(t for t in (render.wait_markdown(rec), notice) if t),
             rec,
         )
 
     def _bars(self, step, title: str = "") -> str:
-        return render.bars_html(step, title, render.approx_note(self.info))
+        return render.bars_html(step, title, self.bars_note)
+
+    def _kv_text(self, rec: RunRecord) -> str:
+        """The KV-cache formula with this run's positions held (the prompt and every token but
+        the newest): measured by the local engine, counted in front of a server, whose own
+        numbers are the whole server's (server_load)."""
+        last = rec.steps[-1] if rec.steps else None
+        if self.remote:
+            return render_remote.kv_formula(self.info, len(rec.prompt_ids) + len(rec.steps) - 1 if last else None)
+        return render.kv_formula(self.info, last.kv_cache_bytes if last else None) + render.pool_markdown(last)
 
     @takes_controls()
     def begin(self, c: Controls, request: gr.Request = None) -> tuple:
@@ -183,11 +204,13 @@ class Handlers:
             raise gr.Error(refusal, print_exception=False)
         try:
             rec = self._prepare(c, 0)
-        except TokenLabError:
+            tokens = render.prompt_tokens_html(self.engine.tokenizer, rec.prompt_ids)
+        except TokenLabError:  # a server that does not answer: generate says so
             rec = RunRecord()
+            tokens = render.prompt_tokens_html(self.engine.tokenizer, [])
         empty = RunRecord()
-        return (rec.prompt_text, render.prompt_tokens_html(self.engine.tokenizer, rec.prompt_ids),
-                render.kv_frame(empty), render.latency_frame(empty), gr.Timer(active=True))
+        return (rec.prompt_text, tokens, render.kv_frame(empty), render.latency_frame(empty),
+                gr.Timer(active=True))
 
     def live_charts(self, rec: RunRecord | None) -> tuple:
         """The KV-cache and latency charts of the running run (a timer tick while it streams)."""
@@ -228,9 +251,12 @@ class Handlers:
         if rec is None or not rec.steps:
             raise gr.Error("Generate first, then pick a step to look inside.", print_exception=False)
         i = _step_index(rec, step)
-        layer = min(max(int(layer or 0), 0), self.info.cfg.n_layers - 1)
+        layer = min(max(int(layer or 0), 0), self.info.cfg.n_layers - 1) if self.info.cfg else 0
         with self._job(request):
-            capture = self.engine.capture(rec.seen_before(i), layer)
+            try:
+                capture = self.engine.capture(rec.seen_before(i), layer)
+            except TokenLabError as e:  # in front of a server: no activations to capture
+                raise _page_error(e) from None
         tok = self.engine.tokenizer
         return (render.stages_markdown(self.info, len(rec.prompt_ids), i),
                 render.attention_html(capture, tok), render.lens_html(capture, tok))
@@ -252,7 +278,10 @@ class Handlers:
             raise _page_error(e) from None
         seen = rec.seen_before(i)
         with self._job(request):  # one forward pass, unless this step's logits are kept
-            logits = rec.logits_at(i, self.engine.step_logits)
+            try:
+                logits = rec.logits_at(i, self.engine.step_logits)
+            except TokenLabError as e:  # in front of a server: no whole logit vector
+                raise _page_error(e) from None
         ran, final_ran = self.engine.replay(logits, rec.params, seen, ev.token_id)
         again, final_again = self.engine.replay(logits, new, seen, ev.token_id)
         tok = self.engine.tokenizer
@@ -271,7 +300,8 @@ class Handlers:
             raise TokenLabError(tokens_message(cap, params.max_new_tokens))
         chat = c.mode == "chat"
         ids = self.engine.prompt_ids(c.prompt, chat, c.system)
-        return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params)
+        return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params,
+                         kv_bytes_per_token=render_remote.kv_bytes_per_token(self.info) if self.remote else None)
 
     def _collect(self, rec: RunRecord, cancel) -> RunRecord:
         for ev in self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
@@ -305,6 +335,18 @@ class Handlers:
         except TokenLabError as e:
             raise _page_error(e) from None
         return f"After the prompt and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)
+
+    # -------------------------------------------------------- the server's own load
+
+    def server_load(self) -> str:
+        """The whole server's KV-cache use and queue (its /metrics), in front of a server: at
+        load, twice a second while a run streams, and after it."""
+        if not self.remote:
+            return ""
+        try:
+            return render_remote.server_load_markdown(self.engine.server_load())
+        except ServerError as e:
+            return render_remote.server_load_markdown(error=str(e))
 
     # -------------------------------------------------------- stop, closed tabs
 

@@ -8,8 +8,9 @@ from starlette.middleware import Middleware
 from inference.engine import Engine
 from inference.settings import BY_NAME, FILTER_SETTINGS, Setting
 from ui import render as fmt
+from ui import render_remote
 from ui.controls import NAMES, Controls
-from ui.handlers import Handlers
+from ui.handlers import Handlers, is_remote
 from ui.public import ENGINE, Limits, RouteGuard, tokens_message
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
@@ -37,11 +38,12 @@ def setting_control(s: Setting, value, engine: Engine, label_prefix: str = "", e
     elem_id = elem_prefix + s.name.replace("_", "-")
     label = label_prefix + s.label
     info = None if label_prefix else s.help
-    if s.name == "top_k":
+    if s.name == "top_k":  # a served model's vocabulary is known only from its config
         return gr.Number(value, label=f"{label} (0 = off)", precision=0, minimum=0,
-                         maximum=engine.cfg.vocab_size, info=info, elem_id=elem_id)
+                         maximum=engine.cfg.vocab_size if engine.cfg else None, info=info, elem_id=elem_id)
     lo = s.step if s.min_open else s.minimum
-    hi = s.maximum if s.maximum is not None else min(2048, engine.cfg.max_seq_len - 1)
+    context = engine.max_seq_len if is_remote(engine) else engine.cfg.max_seq_len
+    hi = s.maximum if s.maximum is not None else min(2048, context - 1)
     cap = limits.max_new_tokens if limits is not None and s.name == "max_new_tokens" else None
     if cap is not None:
         hi, value = min(hi, cap), min(value, cap)
@@ -65,13 +67,14 @@ def limits_markdown(limits: Limits) -> str:
 def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
     h = handlers or Handlers(engine)
     d = h.defaults
+    remote = h.remote  # in front of a model server: what needs the model's insides says so
     # Gradio's temporary files (the page makes none; uploads are refused) are deleted hourly
     # and when the server stops.
     with gr.Blocks(title="Token Lab", delete_cache=(3600, 3600)) as demo:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
-        gr.Markdown(fmt.model_card(h.info), elem_id="model-card")
+        gr.Markdown(h.view.model_card(h.info), elem_id="model-card")
         with gr.Row():
             with gr.Column(scale=3):
                 prompt = gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt")
@@ -103,8 +106,8 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
             with gr.Column(scale=3):
                 prompt_view = gr.Textbox(label="Prompt as fed to the model", lines=2, interactive=False,
                                          elem_id="prompt-view")
-                gr.Markdown("Colour = the probability each token was sampled with; click a token to "
-                            "inspect its step.", elem_id="output-caption")
+                gr.Markdown(OUTPUT_CAPTION_RAW if remote and h.info.logprobs == "raw" else OUTPUT_CAPTION,
+                            elem_id="output-caption")
                 output = gr.HighlightedText(label="Generated text",
                                             color_map=fmt.COLOR_MAP, show_legend=True,
                                             show_inline_category=False, combine_adjacent=False,
@@ -119,13 +122,16 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
             with gr.Column():
                 kv_chart = gr.LinePlot(fmt.kv_frame(RunRecord()), x="step", y="MiB", color="series",
                                        title="KV-cache memory per step", elem_id="kv-chart")
-                kv_text = gr.Markdown(fmt.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula")
+                kv_text = gr.Markdown(h.view.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula")
+                server_md = gr.Markdown("", elem_id="server-load", visible=remote)
             with gr.Column():
                 latency = gr.LinePlot(fmt.latency_frame(RunRecord()), x="step", y="ms",
                                       title="Decode latency per token", elem_id="latency-chart")
                 stats = gr.Markdown("No run yet.", label="Run statistics", elem_id="stats")
         with gr.Accordion("Sampling experiments: the pipeline of a step, replay, compare A/B, "
                           "how likely was X?", open=False):
+            if remote:
+                gr.Markdown(render_remote.CHARTS_NOTE, elem_id="charts-note")
             with gr.Row():
                 run_chart = gr.LinePlot(fmt.run_chart_frames(RunRecord())[0], x="step", y="value",
                                         color="metric", title="Per step: chosen-token probability and raw entropy",
@@ -133,15 +139,18 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                 rank_chart = gr.LinePlot(fmt.run_chart_frames(RunRecord())[1], x="step", y="rank",
                                          title="Rank of the chosen token in the raw distribution",
                                          elem_id="rank-chart")
-            gr.Markdown("**Replay the selected step** under other settings: recomputed from the step's "
-                        "stored logits, no model call.")
-            with gr.Row():
-                replay_inputs = [setting_control(BY_NAME[n], getattr(d, n), engine, "Replay ", "replay-")
-                                 for n in FILTER_SETTINGS]
-            replay_btn = gr.Button("Replay the selected step", elem_id="replay")
-            with gr.Row():
-                replay_md = gr.Markdown("", elem_id="replay-stages")
-                replay_bars = gr.HTML("", elem_id="replay-bars")
+            if remote:
+                gr.Markdown(render_remote.REPLAY_NOTE, elem_id="replay-note")
+            else:
+                gr.Markdown("**Replay the selected step** under other settings: recomputed from the step's "
+                            "stored logits, no model call.")
+                with gr.Row():
+                    replay_inputs = [setting_control(BY_NAME[n], getattr(d, n), engine, "Replay ", "replay-")
+                                     for n in FILTER_SETTINGS]
+                replay_btn = gr.Button("Replay the selected step", elem_id="replay")
+                with gr.Row():
+                    replay_md = gr.Markdown("", elem_id="replay-stages")
+                    replay_bars = gr.HTML("", elem_id="replay-bars")
             gr.Markdown("**Compare A/B**: A uses the settings above, B these; same prompt, same seed.")
             with gr.Row():
                 b_inputs = [setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), engine, "B ", "b-")
@@ -163,15 +172,18 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                 x_btn = gr.Button("Score it", elem_id="likely")
             x_md = gr.Markdown("", elem_id="likely-table")
         with gr.Accordion("Inside one token: the path through the model at the selected step", open=False):
-            with gr.Row():
-                lens_layer = gr.Slider(0, engine.cfg.n_layers - 1, value=engine.cfg.n_layers - 1, step=1,
-                                       label="Attention layer", elem_id="inspect-layer")
-                inspect_btn = gr.Button("Look inside the selected step", elem_id="inspect")
-            stages_md = gr.Markdown("", elem_id="stages")
-            with gr.Row():
-                attention = gr.HTML("", elem_id="attention")
-                lens = gr.HTML("", elem_id="lens")
-            gr.Markdown(fmt.memory_markdown(h.info), elem_id="memory")
+            if remote:
+                gr.Markdown(render_remote.INSIDE_NOTE, elem_id="inside-note")
+            else:
+                with gr.Row():
+                    lens_layer = gr.Slider(0, engine.cfg.n_layers - 1, value=engine.cfg.n_layers - 1, step=1,
+                                           label="Attention layer", elem_id="inspect-layer")
+                    inspect_btn = gr.Button("Look inside the selected step", elem_id="inspect")
+                stages_md = gr.Markdown("", elem_id="stages")
+                with gr.Row():
+                    attention = gr.HTML("", elem_id="attention")
+                    lens = gr.HTML("", elem_id="lens")
+            gr.Markdown(h.view.memory_markdown(h.info), elem_id="memory")
         record = gr.State(None)
 
         controls = [prompt, mode, system, *sampling.values(), seed, stop]
@@ -194,15 +206,20 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                       queue=False)
         run.then(h.after_run, inputs=record, outputs=[live, kv_chart, latency, step, run_chart, rank_chart], api_visibility="private",
                  queue=False)
-        replay_btn.click(h.replay_step, inputs=[record, step, *replay_inputs],
-                         outputs=[replay_md, replay_bars], api_visibility="private", concurrency_id=ENGINE)
+        if not remote:
+            replay_btn.click(h.replay_step, inputs=[record, step, *replay_inputs],
+                             outputs=[replay_md, replay_bars], api_visibility="private", concurrency_id=ENGINE)
+            inspect_btn.click(h.inspect_step, inputs=[record, step, lens_layer], outputs=[stages_md, attention, lens],
+                              api_visibility="private", concurrency_id=ENGINE)
+        else:  # the whole server's load: at load, while a run streams (the chart timer), after it
+            for event in (demo.load, live.tick, run.then):
+                event(h.server_load, inputs=None, outputs=server_md, api_visibility="private",
+                      queue=False, show_progress="hidden")
         compare_btn.click(h.compare, inputs=controls + b_inputs,
                           outputs=[out_a, out_b, compare_md, bars_a, bars_b], api_name="compare",
                           concurrency_id=ENGINE)
         x_btn.click(h.likelihood, inputs=[record, step, x_text], outputs=x_md, api_visibility="private",
                     concurrency_id=ENGINE)
-        inspect_btn.click(h.inspect_step, inputs=[record, step, lens_layer], outputs=[stages_md, attention, lens],
-                          api_visibility="private", concurrency_id=ENGINE)
         share_btn.click(h.share_link, inputs=controls + [page_url], outputs=share_link, js=PAGE_URL_JS,
                         api_visibility="private", concurrency_limit=None)  # its refusals: as begin's
         demo.load(h.restore, inputs=None, outputs=controls + [notice], api_visibility="private",
@@ -215,6 +232,10 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
 
 
 QUEUE_POLL_S = 0.02
+OUTPUT_CAPTION = "Colour = the probability each token was sampled with; click a token to inspect its step."
+OUTPUT_CAPTION_RAW = ("Colour = the probability each token was sampled with where the server's numbers "
+                      "give it (greedy, or temperature 1 with no filter), else the model's own "
+                      "probability; click a token to inspect its step.")
 
 
 # Page events handled at once. A run's event mostly waits for its tokens: the engine's scheduler
