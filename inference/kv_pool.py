@@ -72,22 +72,27 @@ class KVPool:
 
 
 class BlockTable:
-    """One run's blocks, in position order."""
+    """One run's blocks, in position order, and the pool slot of each of its positions."""
 
-    def __init__(self, pool: KVPool):
+    def __init__(self, pool: KVPool, capacity: int, device: torch.device):
         self.pool = pool
         self.blocks: list[int] = []
         self.length = 0  # positions written
+        # slot_of[p]: where position p lives; filled a block at a time as blocks are taken, so a
+        # step reads its slots as a slice instead of computing them.
+        self._slot_of = torch.empty(blocks_for(capacity) * BLOCK_SIZE, dtype=torch.long, device=device)
+        self._offsets = torch.arange(BLOCK_SIZE, device=device)
 
     def grow_to(self, positions: int) -> None:
         while len(self.blocks) * BLOCK_SIZE < positions:
-            self.blocks.append(self.pool.take())
+            block = self.pool.take()
+            start = len(self.blocks) * BLOCK_SIZE
+            self._slot_of[start:start + BLOCK_SIZE] = self._offsets + block * BLOCK_SIZE
+            self.blocks.append(block)
 
-    def slots(self, start: int, end: int, device) -> torch.Tensor:
-        """Pool slots of positions start..end-1, (end - start,) int64."""
-        pos = torch.arange(start, end)
-        blocks = torch.tensor(self.blocks, dtype=torch.long)[pos // BLOCK_SIZE]
-        return (blocks * BLOCK_SIZE + pos % BLOCK_SIZE).to(device)
+    def slots(self, start: int, end: int) -> torch.Tensor:
+        """Pool slots of positions start..end-1, (end - start,) int64 (a view)."""
+        return self._slot_of[start:end]
 
     def release(self) -> None:
         if self.blocks:

@@ -163,7 +163,7 @@ class Scheduler:
     def _start(self, run: Run) -> None:
         dev = self.model.device
         run.admitted = run.last_step_end = time.perf_counter()
-        run.table = BlockTable(self.pool)
+        run.table = BlockTable(self.pool, run.n_prompt + run.max_new, dev)
         run.generator = torch.Generator(device=dev)
         run.generator.manual_seed(run.seed)
         run.seen = torch.zeros(self.model.cfg.vocab_size, dtype=torch.bool, device=dev)
@@ -189,11 +189,11 @@ class Scheduler:
             run.table.grow_to(start + len(new))
             tokens += new
             positions += range(start, start + len(new))
-            slots.append(run.table.slots(start, start + len(new), dev))
+            slots.append(run.table.slots(start, start + len(new)))
             if run.prefilled == run.n_prompt:
                 decode.append((row, run, start + 1))
             else:
-                prefills.append((row, len(new), run.table.slots(0, start + len(new), dev), start))
+                prefills.append((row, len(new), run.table.slots(0, start + len(new)), start))
                 run.prefilled += len(new)
             run.table.length = start + len(new)
             if run.prefilled == run.n_prompt:  # this row's logits give the run's next token
@@ -209,7 +209,7 @@ class Scheduler:
             ctx = torch.zeros(len(decode), longest, dtype=torch.long, device=dev)  # (B, L), padded with slot 0
             mask = torch.zeros(len(decode), 1, 1, longest, dtype=torch.bool, device=dev)  # (B, 1, 1, L)
             for b, (_, run, n) in enumerate(decode):
-                ctx[b, :n] = run.table.slots(0, n, dev)
+                ctx[b, :n] = run.table.slots(0, n)
                 mask[b, ..., :n] = True
             batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
             batch.decode_slots, batch.decode_mask = ctx, mask

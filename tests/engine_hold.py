@@ -12,8 +12,8 @@ TIMEOUT_S = 60.0  # only a broken test waits this long
 
 
 class Hold:
-    """Holds the engine's scheduler before each forward pass that includes a stoppable run
-    (one given a cancel flag, as every page run is). Pass n (counted from 0 over all such
+    """Holds the engine's scheduler before each forward pass that makes a token for a stoppable
+    run (one given a cancel flag, as every page run is). Pass n (counted from 0 over all such
     passes) starts once the test has allowed more than n passes, or as soon as one of its runs
     is cancelled: a held run that is stopped or disconnected then ends within one step. Passes
     of runs without a cancel flag only are not held."""
@@ -39,8 +39,13 @@ class Hold:
                         self.ended += 1
                         self._cond.notify_all()
 
+        chunk = engine.scheduler.prefill_chunk
+
+        def makes_a_token(run) -> bool:  # a pass that only feeds a long prompt's first chunks is not held
+            return run.n_prompt - run.prefilled <= chunk
+
         def held(active):
-            cancels = [r.cancel for r in active if id(r.cancel) in self._held]
+            cancels = [r.cancel for r in active if id(r.cancel) in self._held and makes_a_token(r)]
             if cancels:
                 with self._cond:
                     n = self.started
