@@ -3,6 +3,7 @@
 import threading
 
 import pytest
+from engine_hold import wait_until
 import torch
 
 from inference.engine import Request
@@ -109,17 +110,20 @@ def test_empty_prompt_is_rejected(tiny_engine, prompt):
         tiny_engine.generate(Request(prompt, SamplingParams()))
 
 
-def test_cancel_ends_within_one_step_and_frees_the_cache(tiny_engine):
+def test_cancel_ends_within_one_step_and_frees_the_cache(tiny_engine, hold, monkeypatch):
+    monkeypatch.setattr(tiny_engine, "eos_ids", set())  # still going at token 3
+    held = hold(tiny_engine)
     cancel = threading.Event()
     gen = tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=50, seed=1)), cancel)
-    seen = []
-    for ev in gen:
-        seen.append(ev)
-        if len(seen) == 3:
-            assert tiny_engine.active_runs == 1
-            cancel.set()
+    held.allow(3)
+    seen = [next(gen) for _ in range(3)]
+    wait_until(lambda: held.started > 3, "the 4th pass to be held")
+    assert tiny_engine.active_runs == 1
+    cancel.set()  # the pass in progress (the 4th token) ends, then the run
+    seen += list(gen)
     assert isinstance(seen[-1], DoneEvent) and seen[-1].reason == "cancelled"
-    assert len(seen) == 4 and tiny_engine.active_runs == 0
+    assert len(seen) == 4 + 1 and tiny_engine.active_runs == 0
+    assert tiny_engine.scheduler.stats().blocks_used == 0
 
 
 def test_closing_the_generator_frees_the_cache(tiny_engine):
