@@ -35,7 +35,7 @@ class PagedBatch:
     write_slots: torch.Tensor  # (N,) pool slot where each row's keys and values go
     decode_rows: torch.Tensor | None  # (B,) rows that are one run's single new token
     decode_slots: torch.Tensor | None  # (B, L) slots of those runs' contexts, padded
-    decode_mask: torch.Tensor | None  # (B, 1, 1, L) True where a slot is the run's
+    decode_mask: torch.Tensor | None  # (B, 1, 1, L) True where a slot is the run's; None: all are
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first row, rows, context slots, start position)
     logit_rows: torch.Tensor  # (R,) rows whose next-token logits are wanted
 

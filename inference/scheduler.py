@@ -212,7 +212,8 @@ class Scheduler:
                 ctx[b, :n] = run.table.slots(0, n)
                 mask[b, ..., :n] = True
             batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
-            batch.decode_slots, batch.decode_mask = ctx, mask
+            # One run sees every slot gathered: no mask, and SDPA takes its fastest kernel.
+            batch.decode_slots, batch.decode_mask = ctx, (mask if len(decode) > 1 else None)
         try:
             with torch.inference_mode():
                 logits = self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k, self.pool.v)
