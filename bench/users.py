@@ -48,6 +48,18 @@ def summarize(runs: list[dict], wall_s: float) -> dict:
             "ttft_s_max": max(r["ttft_s"] for r in runs), "tokens": sum(r["tokens"] for r in runs)}
 
 
+def at_once(n: int, user, runs: list[dict], start: threading.Barrier) -> dict:
+    """Run user(i) for i < n on threads that pass `start` together; summarize their runs."""
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return summarize(runs, time.perf_counter() - t0)
+
+
 # ---------------------------------------------------------------- the engine
 
 def engine_users(engine: Engine, n: int, tokens: int, top_n: int = 10) -> dict:
@@ -68,14 +80,7 @@ def engine_users(engine: Engine, n: int, tokens: int, top_n: int = 10) -> dict:
                 count += 1
         runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first}
 
-    threads = [threading.Thread(target=user, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return summarize(runs, time.perf_counter() - t0)
+    return at_once(n, user, runs, start)
 
 
 # ---------------------------------------------------------------- the page
@@ -155,14 +160,7 @@ def vllm_users(url: str, model: str | None, n: int, tokens: int) -> dict:
                 count += got
         runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first}
 
-    threads = [threading.Thread(target=user, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return summarize(runs, time.perf_counter() - t0)
+    return at_once(n, user, runs, start)
 
 
 # ---------------------------------------------------------------- report
