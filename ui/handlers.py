@@ -164,6 +164,20 @@ class Handlers:
             stream.close()
             self.registry.finish(session, cancel)
 
+    @takes_controls(after=("history",))
+    def generate_on_page(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[tuple]:
+        """`generate` for the page's own buttons. Input that `begin` refused (and said so in the
+        status line) is not raised again, since gradio would mark every output "Error": it is
+        repeated in a toast and every panel is kept. Scripts call /generate, which raises."""
+        try:
+            parse_seed(c.seed)
+            self._prepare(c, 0, history)
+        except TokenLabError as e:
+            gr.Warning(f"Not started: {e}")
+            yield (gr.skip(),) * RUN_OUTPUTS
+            return
+        yield from self.generate(*c.values(), request, history)
+
     def outputs(self, rec: RunRecord, notice: str = "") -> tuple:
         """Values for: output, bars, stats, KV formula, notice, status, step slider, the tokens
         (for API clients, complete in the last update), run state.
@@ -177,7 +191,7 @@ class Handlers:
         last = rec.steps[-1] if rec.steps else None
         tok = self.engine.tokenizer
         return (
-            render.output_html(rec, tok),
+            render.output_html(rec, tok, empty=f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…"),
             self._bars(last),
             render.stats_markdown(self.info, rec),
             render.kv_formula(self.info, last.kv_cache_bytes if last else None),
@@ -476,6 +490,7 @@ AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop", "kv_chart", "latency"
                  "rank_chart", *(f"replay_{n}" for n in FILTER_SETTINGS), "tokens", "download_run",
                  "download_settings", "run_seed", "history", "conversation", "prompt", "status")
 KEEP_FILES = 200
+RUN_OUTPUTS = 9  # len(Handlers.outputs(...))
 
 
 def _turn_if_answered(rec: RunRecord) -> list[dict]:

@@ -57,6 +57,9 @@ element.addEventListener('mouseover', (e) => {
 });
 """
 
+# Marks the page as ready once the link's settings are restored (tests wait for it).
+READY_JS = "() => { document.body.dataset.tlReady = '1'; return []; }"
+
 COPY_TEXT_JS = """() => {
   const el = document.querySelector('#output .tl-out');
   const text = el ? (el.dataset.text || '') : '';
@@ -273,19 +276,23 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                  "status": status}
         after_outputs = [after[n] for n in AFTER_OUTPUTS]
 
-        def chain_run(started, api_name=None):
+        def chain_run(started):
             """begin (at once) -> generate (queued) -> after_run, from an event or a trigger."""
             b = started(h.begin, inputs=controls + [history], outputs=begin_outputs, queue=False,
                         show_progress="hidden", api_visibility="private")
-            kw = {"api_name": api_name} if api_name else {"api_visibility": "private"}
-            r = b.then(h.generate, inputs=controls + [history], outputs=run_outputs, show_progress="hidden",
-                       concurrency_id="engine", **kw)
+            r = b.then(h.generate_on_page, inputs=controls + [history], outputs=run_outputs,
+                       show_progress="hidden", concurrency_id="engine", api_visibility="private")
             r.then(h.after_run, inputs=[record, history], outputs=after_outputs, queue=False,
                    show_progress="hidden", api_visibility="private")
 
-        chain_run(generate.click, "generate")
+        chain_run(generate.click)
         chain_run(regen_btn.click(h.pop_last_turn, inputs=history, outputs=[history, prompt, mode, conversation],
                                   api_visibility="private", show_progress="hidden").success)
+        # /generate for scripts: the same run, refusing bad input with an error (gradio_client
+        # raises it). No button of the page triggers it.
+        api_generate = gr.Button(visible=False)
+        api_generate.click(h.generate, inputs=controls, outputs=run_outputs, api_name="generate",
+                           show_progress="hidden", concurrency_id="engine")
         mode.change(lambda m: gr.update(visible=m == "chat"), inputs=mode, outputs=chat_buttons, queue=False,
                     api_visibility="private", show_progress="hidden")
         new_chat.click(h.new_conversation, inputs=None, outputs=[history, conversation, regen_btn], queue=False,
@@ -322,7 +329,7 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         share_btn.click(h.share_link, inputs=controls + [page_url, run_seed], outputs=share_link,
                         js=share_js(d), api_visibility="private", queue=False)
         demo.load(h.restore, inputs=None, outputs=controls + [notice, more], api_visibility="private",
-                  queue=False)
+                  queue=False).then(None, js=READY_JS)
         demo.unload(h.closed)
         # A display switch only: every number is rendered both ways and CSS shows one.
         show_logp.change(None, inputs=show_logp, outputs=None, js=SHOW_LOGP_JS)
