@@ -254,8 +254,9 @@ class Handlers:
         return (*idle, render.kv_frame(rec), render.latency_frame(rec), step, *render.run_chart_frames(rec),
                 *replay_values,
                 render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids, [s.token_id for s in rec.steps]),
-                self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
-                self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec)),
+                gr.update(value=self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)), interactive=True),
+                gr.update(value=self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec)),
+                          interactive=True),
                 "" if rec.seed is None else str(rec.seed),
                 new_history, render.conversation_html(new_history),
                 "" if turn else gr.skip(),  # a chat turn was sent: the box is ready for the next

@@ -38,6 +38,20 @@ element.addEventListener('click', pick);
 element.addEventListener('keydown', (e) => {
   if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); pick(e); }
 });
+// The popover is placed in the window (position: fixed), so that the output's scroll box
+// does not clip it: below the token, or above it near the window's bottom.
+const place = (e) => {
+  const t = e.target.closest('.tl-t');
+  const pop = t && t.querySelector(':scope > .tl-pop');
+  if (!pop) return;
+  const r = t.getBoundingClientRect();
+  pop.style.position = 'fixed';
+  const w = pop.offsetWidth, h = pop.offsetHeight;
+  pop.style.left = Math.max(4, Math.min(r.left, window.innerWidth - w - 4)) + 'px';
+  pop.style.top = (r.bottom + h + 8 > window.innerHeight ? Math.max(4, r.top - h - 4) : r.bottom + 4) + 'px';
+};
+element.addEventListener('mouseover', place);
+element.addEventListener('focusin', place);
 """
 
 # The full attention pattern: hovering a cell highlights its query row's and key column's tokens
@@ -140,11 +154,10 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                                     info="chat wraps the prompt in the model's chat template; "
                                          "follow-ups continue the conversation", elem_id="mode")
                     system = gr.Textbox(
-                        d.system, label="System prompt (chat mode)", lines=1, elem_id="system",
-                        placeholder=(f"empty = the model's default: {h.default_system}" if h.default_system
-                                     else "empty = no system message"),
-                        info=("this model's template adds the default shown when the box is empty"
-                              if h.default_system else None))
+                        d.system, label="System prompt (chat mode)", lines=2, elem_id="system",
+                        placeholder=h.default_system or "none",
+                        info=("empty = the model's default, shown here: its chat template adds it"
+                              if h.default_system else "empty = no system message"))
                 conversation = gr.HTML("", elem_id="conversation")
                 with gr.Row():
                     generate = gr.Button("Generate", variant="primary", elem_id="generate")
@@ -249,9 +262,9 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                 inspect_btn = gr.Button("Look inside the selected step", elem_id="inspect", min_width=200)
             stages_md = gr.Markdown("", elem_id="stages")
             with gr.Tabs():
-                with gr.Tab("The new token's attention", elem_id="tab-attention"):
+                with gr.Tab("Attention", elem_id="tab-attention"):
                     attention = gr.HTML("", elem_id="attention")
-                with gr.Tab("Full attention pattern", elem_id="tab-pattern"):
+                with gr.Tab("Full pattern", elem_id="tab-pattern"):
                     pattern = gr.HTML("", elem_id="pattern", js_on_load=PATTERN_JS)
                 with gr.Tab("Logit lens", elem_id="tab-lens"):
                     lens = gr.HTML("", elem_id="lens")

@@ -216,8 +216,8 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
             f"(raw {prob_html(step.raw_prob)})</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
             + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
-            "<span class='tl-bar'>raw model probability</span><span class='tl-num'></span>"
-            "<span class='tl-bar'>final (sampled from)</span><span class='tl-num'></span></div>")
+            "<span class='tl-h2'>raw model probability</span>"
+            "<span class='tl-h2'>final (sampled from)</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
@@ -353,14 +353,14 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
     if rec.started_at is None:  # clicked, not yet taken by the engine
         waited = now - rec.queued_at if rec.queued_at is not None else 0.0
         running, before = ahead or (0, 0)
-        return (f"⏳ Waiting for the engine · {running} run{'s' * (running != 1)} in progress, "
+        return (f"Waiting for the engine · {running} run{'s' * (running != 1)} in progress, "
                 f"{before} waiting before yours · {waited:.1f} s so far")
     if not rec.steps and rec.done is None:
-        return f"⏳ Prefill of {n:,} prompt tokens… {now - rec.started_at:.1f} s so far (the first token comes after it)"
+        return f"Prefill of {n:,} prompt tokens… {now - rec.started_at:.1f} s so far (the first token comes after it)"
     g = len(rec.steps)
     ctx = context_text(n, g, None, context)
     if rec.done is None:
-        return f"▶ Generating: {g:,} of at most {rec.max_steps:,} tokens · {ctx}"
+        return f"Generating: {g:,} of at most {rec.max_steps:,} tokens · {ctx}"
     return f"Run ended: {REASONS.get(rec.done.reason, rec.done.reason)} · {g:,} tokens · {ctx}"
 
 
@@ -430,7 +430,8 @@ def pattern_html(pattern, context_ids: list[int], tokenizer, layer: int, head: i
     return (f"<div class='tl-pattern'><div class='tl-title'>Layer {layer}, head {head}: every query position "
             f"(rows) over the positions it may see (columns); shade ∝ √weight, each row sums to 1.{note}</div>"
             f"<div class='tl-pat-info'>Hover a cell: which token looks at which.</div>"
-            f"<div class='tl-pat-scroll'><table><tr><th></th>{cols}</tr>{''.join(rows)}</table></div></div>")
+            f"<div class='tl-pat-scroll'><table class='{'tl-big' if len(labels) <= 40 else ''}'><tr><th></th>{cols}</tr>"
+            f"{''.join(rows)}</table></div></div>")
 
 
 def lens_html(capture, tokenizer) -> str:
@@ -467,6 +468,7 @@ INSPECT_CSS = """
 .tl-pattern .tl-pat-scroll { max-height: 560px; max-width: 100%; overflow: auto; }
 .tl-pattern table { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 10px; }
 .tl-pattern td { width: 9px; min-width: 9px; height: 9px; padding: 0; border: 1px solid rgba(128,128,128,.08); }
+.tl-pattern table.tl-big td { width: 15px; min-width: 15px; height: 15px; }
 .tl-pattern td.tl-future { background: rgba(128,128,128,.06); }
 .tl-pattern th { font-weight: 400; white-space: nowrap; padding: 0 3px; }
 .tl-pattern th.tl-k { vertical-align: bottom; height: 70px; }
@@ -482,7 +484,8 @@ INSPECT_CSS = """
 # popovers, and tables that scroll sideways instead of breaking words.
 LAYOUT_CSS = """
 #main-grid { display: grid !important; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr);
-             grid-template-areas: "input settings" "output bars"; align-items: start; }
+             grid-template-rows: auto auto 1fr; align-items: start;
+             grid-template-areas: "input settings" "output settings" "output bars"; }
 #main-grid > * { min-width: 0 !important; width: auto !important; }
 #input-col { grid-area: input; } #settings-col { grid-area: settings; }
 #output-col { grid-area: output; } #bars-col { grid-area: bars; }
@@ -512,14 +515,14 @@ LAYOUT_CSS = """
 .tl-key { padding: 0 6px; border-radius: 3px; white-space: nowrap; }
 .tl-stale { opacity: .75; font-style: italic; }
 .tl-bars { overflow-x: auto; }
-.tl-bars .tl-row { min-width: 330px; }
+.tl-bars .tl-row { min-width: 290px; }
+.tl-head .tl-h2 { grid-column: span 2; overflow: hidden; text-overflow: ellipsis; }
 @media (max-width: 500px) { .tl-row { grid-template-columns: 6.5em 1fr 4.3em 1fr 4.3em; gap: 4px; } }
 #stats table, #replay-stages table, #compare-summary table, #likely-table table, #stages table, #memory table {
-  display: block; overflow-x: auto; max-width: 100%; width: max-content; }
-#stats th, #stats td, #replay-stages th, #compare-summary th, #likely-table th, #stages th, #memory th,
-#replay-stages td, #compare-summary td { white-space: nowrap; }
+  display: block; overflow-x: auto; max-width: 100%; width: max-content; border: none; }
+#stats :is(th, td), #replay-stages :is(th, td), #compare-summary :is(th, td), #likely-table :is(th, td),
+#stages :is(th, td), #memory :is(th, td) { white-space: nowrap; word-break: normal; overflow-wrap: normal; }
 #stats td:last-child { font-variant-numeric: tabular-nums; }
-#stats table { border: none; }
 .tl-gen-tokens { margin-top: 8px; }
 #conversation .tl-turn { margin: 2px 0; padding: 2px 6px; border-left: 3px solid rgba(128,128,128,.4); white-space: pre-wrap; }
 #conversation .tl-turn-assistant { border-left-color: #26a69a; }
@@ -567,8 +570,8 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
             f"<span class='tl-num'>{prob_html(float(final_run[i]))}</span>"
             f"<span class='tl-bar'><span class='tl-final' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
             f"<span class='tl-num'>{prob_html(float(final_replay[i]))}</span></div>")
-    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-bar'>final in the run</span>"
-            "<span class='tl-num'></span><span class='tl-bar'>final, replayed</span><span class='tl-num'></span></div>")
+    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-h2'>final in the run</span>"
+            "<span class='tl-h2'>final, replayed</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
