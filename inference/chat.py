@@ -57,7 +57,7 @@ def chat_messages(prompt: str, system: str | None = None, history: list[dict] | 
     first), then the new user message."""
     messages = [{"role": "system", "content": system}] if system and system.strip() else []
     for m in history or ():
-        if m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
             raise InputError("each earlier chat turn must be a user or assistant message with text")
         messages.append({"role": m["role"], "content": m["content"]})
     return messages + [{"role": "user", "content": prompt}]

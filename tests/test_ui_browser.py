@@ -36,14 +36,14 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     page.fill("#seed input, #seed textarea", "3")
     page.click("#generate")
     page.wait_for_selector("#topk .tl-chosen", timeout=20000)
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Stopped')", timeout=20000)
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')", timeout=20000)
     assert page.inner_text("#output").strip()
     assert page.locator("#topk .tl-row").count() >= 3
     assert page.locator("#kv-chart canvas, #kv-chart svg").count() >= 1
     assert "tok/s" in page.inner_text("#stats")
     # Clicking a generated token shows that step's bars (the last step's are showing now).
     last_title = page.inner_text("#topk .tl-title")
-    page.locator("#output .token").nth(1).click()
+    page.locator("#output .tl-t").nth(1).click()
     page.wait_for_function(f"!document.querySelector('#topk .tl-title').innerText.startsWith({last_title.split(':')[0]!r})",
                            timeout=10000)
     assert page.inner_text("#topk .tl-title").startswith("Step ")
@@ -54,6 +54,8 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     page.wait_for_function("(document.querySelector('#stages')?.innerText || '').includes('Prefill')",
                            timeout=20000)
     assert page.locator("#attention td").count() >= engine.cfg.n_heads
+    page.get_by_role("tab", name="Logit lens").click()
+    page.locator("#lens tr").first.wait_for()
     assert page.locator("#lens tr").count() == engine.cfg.n_layers
     assert "embedding" in page.inner_text("#memory")
 

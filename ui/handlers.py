@@ -314,11 +314,13 @@ class Handlers:
         slider there."""
         if rec is None or not rec.steps or evt is None or evt.index is None:
             return gr.update(), gr.update()
-        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        index = evt.index
+        if isinstance(index, (list, tuple)):
+            index = index[0] if index else None
         chips = render.output_chips(rec, self.engine.tokenizer)
         try:
             i = chips[min(max(int(index), 0), len(chips) - 1)].steps[0]
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return gr.update(), gr.update()
         return self._bars(rec.steps[i]), gr.update(value=i)
 
@@ -479,7 +481,7 @@ class Handlers:
     def share_link(self, c: Controls, base: str, run_seed: str = "", request: gr.Request = None) -> str:
         """A link that restores these settings; `base` is the page's own address, `run_seed`
         the seed the last run used (it stands in for an empty seed box)."""
-        return share_url(base or "", c, self.defaults, seed=(run_seed or None))
+        return share_url(str(base or ""), c, self.defaults, seed=(run_seed or None))
 
 
 # The controls in "More settings" (closed unless a link sets one of them).
@@ -503,4 +505,9 @@ def _turn_if_answered(rec: RunRecord) -> list[dict]:
 
 
 def _step_index(rec: RunRecord, step) -> int:
-    return min(max(int(step or 0), 0), len(rec.steps) - 1)
+    """The step asked for, within the run (anything that is not a number: step 0)."""
+    try:
+        i = int(float(step or 0))
+    except (TypeError, ValueError, OverflowError):
+        i = 0
+    return min(max(i, 0), len(rec.steps) - 1)
