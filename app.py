@@ -30,7 +30,7 @@ def main(argv=None) -> int:
     from inference.errors import TokenLabError
 
     try:
-        engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
+        engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
     except TokenLabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The benchmark on a CUDA machine, in under 5 minutes: SmolLM2 (the embedded default model if it
 # can be fetched, else random weights of its shape) and random weights of LLaMA-7B's shapes, bf16
-# with a static KV cache, each eager and with the compiled decode step (CUDA graphs). Reports
+# through the scheduler's paged KV cache. Reports
 # tok/s and the fraction of the copy bandwidth (HBM) reached.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -14,6 +14,3 @@ else
 fi
 "$PY" -m bench.run --device cuda "${SMOL[@]}" --tokens 256 --repeats 2 --no-page
 "$PY" -m bench.run --device cuda --random llama-7b --tokens 128 --repeats 2 --no-page
-# Compiling takes most of these two: one round each.
-"$PY" -m bench.run --device cuda "${SMOL[@]}" --tokens 256 --repeats 1 --no-page --compile
-"$PY" -m bench.run --device cuda --random llama-7b --tokens 128 --repeats 1 --no-page --compile

@@ -29,9 +29,9 @@ def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same") -> No
                         "CPU the float32 model, exact), auto (bfloat16 copies for a float32 model on "
                         "a CPU: about 2x faster decoding, approximate probabilities; prefill stays "
                         f"float32), or a dtype (default: {decode_dtype})")
-    p.add_argument("--compile", action="store_true",
-                   help="compile each decode step with torch.compile: on CUDA one CUDA-graph replay per token "
-                        "(the first steps of each new cache size compile, seconds to a minute)")
+    p.add_argument("--kv-pool-mib", type=float, default=None,
+                   help="size of the paged KV cache shared by all runs, in MiB (default: a quarter of "
+                        "the memory available; on a GPU half of what is free after the weights)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,7 +82,7 @@ def _cmd_generate(args) -> int:
         raise InputError(f"--top must be >= 1, got {args.top}")
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
     params = _sampling_params(args, engine.generation_defaults)
     events = engine.generate(Request(args.prompt, params, chat=args.chat, system=args.system,
                                      top_n=args.top))
@@ -107,7 +107,7 @@ def _cmd_generate(args) -> int:
 def _cmd_tokenize(args) -> int:
     from .engine import Engine
 
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
     tok = engine.tokenizer
     ids = tok.encode(args.text)
     print(json.dumps([{"id": i, "piece": tok.piece(i)} for i in ids], ensure_ascii=False))
@@ -119,7 +119,7 @@ def _cmd_score(args) -> int:
 
     from .engine import Engine
 
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.compile)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
     scores = engine.score(engine.prompt_ids(args.prompt, args.chat), args.continuation)
     total = sum(lp for _, _, lp in scores)
     for i, piece, lp in scores:

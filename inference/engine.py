@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -13,17 +12,15 @@ import torch
 
 from .anatomy import StepCapture, capture_pattern, capture_step
 from .chat import chat_messages, default_system_prompt, render_chat_segments
-from .compiled import CompiledDecoder
 from .config import ModelConfig
-from .decoding import EagerDecoder
-from .errors import InputError, ModelError, ResourceError
-from .events import DoneEvent, StepEvent
+from .errors import InputError, ModelError
+from .events import DoneEvent, StepEvent, WaitEvent
+from .kv_pool import KVPool, default_pool_blocks
 from .model import Transformer
 from .precision import PrecisionReport, measure_decode_error
 from .replay import StageStat, pipeline, seen_mask
 from .sampling import SamplingParams
-from .step_stats import candidates, pick
-from .stop import StopMatcher
+from .scheduler import Scheduler
 from .tokenizer import Tokenizer
 
 
@@ -43,8 +40,8 @@ class EngineInfo:
     cfg: ModelConfig
     device: torch.device
     dtype: torch.dtype  # the weights', and the KV cache's
-    decode_dtype: torch.dtype  # the weights' read by one-row (decode) matmuls
-    compiled: bool
+    decode_dtype: torch.dtype  # the weights' read by few-row (decode) matmuls
+    kv_pool_blocks: int  # the paged KV cache's size, in blocks of kv_pool.BLOCK_SIZE positions
     # When decode_dtype differs from dtype: measured against float32 (see precision.py).
     decode_error: PrecisionReport | None = None
 
@@ -53,47 +50,60 @@ class Engine:
     """A loaded model and its tokenizer. Stateless between runs: each run owns its KV cache."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, name: str = "model",
-                 generation_defaults: dict | None = None, compile_backend: str | None = None):
-        """compile_backend: None runs decode steps eagerly; "inductor" compiles them (CUDA
-        graphs on a GPU, see compiled.py); "eager" traces them without code generation (tests)."""
+                 generation_defaults: dict | None = None, kv_pool_mib: float | None = None,
+                 prefill_chunk: int | None = None):
+        """kv_pool_mib: the paged KV cache's size (default: from the memory available, see
+        kv_pool.default_pool_blocks); prefill_chunk: prompt tokens per scheduler step."""
         self.model, self.tokenizer, self.name = model, tokenizer, name
-        self.decoder = CompiledDecoder(model, compile_backend) if compile_backend else EagerDecoder(model)
         self.cfg: ModelConfig = model.cfg
         self.generation_defaults = generation_defaults or {}
         if tokenizer.vocab_size > self.cfg.vocab_size:
             raise ModelError(f"tokenizer has {tokenizer.vocab_size} tokens but the model's "
                              f"vocabulary is {self.cfg.vocab_size}")
         tokenizer.pad_to(self.cfg.vocab_size)
-        self.eos_ids = set(tokenizer.eos_ids) | set(self.cfg.eos_token_ids)
-        self._active = 0  # runs holding a KV cache right now
-        self._active_lock = threading.Lock()
+        eos_ids = set(tokenizer.eos_ids) | set(self.cfg.eos_token_ids)
+        pool = KVPool(self.cfg, default_pool_blocks(self.cfg, model.device, model.dtype, kv_pool_mib),
+                      model.device, model.dtype)
+        self.scheduler = Scheduler(model, tokenizer, eos_ids, pool, prefill_chunk)
+        self._describe_lock = threading.Lock()
         self._decode_error: PrecisionReport | None = None
 
     @property
+    def eos_ids(self) -> set[int]:
+        """Tokens that end a run (the scheduler's)."""
+        return self.scheduler.eos_ids
+
+    @eos_ids.setter
+    def eos_ids(self, ids: set[int]) -> None:
+        self.scheduler.eos_ids = ids
+
+    @property
     def active_runs(self) -> int:
-        return self._active
+        """Runs admitted or queued in the scheduler."""
+        return self.scheduler.runs
 
     @classmethod
     def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto",
-             decode_dtype: str = "same", compile: bool = False) -> "Engine":
+             decode_dtype: str = "same", kv_pool_mib: float | None = None) -> "Engine":
         """The default model (None), a Hugging Face directory, or a .gguf file: see loading.py."""
         from .loading import load_engine
-        return load_engine(model, device, dtype, decode_dtype, compile)
+        return load_engine(model, device, dtype, decode_dtype, kv_pool_mib)
 
     @classmethod
     def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto",
-                    decode_dtype: str = "same", compile: bool = False) -> "Engine":
+                    decode_dtype: str = "same", kv_pool_mib: float | None = None,
+                    prefill_chunk: int | None = None) -> "Engine":
         from .loading import engine_from_hf_dir
-        return engine_from_hf_dir(model_dir, device, dtype, decode_dtype, compile)
+        return engine_from_hf_dir(model_dir, device, dtype, decode_dtype, kv_pool_mib, prefill_chunk)
 
     def describe(self) -> EngineInfo:
         """What the engine is; a reduced-precision decode path is measured (once, about a
         second) so that the page can say how approximate its numbers are."""
-        with self._active_lock:
+        with self._describe_lock:
             if self._decode_error is None and self.model.decode_dtype != self.dtype:
                 self._decode_error = measure_decode_error(self)
         return EngineInfo(self.name, self.cfg, self.device, self.dtype, self.model.decode_dtype,
-                          isinstance(self.decoder, CompiledDecoder), self._decode_error)
+                          self.scheduler.pool.n_blocks, self._decode_error)
 
     @property
     def device(self) -> torch.device:
@@ -180,82 +190,26 @@ class Engine:
         return self.generate_ids(ids, params, req.top_n, cancel)
 
     def generate_ids(self, ids: list[int], params: SamplingParams, top_n: int = 10,
-                     cancel: threading.Event | None = None) -> Iterator[StepEvent | DoneEvent]:
-        """Generate from prompt ids. top_n=0 skips the per-step instrumentation (raw
-        distribution, candidates): the benchmark's baseline."""
-        tok, dev = self.tokenizer, self.device
-        n_prompt = len(ids)
-        max_new = min(params.max_new_tokens, self.cfg.max_seq_len - n_prompt)
-        capped = max_new < params.max_new_tokens
+                     cancel: threading.Event | None = None) -> Iterator[StepEvent | WaitEvent | DoneEvent]:
+        """Generate from prompt ids through the scheduler, beside whoever else is running.
+        Yields WaitEvents while the run is queued for KV blocks, one StepEvent per new token,
+        then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
+        Closing the generator ends the run and gives its blocks back before it returns."""
+        max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
-        generator = torch.Generator(device=dev)
-        generator.manual_seed(seed)
-        top_n = max(0, min(top_n, self.cfg.vocab_size))
-
-        decoder = self.decoder
-        cache = decoder.new_cache(n_prompt + max_new)
-        with self._active_lock:
-            self._active += 1
-        seen = torch.zeros(self.cfg.vocab_size, dtype=torch.bool, device=dev)
-        prompt = torch.tensor([ids], dtype=torch.long, device=dev)  # (1, n_prompt)
-        seen[prompt[0]] = True
-        stream, stops = tok.stream(), StopMatcher(params.stop)
-        parts: list[str] = []
-        step_ms: list[float] = []
-        reason = "length"
-        next_id = prompt[:, -1:]  # (1, 1)
+        run = self.scheduler.submit(ids, params, max(0, min(top_n, self.cfg.vocab_size)),
+                                    cancel or threading.Event(), max_new, max_new < params.max_new_tokens, seed)
         try:
-            with torch.inference_mode():
-                for step in range(max_new):
-                    if cancel is not None and cancel.is_set():
-                        reason = "cancelled"
-                        break
-                    t0 = time.perf_counter()
-                    if step == 0:
-                        logits = decoder.prefill(prompt, cache)  # (1, vocab)
-                    else:
-                        logits = decoder.step(next_id, cache)
-                    next_id, info = pick(logits[0], params, seen, generator, top_n)
-                    seen[next_id[0]] = True
-                    token_id = info.token_id
-                    is_eos = token_id in self.eos_ids
-                    delta = "" if is_eos else stops.push(stream.push(token_id))
-                    parts.append(delta)
-                    ms = (time.perf_counter() - t0) * 1000
-                    step_ms.append(ms)
-                    yield StepEvent(
-                        step=step, token_id=token_id, piece=tok.piece(token_id), text=delta,
-                        prob=info.prob, raw_prob=info.raw_prob, top=candidates(info, tok.piece),
-                        entropy=info.entropy, rank=info.rank,
-                        kv_cache_bytes=cache.bytes_used, kv_cache_capacity_bytes=cache.bytes_allocated,
-                        ms=ms, prefill_ms=ms if step == 0 else None,
-                        prompt_tokens=n_prompt if step == 0 else None)
-                    if is_eos:
-                        reason = "eos"
-                        break
-                    if stops.matched is not None:
-                        reason = "stop"
-                        break
-                else:
-                    reason = "context" if capped else "length"
-        except torch.OutOfMemoryError:
-            cache.free()
-            if dev.type == "cuda":
-                torch.cuda.empty_cache()
-            raise ResourceError(f"out of {dev.type.upper()} memory after {len(step_ms)} tokens "
-                                f"({n_prompt} prompt tokens); try a shorter prompt or fewer new "
-                                "tokens") from None
+            while True:
+                ev = run.events.get()
+                if isinstance(ev, BaseException):
+                    raise ev
+                yield ev
+                if isinstance(ev, DoneEvent):
+                    return
         finally:  # also reached when the consumer closes the generator (stop, closed tab)
-            decoder.release(cache)
-            with self._active_lock:
-                self._active -= 1
-        tail = "" if reason == "stop" else stops.push(stream.flush()) + stops.flush()
-        decode_s = sum(step_ms[1:]) / 1000
-        yield DoneEvent(
-            reason=reason, text="".join(parts) + tail, tail=tail, prompt_tokens=n_prompt,
-            generated_tokens=len(step_ms), ttft_ms=step_ms[0] if step_ms else 0.0,
-            decode_tokens_per_s=(len(step_ms) - 1) / decode_s if decode_s > 0 else 0.0,
-            seed=seed, max_new_tokens=max_new, capped=capped)
+            if not run.released.is_set():
+                self.scheduler.abandon(run)
 
     # ------------------------------------------------------------ looking inside a step
 

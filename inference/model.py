@@ -30,21 +30,37 @@ class Probe:
     residuals: list[torch.Tensor] = field(default_factory=list)  # per layer, (hidden,)
 
 
-# ---------------------------------------------------------------- linear layers, per phase
-class Linear(nn.Linear):
-    """A bias-free linear layer that may keep a second, low-precision copy for decode.
+@dataclass
+class PagedBatch:
+    """One scheduler step's rows over the paged KV pool (kv_pool.py): N rows of tokens from
+    several runs, each at its own position. Runs decoding one token are attended together;
+    each run's prompt chunk on its own, after its cached positions."""
+    positions: torch.Tensor  # (N,) position of each row
+    write_slots: torch.Tensor  # (N,) pool slot where each row's keys and values go
+    decode_rows: torch.Tensor | None  # (B,) rows that are one run's single new token
+    decode_slots: torch.Tensor | None  # (B, L) slots of those runs' contexts, padded
+    decode_mask: torch.Tensor | None  # (B, 1, 1, L) True where a slot is the run's
+    prefills: list[tuple[int, int, torch.Tensor, int]]  # (first row, rows, context slots, start position)
+    logit_rows: torch.Tensor  # (R,) rows whose next-token logits are wanted
 
-    Decode multiplies one vector by every weight matrix, so it is bound by the bytes of weight
-    read; prefill multiplies matrices and is bound by arithmetic, which is fastest in float32
-    on CPUs without bf16 units. With `decode_weight` set, single-row inputs use it: every decode
-    step, and the LM head after prefill (also one vector times the matrix).
+
+# ---------------------------------------------------------------- linear layers, per phase
+DECODE_ROWS = 16  # inputs of at most this many rows are bound by the bytes of weight read
+
+
+class Linear(nn.Linear):
+    """A bias-free linear layer that may keep a second, low-precision copy for few rows.
+
+    A few rows times every weight matrix (decode steps, the LM head) are bound by the bytes of
+    weight read; many rows (a prefill) by arithmetic, which is fastest in float32 on CPUs
+    without bf16 units. With `decode_weight` set, inputs of at most DECODE_ROWS rows use it.
     """
 
     decode_weight: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.decode_weight
-        if w is not None and x.shape[-2] == 1:
+        if w is not None and x.numel() <= DECODE_ROWS * x.shape[-1]:
             return F.linear(x.to(w.dtype), w).to(x.dtype)
         return F.linear(x, self.weight)
 
@@ -73,7 +89,7 @@ class Attention(nn.Module):
         self.wqkv = Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
         self.wo = Linear(cfg.q_dim, cfg.hidden_size, bias=False)
 
-    def forward(self, x, cos, sin, k_cache, v_cache, start_pos: int | torch.Tensor,
+    def forward(self, x, cos, sin, k_cache, v_cache, start_pos: int,
                 probe: Probe | None, layer: int) -> torch.Tensor:
         bsz, T, _ = x.shape
         n_qk = self.n_heads + self.n_kv_heads
@@ -84,20 +100,14 @@ class Attention(nn.Module):
         v = qkv[:, :, n_qk:].transpose(1, 2)  # (bsz, n_kv_heads, T, head_dim)
 
         mask, causal = None, False
-        if isinstance(start_pos, torch.Tensor):  # static decode (T = 1): see Transformer.decode_static
-            k_cache.index_copy_(2, start_pos, k)
-            v_cache.index_copy_(2, start_pos, v)
-            keys, values = k_cache, v_cache  # (bsz, n_kv_heads, capacity, head_dim)
-            mask = (torch.arange(k_cache.shape[2], device=x.device) <= start_pos)[None]  # (1, capacity)
-        else:
-            end = start_pos + T
-            k_cache[:, :, start_pos:end] = k
-            v_cache[:, :, start_pos:end] = v
-            keys, values = k_cache[:, :, :end], v_cache[:, :, :end]  # (bsz, n_kv_heads, end, head_dim)
-            if T > 1 and start_pos == 0:
-                causal = True
-            elif T > 1:  # a chunk after cached positions: query i sees keys 0 .. start_pos + i
-                mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+        end = start_pos + T
+        k_cache[:, :, start_pos:end] = k
+        v_cache[:, :, start_pos:end] = v
+        keys, values = k_cache[:, :, :end], v_cache[:, :, :end]  # (bsz, n_kv_heads, end, head_dim)
+        if T > 1 and start_pos == 0:
+            causal = True
+        elif T > 1:  # a chunk after cached positions: query i sees keys 0 .. start_pos + i
+            mask = torch.ones(T, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                              enable_gqa=self.n_heads != self.n_kv_heads)
         if probe is not None and layer in probe.attention_layers:
@@ -108,6 +118,35 @@ class Attention(nn.Module):
             probe.patterns[layer] = attention_weights(q, keys, visible)[0]  # (n_heads, T, end)
         out = out.transpose(1, 2).reshape(bsz, T, self.q_dim)  # (bsz, T, n_heads * head_dim)
         return self.wo(out)
+
+    def forward_paged(self, x: torch.Tensor, cos, sin, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                      batch: PagedBatch) -> torch.Tensor:
+        """x (1, N, hidden): rows of several runs (see PagedBatch); k_pool, v_pool: this
+        layer's (slots, n_kv_heads, head_dim)."""
+        _, N, _ = x.shape
+        n_qk = self.n_heads + self.n_kv_heads
+        qkv = self.wqkv(x).view(1, N, n_qk + self.n_kv_heads, self.head_dim)  # (1, N, heads + 2 kv_heads, head_dim)
+        qk = apply_rope(qkv[:, :, :n_qk], cos, sin)[0]  # (N, heads + kv_heads, head_dim)
+        q, k, v = qk[:, :self.n_heads], qk[:, self.n_heads:], qkv[0, :, n_qk:]  # (N, heads | kv_heads, head_dim)
+        k_pool.index_copy_(0, batch.write_slots, k)
+        v_pool.index_copy_(0, batch.write_slots, v)
+        gqa = self.n_heads != self.n_kv_heads
+        out = torch.empty_like(q)  # (N, n_heads, head_dim)
+        if batch.decode_rows is not None:
+            qd = q[batch.decode_rows].unsqueeze(2)  # (B, n_heads, 1, head_dim)
+            kd = k_pool[batch.decode_slots].transpose(1, 2)  # (B, n_kv_heads, L, head_dim)
+            vd = v_pool[batch.decode_slots].transpose(1, 2)
+            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.decode_mask, enable_gqa=gqa)
+            out[batch.decode_rows] = od[:, :, 0]  # (B, n_heads, head_dim)
+        for row, n, slots, start in batch.prefills:
+            qp = q[row:row + n].transpose(0, 1).unsqueeze(0)  # (1, n_heads, n, head_dim)
+            kp = k_pool[slots].transpose(0, 1).unsqueeze(0)  # (1, n_kv_heads, start + n, head_dim)
+            vp = v_pool[slots].transpose(0, 1).unsqueeze(0)
+            # Query i sits at position start + i and sees keys 0 .. start + i.
+            mask = None if start == 0 else torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=start == 0, enable_gqa=gqa)
+            out[row:row + n] = op[0].transpose(0, 1)  # (n, n_heads, head_dim)
+        return self.wo(out.reshape(1, N, self.q_dim))
 
 
 def attention_weights(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
@@ -150,6 +189,10 @@ class Block(nn.Module):
     def forward(self, x, cos, sin, k_cache, v_cache, start_pos, probe, layer):
         x = x + self.attention(self.attention_norm(x), cos, sin, k_cache, v_cache, start_pos,
                                probe, layer)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+    def forward_paged(self, x, cos, sin, k_pool, v_pool, batch: PagedBatch):
+        x = x + self.attention.forward_paged(self.attention_norm(x), cos, sin, k_pool, v_pool, batch)
         return x + self.feed_forward(self.ffn_norm(x))
 
 
@@ -223,18 +266,17 @@ class Transformer(nn.Module):
             h = h[:, -1]  # (bsz, hidden): only the next token's logits are needed
         return self.output(self.norm(h)).float()
 
-    def decode_static(self, token: torch.Tensor, pos: torch.Tensor, k: torch.Tensor,
-                      v: torch.Tensor) -> torch.Tensor:
-        """One decode step in which no shape depends on the position, as CUDA graphs and
-        torch.compile need: token (bsz, 1) at position pos (1,) (a tensor), attending over the
-        cache's whole capacity with the positions after pos masked out. k, v: KVCache.k, .v.
-        Returns float32 logits (bsz, vocab). The caller advances the cache's length."""
-        h = self.tok_embeddings(token)  # (bsz, 1, hidden)
-        cos = self.rope_cos[pos][:, None]  # (1, 1, head_dim)
-        sin = self.rope_sin[pos][:, None]
+    def forward_paged(self, tokens: torch.Tensor, batch: PagedBatch, k_pool: torch.Tensor,
+                      v_pool: torch.Tensor) -> torch.Tensor:
+        """One scheduler step: tokens (N,) of several runs against the paged pool (k_pool,
+        v_pool: KVPool.k, .v). Returns float32 logits (R, vocab) for batch.logit_rows."""
+        h = self.tok_embeddings(tokens).unsqueeze(0)  # (1, N, hidden)
+        cos = self.rope_cos[batch.positions].unsqueeze(1)  # (N, 1, head_dim): broadcasts over heads
+        sin = self.rope_sin[batch.positions].unsqueeze(1)
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, k[i], v[i], pos, None, i)
-        return self.output(self.norm(h[:, -1])).float()
+            h = layer.forward_paged(h, cos, sin, k_pool[i], v_pool[i], batch)
+        h = h[0, batch.logit_rows]  # (R, hidden)
+        return self.output(self.norm(h)).float()
 
     def lens_logits(self, residual: torch.Tensor) -> torch.Tensor:
         """The logit lens: one residual stream (hidden,) through the final norm and LM head."""

@@ -51,7 +51,10 @@ def pick(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None
     top_n = 0 skips the instrumentation (the benchmark's baseline): only the token is known.
     """
     final = final_logits(logits, params, seen).softmax(dim=-1)
-    next_id = sample(final.unsqueeze(0), generator)[0]  # (1,)
+    if params.temperature == 0:  # one token left: no draw (which would cost a pass over the vocabulary)
+        next_id = final.argmax().view(1)  # (1,)
+    else:
+        next_id = sample(final.unsqueeze(0), generator)[0]  # (1,)
     if top_n == 0:
         nan = float("nan")
         return next_id.view(1, 1), StepInfo(int(next_id.item()), nan, nan, [], nan, 0)

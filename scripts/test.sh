@@ -11,4 +11,4 @@ if { ! command -v chromium || ! command -v g++; } >/dev/null 2>&1 && command -v 
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium g++ >/dev/null) \
     || echo "warning: could not install chromium and g++; their tests will be skipped" >&2
 fi
-exec "$PY" -m pytest -q "$@"
+exec "$PY" -m pytest -q -rs "$@"  # -rs: say why any test was skipped

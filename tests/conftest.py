@@ -7,6 +7,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).parent))
 
+from engine_hold import Hold  # noqa: E402
 from tiny_models import CONFIGS, make_tiny_model, train_sentencepiece  # noqa: E402
 
 
@@ -26,6 +27,20 @@ def tiny_dirs(tmp_path_factory, sp_model_bytes) -> dict[str, Path]:
 def tiny_engine(tiny_dirs):
     from inference.engine import Engine
     return Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+
+
+@pytest.fixture
+def hold(monkeypatch):
+    """hold(engine): a Hold on the engine's runs (engine_hold.py), let go when the test ends."""
+    holds = []
+
+    def make(engine) -> Hold:
+        holds.append(Hold(monkeypatch, engine))
+        return holds[-1]
+
+    yield make
+    for h in holds:
+        h.open()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 import json
 
-from bench.run import main, to_markdown
+from bench.run import main
 
 
 def test_bench_reports_ratios_table_and_json(tmp_path):
@@ -13,26 +13,33 @@ def test_bench_reports_ratios_table_and_json(tmp_path):
     assert ours["decode_tok_s"] > 0 and ours["p95_ms"] >= ours["p50_ms"] > 0
     assert 0 < ours["roofline_fraction"] < 1.5 and result["copy_bandwidth_gb_s"] > 0
     assert "instrumentation_overhead_pct" in ours and result["peak_rss_mib"] > 0
+    # A decode step of the tiny shape (hidden 64, FFN 128, 2 layers, 4 heads of 16, 2 KV heads,
+    # 512 tokens, untied) at the run's middle position 32 + 8 / 2, float32: every weight but the
+    # embedding table, one row of that, and K and V of 36 positions in both layers.
+    weights = 2 * (64 * (64 + 32 + 32) + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 512 * 64 + 64 + 64
+    assert result["bytes_read_per_token"] == 4 * (weights + 2 * 2 * 36 * 32)
     md = (tmp_path / "bench-tiny.md").read_text()
-    assert md == to_markdown(result) and "| token-lab |" in md
+    assert "| token-lab |" in md and "| token-lab (no instrumentation) |" in md
 
 
-def test_bench_compiled_decode(tmp_path):
-    assert main(["--random", "tiny", "--tokens", "8", "--repeats", "1", "--no-page", "--device", "cpu",
-                 "--compile", "--out", str(tmp_path)]) == 0
-    result = json.loads((tmp_path / "bench-tiny-compiled.json").read_text())
-    assert result["compiled"] and result["systems"]["token-lab"]["decode_tok_s"] > 0
-    assert "compiled decode step" in (tmp_path / "bench-tiny-compiled.md").read_text()
-
-
-def test_page_measurement_receives_every_token(monkeypatch):
+def test_page_measurement_receives_every_token(hold):
     """The page measurement: the real app, a gradio_client in another process, and the engine
     alone in turn; every requested token arrives at the client."""
     from bench.run import measure_page, random_engine
-    from tiny_models import slow_down
     engine = random_engine("tiny", "cpu", "float32")
-    slow_down(monkeypatch, engine, 0.03)  # several updates per run, as with a real model
-    page = measure_page(engine, 24, rounds=2)
-    assert page["tokens_received"] == [24, 24]
+    hold(engine).one_token_per_update()  # tokens arrive over several updates, as with a real model
+    page = measure_page(engine, 8, rounds=2)
+    assert page["tokens_received"] == [8, 8]
     assert page["tok_s"] > 0 and page["engine_tok_s"] > 0 and page["rounds"] == 2
-    assert page["fraction"] == page["tok_s"] / page["engine_tok_s"]
+
+
+def test_users_bench_reports_each_system_and_ratios(tiny_dirs, tmp_path):
+    from bench import users
+    assert users.main(["--model", str(tiny_dirs["gqa_tied"]), "--device", "cpu", "--users", "1", "3",
+                       "--tokens", "6", "--no-page", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "users.json").read_text())
+    rows = result["systems"]["engine"]
+    assert set(rows) == {"1", "3"} and rows["3"]["users"] == 3
+    assert rows["3"]["tokens"] <= 3 * 6 and rows["3"]["aggregate_tok_s"] > 0
+    assert "engine: aggregate 3 users / 1 user" in result["ratios"]
+    assert (tmp_path / "users.md").read_text() == users.to_markdown(result)

@@ -82,13 +82,16 @@ def test_compare_marks_the_first_divergence(tiny_engine):
     assert "Seed 11 for both" in summary and "perplexity" in summary
 
 
-def test_run_summary_by_hand(tiny_engine):
+def test_run_summary_by_hand():
+    steps = [SimpleNamespace(prob=p, raw_prob=r, entropy=h) for p, r, h in
+             ((0.5, 0.5, 1.0), (1.0, 0.25, 2.0), (0.25, 0.125, 0.0))]
+    s = run_summary(RunRecord(steps=steps))
+    assert s["tokens"] == 3 and s["mean_p"] == pytest.approx(1.75 / 3) and s["mean_entropy"] == 1.0
+    assert s["perplexity"] == pytest.approx(4.0)  # (1/2 · 1/4 · 1/8) ** (-1/3)
+
+
+def test_step_entropy_and_rank_against_one_teacher_forced_forward(tiny_engine):
     steps, _ = run(tiny_engine, temperature=1.0, max_new_tokens=6, seed=2)
-    rec = RunRecord(steps=steps)
-    s = run_summary(rec)
-    assert s["mean_p"] == pytest.approx(sum(x.prob for x in steps) / 6)
-    assert s["perplexity"] == pytest.approx(math.exp(-sum(math.log(x.raw_prob) for x in steps) / 6))
-    # Entropy and rank per step against one teacher-forced forward over the whole vocabulary.
     prompt = tiny_engine.tokenizer.encode("The quick brown")
     ids = prompt + [x.token_id for x in steps]
     with torch.inference_mode():

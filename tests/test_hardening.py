@@ -1,8 +1,8 @@
 """A shared demo gets every kind of input and many users at once: it keeps serving, loses nothing."""
 
 import gc
-import resource
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -40,7 +40,7 @@ def test_failing_chat_template_is_a_clear_page_error(tiny_dirs, tmp_path):
 
 
 def test_out_of_memory_ends_the_run_with_a_message_and_keeps_serving(tiny_engine, monkeypatch):
-    forward = tiny_engine.model.forward
+    forward = tiny_engine.model.forward_paged
     calls = {"n": 0}
 
     def oom_on_third(*args, **kwargs):
@@ -49,7 +49,7 @@ def test_out_of_memory_ends_the_run_with_a_message_and_keeps_serving(tiny_engine
             raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(tiny_engine.model, "forward", oom_on_third)
+    monkeypatch.setattr(tiny_engine.model, "forward_paged", oom_on_third)
     monkeypatch.setattr(tiny_engine, "eos_ids", set())  # no early end before the third forward
     h = Handlers(tiny_engine)
     with pytest.raises(gr.Error, match="out of CPU memory after 2 tokens"):
@@ -58,17 +58,20 @@ def test_out_of_memory_ends_the_run_with_a_message_and_keeps_serving(tiny_engine
     with pytest.raises(ResourceError):
         calls["n"] = 0
         list(tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=10))))
-    monkeypatch.setattr(tiny_engine.model, "forward", forward)
+    monkeypatch.setattr(tiny_engine.model, "forward_paged", forward)
     assert list(tiny_engine.generate(Request("The quick", SamplingParams(max_new_tokens=3))))[-1].generated_tokens == 3
 
 
-def test_closing_the_stream_mid_run_cancels_the_engine_thread(tiny_engine):
-    h = Handlers(tiny_engine)
+def test_closing_the_stream_mid_run_cancels_the_engine_thread(tiny_engine, hold):
+    held = hold(tiny_engine)
+    h = Handlers(tiny_engine, update_interval_s=0.01)
     c = Controls(prompt="The quick", max_new_tokens=240, temperature=1.0, seed="2")
     gen = h.generate(*c.values(), SimpleNamespace(session_hash="tab"))
     next(gen)
-    next(gen)
+    held.step(2)  # the run has made 2 tokens and is held before the 3rd
+    assert len(next(gen)[-1].steps) >= 1
     gen.close()  # what gradio does when the client disconnects
+    assert held.started == 3  # no token after the one being made at the close
     assert tiny_engine.active_runs == 0 and len(h.registry) == 0
     assert not [t for t in threading.enumerate() if t.name == "tokenlab-run"]
 
@@ -89,17 +92,54 @@ def test_eight_sessions_at_once_each_get_their_own_tokens(tiny_engine):
     assert tiny_engine.active_runs == 0
 
 
-def test_memory_does_not_grow_over_fifty_runs(tiny_engine):
-    h = Handlers(tiny_engine)
+def test_nothing_outlives_its_run(tiny_engine, hold, monkeypatch):
+    """After runs that end, runs stopped mid-run and runs whose page went away mid-run, no
+    scheduler run, KV block, engine thread, record or event of a run is left, but the last
+    record of each session: the page keeps that one (a gr.State)."""
+    runs = weakref.WeakSet()
+    submit = tiny_engine.scheduler.submit
+
+    def tracked_submit(*args, **kwargs):
+        run = submit(*args, **kwargs)
+        runs.add(run)
+        return run
+
+    monkeypatch.setattr(tiny_engine.scheduler, "submit", tracked_submit)
+    monkeypatch.setattr(tiny_engine, "eos_ids", set())  # every run is still going at token 3
+    held = hold(tiny_engine)
+    h = Handlers(tiny_engine, update_interval_s=0.01)
     c = Controls(prompt="The quick brown fox", temperature=1.0, max_new_tokens=30)
 
-    def runs(n):
-        for i in range(n):
-            list(h.generate(*c.values(), SimpleNamespace(session_hash=f"s{i % 3}")))
-        gc.collect()
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB, peak
+    def run(kind, session):
+        gen = h.generate(*c.values(), SimpleNamespace(session_hash=session))
+        if kind == "end":
+            held.open()
+            rec = list(gen)[-1][-1]
+            held.close()
+            return rec
+        next(gen)
+        held.step(3)  # mid-run
+        if kind == "stop":
+            h.stop(SimpleNamespace(session_hash=session))
+            return list(gen)[-1][-1]
+        rec = next(gen)[-1]  # the page has part of the run, then goes away
+        gen.close()
+        return rec
 
-    runs(10)  # warm-up: allocator pools, caches
-    before = runs(5)
-    after = runs(50)
-    assert after - before < 20 * 1024, f"peak RSS grew by {(after - before) / 1024:.1f} MiB"
+    page, earlier = {}, []  # the record each session's page shows; weak references to the rest
+    for i in range(70):  # 50 runs that end, 10 stopped, 10 disconnected, over 3 sessions
+        session = f"s{i % 3}"
+        if session in page:
+            old = page.pop(session)
+            earlier += [weakref.ref(o) for o in (old, *old.steps, old.done) if o is not None]
+        page[session] = run((("end",) * 5 + ("stop", "disconnect"))[i % 7], session)
+    del old
+    gc.collect()
+    assert len(runs) == 0, f"{len(runs)} scheduler runs (with their KV block tables) outlived their runs"
+    pool = tiny_engine.scheduler.stats()
+    assert pool.blocks_used == 0 and pool.blocks_reserved == 0, pool
+    alive = [type(r()).__name__ for r in earlier if r() is not None]
+    assert not alive, f"{len(alive)} earlier records and events are still alive: {sorted(set(alive))}"
+    assert not [t for t in threading.enumerate() if t.name == "tokenlab-run"]
+    assert tiny_engine.active_runs == 0 and len(h.registry) == 0
+    assert [len(rec.steps) > 0 for rec in page.values()] == [True] * 3

@@ -2,17 +2,23 @@
 
 import os
 import shutil
-import time
 
 import pytest
 
-from tiny_models import slow_down
+from engine_hold import wait_until
 
 playwright = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+WAIT_MS = 60_000  # generous upper bounds: only a broken test waits this long
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def open_page(browser, **kwargs):
+    page = browser.new_page(**kwargs)
+    page.set_default_timeout(WAIT_MS)
+    return page
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +33,16 @@ def browser():
         b.close()
 
 
-def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch):
+def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch, hold):
     url, engine, _ = live_app
-    page = browser.new_page(viewport={"width": 1400, "height": 1600})
+    page = open_page(browser, viewport={"width": 1400, "height": 1600})
     page.goto(url)
     page.wait_for_selector("#generate")
     page.fill("#prompt textarea", "Once upon a time")
     page.fill("#seed input, #seed textarea", "3")
     page.click("#generate")
-    page.wait_for_selector("#topk .tl-chosen", timeout=20000)
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')", timeout=20000)
+    page.wait_for_selector("#topk .tl-chosen")
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
     assert page.inner_text("#output").strip()
     assert page.locator("#topk .tl-row").count() >= 3
     assert page.locator("#kv-chart canvas, #kv-chart svg").count() >= 1
@@ -44,23 +50,21 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     # Clicking a generated token shows that step's bars (the last step's are showing now).
     last_title = page.inner_text("#topk .tl-title")
     page.locator("#output .tl-t").nth(1).click()
-    page.wait_for_function(f"!document.querySelector('#topk .tl-title').innerText.startsWith({last_title.split(':')[0]!r})",
-                           timeout=10000)
+    page.wait_for_function(f"!document.querySelector('#topk .tl-title').innerText.startsWith({last_title.split(':')[0]!r})")
     assert page.inner_text("#topk .tl-title").startswith("Step ")
 
     # Inside one token: open the accordion and look inside the selected step.
     page.get_by_text("Inside one token").click()
     page.click("#inspect")
-    page.wait_for_function("(document.querySelector('#stages')?.innerText || '').includes('Prefill')",
-                           timeout=20000)
+    page.wait_for_function("(document.querySelector('#stages')?.innerText || '').includes('Prefill')")
     assert page.locator("#attention td").count() >= engine.cfg.n_heads
     page.get_by_role("tab", name="Logit lens").click()
     page.locator("#lens tr").first.wait_for()
     assert page.locator("#lens tr").count() == engine.cfg.n_layers
     assert "embedding" in page.inner_text("#memory")
 
-    # A long run, stopped from the page. The tiny model is too fast to catch: slow each step.
-    slow_down(monkeypatch, engine, 0.05)
+    # A long run, stopped from the page. The tiny model is too fast to catch: hold it.
+    held = hold(engine)
     from ui import render as fmt
     live_frames = []  # the chart timer draws the running run's KV cache while it streams
     kv_frame = fmt.kv_frame
@@ -69,30 +73,25 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     page.fill("#max-new-tokens input[type=number]", "200")
     page.locator("#max-new-tokens input[type=number]").press("Enter")
     page.click("#generate")
-    deadline = time.time() + 20
-    while engine.active_runs == 0 and time.time() < deadline:
-        time.sleep(0.02)
-    while not any(n > 0 and running for n, running in live_frames) and time.time() < deadline:
-        time.sleep(0.05)
-    assert any(n > 0 and running for n, running in live_frames), live_frames
+    held.step(3)  # the run has made 3 tokens and is held before the 4th
+    wait_until(lambda: any(n > 0 and running for n, running in live_frames), "a chart of the running run")
     page.click("#stop")
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped')", timeout=20000)
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('stopped')")
     assert engine.active_runs == 0
     page.close()
 
 
 def test_deep_link_restores_settings(live_app, browser):
     url, _, _ = live_app
-    page = browser.new_page()
+    page = open_page(browser)
     page.goto(url + "/?prompt=%E4%BB%8A%E5%A4%A9&temperature=0.3&top_k=7&seed=99&mode=chat&max_new_tokens=33")
-    page.wait_for_function("document.querySelector('#prompt textarea')?.value === '今天'", timeout=20000)
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === '今天'")
     assert page.input_value("#seed input, #seed textarea") == "99"
     assert page.input_value("#top-k input") == "7"
     assert page.input_value("#temperature input[type=number]") == "0.3"
     assert page.locator("#mode input[value=chat]").is_checked()
     page.click("#copy-link")
-    page.wait_for_function("(document.querySelector('#share-link textarea')?.value || '').includes('seed=99')",
-                           timeout=10000)
+    page.wait_for_function("(document.querySelector('#share-link textarea')?.value || '').includes('seed=99')")
     link = page.input_value("#share-link textarea")
     assert link.startswith(url) and "top_k=7" in link and "mode=chat" in link
     page.close()
@@ -100,13 +99,12 @@ def test_deep_link_restores_settings(live_app, browser):
 
 def test_compare_shows_the_divergence_marker(live_app, browser):
     url, _, _ = live_app
-    page = browser.new_page(viewport={"width": 1400, "height": 2400})
+    page = open_page(browser, viewport={"width": 1400, "height": 2400})
     page.goto(url + "/?prompt=The%20quick&temperature=0&seed=5&max_new_tokens=20")
-    page.wait_for_function("document.querySelector('#seed input, #seed textarea')?.value === '5'", timeout=20000)
+    page.wait_for_function("document.querySelector('#seed input, #seed textarea')?.value === '5'")
     page.get_by_text("Sampling experiments").click()
     page.click("#compare")
-    page.wait_for_function("(document.querySelector('#compare-summary')?.innerText || '').includes('divergence')",
-                           timeout=30000)
+    page.wait_for_function("(document.querySelector('#compare-summary')?.innerText || '').includes('divergence')")
     assert "First divergence at step" in page.inner_text("#compare-summary")
     marked = page.locator("#compare-a .token[style*='142, 36, 170']")  # the "diverges here" colour
     assert marked.count() == 1
@@ -114,19 +112,15 @@ def test_compare_shows_the_divergence_marker(live_app, browser):
     page.close()
 
 
-def test_closing_the_tab_ends_the_run(live_app, browser, monkeypatch):
+def test_closing_the_tab_ends_the_run(live_app, browser, hold):
     url, engine, handlers = live_app
-    slow_down(monkeypatch, engine, 0.05)
-    page = browser.new_page()
+    held = hold(engine)
+    page = open_page(browser)
     page.goto(url + "/?prompt=Once&max_new_tokens=200&temperature=1&seed=1")
-    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'", timeout=20000)
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'")
     page.click("#generate")
-    deadline = time.time() + 20
-    while engine.active_runs == 0 and time.time() < deadline:
-        time.sleep(0.02)
+    held.step(2)  # the run has made 2 tokens and is held before the 3rd
     assert engine.active_runs == 1
     page.close(run_before_unload=True)
-    deadline = time.time() + 4  # the run alone would take over 10 s
-    while engine.active_runs and time.time() < deadline:
-        time.sleep(0.05)
-    assert engine.active_runs == 0
+    wait_until(lambda: engine.active_runs == 0, "the run's end")
+    assert held.started == 3  # no token after the one being made when the tab closed

@@ -1,10 +1,8 @@
 """The launched app driven through gradio_client, as scripts and other users would."""
 
-import time
-
 import pytest
 
-from tiny_models import slow_down
+from engine_hold import wait_until
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -33,21 +31,18 @@ def test_generate_streams_over_the_api(live_app):
     assert "".join(t["token"] for t in output) == direct[-1].text
 
 
-def test_stop_over_the_api_ends_the_run_and_frees_it(live_app):
+def test_stop_over_the_api_ends_the_run_and_frees_it(live_app, hold):
     url, engine, handlers = live_app
+    held = hold(engine)
     client = gradio_client.Client(url, verbose=False)
     job = client.submit(*call(temperature=1.0, max_new_tokens=240), api_name="/generate")
-    deadline = time.time() + 20
-    while engine.active_runs == 0 and time.time() < deadline:
-        time.sleep(0.01)
+    held.step(3)  # the run has made 3 tokens and is held before the 4th
     client.predict(api_name="/stop")
     final = job.result()
     assert "**stopped on request" in final[2]
-    assert len(final[7]) < 240
-    deadline = time.time() + 5
-    while (engine.active_runs or len(handlers.registry)) and time.time() < deadline:
-        time.sleep(0.05)
-    assert engine.active_runs == 0 and len(handlers.registry) == 0
+    generated = next(r for r in final[2].splitlines() if r.startswith("| generated |")).split("|")[2]
+    assert int(generated) == 4  # 3 + the one at the Stop (the output groups bytes into characters)
+    wait_until(lambda: engine.active_runs == 0 and len(handlers.registry) == 0, "the run's end")
 
 
 def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(live_app):
@@ -78,13 +73,13 @@ def test_eight_clients_at_once_match_their_solo_runs(live_app):
     assert engine.active_runs == 0
 
 
-def test_a_full_queue_says_busy(tiny_dirs, monkeypatch):
-    from concurrent.futures import ThreadPoolExecutor
+def test_a_full_queue_says_busy(tiny_dirs, hold):
+    from concurrent.futures import ThreadPoolExecutor, as_completed
     from inference.engine import Engine
     from ui.layout import build_ui, launch
 
     engine = Engine.from_hf_dir(tiny_dirs["mha"])
-    slow_down(monkeypatch, engine, 0.05)  # each run takes over 5 s: the queue stays full
+    held = hold(engine)  # the first run waits at its first forward pass: the queue stays full
     demo = build_ui(engine)
     _, url, _ = launch(demo, engine, block=False, queue_size=1)
     try:
@@ -98,37 +93,56 @@ def test_a_full_queue_says_busy(tiny_dirs, monkeypatch):
                 return str(e)
 
         with ThreadPoolExecutor(5) as pool:
-            results = list(pool.map(run, clients))
+            futures = [pool.submit(run, c) for c in clients]
+            try:  # while the run is held, only a refusal can come back
+                first = next(as_completed(futures, timeout=60)).result()
+            finally:
+                held.open()
+            results = [f.result() for f in futures]
     finally:
         demo.close()
-    assert "ok" in results
+    assert first != "ok" and "ok" in results
     busy = [r for r in results if r != "ok"]
     assert busy and all("full" in r.lower() or "try again" in r.lower() for r in busy), results
 
 
-def test_a_client_that_disconnects_ends_its_run(live_app, monkeypatch):
+def test_a_client_that_disconnects_ends_its_run(live_app, hold):
     url, engine, handlers = live_app
-    slow_down(monkeypatch, engine, 0.05)
+    held = hold(engine)
+    held.one_token_per_update()  # the run can only advance while the client takes updates
     client = gradio_client.Client(url, verbose=False)
     job = client.submit(*call(temperature=1.0, max_new_tokens=240), api_name="/generate")
-    deadline = time.time() + 20
-    while engine.active_runs == 0 and time.time() < deadline:
-        time.sleep(0.01)
+    updates = iter(job)
+    for _ in range(3):
+        next(updates)
     assert engine.active_runs == 1
     job.cancel()
     client.close()
-    deadline = time.time() + 3  # the run alone would take over 10 s
-    while engine.active_runs and time.time() < deadline:
-        time.sleep(0.05)
-    assert engine.active_runs == 0 and len(handlers.registry) == 0
+    wait_until(lambda: engine.active_runs == 0 and len(handlers.registry) == 0, "the run's end")
+    assert held.started < 240
 
 
-def test_the_queue_polls_gently(tiny_engine):
-    """Gradio's queue would wake every 1 ms and take the GIL from the engine's thread; if a
-    Gradio upgrade renames the setting this fails instead of the tuning silently going away."""
+def test_the_queue_polls_gently(tiny_engine, monkeypatch):
+    """Gradio's queue would wake every 1 ms and take the GIL from the engine's thread: its idle
+    loop, run here, waits 20 ms. If a Gradio upgrade renames or drops the setting this fails
+    instead of the tuning silently going away."""
+    import asyncio
     from ui.handlers import Handlers
-    from ui.layout import QUEUE_POLL_S, build_ui, configure_queue
+    from ui.layout import build_ui, configure_queue
     demo = build_ui(tiny_engine, Handlers(tiny_engine))
     configure_queue(demo, tiny_engine)
-    assert demo._queue.sleep_when_free == QUEUE_POLL_S
-    assert demo._queue.max_size == 16
+    queue, waits, loop, sleep = demo._queue, [], asyncio.new_event_loop(), asyncio.sleep
+
+    async def watched_sleep(delay, *args, **kwargs):
+        if asyncio.get_running_loop() is not loop:  # another test's server
+            return await sleep(delay, *args, **kwargs)
+        waits.append(delay)
+        queue.stopped = True
+
+    monkeypatch.setattr(asyncio, "sleep", watched_sleep)
+    try:
+        loop.run_until_complete(asyncio.wait_for(queue.start_processing(), 60))
+    finally:
+        loop.close()
+    assert waits == [0.02]
+    assert queue.max_size == 16

@@ -1,12 +1,12 @@
 """The page's handlers called directly, as plain functions, on a tiny model."""
 
+import threading
 from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
 from ui import render as fmt
-from tiny_models import slow_down
 from ui.controls import Controls, controls_from_query, parse_stop, share_url
 from ui.handlers import Handlers
 
@@ -29,7 +29,7 @@ def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
     output, bars, stats, kv_text, notice, status, step, tokens, rec = updates[-1]
     assert len(rec.steps) == 12 and rec.done.reason == "length"
     assert "".join(t["token"] for t in tokens) == rec.done.text
-    assert [fmt.bucket(t["prob"]) for t in tokens[:12]] == [fmt.bucket(s.prob) for s in rec.steps]
+    assert [fmt.bucket(t["prob"]) for t in tokens[:12]] == ["p ≥ 0.9"] * 12  # greedy: every token had p = 1
     assert output.count("class='tl-t ") == len(fmt.output_chips(rec, tiny_engine.tokenizer))
     assert "Step 11" in bars and "tl-chosen" in bars and step == 11
     assert "Run ended" in status and "max new tokens" in status
@@ -55,23 +55,25 @@ def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
     timer, kv, latency, slider = after["live"], after["kv_chart"], after["latency"], after["step"]
     rank_chart = after["rank_chart"]
     assert not timer.active
-    assert list(kv.columns) == ["step", "MiB", "series"] and len(kv) == 2 * 13
+    # Before prefill: used and allocated; then per step also the server's pool (all runs).
+    assert list(kv.columns) == ["step", "MiB", "series"] and len(kv) == 2 + 3 * 12
     used = kv[kv.series == "used"]["MiB"].tolist()
     assert used[0] == 0 and used[1] > 0 and all(b > a for a, b in zip(used[1:], used[2:]))
     assert len(latency) == 11 and len(rank_chart) == 12
     assert slider["maximum"] == 11 and slider["value"] == 11 and slider["interactive"]
 
 
-def test_live_charts_draw_the_running_run(handlers, tiny_engine, monkeypatch):
-    slow_down(monkeypatch, tiny_engine, 0.03)  # several streaming updates
-    ups = []
-    for u in handlers.generate(*Controls(**{**ARGS, "max_new_tokens": 30}).values()):
-        rec = u[-1]
-        if rec.steps and rec.done is None:
-            ups.append((len(rec.steps), handlers.live_charts(rec)))
-    assert ups, "no streaming update arrived before the end"
-    n, (kv, latency) = ups[-1]
-    assert len(kv) == 2 * (n + 1) and len(latency) == n - 1
+def test_live_charts_draw_the_running_run(tiny_engine, hold):
+    hold(tiny_engine).one_token_per_update()
+    h = Handlers(tiny_engine, top_n=5, update_interval_s=0.01)
+    gen = h.generate(*Controls(**{**ARGS, "max_new_tokens": 30}).values())
+    for n in range(6):  # the held run: each update carries one more token
+        rec = next(gen)[-1]
+        assert len(rec.steps) == n and rec.done is None
+        if n:
+            kv, latency = h.live_charts(rec)
+            assert len(kv) == 2 + 3 * n and len(latency) == n - 1
+    gen.close()
 
 
 def test_seed_used_is_reported_and_reproduces(handlers):
@@ -109,16 +111,18 @@ def test_select_step_and_token(handlers):
     assert "Step 4" in bars and slider["value"] == 4
 
 
-def test_stop_ends_the_sessions_run(handlers):
+def test_stop_ends_the_sessions_run(handlers, hold):
+    held = hold(handlers.engine)
     c = Controls(prompt="The quick", max_new_tokens=200, temperature=1.0, seed="1")
     gen = handlers.generate(*c.values(), SimpleNamespace(session_hash="s2"))
     next(gen)
+    held.step(3)  # the run has made 3 tokens and is held before the 4th
     handlers.stop(SimpleNamespace(session_hash="other"))  # another session's Stop does nothing
-    next(gen)
+    held.step(2)
     handlers.stop(SimpleNamespace(session_hash="s2"))
-    rest = list(gen)
-    rec = rest[-1][-1]
-    assert rec.done.reason == "cancelled" and len(rec.steps) < 200
+    rec = list(gen)[-1][-1]
+    # The token being made at the Stop is the last one.
+    assert rec.done.reason == "cancelled" and len(rec.steps) == 6
     assert handlers.engine.active_runs == 0
 
 
@@ -151,15 +155,24 @@ def test_parse_stop_and_default_url():
 
 
 def test_updates_are_paced_by_the_interval(tiny_engine, monkeypatch):
-    import time
+    """Counted against a controlled clock, with all of a run's tokens waiting: when no time
+    passes every token goes in one update; when an interval passes at every look at the clock,
+    each token has an update of its own."""
+    import ui.streaming
     from ui.streaming import update_interval_for
-    assert update_interval_for(tiny_engine) == 0.2  # a CPU engine: 5 updates a second
-    slow_down(monkeypatch, tiny_engine, 0.01)
-    for interval in (0.2, 0.05):
-        h = Handlers(tiny_engine, update_interval_s=interval)
-        t = time.perf_counter()
-        updates = run(h, max_new_tokens=60)
-        elapsed = time.perf_counter() - t
-        assert len(updates[-1][-1].steps) == 60
-        # One update at the start, then at most one per interval, and the final one.
-        assert 3 <= len(updates) <= elapsed / interval + 2, (interval, len(updates), elapsed)
+    interval = update_interval_for(tiny_engine)
+    assert interval == 0.2  # a CPU engine: 5 updates a second
+    for tick in (0.0, interval):
+        now = [0.0]
+        monkeypatch.setattr(ui.streaming, "time", SimpleNamespace(
+            perf_counter=lambda: now.__setitem__(0, now[0] + tick) or now[0]))
+        gen = Handlers(tiny_engine).generate(*Controls(**{**ARGS, "max_new_tokens": 60}).values())
+        counts = [len(next(gen)[-1].steps)]  # starts the run
+        for t in threading.enumerate():
+            if t.name == "tokenlab-run":
+                t.join()  # the run is over: its every token is waiting
+        counts += [len(u[-1].steps) for u in gen]
+        if tick == 0:
+            assert counts == [0, 60]
+        else:
+            assert counts == sorted(counts) and set(counts) == set(range(61)), counts

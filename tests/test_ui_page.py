@@ -1,6 +1,7 @@
 """The page as people use it: Playwright driving Debian's chromium at 1400 px and 420 px, two
 users at once, every HTTP response recorded. Runs that must be caught mid-way are held
-(page_hold.Hold), never raced. Screenshots land in test-results/ui-page/ (gitignored)."""
+(engine_hold.Hold, the `hold` fixture), never raced. Screenshots land in test-results/ui-page/
+(gitignored)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from page_hold import Hold, bias_token
+from engine_hold import wait_until
 
 playwright = pytest.importorskip("playwright.sync_api")
 
@@ -45,6 +46,40 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
         yield b
         b.close()
+
+
+def bias_token(monkeypatch, engine, token_id: int, every: int = 3, by: float = 1e4) -> None:
+    """Make runs pick `token_id` on every `every`-th token (its logit raised before sampling), so
+    an output is certain to hold that token (a newline, say) whatever the random weights."""
+    sample, calls = engine.scheduler._sample, {"n": 0}
+
+    def biased(run, logits):
+        calls["n"] += 1
+        if calls["n"] % every == 0:
+            logits = logits.clone()
+            logits[token_id] += by
+        return sample(run, logits)
+
+    monkeypatch.setattr(engine.scheduler, "_sample", biased)
+
+
+@pytest.fixture(scope="module")
+def small_pool_app(tiny_dirs):
+    """The page on a tiny model whose KV pool holds one long run: a second run waits for it."""
+    from inference.engine import Engine
+    from inference.kv_pool import BLOCK_SIZE
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+
+    probe = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32", kv_pool_mib=1)
+    per_block = BLOCK_SIZE * probe.cfg.kv_bytes_per_token(4)
+    engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32",
+                                kv_pool_mib=12 * per_block / 2**20)  # 12 blocks of 16 positions
+    handlers = Handlers(engine)
+    demo = build_ui(engine, handlers)
+    _, url, _ = launch(demo, engine, port=None, block=False)
+    yield url.rstrip("/"), engine, handlers
+    demo.close()
 
 
 @pytest.fixture(scope="module")
@@ -233,9 +268,9 @@ def test_bad_link_values_are_ignored_and_named_one_per_line(live_app, pages, wid
 
 # ---------------------------------------------------------------- controls in step with the run
 
-def test_controls_follow_the_run(live_app, pages, monkeypatch):
+def test_controls_follow_the_run(live_app, pages, hold):
     url, engine, _ = live_app
-    hold = Hold(monkeypatch, engine)
+    hold = hold(engine)
     page = pages.open(url)
     assert page.is_disabled("#stop") and "secondary" in page.get_attribute("#stop", "class")
     set_number(page, "#max-new-tokens input[type=number]", 30)
@@ -267,9 +302,9 @@ def test_controls_follow_the_run(live_app, pages, monkeypatch):
     assert page.input_value("#step input[type=range]") == "7"
 
 
-def test_stop_while_waiting_and_stop_wording(live_app, pages, monkeypatch):
+def test_stop_and_its_wording(live_app, pages, hold):
     url, engine, _ = live_app
-    hold = Hold(monkeypatch, engine)
+    hold = hold(engine)
     page = pages.open(url)
     set_number(page, "#max-new-tokens input[type=number]", 50)
     page.click("#generate")
@@ -280,7 +315,7 @@ def test_stop_while_waiting_and_stop_wording(live_app, pages, monkeypatch):
     stats = text_of(page, "#stats")
     assert "Run ended: stopped on request" in stats and "Stopped: stopped" not in stats
     assert "stopped on request" in text_of(page, "#status")
-    assert engine.active_runs == 0
+    wait_until(lambda: engine.active_runs == 0, "the run's end")
 
 
 # ---------------------------------------------------------------- stale and half-cleared panels
@@ -387,22 +422,22 @@ def test_a_long_session_gets_no_5xx_and_every_refusal_names_its_field(live_app, 
 
 # ---------------------------------------------------------------- waiting, long prompts
 
-def test_a_queued_user_sees_the_wait_and_a_long_prompt_its_prefill(live_app, pages, monkeypatch):
-    url, engine, _ = live_app
-    hold = Hold(monkeypatch, engine)
+def test_a_queued_user_sees_the_wait_and_a_long_prompt_its_prefill(small_pool_app, pages, hold):
+    url, engine, _ = small_pool_app
+    held = hold(engine)
     a = pages.open(url, 1400)
     b = pages.open(url, 420, 900)
     long_prompt = "The quick brown fox jumps over the lazy dog. " * 4
     n = len(engine.prompt_ids(long_prompt))
     a.fill("#prompt textarea", long_prompt)
-    set_number(a, "#max-new-tokens input[type=number]", 20)
+    set_number(a, "#max-new-tokens input[type=number]", 20)  # 11 of the pool's 12 blocks
     a.click("#generate")
-    hold.wait_started(1)  # A's prefill is under way (held)
+    wait_until(lambda: held.started >= 1, "A's prefill")  # under way, and held
     wait_text(a, "#status", f"Prefill of {n} prompt tokens")
     assert f"prefill of {n} tokens" in text_of(a, "#output")
     b.fill("#prompt textarea", "Once upon a time")
-    b.click("#generate")
-    wait_text(b, "#status", "Waiting for the engine · 1 run in progress, 0 waiting before yours")
+    b.click("#generate")  # may grow to 9 blocks: it waits until A gives its blocks back
+    wait_text(b, "#status", "Waiting for the server: 1st in line")
     first = float(re.search(r"([\d.]+) s so far", text_of(b, "#status")).group(1))
     b.wait_for_function(f"parseFloat((document.querySelector('#status').innerText.match(/([\\d.]+) s so far/) "
                         f"|| [0, 0])[1]) >= {first + 1.0}")  # the time counts up
@@ -410,7 +445,7 @@ def test_a_queued_user_sees_the_wait_and_a_long_prompt_its_prefill(live_app, pag
     assert b.is_disabled("#generate") and not b.is_disabled("#stop")
     shot(a, "prefill-1400")
     shot(b, "queued-420")
-    hold.open()
+    held.open()
     wait_text(a, "#status", "Run ended")
     wait_text(b, "#status", "Run ended")
     assert output_text(a) is not None and output_text(b) is not None
@@ -549,8 +584,9 @@ def test_tokens_show_their_alternatives_and_the_run_can_be_copied_and_downloaded
         page.click("#download-run")
     lines = [json.loads(x) for x in Path(d.value.path()).read_text().splitlines()]
     assert len(lines) == 10 and lines[-1]["done"] and lines[-1]["seed"] == 8
-    assert set(lines[0]) == set(StepEvent.__dataclass_fields__) and lines[0]["prompt_tokens"] > 0
-    assert set(lines[-1]) == set(DoneEvent.__dataclass_fields__)
+    # StepEvent.to_json's fields (those of step 0 included), then DoneEvent.to_json's.
+    assert set(StepEvent.__dataclass_fields__) - {"pool", "wait_ms"} <= set(lines[0]) and lines[0]["prompt_tokens"] > 0
+    assert "prefill_ms" not in lines[1] and set(lines[-1]) == set(DoneEvent.__dataclass_fields__)
     assert "".join(x["text"] for x in lines[:-1]) + lines[-1]["tail"] == output_text(page)
     with page.expect_download() as d:
         page.click("#download-settings")
@@ -560,9 +596,9 @@ def test_tokens_show_their_alternatives_and_the_run_can_be_copied_and_downloaded
     assert "Generated: 9 tokens" in text_of(page, "#tokens")
 
 
-def test_context_counter_while_typing_and_during_the_run(live_app, pages, monkeypatch):
+def test_context_counter_while_typing_and_during_the_run(live_app, pages, hold):
     url, engine, _ = live_app
-    hold = Hold(monkeypatch, engine)
+    hold = hold(engine)
     page = pages.open(url)
     ctx = engine.cfg.max_seq_len
     page.fill("#prompt textarea", "Once upon a time there was")

@@ -103,15 +103,3 @@ def make_tiny_model(root: Path, name: str = "mha", seed: int = 0, sp_model: byte
     (d / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.9}))
     return d
 
-
-def slow_down(monkeypatch, engine, seconds: float) -> None:
-    """Make every forward pass of the engine's model take `seconds` longer: tiny models finish
-    a run before a Stop, a closed tab or a full queue can be observed."""
-    import time
-    forward = engine.model.forward
-
-    def slow(*args, **kwargs):
-        time.sleep(seconds)
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(engine.model, "forward", slow)

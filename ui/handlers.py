@@ -20,7 +20,6 @@ import gradio as gr
 
 from inference.engine import Engine
 from inference.errors import TokenLabError
-from inference.events import DoneEvent
 from inference.settings import BY_NAME, FILTER_SETTINGS
 from ui import render
 from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, sampling_params,
@@ -155,10 +154,7 @@ class Handlers:
             yield self.outputs(rec, notice)
             for batch in stream.batches(self.update_interval_s):
                 for ev in batch:
-                    if isinstance(ev, DoneEvent):
-                        rec.done = ev
-                    else:
-                        rec.steps.append(ev)
+                    rec.add(ev)
                 yield self.outputs(rec, notice)  # the last one carries the complete text
         finally:
             stream.close()
@@ -194,8 +190,8 @@ class Handlers:
             render.output_html(rec, tok, empty=f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…"),
             self._bars(last),
             render.stats_markdown(self.info, rec),
-            render.kv_formula(self.info, last.kv_cache_bytes if last else None),
-            notice,
+            render.kv_formula(self.info, last.kv_cache_bytes if last else None) + render.pool_markdown(last),
+            "\n\n".join(t for t in (render.wait_markdown(rec), notice) if t),
             render.status_text(rec, self.context, time.monotonic()),
             last.step if last else 0,
             render.output_tokens(rec, tok) if rec.done is not None else [],
@@ -397,10 +393,7 @@ class Handlers:
 
     def _collect(self, rec: RunRecord, cancel) -> RunRecord:
         for ev in self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
-            if isinstance(ev, DoneEvent):
-                rec.done = ev
-            else:
-                rec.steps.append(ev)
+            rec.add(ev)
         return rec
 
     @takes_controls(*(f"{name}_b" for name in FILTER_SETTINGS))

@@ -108,14 +108,22 @@ def share_js(defaults: Controls) -> str:
 }""" % (names, default)
 
 
-class SettingSlider(gr.Slider):
-    """A slider whose value the settings schema checks, with the setting's name in the message:
-    gradio's own check ("Value 7 is greater than maximum value 1.") names no field and, for an
-    event outside the queue, answers with an HTTP 500."""
-    is_template = True  # drawn by gradio's slider
+# Sliders of sampling settings send their value unchecked: the settings schema checks it, with
+# the setting's name in its message. Gradio's own check ("Value 7 is greater than maximum value
+# 1.") names no field and, for an event outside the queue, answers with an HTTP 500. The marker
+# is a CSS class because gradio rebuilds a component from its constructor arguments for each
+# session that updates it; a subclass would make gradio write a .pyi file next to this module.
+UNCHECKED = "tl-setting"
+_gradio_slider_preprocess = gr.Slider.preprocess
 
-    def preprocess(self, payload):
+
+def _slider_preprocess(self, payload):
+    if UNCHECKED in (self.elem_classes or []):
         return payload
+    return _gradio_slider_preprocess(self, payload)
+
+
+gr.Slider.preprocess = _slider_preprocess
 
 
 def setting_control(s: Setting, value, engine: Engine, label_prefix: str = "", elem_prefix: str = ""):
@@ -128,8 +136,8 @@ def setting_control(s: Setting, value, engine: Engine, label_prefix: str = "", e
                          elem_id=elem_id)
     lo = s.step if s.min_open else s.minimum
     hi = s.maximum if s.maximum is not None else engine.cfg.max_seq_len - 1  # max new tokens: the context
-    return SettingSlider(lo, hi, value=value, step=s.step, label=label,
-                         info=None if label_prefix else s.help, elem_id=elem_id)
+    return gr.Slider(lo, hi, value=value, step=s.step, label=label, info=None if label_prefix else s.help,
+                     elem_id=elem_id, elem_classes=[UNCHECKED])
 
 
 def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
@@ -352,13 +360,15 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
 QUEUE_POLL_S = 0.02
 
 
-def concurrency_for(engine: Engine) -> int:
-    """Runs at once: on a CPU they share the same cores, so one at a time; a GPU takes a few."""
-    return 4 if engine.device.type == "cuda" else 1
+# Page events handled at once. A run's event mostly waits for its tokens: the engine's scheduler
+# batches every run into one forward pass per step and queues what the KV pool cannot hold, so
+# Gradio's queue must not serialize them.
+CONCURRENCY = 64
 
 
-def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16) -> None:
-    demo.queue(default_concurrency_limit=concurrency_for(engine), max_size=queue_size)
+def configure_queue(demo: gr.Blocks, engine: Engine, queue_size: int = 16,
+                    concurrency: int = CONCURRENCY) -> None:
+    demo.queue(default_concurrency_limit=concurrency, max_size=queue_size)
     # Gradio's queue loop wakes every 1 ms while it waits; each wake takes the GIL from the
     # engine's thread, costing decode speed on a small CPU. 20 ms is still instant to a person.
     if hasattr(demo._queue, "sleep_when_free"):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 import math
+import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -12,6 +13,7 @@ import pandas as pd
 from inference.device import dtype_name
 from inference.events import StepEvent
 from inference.anatomy import decode_cost, memory_table, stages
+from inference.kv_pool import BLOCK_SIZE
 from ui.run_state import RunRecord, run_summary
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
@@ -268,15 +270,46 @@ def kv_frame(rec: RunRecord) -> pd.DataFrame:
     rows = []
     if rec.steps:  # before prefill the cache is empty: the first step shows the prefill's jump
         rows.append({"step": -1, "MiB": 0.0, "series": "used"})
-        rows.append({"step": -1, "MiB": rec.steps[0].kv_cache_capacity_bytes / 2**20, "series": "allocated"})
+        rows.append({"step": -1, "MiB": 0.0, "series": "allocated"})
     for s in rec.steps:
         rows.append({"step": s.step, "MiB": s.kv_cache_bytes / 2**20, "series": "used"})
         rows.append({"step": s.step, "MiB": s.kv_cache_capacity_bytes / 2**20, "series": "allocated"})
+        if s.pool is not None:
+            rows.append({"step": s.step, "MiB": s.pool.bytes_used / 2**20, "series": "server pool, all runs"})
     return pd.DataFrame(rows, columns=["step", "MiB", "series"])
 
 
 def latency_frame(rec: RunRecord) -> pd.DataFrame:
     return pd.DataFrame([{"step": s.step, "ms": s.ms} for s in rec.steps[1:]], columns=["step", "ms"])
+
+
+def pool_markdown(step: StepEvent | None) -> str:
+    """This run's blocks of the paged KV cache, beside the server's whole pool."""
+    if step is None or step.pool is None:
+        return ""
+    p = step.pool
+    return (f"\n\n**Paged KV cache**: this run holds **{step.kv_blocks} blocks** of {BLOCK_SIZE} positions "
+            f"({si(step.kv_cache_capacity_bytes, 'B')}). The server's pool (all runs): "
+            f"**{p.blocks_used:,} of {p.blocks_total:,} blocks** in use ({si(p.bytes_used, 'B')} of "
+            f"{si(p.blocks_total * p.bytes_per_block, 'B')}) by {p.active_runs} "
+            f"run{'s' if p.active_runs != 1 else ''}, {p.blocks_reserved:,} promised to them"
+            + (f", {p.waiting_runs} waiting" if p.waiting_runs else "") + ".")
+
+
+def wait_markdown(rec: RunRecord) -> str:
+    """What a queued user sees: their place and how long they have waited."""
+    w = rec.waiting
+    if w is None:
+        return ""
+    p = w.pool
+    return (f"⏳ **Waiting for the server**: {_ordinal(w.position)} in line, "
+            f"{time.monotonic() - rec.started:.1f} s so far. This run may grow to {w.blocks_needed} KV blocks; "
+            f"{p.blocks_reserved:,} of the pool's {p.blocks_total:,} are promised to the {p.active_runs} "
+            f"run{'s' if p.active_runs != 1 else ''} in progress.")
+
+
+def _ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
 def kv_formula(info, kv_bytes: int | None = None) -> str:
@@ -314,14 +347,18 @@ def stats_markdown(info, rec: RunRecord) -> str:
     """The run's numbers as a two-column table (measure, value): it fits any width without
     breaking a header or a number."""
     if not rec.steps:
-        return "No run yet." if rec.done is None else f"Run ended: **{REASONS.get(rec.done.reason, rec.done.reason)}**, no token generated."
+        if rec.done is not None:
+            return f"Run ended: **{REASONS.get(rec.done.reason, rec.done.reason)}**, no token generated."
+        return "No run yet." if rec.started_at is None else "Running: the numbers come with the first token."
     first = rec.steps[0]
     n = len(rec.steps)
     ctx = len(rec.prompt_ids) + n
     cost = decode_cost(info.cfg, ctx, info.dtype.itemsize)
     decode_ms = sum(s.ms for s in rec.steps[1:])
     tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
-    rows = [("prompt tokens", f"{len(rec.prompt_ids)}"), ("time to first token", f"{first.prefill_ms:.0f} ms"),
+    ttft = f"{first.prefill_ms:.0f} ms" + (f" (+ {first.wait_ms / 1000:.1f} s queued)"
+                                            if first.wait_ms and first.wait_ms >= 50 else "")
+    rows = [("prompt tokens", f"{len(rec.prompt_ids)}"), ("time to first token", ttft),
             ("generated", f"{n}"), ("decode speed", f"{tps:.1f} tok/s"),
             (f"FLOPs / token (at {ctx} ctx)", f"{si(cost.flops)} ({si(cost.attention_flops)} attention)"),
             ("seed", f"{rec.seed}")]
@@ -355,6 +392,10 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
         running, before = ahead or (0, 0)
         return (f"Waiting for the engine · {running} run{'s' * (running != 1)} in progress, "
                 f"{before} waiting before yours · {waited:.1f} s so far")
+    if rec.waiting is not None and rec.done is None:  # admitted by Gradio, queued for KV blocks
+        w = rec.waiting
+        return (f"Waiting for the server: {_ordinal(w.position)} in line · {now - rec.started_at:.1f} s so far "
+                f"(the KV cache is full; this run may need {w.blocks_needed} blocks)")
     if not rec.steps and rec.done is None:
         return f"Prefill of {n:,} prompt tokens… {now - rec.started_at:.1f} s so far (the first token comes after it)"
     g = len(rec.steps)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from dataclasses import dataclass, field
 
-from inference.events import DoneEvent, StepEvent
+from inference.events import DoneEvent, StepEvent, WaitEvent
 
 
 @dataclass
@@ -27,9 +28,21 @@ class RunRecord:
     started_at: float | None = None  # when the engine took the run (None: still waiting)
     finished: bool = False  # after_run has drawn its end (charts, files, chat turn)
     controls: object = None  # the page's Controls the run was started with
+    waiting: WaitEvent | None = None  # while the run is queued for KV blocks
+    started: float = field(default_factory=time.monotonic)  # when Generate was handled
     # The full logits of the last step replayed, (step, (vocab,) tensor): moving a replay
     # slider on the same step then costs no forward pass.
     _logits: tuple | None = field(default=None, repr=False, compare=False)
+
+    def add(self, ev) -> None:
+        """Take one engine event."""
+        if isinstance(ev, WaitEvent):
+            self.waiting = ev
+        elif isinstance(ev, DoneEvent):
+            self.done, self.waiting = ev, None
+        else:
+            self.steps.append(ev)
+            self.waiting = None
 
     def seen_before(self, step: int) -> list[int]:
         """Ids the repetition penalty saw at `step`: the prompt and the tokens before it."""

@@ -76,9 +76,14 @@ class EventPump:
             self._queue.put(self._END)
 
     def batches(self, interval_s: float) -> Iterator[list]:
-        """Lists of events, one list at most every interval_s; ends after the last event."""
+        """Lists of events, one list at most every interval_s (an empty one when nothing came:
+        a queued run's page still shows its wait growing); ends after the last event."""
         while True:
-            batch = [self._queue.get()]
+            try:
+                batch = [self._queue.get(timeout=interval_s)]
+            except queue.Empty:
+                yield []
+                continue
             deadline = time.perf_counter() + interval_s
             while batch[-1] is not self._END and (left := deadline - time.perf_counter()) > 0:
                 try:

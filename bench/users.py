@@ -1,0 +1,231 @@
+"""Many users at once: aggregate and per-user decode rates for 1 and N simultaneous users,
+through the engine (its scheduler), through the page (the real app and N gradio_client
+processes), and through a vLLM server when one is given, on the same prompts and token counts.
+
+    python -m bench.users                      # the default model, 1 and 8 users
+    python -m bench.users --users 1 8 32 --vllm-url http://127.0.0.1:8000/v1
+
+Ratios come first: N users' aggregate rate against one user's, each user's rate against one
+user alone, and our aggregate against vLLM's at the same N.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from inference.cli import add_model_args  # noqa: E402
+from inference.engine import Engine  # noqa: E402
+from inference.events import StepEvent  # noqa: E402
+from inference.sampling import SamplingParams  # noqa: E402
+
+TOPICS = ["the history of the printing press", "how bees find flowers", "the water cycle",
+          "why the sky is blue", "how a steam engine works", "the rules of chess",
+          "how vaccines train the immune system", "the life of a star"]
+
+
+def prompt(i: int) -> str:
+    """A different prompt per user, all about the same length."""
+    return f"Write a short essay about {TOPICS[i % len(TOPICS)]}. Essay:"
+
+
+def summarize(runs: list[dict], wall_s: float) -> dict:
+    """runs: per user {tokens, ttft_s, decode_s} -> aggregate and per-user rates."""
+    per_user = [(r["tokens"] - 1) / r["decode_s"] for r in runs if r["decode_s"] > 0]
+    return {"users": len(runs), "aggregate_tok_s": sum(r["tokens"] for r in runs) / wall_s,
+            "per_user_tok_s": statistics.median(per_user), "min_user_tok_s": min(per_user),
+            "ttft_s_median": statistics.median(r["ttft_s"] for r in runs),
+            "ttft_s_max": max(r["ttft_s"] for r in runs), "tokens": sum(r["tokens"] for r in runs)}
+
+
+# ---------------------------------------------------------------- the engine
+
+def engine_users(engine: Engine, n: int, tokens: int, top_n: int = 10) -> dict:
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    ids = [engine.tokenizer.encode(prompt(i)) for i in range(n)]
+    runs: list[dict] = [{} for _ in range(n)]
+    start = threading.Barrier(n + 1)
+
+    def user(i):
+        start.wait()
+        t0 = time.perf_counter()
+        first = last = None
+        count = 0
+        for ev in engine.generate_ids(ids[i], params, top_n):
+            if isinstance(ev, StepEvent):
+                last = time.perf_counter()
+                first = first or last
+                count += 1
+        runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first}
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return summarize(runs, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- the page
+
+PAGE_USER = """
+import json, os, re, sys, time
+from gradio_client import Client
+url, args, go = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+client = Client(url, verbose=False)
+while not os.path.exists(go):
+    time.sleep(0.005)
+t0 = time.perf_counter()
+first = last = None
+count = 0
+for update in client.submit(*args, api_name="/generate"):
+    m = re.search(r"^\\| generated \\| (\\d+) \\|", update[2], re.M)  # the statistics' "generated" row
+    n = int(m.group(1)) if m else 0
+    if n > count:
+        last = time.perf_counter()
+        first = first or last
+        count = n
+print(json.dumps({"tokens": count, "ttft_s": first - t0, "decode_s": last - first}))
+"""
+
+
+def page_users(engine: Engine, n: int, tokens: int) -> dict:
+    """n gradio_client processes connect first, then all submit at once (a file is the signal)."""
+    from ui.controls import Controls
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+
+    demo = build_ui(engine, Handlers(engine))
+    _, url, _ = launch(demo, engine, block=False, queue_size=max(16, 2 * n))
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            go = Path(tmp) / "go"
+            procs = [subprocess.Popen(
+                [sys.executable, "-c", PAGE_USER, url,
+                 json.dumps(Controls(prompt=prompt(i), temperature=0.0, max_new_tokens=tokens, seed="1").values()),
+                 str(go)], stdout=subprocess.PIPE, text=True) for i in range(n)]
+            time.sleep(2 + 0.5 * n)  # connections made; not part of any measurement
+            t0 = time.perf_counter()
+            go.touch()
+            runs = [json.loads(p.communicate(timeout=1800)[0].strip().splitlines()[-1]) for p in procs]
+            wall = time.perf_counter() - t0
+    finally:
+        demo.close()
+    return summarize(runs, wall)
+
+
+# ---------------------------------------------------------------- vLLM
+
+def vllm_users(url: str, model: str | None, n: int, tokens: int) -> dict:
+    """n streamed completions at once against a running vLLM server (OpenAI API)."""
+    import httpx
+
+    base = url.rstrip("/")
+    model = model or httpx.get(f"{base}/models", timeout=30).json()["data"][0]["id"]
+    runs: list[dict] = [{} for _ in range(n)]
+    start = threading.Barrier(n + 1)
+
+    def user(i):
+        body = {"model": model, "prompt": prompt(i), "max_tokens": tokens, "temperature": 0.0,
+                "stream": True, "logprobs": 10, "ignore_eos": False}
+        start.wait()
+        t0 = time.perf_counter()
+        first = last = None
+        count = 0
+        with httpx.stream("POST", f"{base}/completions", json=body, timeout=600) as r:
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                got = len((chunk["choices"][0].get("logprobs") or {}).get("tokens") or []) or 1
+                last = time.perf_counter()
+                first = first or last
+                count += got
+        runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first}
+
+    threads = [threading.Thread(target=user, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    return summarize(runs, time.perf_counter() - t0)
+
+
+# ---------------------------------------------------------------- report
+
+def ratios(rows: dict[str, dict[int, dict]], users: list[int]) -> dict:
+    out = {}
+    one, many = users[0], users[-1]
+    for system, by_n in rows.items():
+        if one in by_n and many in by_n and many != one:
+            out[f"{system}: aggregate {many} users / 1 user"] = by_n[many]["aggregate_tok_s"] / by_n[one]["aggregate_tok_s"]
+            out[f"{system}: each of {many} users / 1 user alone"] = by_n[many]["min_user_tok_s"] / by_n[one]["per_user_tok_s"]
+    if "vllm" in rows:
+        for system in ("engine", "page"):
+            for n in users:
+                if n in rows.get(system, {}) and n in rows["vllm"]:
+                    out[f"{system} / vLLM aggregate at {n} users"] = (
+                        rows[system][n]["aggregate_tok_s"] / rows["vllm"][n]["aggregate_tok_s"])
+    return out
+
+
+def to_markdown(result: dict) -> str:
+    lines = [f"# Many users: {result['model']} on {result['device']} ({result['dtype']}), "
+             f"{result['tokens']} new tokens each", ""]
+    lines += [f"- **{k}**: {v:.2f}×" for k, v in result["ratios"].items()] + [""]
+    lines += ["| system | users | aggregate tok/s | per user tok/s (median, min) | TTFT median / max |",
+              "|---|---|---|---|---|"]
+    for system, by_n in result["systems"].items():
+        for n, r in by_n.items():
+            lines.append(f"| {system} | {n} | {r['aggregate_tok_s']:.1f} | {r['per_user_tok_s']:.1f}, "
+                         f"{r['min_user_tok_s']:.1f} | {r['ttft_s_median']:.2f} s / {r['ttft_s_max']:.2f} s |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(p)
+    p.add_argument("--users", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--tokens", type=int, default=64, help="new tokens per user")
+    p.add_argument("--no-page", action="store_true", help="skip the page measurement")
+    p.add_argument("--vllm-url", default=None, help="a running vLLM server's /v1 URL, same model")
+    p.add_argument("--vllm-model", default=None)
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = p.parse_args(argv)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+    engine_users(engine, 1, 4)  # warm-up
+    rows: dict[str, dict[int, dict]] = {"engine": {}}
+    for n in args.users:
+        rows["engine"][n] = engine_users(engine, n, args.tokens)
+        if not args.no_page:
+            rows.setdefault("page", {})[n] = page_users(engine, n, args.tokens)
+        if args.vllm_url:
+            rows.setdefault("vllm", {})[n] = vllm_users(args.vllm_url, args.vllm_model, n, args.tokens)
+        print(json.dumps({k: v[n] for k, v in rows.items()}), file=sys.stderr)
+    result = {"model": engine.name, "device": str(engine.device), "dtype": str(engine.dtype),
+              "tokens": args.tokens, "ratios": ratios(rows, args.users), "systems": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "users.json").write_text(json.dumps(result, indent=2))
+    md = to_markdown(result)
+    (out / "users.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,121 @@
+"""The paged KV cache: one pool of fixed-size blocks shared by every run.
+
+A run holds blocks in proportion to its tokens: it takes one more block each time it fills the
+last, and gives them all back when it ends. Where a position's keys and values live is its
+slot, block * BLOCK_SIZE + offset; attention gathers a run's slots in order.
+
+A run is admitted only when the blocks it may grow to (prompt + max new tokens) fit beside what
+the runs already admitted may grow to, so a run never waits for a block in the middle.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .config import ModelConfig
+
+BLOCK_SIZE = 16  # positions per block
+
+
+def blocks_for(positions: int) -> int:
+    return -(-positions // BLOCK_SIZE)
+
+
+@dataclass(frozen=True)
+class PoolStats:
+    blocks_total: int
+    blocks_used: int  # held by runs now
+    blocks_reserved: int  # promised to admitted runs, held or not yet
+    active_runs: int
+    waiting_runs: int
+    bytes_per_block: int
+
+    @property
+    def bytes_used(self) -> int:
+        return self.blocks_used * self.bytes_per_block
+
+
+class KVPool:
+    """Keys and values of every layer for n_blocks blocks, and which blocks are free.
+
+    k, v: (n_layers, n_blocks * BLOCK_SIZE, n_kv_heads, head_dim): a layer's slots in one
+    tensor, so writing new positions is one index_copy_ and gathering a run's is one index.
+    """
+
+    def __init__(self, cfg: ModelConfig, n_blocks: int, device: torch.device, dtype: torch.dtype):
+        if n_blocks < 1:
+            raise ValueError("the KV pool needs at least one block")
+        shape = (cfg.n_layers, n_blocks * BLOCK_SIZE, cfg.n_kv_heads, cfg.head_dim)
+        # empty, not zeros: untouched pages cost no memory until a run writes them.
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
+        self.n_blocks = n_blocks
+        self.bytes_per_block = BLOCK_SIZE * cfg.kv_bytes_per_token(self.k.element_size())
+        self._free = list(range(n_blocks - 1, -1, -1))  # pop() hands out low blocks first
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            return self._free.pop()  # admission guarantees one is there
+
+    def give_back(self, blocks: list[int]) -> None:
+        with self._lock:
+            self._free.extend(reversed(blocks))
+
+    @property
+    def blocks_used(self) -> int:
+        return self.n_blocks - len(self._free)
+
+
+class BlockTable:
+    """One run's blocks, in position order."""
+
+    def __init__(self, pool: KVPool):
+        self.pool = pool
+        self.blocks: list[int] = []
+        self.length = 0  # positions written
+
+    def grow_to(self, positions: int) -> None:
+        while len(self.blocks) * BLOCK_SIZE < positions:
+            self.blocks.append(self.pool.take())
+
+    def slots(self, start: int, end: int, device) -> torch.Tensor:
+        """Pool slots of positions start..end-1, (end - start,) int64."""
+        pos = torch.arange(start, end)
+        blocks = torch.tensor(self.blocks, dtype=torch.long)[pos // BLOCK_SIZE]
+        return (blocks * BLOCK_SIZE + pos % BLOCK_SIZE).to(device)
+
+    def release(self) -> None:
+        if self.blocks:
+            self.pool.give_back(self.blocks)
+        self.blocks = []
+
+
+def default_pool_blocks(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,
+                        pool_mib: float | None = None) -> int:
+    """Blocks for the pool: pool_mib when given; else a quarter of the memory available (on a
+    GPU, half of what is free after the weights), at most what 16 full-context runs need."""
+    per_block = BLOCK_SIZE * cfg.kv_bytes_per_token(torch.empty((), dtype=dtype).element_size())
+    if pool_mib is not None:
+        budget = pool_mib * 2**20
+    elif device.type == "cuda":
+        budget = torch.cuda.mem_get_info(device)[0] / 2
+    else:
+        budget = _available_bytes() / 4
+    most = 16 * blocks_for(cfg.max_seq_len)
+    return max(1, min(int(budget // per_block), most))
+
+
+def _available_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2

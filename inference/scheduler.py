@@ -1,0 +1,290 @@
+"""The scheduler: one forward pass per step for every active run.
+
+Each step gathers a decode row for every run that is generating and a chunk of the prompt of
+runs still in prefill (at most `prefill_chunk` prompt tokens a step, so a long prompt does not
+stall everyone's next token), runs them through the model in one pass over the paged KV pool,
+and samples each run's next token with its own settings, seed and generator. Decoding is bound
+by reading the weights, so a step for 8 runs costs little more than a step for one.
+
+A run's results do not depend on who else runs: its rows see only its own cache slots, and its
+sampling only its own generator.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from .errors import ResourceError
+from .events import DoneEvent, StepEvent, WaitEvent
+from .kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, blocks_for
+from .model import PagedBatch, Transformer
+from .sampling import SamplingParams
+from .step_stats import candidates, pick
+from .stop import StopMatcher
+
+
+@dataclass(eq=False)
+class Run:
+    """One request's state while the scheduler owns it. Its events go to `events`."""
+    ids: list[int]
+    params: SamplingParams
+    top_n: int
+    cancel: threading.Event
+    max_new: int
+    capped: bool
+    seed: int
+    blocks_needed: int
+    events: queue.Queue = field(default_factory=queue.Queue)
+    released: threading.Event = field(default_factory=threading.Event)
+    table: BlockTable | None = None
+    generator: torch.Generator | None = None
+    seen: torch.Tensor | None = None  # (vocab,) bool: tokens the repetition penalty sees
+    stream: object = None
+    stops: StopMatcher | None = None
+    prefilled: int = 0  # prompt positions in the cache
+    next_token: int | None = None  # sampled, not yet fed back
+    parts: list[str] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    submitted: float = field(default_factory=time.perf_counter)
+    admitted: float | None = None
+    last_step_end: float | None = None
+    wait_position: int | None = None
+
+    @property
+    def n_prompt(self) -> int:
+        return len(self.ids)
+
+
+class Scheduler:
+    """Owns the model's forward passes and the KV pool; runs a thread that steps every run."""
+
+    def __init__(self, model: Transformer, tokenizer, eos_ids: set[int], pool: KVPool,
+                 prefill_chunk: int | None = None):
+        self.model, self.tokenizer, self.eos_ids, self.pool = model, tokenizer, eos_ids, pool
+        self.prefill_chunk = prefill_chunk or (1024 if model.device.type == "cuda" else 128)
+        self._waiting: deque[Run] = deque()
+        self._active: list[Run] = []
+        self._reserved = 0  # blocks promised to admitted runs
+        self._cv = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------ the callers' side
+
+    def submit(self, ids: list[int], params: SamplingParams, top_n: int, cancel: threading.Event,
+               max_new: int, capped: bool, seed: int) -> Run:
+        needed = blocks_for(len(ids) + max_new)
+        if needed > self.pool.n_blocks:
+            raise ResourceError(
+                f"this run needs {needed} KV blocks ({len(ids)} prompt + {max_new} new tokens) but "
+                f"the server's pool has {self.pool.n_blocks}; lower max new tokens or shorten the prompt")
+        run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed)
+        with self._cv:
+            self._waiting.append(run)
+            if self._reserved + sum(r.blocks_needed for r in self._waiting) > self.pool.n_blocks:
+                self._tell_waiting()  # at once: the page shows the wait from the click on
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="tokenlab-scheduler")
+                self._thread.start()
+            self._cv.notify()
+        return run
+
+    def abandon(self, run: Run) -> None:
+        """The caller stopped listening (a closed stream): end the run and wait until its blocks
+        are back in the pool."""
+        run.cancel.set()
+        with self._cv:
+            self._cv.notify()
+        run.released.wait()
+
+    def stats(self) -> PoolStats:
+        with self._cv:
+            return self._stats()
+
+    def _stats(self) -> PoolStats:
+        return PoolStats(self.pool.n_blocks, self.pool.blocks_used, self._reserved, len(self._active),
+                         len(self._waiting), self.pool.bytes_per_block)
+
+    @property
+    def runs(self) -> int:
+        """Runs admitted or waiting."""
+        with self._cv:
+            return len(self._active) + len(self._waiting)
+
+    # ------------------------------------------------------------ the scheduler's thread
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._active and not self._waiting:
+                    self._cv.wait()
+            self._iteration()  # its locals end with it: a finished run is not kept while idle
+
+    def _iteration(self) -> None:
+        with self._cv:
+            self._drop_cancelled_waiting()
+            self._admit()
+            active = list(self._active)
+        for run in active:
+            if run.cancel.is_set():
+                self._finish(run, "cancelled")
+        active = [r for r in active if not r.released.is_set()]
+        if active:
+            self._step(active)
+
+    def _drop_cancelled_waiting(self) -> None:
+        for run in [r for r in self._waiting if r.cancel.is_set()]:
+            self._waiting.remove(run)
+            run.events.put(self._done(run, "cancelled"))
+            run.released.set()
+
+    def _admit(self) -> None:
+        """First come, first served: admit while the next run's blocks fit the pool."""
+        while self._waiting and self._reserved + self._waiting[0].blocks_needed <= self.pool.n_blocks:
+            run = self._waiting.popleft()
+            self._reserved += run.blocks_needed
+            self._start(run)
+            self._active.append(run)
+        self._tell_waiting()
+
+    def _tell_waiting(self) -> None:
+        """A WaitEvent to each queued run whose place in line changed."""
+        now = time.perf_counter()
+        for position, run in enumerate(self._waiting, 1):
+            if run.wait_position != position:
+                run.wait_position = position
+                run.events.put(WaitEvent(position, (now - run.submitted) * 1000, self._stats(), run.blocks_needed))
+
+    def _start(self, run: Run) -> None:
+        dev = self.model.device
+        run.admitted = run.last_step_end = time.perf_counter()
+        run.table = BlockTable(self.pool)
+        run.generator = torch.Generator(device=dev)
+        run.generator.manual_seed(run.seed)
+        run.seen = torch.zeros(self.model.cfg.vocab_size, dtype=torch.bool, device=dev)
+        run.seen[torch.tensor(run.ids, device=dev)] = True
+        run.stream, run.stops = self.tokenizer.stream(), StopMatcher(run.params.stop)
+
+    def _step(self, active: list[Run]) -> None:
+        """One forward pass: a decode row per generating run, prompt chunks within the budget."""
+        dev = self.model.device
+        tokens, positions, slots, sampling = [], [], [], []
+        decode, prefills = [], []
+        budget = self.prefill_chunk
+        for run in active:
+            if run.prefilled == run.n_prompt:  # generating: feed back the last token
+                start, new = run.table.length, [run.next_token]
+            elif budget > 0:
+                start = run.prefilled
+                new = run.ids[start:start + budget]
+                budget -= len(new)
+            else:
+                continue
+            row = len(tokens)
+            run.table.grow_to(start + len(new))
+            tokens += new
+            positions += range(start, start + len(new))
+            slots.append(run.table.slots(start, start + len(new), dev))
+            if run.prefilled == run.n_prompt:
+                decode.append((row, run, start + 1))
+            else:
+                prefills.append((row, len(new), run.table.slots(0, start + len(new), dev), start))
+                run.prefilled += len(new)
+            run.table.length = start + len(new)
+            if run.prefilled == run.n_prompt:  # this row's logits give the run's next token
+                sampling.append((row + len(new) - 1, run))
+        if not tokens:
+            return
+        batch = PagedBatch(
+            positions=torch.tensor(positions, device=dev), write_slots=torch.cat(slots),
+            decode_rows=None, decode_slots=None, decode_mask=None, prefills=prefills,
+            logit_rows=torch.tensor([row for row, _ in sampling], dtype=torch.long, device=dev))
+        if decode:
+            longest = max(n for _, _, n in decode)
+            ctx = torch.zeros(len(decode), longest, dtype=torch.long, device=dev)  # (B, L), padded with slot 0
+            mask = torch.zeros(len(decode), 1, 1, longest, dtype=torch.bool, device=dev)  # (B, 1, 1, L)
+            for b, (_, run, n) in enumerate(decode):
+                ctx[b, :n] = run.table.slots(0, n, dev)
+                mask[b, ..., :n] = True
+            batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
+            batch.decode_slots, batch.decode_mask = ctx, mask
+        try:
+            with torch.inference_mode():
+                logits = self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k, self.pool.v)
+                for i, (_, run) in enumerate(sampling):
+                    self._sample(run, logits[i])
+        except torch.OutOfMemoryError:
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+            for run in active:
+                self._fail(run, ResourceError(
+                    f"out of {dev.type.upper()} memory after {len(run.step_ms)} tokens ({run.n_prompt} "
+                    "prompt tokens, with other runs on this server); try a shorter prompt or fewer new tokens"))
+        except Exception as e:  # handed to each run's caller, who reports it; the scheduler goes on
+            for run in active:
+                self._fail(run, e)
+
+    def _sample(self, run: Run, logits: torch.Tensor) -> None:
+        next_id, info = pick(logits, run.params, run.seen, run.generator, run.top_n)
+        run.seen[next_id[0]] = True
+        token_id = info.token_id
+        run.next_token = token_id
+        is_eos = token_id in self.eos_ids
+        delta = "" if is_eos else run.stops.push(run.stream.push(token_id))
+        run.parts.append(delta)
+        now = time.perf_counter()
+        ms = (now - run.last_step_end) * 1000
+        run.last_step_end = now
+        run.step_ms.append(ms)
+        first = len(run.step_ms) == 1
+        tok, per_position = self.tokenizer, self.pool.bytes_per_block // BLOCK_SIZE
+        with self._cv:
+            pool = self._stats()
+        run.events.put(StepEvent(
+            step=len(run.step_ms) - 1, token_id=token_id, piece=tok.piece(token_id), text=delta,
+            prob=info.prob, raw_prob=info.raw_prob, top=candidates(info, tok.piece),
+            entropy=info.entropy, rank=info.rank,
+            kv_cache_bytes=run.table.length * per_position,
+            kv_cache_capacity_bytes=len(run.table.blocks) * self.pool.bytes_per_block,
+            ms=ms, prefill_ms=ms if first else None, prompt_tokens=run.n_prompt if first else None,
+            wait_ms=(run.admitted - run.submitted) * 1000 if first else None,
+            kv_blocks=len(run.table.blocks), pool=pool))
+        if is_eos:
+            self._finish(run, "eos")
+        elif run.stops.matched is not None:
+            self._finish(run, "stop")
+        elif len(run.step_ms) == run.max_new:
+            self._finish(run, "context" if run.capped else "length")
+
+    def _release(self, run: Run) -> None:
+        run.table.release()
+        with self._cv:
+            self._reserved -= run.blocks_needed
+            self._active.remove(run)
+            self._cv.notify()
+        run.released.set()
+
+    def _finish(self, run: Run, reason: str) -> None:
+        self._release(run)
+        run.events.put(self._done(run, reason))
+
+    def _fail(self, run: Run, error: Exception) -> None:
+        if not run.released.is_set():
+            self._release(run)
+            run.events.put(error)
+
+    @staticmethod
+    def _done(run: Run, reason: str) -> DoneEvent:
+        tail = "" if reason == "stop" or run.stream is None else run.stops.push(run.stream.flush()) + run.stops.flush()
+        decode_s = sum(run.step_ms[1:]) / 1000
+        n = len(run.step_ms)
+        return DoneEvent(
+            reason=reason, text="".join(run.parts) + tail, tail=tail, prompt_tokens=run.n_prompt,
+            generated_tokens=n, ttft_ms=run.step_ms[0] if n else 0.0,
+            decode_tokens_per_s=(n - 1) / decode_s if decode_s > 0 else 0.0,
+            seed=run.seed, max_new_tokens=run.max_new, capped=run.capped)

@@ -1,0 +1,109 @@
+"""Holding an engine's runs where a test wants them, so that no outcome depends on how fast the
+machine is: a tiny model finishes a whole run before a Stop, a closed tab or a full queue could
+otherwise be seen."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+TIMEOUT_S = 60.0  # only a broken test waits this long
+
+
+class Hold:
+    """Holds the engine's scheduler before each forward pass that includes a stoppable run
+    (one given a cancel flag, as every page run is). Pass n (counted from 0 over all such
+    passes) starts once the test has allowed more than n passes, or as soon as one of its runs
+    is cancelled: a held run that is stopped or disconnected then ends within one step. Passes
+    of runs without a cancel flag only are not held."""
+
+    def __init__(self, monkeypatch, engine):
+        self.allowed = 0
+        self.started = 0  # passes that have begun (run or waiting)
+        self.ended = 0  # held runs that have ended
+        self._cond = threading.Condition()
+        self._held: set[int] = set()  # id() of the cancel flags of held runs
+        self._monkeypatch = monkeypatch
+        step, generate_ids = engine.scheduler._step, engine.generate_ids
+
+        def tracked(ids, params, top_n=10, cancel=None):
+            if cancel is not None:
+                self._held.add(id(cancel))
+            try:
+                yield from generate_ids(ids, params, top_n, cancel)
+            finally:
+                if cancel is not None:
+                    with self._cond:
+                        self._held.discard(id(cancel))
+                        self.ended += 1
+                        self._cond.notify_all()
+
+        def held(active):
+            cancels = [r.cancel for r in active if id(r.cancel) in self._held]
+            if cancels:
+                with self._cond:
+                    n = self.started
+                    self.started += 1
+                    self._cond.notify_all()
+                    # A cancel flag set elsewhere notifies nobody: look again every 10 ms.
+                    if not _wait(self._cond, lambda: self.allowed > n or any(c.is_set() for c in cancels), 0.01):
+                        raise TimeoutError(f"forward pass {n} was held for {TIMEOUT_S:.0f} s")
+            return step(active)
+
+        monkeypatch.setattr(engine, "generate_ids", tracked)
+        monkeypatch.setattr(engine.scheduler, "_step", held)
+
+    def allow(self, n: int = 1) -> None:
+        """Let held runs make n more forward passes (tokens)."""
+        with self._cond:
+            self.allowed += n
+            self._cond.notify_all()
+
+    def step(self, n: int) -> None:
+        """Let the run make n more tokens, and wait until it is held again."""
+        ended = self.ended
+        self.allow(n)
+        with self._cond:
+            assert _wait(self._cond, lambda: self.started > self.allowed or self.ended > ended), \
+                f"no run reached forward pass {self.allowed} within {TIMEOUT_S:.0f} s"
+            assert self.started > self.allowed, f"the run ended before forward pass {self.allowed}"
+
+    def open(self) -> None:
+        """Let every run go, now and later."""
+        self.allow(math.inf)
+
+    def close(self) -> None:
+        """Hold again from the next pass on (between runs)."""
+        with self._cond:
+            self.allowed = self.started
+
+    def one_token_per_update(self) -> None:
+        """Let runs make one more token each time the page's handler makes an update: a run
+        never gets ahead of the page, and stops advancing when the page stops taking updates."""
+        from ui.handlers import Handlers
+        outputs = Handlers.outputs
+
+        def paced(handlers, *args, **kwargs):
+            self.allow(1)
+            return outputs(handlers, *args, **kwargs)
+
+        self._monkeypatch.setattr(Handlers, "outputs", paced)
+
+
+def _wait(cond: threading.Condition, predicate, poll_s: float | None = None) -> bool:
+    deadline = time.monotonic() + TIMEOUT_S
+    while not predicate():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        cond.wait(min(left, poll_s) if poll_s else left)
+    return True
+
+
+def wait_until(predicate, what: str = "the condition") -> None:
+    """Wait for something that is certain to happen (the timeout only ends a broken test)."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what} did not happen within {TIMEOUT_S:.0f} s"
+        time.sleep(0.01)

@@ -1,0 +1,181 @@
+"""The scheduler: every active run in one forward pass per step, over one paged KV pool. A run's
+tokens and probabilities do not depend on who else is running; blocks come back at the end."""
+
+import random
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from types import SimpleNamespace
+
+import pytest
+
+from inference.engine import Engine
+from inference.errors import ResourceError
+from inference.events import DoneEvent, StepEvent, WaitEvent
+from inference.kv_pool import BLOCK_SIZE
+from inference.sampling import SamplingParams
+from ui.controls import Controls
+from ui.handlers import Handlers
+
+SETTINGS = [dict(temperature=0.0), dict(temperature=1.0, seed=1), dict(temperature=0.7, top_k=20, seed=2),
+            dict(temperature=1.3, top_p=0.9, seed=3), dict(temperature=0.9, min_p=0.05, seed=4),
+            dict(temperature=1.0, repetition_penalty=1.3, seed=5), dict(temperature=0.0, stop=("e",)),
+            dict(temperature=1.1, seed=6)]
+PROMPTS = ["The quick brown fox", "Once upon a time", "今天天气真好", "def fibonacci(n):",
+           "Paris is the capital", "Numbers 0123", "Emoji are fun 😀", "The lazy dog"]
+
+
+def collect(engine, i, cancel=None):
+    ids = engine.tokenizer.encode(PROMPTS[i])
+    params = SamplingParams(**SETTINGS[i], max_new_tokens=24)
+    return list(engine.generate_ids(ids, params, top_n=5, cancel=cancel))
+
+
+def gate(monkeypatch, engine) -> threading.Event:
+    """Hold the scheduler before its next forward pass until the returned event is set."""
+    go, step = threading.Event(), engine.scheduler._step
+
+    def held(active):
+        assert go.wait(60), "the test never released the scheduler"
+        return step(active)
+    monkeypatch.setattr(engine.scheduler, "_step", held)
+    return go
+
+
+def test_eight_runs_together_give_each_its_alone_result(tiny_engine, monkeypatch):
+    alone = [collect(tiny_engine, i) for i in range(8)]
+    go = gate(monkeypatch, tiny_engine)
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(collect, tiny_engine, i) for i in range(8)]
+        try:
+            while tiny_engine.active_runs < 8:  # every run submitted before the first pass
+                threading.Event().wait(0.001)
+        finally:
+            go.set()
+        together = [f.result() for f in futures]
+    steps = [e for run in together for e in run if isinstance(e, StepEvent)]
+    assert max(e.pool.active_runs for e in steps) == 8  # they really shared forward passes
+    for a, b in zip(alone, together):
+        assert [e.token_id for e in a[:-1]] == [e.token_id for e in b[:-1]]
+        assert a[-1].text == b[-1].text and a[-1].reason == b[-1].reason
+        for x, y in zip(a[:-1], b[:-1]):
+            assert abs(x.prob - y.prob) < 1e-5 and abs(x.raw_prob - y.raw_prob) < 1e-5
+            assert [c.id for c in x.top] == [c.id for c in y.top]
+    stats = tiny_engine.scheduler.stats()
+    assert tiny_engine.active_runs == 0 and stats.blocks_used == 0 and stats.blocks_reserved == 0
+
+
+def test_a_long_prompt_prefilled_in_chunks_equals_one_pass(tiny_dirs):
+    whole = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32", prefill_chunk=1024)
+    chunked = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32", prefill_chunk=7)
+    ids = whole.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 4)
+    assert len(ids) > 3 * 7
+    params = SamplingParams(temperature=1.0, seed=9, max_new_tokens=10)
+    a = list(whole.generate_ids(ids, params, top_n=5))
+    b = list(chunked.generate_ids(ids, params, top_n=5))
+    assert [e.token_id for e in a[:-1]] == [e.token_id for e in b[:-1]]
+    assert max(abs(x.raw_prob - y.raw_prob) for x, y in zip(a[:-1], b[:-1])) < 1e-5
+
+
+def test_blocks_grow_with_the_run_and_come_back(tiny_engine):
+    events = collect(tiny_engine, 0)
+    n_prompt = len(tiny_engine.tokenizer.encode(PROMPTS[0]))
+    for e in events[:-1]:
+        held = n_prompt + e.step  # positions in the cache at this step
+        assert e.kv_blocks == -(-held // BLOCK_SIZE) and e.pool.blocks_used >= e.kv_blocks
+    assert tiny_engine.scheduler.stats().blocks_used == 0
+
+
+def test_a_run_that_can_never_fit_is_refused(tiny_dirs):
+    engine = Engine.from_hf_dir(tiny_dirs["mha"], "cpu", "float32", kv_pool_mib=0.01)
+    blocks = engine.scheduler.pool.n_blocks
+    ids = engine.tokenizer.encode("The quick brown fox")
+    with pytest.raises(ResourceError, match=f"needs .* KV blocks .* pool has {blocks}") as e:
+        list(engine.generate_ids(ids, SamplingParams(max_new_tokens=200)))
+    assert "\n" not in str(e.value) and engine.active_runs == 0
+
+
+def test_when_the_pool_is_full_a_run_waits_then_runs(tiny_dirs, monkeypatch):
+    engine = Engine.from_hf_dir(tiny_dirs["mha"], "cpu", "float32")
+    per_block = engine.scheduler.pool.bytes_per_block
+    ids = engine.tokenizer.encode("The quick brown fox")
+    params = SamplingParams(temperature=1.0, seed=4, max_new_tokens=3 * BLOCK_SIZE)
+    alone = list(engine.generate_ids(ids, params))
+    need = -(-(len(ids) + params.max_new_tokens) // BLOCK_SIZE)
+    engine = Engine.from_hf_dir(tiny_dirs["mha"], "cpu", "float32", kv_pool_mib=(need + 1) * per_block / 2**20)
+    go = gate(monkeypatch, engine)
+    first = engine.generate_ids(ids, params)
+    second = engine.generate_ids(ids, params)
+    with ThreadPoolExecutor(1) as pool:
+        a = pool.submit(list, first)
+        try:
+            while engine.scheduler.stats().active_runs < 1:  # admitted, held before its first pass
+                threading.Event().wait(0.001)
+            waiting = next(second)  # the pool holds one such run: the second waits
+        finally:
+            go.set()
+        assert isinstance(waiting, WaitEvent) and waiting.position == 1 and waiting.blocks_needed == need
+        b = [waiting] + list(second)
+        a = a.result()
+    assert not any(isinstance(e, WaitEvent) for e in a)
+    assert [e.token_id for e in a[:-1]] == [e.token_id for e in alone[:-1]] == [e.token_id for e in b[1:-1]]
+    assert b[1].wait_ms > 0 and engine.scheduler.stats().blocks_used == 0
+
+
+def test_closing_or_cancelling_gives_the_blocks_back(tiny_engine, monkeypatch):
+    go = gate(monkeypatch, tiny_engine)
+    go.set()
+    gen = tiny_engine.generate_ids(tiny_engine.tokenizer.encode("The quick"), SamplingParams(max_new_tokens=100))
+    next(gen)
+    gen.close()  # a closed stream: returns once the run's blocks are back
+    assert tiny_engine.active_runs == 0 and tiny_engine.scheduler.stats().blocks_used == 0
+    go.clear()
+    cancel = threading.Event()
+    gen = tiny_engine.generate_ids(tiny_engine.tokenizer.encode("The quick"), SamplingParams(max_new_tokens=100),
+                                   cancel=cancel)
+    with ThreadPoolExecutor(1) as pool:
+        rest = pool.submit(list, gen)
+        try:
+            while tiny_engine.active_runs < 1:
+                threading.Event().wait(0.001)
+            cancel.set()  # while the scheduler is held before the run's first pass
+        finally:
+            go.set()
+        events = rest.result()
+    assert isinstance(events[-1], DoneEvent) and events[-1].reason == "cancelled" and len(events) <= 2
+    assert tiny_engine.active_runs == 0 and tiny_engine.scheduler.stats().blocks_used == 0
+
+
+def test_churn_of_32_clients_leaves_nothing_behind(tiny_engine):
+    """32 page sessions run, stop and disconnect at random (a fixed seed, three actions each):
+    no exception, every completed run gives its alone text, and the pool ends empty."""
+    h = Handlers(tiny_engine, top_n=3, update_interval_s=0.01)
+    settings = [Controls(prompt=PROMPTS[i % 8], temperature=1.0, top_k=30, max_new_tokens=20, seed=str(i))
+                for i in range(8)]
+    alone = [list(h.generate(*c.values(), SimpleNamespace(session_hash="alone")))[-1][-1].done.text
+             for c in settings]
+    rng = random.Random(0)
+    plans = [[(rng.randrange(8), rng.choice(["run", "stop", "disconnect"])) for _ in range(3)] for _ in range(32)]
+
+    def client(k):
+        session = SimpleNamespace(session_hash=f"churn{k}")
+        texts = []
+        for which, action in plans[k]:
+            gen = h.generate(*settings[which].values(), session)
+            if action == "run":
+                texts.append((which, list(gen)[-1][-1].done.text))
+            elif action == "stop":
+                next(gen)
+                h.stop(session)
+                list(gen)
+            else:
+                next(gen)
+                gen.close()
+        return texts
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(client, range(32)))
+    completed = [t for r in results for t in r]
+    assert completed and all(text == alone[which] for which, text in completed)
+    stats = tiny_engine.scheduler.stats()
+    assert tiny_engine.active_runs == 0 and stats.blocks_used == 0 and stats.blocks_reserved == 0
+    assert len(h.registry) == 0
