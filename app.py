@@ -3,46 +3,127 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
-from inference.cli import add_model_args
+from inference.cli import add_engine_args, add_model_args
+
+AUTH_ENV = "TOKENLAB_AUTH"
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def _login(text: str) -> tuple[str, str] | None:
+    user, sep, password = text.strip().partition(":")
+    return (user, password) if sep and user and password else None
+
+
+def read_logins(args, p: argparse.ArgumentParser, environ=os.environ) -> list[tuple[str, str]]:
+    """The logins of --auth, --auth-file (one USER:PASSWORD a line; blank lines and lines
+    starting with # are skipped) and $TOKENLAB_AUTH (USER:PASSWORD), all of them. A bad entry
+    is an error that names where it is, never what it says (it may hold a password)."""
+    logins = []
+    if args.auth is not None:
+        if (login := _login(args.auth)) is None:
+            p.error("--auth must be USER:PASSWORD")
+        logins.append(login)
+    if args.auth_file is not None:
+        try:
+            with open(args.auth_file, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except (OSError, UnicodeDecodeError) as e:
+            p.error(f"--auth-file: cannot read {args.auth_file}: {getattr(e, 'strerror', None) or e}")
+        for n, line in enumerate(lines, 1):
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if (login := _login(line)) is None:
+                p.error(f"--auth-file {args.auth_file}, line {n}: expected USER:PASSWORD")
+            logins.append(login)
+        if not logins:
+            p.error(f"--auth-file {args.auth_file}: no USER:PASSWORD line")
+    if environ.get(AUTH_ENV):
+        if (login := _login(environ[AUTH_ENV])) is None:
+            p.error(f"${AUTH_ENV} must be USER:PASSWORD")
+        logins.append(login)
+    return logins
+
+
+def count(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 (no limit) or more")
+    return value
+
+
+def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Token Lab: watch a language model predict, token by token")
     add_model_args(p)
+    add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free)")
-    p.add_argument("--share", action="store_true", help="create a PUBLIC Gradio share link")
-    p.add_argument("--auth", default=None, metavar="USER:PASSWORD", help="require this login")
+    p.add_argument("--share", action="store_true", help="create a PUBLIC Gradio share link (with the "
+                   "limits below on by default)")
+    g = p.add_argument_group("login", f"logins come from all of --auth, --auth-file and ${AUTH_ENV}=USER:PASSWORD; "
+                             "the last two keep the password out of the process list")
+    g.add_argument("--auth", default=None, metavar="USER:PASSWORD", help="require this login")
+    g.add_argument("--auth-file", default=None, metavar="PATH", help="require one of these logins "
+                   "(one USER:PASSWORD a line)")
+    lim = p.add_argument_group("limits", "what one visitor may cost: on with --share (the defaults in "
+                               "parentheses), off otherwise; 0 = no limit")
+    lim.add_argument("--max-new-tokens-cap", type=count, default=None, metavar="N",
+                     help="at most N new tokens a run (512)")
+    lim.add_argument("--runs-per-client", type=count, default=None, metavar="N",
+                     help="runs (and scores, comparisons, replays) queued or running per visitor, "
+                          "a visitor being a login, else an IP address (1)")
+    lim.add_argument("--sessions-per-client", type=count, default=None, metavar="N",
+                     help="open sessions (tabs, API clients) per visitor; one idle for 15 minutes "
+                          "stops counting (8)")
     args = p.parse_args(argv)
+    args.logins = read_logins(args, p, environ)
     if args.auth is not None:
-        user, sep, password = args.auth.partition(":")
-        if not sep or not user or not password:
-            p.error("--auth must be USER:PASSWORD")
-        args.auth = (user, password)
+        args.auth = _login(args.auth)
     return args
+
+
+def limits_for(args):
+    """The limits of a --share page by default, none otherwise; the flags set each one."""
+    from ui.public import Limits
+    values = dict(max_new_tokens=args.max_new_tokens_cap, runs_per_client=args.runs_per_client,
+                  sessions_per_client=args.sessions_per_client)
+    return Limits.shared(**values) if args.share else Limits.local(**values)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from inference.engine import Engine
-    from inference.errors import TokenLabError
+    from inference.cli import open_engine
+    from inference.errors import InputError, TokenLabError
 
     try:
-        engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+        engine = open_engine(args)
     except TokenLabError as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
-    from ui.layout import build_ui, launch
+        return 2 if isinstance(e, InputError) else 1
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch, limits_markdown
 
-    print(f"Loaded {engine.name}: {engine.cfg.n_layers} layers, {engine.dtype} on {engine.device}",
-          file=sys.stderr)
+    if getattr(engine, "is_remote", False):
+        info = engine.describe()
+        print(f"Using {info.name} served at {info.url} (context {info.max_seq_len}, "
+              f"{info.logprobs} log-probabilities)", file=sys.stderr)
+    else:
+        print(f"Loaded {engine.name}: {engine.cfg.n_layers} layers, {engine.dtype} on {engine.device}",
+              file=sys.stderr)
+    if args.auth is not None:
+        print(f"note: a password given with --auth shows in the process list; ${AUTH_ENV} or "
+              "--auth-file keep it out", file=sys.stderr)
     if args.share:
         print("WARNING: --share creates a PUBLIC link. Anyone who has it can use this playground "
-              "and your machine's compute" + ("" if args.auth else "; consider --auth USER:PASSWORD")
+              "and your machine's compute" + ("" if args.logins else "; consider --auth-file PATH")
               + ".", file=sys.stderr)
-    launch(build_ui(engine), engine, host=args.host, port=args.port, share=args.share, auth=args.auth)
+    limits = limits_for(args)
+    if limits.any:
+        print("Limits: " + limits_markdown(limits).removeprefix("**Shared page:** "), file=sys.stderr)
+    handlers = Handlers(engine, limits=limits)
+    launch(build_ui(engine, handlers), engine, host=args.host, port=args.port, share=args.share,
+           auth=args.logins or None)
     return 0
 
 

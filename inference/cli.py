@@ -34,12 +34,53 @@ def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same") -> No
                         "the memory available; on a GPU half of what is free after the weights)")
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """--engine-url and its companions: a model server instead of the local engine."""
+    g = p.add_argument_group("a model server instead of a local model (vLLM's OpenAI-compatible API)")
+    g.add_argument("--engine-url", default=None, metavar="URL",
+                   help="the server's OpenAI API base, e.g. http://127.0.0.1:8000/v1; the server "
+                        "runs the model, this process only asks it")
+    g.add_argument("--engine-model", default=None, metavar="NAME",
+                   help="the served model's name (default: the server's only model)")
+    g.add_argument("--engine-config", default=None, metavar="PATH",
+                   help="the served model's config.json, or a local copy of the model directory: its "
+                        "shapes and the KV-cache formula (default: the path the server loaded it "
+                        "from, when that is on this machine)")
+    g.add_argument("--engine-logprobs", default="auto", choices=("auto", "raw", "processed"),
+                   help="which distribution the server's log-probabilities are: vLLM's "
+                        "--logprobs-mode raw_logprobs (its default) or processed_logprobs; auto asks "
+                        "the server once at start")
+    g.add_argument("--engine-timeout", type=float, default=120.0, metavar="SECONDS",
+                   help="give up on a server that sends nothing for this long (default 120)")
+
+
+def open_engine(args):
+    """The engine the arguments ask for: a RemoteEngine with --engine-url, else the local
+    Engine (add_model_args). Both have the methods the CLI and the page use."""
+    remote_only = {"--engine-model": args.engine_model, "--engine-config": args.engine_config}
+    if args.engine_url is None:
+        given = [flag for flag, value in remote_only.items() if value is not None]
+        if given:
+            raise InputError(f"{', '.join(given)} only apply with --engine-url")
+        from .engine import Engine
+        return Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+    local = [flag for flag, given in (("--model", args.model is not None),
+                                      ("--kv-pool-mib", args.kv_pool_mib is not None)) if given]
+    if local:
+        raise InputError(f"{', '.join(local)} {'are' if len(local) > 1 else 'is'} for the local engine; with --engine-url the "
+                         "server loads and runs the model")
+    from .remote import RemoteEngine
+    return RemoteEngine.connect(args.engine_url, args.engine_model, args.engine_config,
+                                args.engine_logprobs, args.engine_timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m inference", description="Token Lab inference engine")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate a continuation, streaming")
     add_model_args(g)
+    add_engine_args(g)
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
     g.add_argument("--system", default=None, help="system prompt for --chat")
@@ -54,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     sc = sub.add_parser("score", help="log-probabilities of a continuation, teacher-forced")
     add_model_args(sc)
+    add_engine_args(sc)
     sc.add_argument("--prompt", required=True)
     sc.add_argument("--continuation", required=True)
     sc.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
@@ -61,6 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
     add_model_args(t)
+    add_engine_args(t)
     t.add_argument("--text", required=True)
     return parser
 
@@ -74,7 +117,7 @@ def _sampling_params(args, model_defaults: dict):
 
 
 def _cmd_generate(args) -> int:
-    from .engine import Engine, Request
+    from .engine import Request
     from .events import DoneEvent
 
     _sampling_params(args, {})  # bad values fail before the model loads
@@ -82,7 +125,7 @@ def _cmd_generate(args) -> int:
         raise InputError(f"--top must be >= 1, got {args.top}")
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+    engine = open_engine(args)
     params = _sampling_params(args, engine.generation_defaults)
     events = engine.generate(Request(args.prompt, params, chat=args.chat, system=args.system,
                                      top_n=args.top))
@@ -105,9 +148,7 @@ def _cmd_generate(args) -> int:
 
 
 def _cmd_tokenize(args) -> int:
-    from .engine import Engine
-
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+    engine = open_engine(args)
     tok = engine.tokenizer
     ids = tok.encode(args.text)
     print(json.dumps([{"id": i, "piece": tok.piece(i)} for i in ids], ensure_ascii=False))
@@ -117,9 +158,7 @@ def _cmd_tokenize(args) -> int:
 def _cmd_score(args) -> int:
     import math
 
-    from .engine import Engine
-
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+    engine = open_engine(args)
     scores = engine.score(engine.prompt_ids(args.prompt, args.chat), args.continuation)
     total = sum(lp for _, _, lp in scores)
     for i, piece, lp in scores:

@@ -121,6 +121,31 @@ class Engine:
         the earlier turns of `history`, user and assistant messages, oldest first)."""
         return self._segments(prompt, chat, system, history)[0]
 
+    def max_chars(self, tokens: int) -> int:
+        """The most characters of typed text that `tokens` tokens can hold."""
+        return max(tokens, 0) * self.tokenizer.max_token_chars
+
+    def check_fits(self, what: str, chars: int, tokens: int, room: str) -> None:
+        """Refuse text of `chars` characters that cannot fit in `tokens` tokens, by its length
+        alone: a megabyte prompt costs nothing before it is refused. `what` names the text
+        ("the prompt is"), `room` the space ("the context window is 2048")."""
+        limit = self.max_chars(tokens)
+        if chars > limit:
+            raise InputError(f"{what} {chars:,} characters but {room} tokens (at most {limit:,} "
+                             f"characters); shorten it by at least {chars - limit:,} characters")
+
+    def check_prompt_size(self, prompt: str, chat: bool = False, system: str | None = None,
+                          history: list[dict] | None = None) -> None:
+        """Refuse a prompt (with its system prompt and earlier turns in chat mode) that cannot
+        fit the context window, by its length alone: the cheap first check of prompt_ids."""
+        if not isinstance(prompt, str) or (chat and system is not None and not isinstance(system, str)):
+            raise InputError("the prompt must be text")
+        earlier = sum(len(m.get("content") or "") for m in history or () if isinstance(m, dict)) if chat else 0
+        chars = len(prompt) + (len(system) if chat and system else 0) + earlier
+        what = ("the conversation is" if earlier else
+                "the prompt and system prompt are" if chat and system else "the prompt is")
+        self.check_fits(what, chars, self.cfg.max_seq_len - 1, f"the context window is {self.cfg.max_seq_len}")
+
     @property
     def default_system_prompt(self) -> str:
         """The system prompt the chat template adds when the user gives none ("" if none)."""
@@ -130,7 +155,8 @@ class Engine:
     def _segments(self, prompt: str, chat: bool, system: str | None,
                   history: list[dict] | None = None) -> tuple[str, list[tuple[str, bool]]]:
         """The prompt text, and its parts as (text, written by the chat template)."""
-        if not isinstance(prompt, str) or not prompt.strip():
+        self.check_prompt_size(prompt, chat, system, history)
+        if not prompt.strip():
             raise InputError("the prompt is empty")
         if not chat:
             return prompt, [(prompt, False)]
@@ -163,11 +189,16 @@ class Engine:
     def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]:
         """Teacher-forced log-probabilities of continuation's tokens after context_ids, from one
         forward pass: [(token id, piece, log p)]."""
+        if not isinstance(continuation, str):
+            raise InputError("the continuation must be text")
+        if not context_ids:
+            raise InputError("the context is empty: scoring needs at least one token before")
+        room = self.cfg.max_seq_len - len(context_ids)
+        self.check_fits("the continuation is", len(continuation), room,
+                        f"the context window has {max(room, 0)} of its {self.cfg.max_seq_len}")
         cont = self.tokenizer.encode_continuation(continuation)
         if not cont:
             raise InputError("the continuation is empty")
-        if not context_ids:
-            raise InputError("the context is empty: scoring needs at least one token before")
         ids = context_ids + cont
         if len(ids) > self.cfg.max_seq_len:
             raise InputError(f"context and continuation are {len(ids)} tokens but the context window "

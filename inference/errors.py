@@ -15,3 +15,43 @@ class InputError(TokenLabError):
 
 class ResourceError(TokenLabError):
     """The device ran out of memory during a run; the run ended, the engine keeps serving."""
+
+
+def shown(value, limit: int = 40) -> str:
+    """repr(value) for a message, cut to about `limit` characters: a value a visitor sent can be
+    megabytes long, and the message must stay one short line (only the head is converted)."""
+    if isinstance(value, (str, bytes)) and len(value) > limit:
+        return f"{value[:limit]!r}… ({len(value):,} long)"
+    text = repr(value)
+    return text if len(text) <= 2 * limit else text[:limit] + "…"
+
+
+# ---------------------------------------------------------------- a model server (--engine-url)
+
+class ServerError(TokenLabError):
+    """The model server could not serve a request; the message names the server and why."""
+
+
+class ServerUnreachable(ServerError):
+    """Nothing answers at the server's address (refused, unknown host, connection broken)."""
+
+
+class ServerTimeout(ServerError):
+    """The server accepted the connection but did not answer in time."""
+
+
+class ServerRefused(ServerError):
+    """The server answered with an error (HTTP 4xx/5xx, or an error in the stream)."""
+
+
+class ModelNotServed(ServerRefused):
+    """The server does not serve the model asked for."""
+
+
+class ContextTooLong(ServerRefused, InputError):
+    """The prompt (and the tokens asked for) do not fit the served model's context window."""
+
+
+class NotAvailableRemote(TokenLabError):
+    """What needs the model's insides (weights, activations, full logits) when the page is in
+    front of a server."""

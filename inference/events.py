@@ -1,4 +1,9 @@
-"""The plain dataclasses the engine yields while it generates. The UI and CLI only format them."""
+"""The plain dataclasses the engine yields while it generates. The UI and CLI only format them.
+
+A number the engine cannot know is None (null in JSON), never a stand-in: in front of a model
+server (inference/remote.py) the entropy over the whole vocabulary, a rank beyond the returned
+candidates, this run's KV-cache bytes, and whichever of the raw and final distributions the
+server's log-probabilities are not."""
 
 from __future__ import annotations
 
@@ -11,8 +16,8 @@ from .kv_pool import PoolStats
 class Candidate:
     id: int
     piece: str
-    prob: float  # in the final distribution, the one sampled from
-    raw_prob: float  # softmax of the model's logits at temperature 1, nothing filtered
+    prob: float | None  # in the final distribution, the one sampled from
+    raw_prob: float | None  # softmax of the model's logits at temperature 1, nothing filtered
 
 
 @dataclass
@@ -21,18 +26,19 @@ class StepEvent:
     token_id: int
     piece: str
     text: str  # new text this step adds to the output (may be "" while bytes or a stop are held)
-    prob: float
-    raw_prob: float
+    prob: float | None  # as Candidate's
+    raw_prob: float | None
     top: list[Candidate]
-    entropy: float  # of the raw distribution, in nats
-    rank: int  # the chosen token's rank in the raw distribution (1 = most likely)
-    kv_cache_bytes: int  # this run's positions held in the KV cache, in bytes
-    kv_cache_capacity_bytes: int  # this run's KV blocks, in bytes
+    entropy: float | None  # of the raw distribution, in nats
+    rank: int | None  # the chosen token's rank in the raw distribution (1 = most likely)
+    kv_cache_bytes: int | None  # this run's positions held in the KV cache, in bytes
+    kv_cache_capacity_bytes: int | None  # this run's KV blocks, in bytes
     ms: float  # wall time of this step: prefill + sample for step 0, one decode + sample after
+    # (in front of a server: the wait for this token at the page; 0 for one that came with the last)
     prefill_ms: float | None = None  # step 0 only: the time to first token, from admission
     prompt_tokens: int | None = None  # step 0 only
     wait_ms: float | None = None  # step 0 only: time queued before admission
-    kv_blocks: int = 0  # this run's blocks of the server's KV pool
+    kv_blocks: int | None = 0  # this run's blocks of the server's KV pool
     pool: "PoolStats | None" = None  # the server's pool at this step (all runs)
 
     def to_json(self) -> dict:

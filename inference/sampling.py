@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError
+from .errors import InputError, shown
 from .settings import BY_NAME, FILTER_SETTINGS, SETTINGS
 
 MAX_STOP_STRINGS = 16
@@ -39,11 +39,11 @@ def validate(p: SamplingParams) -> None:
     for s in SETTINGS:
         value = getattr(p, s.name)
         if s.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InputError(f"{s.name} must be an integer, got {value!r}")
+            raise InputError(f"{s.name} must be an integer, got {shown(value)}")
         s.parse(value)
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
                                or not 0 <= p.seed < 2**63):
-        raise InputError(f"seed must be an integer in [0, 2^63), got {p.seed!r}")
+        raise InputError(f"seed must be an integer in [0, 2^63), got {shown(p.seed)}")
     if len(p.stop) > MAX_STOP_STRINGS:
         raise InputError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(p.stop)}")
     for s in p.stop:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import InputError
+from .errors import InputError, shown
 
 
 @dataclass(frozen=True)
@@ -38,20 +38,20 @@ class Setting:
         """The value as this setting's type, checked against its range; InputError names the
         setting. Whole numbers written as 3.0 are accepted for integers, 2.5 is not."""
         if isinstance(raw, bool):
-            raise InputError(f"{self.name} must be a number, got {raw!r}")
+            raise InputError(f"{self.name} must be a number, got {shown(raw)}")
         try:
             value = float(raw)
         except (TypeError, ValueError):
-            raise InputError(f"{self.name} must be a number, got {raw!r}") from None
+            raise InputError(f"{self.name} must be a number, got {shown(raw)}") from None
         if not math.isfinite(value):
-            raise InputError(f"{self.name} must be a finite number, got {raw!r}")
+            raise InputError(f"{self.name} must be a finite number, got {shown(raw)}")
         if self.kind is int:
             if value != int(value):
-                raise InputError(f"{self.name} must be a whole number, got {raw!r}")
+                raise InputError(f"{self.name} must be a whole number, got {shown(raw)}")
             value = int(value)
         too_low = value <= self.minimum if self.min_open else value < self.minimum
         if too_low or (self.maximum is not None and value > self.maximum):
-            raise InputError(f"{self.name} must be in {self.range_text()} ({self.help}), got {raw!r}")
+            raise InputError(f"{self.name} must be in {self.range_text()} ({self.help}), got {shown(raw)}")
         return value
 
 

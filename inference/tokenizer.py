@@ -68,9 +68,12 @@ class Tokenizer:
     def __init__(self, *, encode_fn, token_bytes: list[bytes], raw_pieces: list[str],
                  continue_fn=None, template_fn=None,
                  bos_id: int | None, eos_ids: tuple[int, ...], add_bos: bool,
-                 special_tokens: dict[str, int], chat_template: str | None, kind: str):
+                 special_tokens: dict[str, int], chat_template: str | None, kind: str,
+                 normalizer_shrink: int = 1):
         """encode_fn and continue_fn encode text as text: a control token's spelling typed by a
-        user stays characters. template_fn turns control-token text into its id (templates)."""
+        user stays characters. template_fn turns control-token text into its id (templates).
+        normalizer_shrink: how many typed characters the tokenizer's normalizer may turn into
+        one (1: it keeps every character; see max_token_chars)."""
         self._encode_fn = encode_fn
         self._continue_fn = continue_fn or encode_fn
         self._template_fn = template_fn or (lambda text, continuing=False: encode_fn(text))
@@ -84,6 +87,12 @@ class Tokenizer:
         for text, i in special_tokens.items():
             self._pieces[i] = text
         self._control_ids = frozenset(special_tokens.values()) | {i for i in (bos_id, *eos_ids) if i is not None}
+        # The most characters of typed text one token can stand for: the longest token's text
+        # (each byte of a split character counts as a character), times what the normalizer
+        # may merge. n tokens never hold more than n * max_token_chars characters, so longer
+        # text is refused by its length alone, before any tokenizing (Engine.check_fits).
+        longest = max((len(b.decode("utf-8", errors="replace")) for b in token_bytes), default=1)
+        self.max_token_chars = max(1, longest) * max(1, normalizer_shrink)
 
     @property
     def vocab_size(self) -> int:
@@ -205,6 +214,55 @@ def _resolve_special(tok_cfg: dict, lookup, bos_id, eos_ids):
     return bos_id, tuple(eos_ids)
 
 
+# A normalizer that may delete characters (collapse whitespace, strip accents or control
+# characters) or a model that fuses unknown characters bounds nothing: its text is allowed this
+# many characters per token of the longest, a bound typed text reaches only by padding.
+UNBOUNDED_SHRINK = 16
+# NFC/NFKC composition turns at most 4 code points into one (the longest canonical decomposition).
+COMPOSITION_SHRINK = 4
+
+
+def _hf_normalizer_shrink(spec: dict | None) -> int:
+    """How many characters a tokenizers.json normalizer may turn into one."""
+    if not spec:
+        return 1
+    kind = spec.get("type")
+    if kind == "Sequence":
+        out = 1
+        for sub in spec.get("normalizers") or []:
+            out *= _hf_normalizer_shrink(sub)
+        return min(out, UNBOUNDED_SHRINK)
+    if kind in ("NFD", "NFKD", "Lowercase", "Prepend"):
+        return 1
+    if kind in ("NFC", "NFKC"):
+        return COMPOSITION_SHRINK
+    if kind == "Replace":
+        pattern = (spec.get("pattern") or {}).get("String")
+        if isinstance(pattern, str) and pattern and len(spec.get("content") or "") >= len(pattern):
+            return 1
+    return UNBOUNDED_SHRINK
+
+
+def _hf_shrink(spec: dict) -> int:
+    model = spec.get("model") or {}
+    absorbing = any(not t.get("special") and (t.get("lstrip") or t.get("rstrip"))
+                    for t in spec.get("added_tokens") or [])
+    if absorbing or (model.get("fuse_unk") and not model.get("byte_fallback")):
+        return UNBOUNDED_SHRINK
+    return _hf_normalizer_shrink(spec.get("normalizer"))
+
+
+def _sentencepiece_shrink(proto) -> int:
+    norm = proto.normalizer_spec
+    if norm.remove_extra_whitespaces or not proto.trainer_spec.byte_fallback:
+        return UNBOUNDED_SHRINK  # collapsed whitespace; runs of unknown characters in one <unk>
+    if norm.name in ("identity", ""):
+        return 1
+    if norm.name in ("nfkc", "nfkc_cf"):
+        return COMPOSITION_SHRINK
+    return UNBOUNDED_SHRINK
+
+
 def _load_hf_tokenizers(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Tokenizer:
     from tokenizers import Tokenizer as HFTokenizer
 
@@ -239,7 +297,7 @@ def _load_hf_tokenizers(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Toke
         template_fn=lambda text, continuing=False: tok.encode(text, add_special_tokens=False).ids,
         token_bytes=token_bytes, raw_pieces=raw, bos_id=bos_id, eos_ids=eos_ids,
         add_bos=bool(add_bos), special_tokens=specials,
-        chat_template=read_chat_template(model_dir, tok_cfg), kind="bpe")
+        chat_template=read_chat_template(model_dir, tok_cfg), kind="bpe", normalizer_shrink=_hf_shrink(spec))
 
 
 def _load_sentencepiece(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Tokenizer:
@@ -304,4 +362,5 @@ def _load_sentencepiece(model_dir: Path, tok_cfg: dict, bos_id, eos_ids) -> Toke
         template_fn=lambda text, continuing=False: encode(text, continuing, controls=True),
         token_bytes=token_bytes, raw_pieces=raw, bos_id=bos_id, eos_ids=eos_ids,
         add_bos=bool(tok_cfg.get("add_bos_token", True)), special_tokens=specials,
-        chat_template=read_chat_template(model_dir, tok_cfg), kind="sentencepiece")
+        chat_template=read_chat_template(model_dir, tok_cfg), kind="sentencepiece",
+        normalizer_shrink=_sentencepiece_shrink(proto))

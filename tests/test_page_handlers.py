@@ -127,13 +127,13 @@ def test_the_link_carries_the_seed_the_last_run_used(h):
     a = after(h, rec, [])
     assert a["run_seed"] == str(rec.seed)
     c = Controls(prompt="The quick brown fox", max_new_tokens=8, seed="")
-    link = h.share_link(*c.values(), "http://x/", a["run_seed"])
+    link = h.share_link(*c.values(), "http://x/", None, a["run_seed"])  # the request, then the run's seed
     query = dict(parse_qsl(urlsplit(link).query))
     assert query["seed"] == str(rec.seed)
     restored, problems = controls_from_query(query, h.defaults)
     assert problems == [] and restored.seed == str(rec.seed)
     # A typed seed wins over the last run's.
-    assert "seed=7" in h.share_link(*Controls(seed="7").values(), "http://x/", "123")
+    assert "seed=7" in h.share_link(*Controls(seed="7").values(), "http://x/", None, "123")
 
 
 def test_link_numbers_are_written_as_javascript_writes_them():
@@ -147,18 +147,26 @@ def test_link_values_the_page_cannot_hold_are_ignored_by_name(h, tiny_engine):
                                       h.defaults, {"max_new_tokens": tiny_engine.cfg.max_seq_len - 1})
     assert c.prompt == "Hi" and c.top_p == h.defaults.top_p and c.max_new_tokens == h.defaults.max_new_tokens
     assert [p.split("`")[1] for p in problems] == ["top_p", "max_new_tokens"]
-    notice = h.restore(SimpleNamespace(query_params={"top_p": "7", "max_new_tokens": "99999"}))[-2]
+    notice = h.restore(SimpleNamespace(query_params={"top_p": "7", "max_new_tokens": "99999"}))[-1]
     assert notice.count("\n- ") == 2  # one Markdown list item each
     # A link that sets one of the "More settings" opens them.
-    assert h.restore(SimpleNamespace(query_params={"min_p": "0.1"}))[-1]["open"] is True
+    assert h.restore(SimpleNamespace(query_params={"min_p": "0.1"}))[-2]["open"] is True
 
 
 # ---------------------------------------------------------------- downloads
 
+def downloaded(h, html_links: str, which: int):
+    """The file behind the page's `which`-th download link (as the download route finds it)."""
+    url = re.findall(r"href='([^']+)'", html_links)[which]
+    route, token, name = url.rsplit("/", 2)
+    assert route == "tokenlab/download"
+    return h.download_path(token, name)
+
+
 def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, capsys):
     rec = run(h, seed="5", temperature=0.0, max_new_tokens=6)
     a = after(h, rec, [])
-    lines = [json.loads(x) for x in open(a["download_run"]["value"], encoding="utf-8").read().splitlines()]
+    lines = [json.loads(x) for x in downloaded(h, a["downloads"], 0).read_text(encoding="utf-8").splitlines()]
     assert lines == [json.loads(json.dumps(s.to_json())) for s in rec.steps] + [rec.done.to_json()]
     # The same fields, tokens and text as `python -m inference generate --jsonl`.
     from inference.cli import main
@@ -169,16 +177,19 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
     assert [set(x) for x in cli] == [set(x) for x in lines]
     assert [x.get("token_id") for x in cli] == [x.get("token_id") for x in lines]
     assert cli[-1]["text"] == lines[-1]["text"]
-    settings = json.loads(open(a["download_settings"]["value"], encoding="utf-8").read())
+    settings = json.loads(downloaded(h, a["downloads"], 1).read_text(encoding="utf-8"))
     assert settings["seed"] == "5" and settings["prompt"] == "The quick brown fox" and settings["temperature"] == 0.0
 
 
 def test_old_downloads_are_deleted(h, monkeypatch):
     import ui.handlers as handlers_module
     monkeypatch.setattr(handlers_module, "KEEP_FILES", 3)
-    paths = [h._write_file(f"f{i}.txt", "x") for i in range(5)]
-    from pathlib import Path
-    assert [Path(p).exists() for p in paths] == [False, False, True, True, True]
+    urls = [h._write_file(f"f{i}.txt", "x") for i in range(5)]
+    found = [h.download_path(*u.rsplit("/", 2)[1:]) for u in urls]
+    assert [f is not None for f in found] == [False, False, True, True, True]
+    assert not (h._files_dir / urls[0].rsplit("/", 2)[1]).exists()  # deleted, not only forgotten
+    assert h.download_path(urls[4].rsplit("/", 2)[1], "other.txt") is None  # only the name it wrote
+    assert h.download_path("../../etc", "passwd") is None
     assert run_jsonl(RunRecord()) == "\n"
 
 
@@ -254,7 +265,10 @@ def test_events_outside_the_queue_never_raise(h):
         assert isinstance(h.replay_step(rec, 0, v, v, v, v, v)[0], str)
         assert isinstance(h.count_context(v, v, v, v), str)
         assert isinstance(h.select_head(rec, 0, 0, v), str)
-        assert isinstance(h.share_link(*([v] * 11), v, v), str)
+        try:  # a link is made, or refused with a message naming the field (in the queue)
+            assert isinstance(h.share_link(*([v] * 11), v, v), str)
+        except gr.Error as e:
+            assert re.search(r"prompt|seed|stop|mode", str(e)), e
         assert len(h.begin(*([v] * 11), session("j"), v)) == 22
         assert len(h.begin(*Controls(mode="chat").values(), session("j"), [v])) == 22
     assert h.replay_step(None, 0, 1.0, 0, 1.0, 0.0, 1.0)[0].startswith("Generate first")

@@ -124,3 +124,22 @@ def test_closing_the_tab_ends_the_run(live_app, browser, hold):
     page.close(run_before_unload=True)
     wait_until(lambda: engine.active_runs == 0, "the run's end")
     assert held.started == 3  # no token after the one being made when the tab closed
+
+
+def test_a_second_generate_cannot_start_while_the_run_goes(live_app, browser, hold):
+    """Generate is disabled while this tab's run goes (a second request, from a script, is
+    refused with RUN_GOING: test_public), and the run it has goes on to its end."""
+    url, engine, _ = live_app
+    held = hold(engine)
+    page = open_page(browser)
+    page.goto(url + "/?prompt=Once&max_new_tokens=12&temperature=0&seed=1")
+    page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'")
+    page.click("#generate")
+    held.step(2)  # the run has made 2 tokens and is held before the 3rd
+    assert page.is_disabled("#generate") and not page.is_disabled("#stop")
+    page.click("#generate", force=True)  # a click on the disabled button starts nothing
+    held.open()
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('max new tokens reached')")
+    page.wait_for_function("!document.querySelector('#generate').disabled")
+    assert engine.active_runs == 0
+    page.close()

@@ -137,7 +137,7 @@ def test_share_link_round_trips_through_the_query(handlers):
     restored, problems = controls_from_query(query, Controls.for_model(handlers.engine.generation_defaults))
     assert restored == c and problems == []
     values = handlers.restore(SimpleNamespace(query_params=query))
-    assert list(values[:-2]) == c.values() and values[-2] == ""
+    assert list(values[:-2]) == c.values() and values[-1] == ""
 
 
 def test_bad_query_values_are_named_not_dropped():

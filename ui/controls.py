@@ -10,8 +10,8 @@ import inspect
 from dataclasses import field, fields, make_dataclass
 from urllib.parse import urlencode
 
-from inference.errors import InputError, TokenLabError
-from inference.sampling import SamplingParams
+from inference.errors import InputError, TokenLabError, shown
+from inference.sampling import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
 from inference.settings import BY_NAME, SETTINGS, defaults
 
 MODES = ("completion", "chat")
@@ -49,22 +49,39 @@ def signature(*extra: str) -> inspect.Signature:
     return inspect.Signature(params)
 
 
+SEED_CHARS = 40  # 2^63 has 19 digits: longer text is refused before it is converted
+
+
 def parse_seed(text) -> int | None:
-    if text is None or str(text).strip() == "":
-        return None
+    text = "" if text is None else str(text)
     try:
-        value = int(str(text).strip())
+        if len(text) > SEED_CHARS:  # refused before int() reads it
+            raise ValueError
+        if not text.strip():
+            return None
+        value = int(text.strip())
     except ValueError:
-        raise InputError(f"seed must be a whole number or empty (random), got {text!r}") from None
+        raise InputError(f"seed must be a whole number or empty (random), got {shown(text)}") from None
     if not 0 <= value < 2**63:
         raise InputError(f"seed must be between 0 and 2^63 - 1, got {value}")
     return value
+
+
+# The stop strings' box holds at most MAX_STOP_STRINGS lines of MAX_STOP_LENGTH characters,
+# each written with escapes (two characters for one) and a newline; longer text is refused
+# by its length before it is split.
+MAX_STOP_TEXT = MAX_STOP_STRINGS * (2 * MAX_STOP_LENGTH + 1)
 
 
 def parse_stop(text: str | None) -> tuple[str, ...]:
     """One stop string per line; \\n and \\t written literally stand for newline and tab."""
     if not text:
         return ()
+    if not isinstance(text, str):
+        raise InputError("stop strings must be text")
+    if len(text) > MAX_STOP_TEXT:
+        raise InputError(f"stop strings are {len(text):,} characters but at most {MAX_STOP_STRINGS} "
+                         f"of at most {MAX_STOP_LENGTH} characters are allowed")
     return tuple(line.replace("\\n", "\n").replace("\\t", "\t") for line in text.split("\n") if line)
 
 
@@ -98,12 +115,12 @@ def controls_from_query(query: dict, base: Controls | None = None,
                 if name == "seed":
                     parse_seed(value)
         except TokenLabError as e:
-            problems.append(f"Ignored link parameter `{name}` = {raw!r}: {e}")
+            problems.append(f"Ignored link parameter `{name}` = {shown(raw)}: {e}")
             continue
         setattr(c, name, value)
     for key in query:
         if key not in NAMES and not key.startswith("__"):
-            problems.append(f"Ignored unknown link parameter `{key}`")
+            problems.append(f"Ignored unknown link parameter {shown(key)}")
     return c, problems
 
 

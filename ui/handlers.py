@@ -13,19 +13,43 @@ import tempfile
 import threading
 import time
 from collections import deque
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 import gradio as gr
 
 from inference.engine import Engine
-from inference.errors import TokenLabError
+from inference.errors import ServerError, TokenLabError, shown
 from inference.settings import BY_NAME, FILTER_SETTINGS
-from ui import render
-from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, sampling_params,
-                         share_url)
+from ui import render, render_remote
+from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop,
+                         sampling_params, share_url)
+from ui.public import Admission, Limits, Refused, client_key, tokens_message
 from ui.run_state import RunRecord, divergence, run_jsonl, turn_messages
 from ui.streaming import EventPump, RunRegistry, update_interval_for
+
+
+MAX_URL_CHARS = 2048  # the page's own address, sent by the browser for the share link
+
+
+def named_args(*names: str):
+    """The method takes a value for each of `names` (the last ones as *values), then gradio's
+    request; the signature names them all, so that gradio passes the request (it finds it only
+    among named parameters)."""
+    def wrap(fn):
+        n = len(names)
+
+        def method(self, *args):
+            return fn(self, *args[:n], request=args[n] if len(args) > n else None)
+        functools.update_wrapper(method, fn)
+        del method.__wrapped__
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        method.__signature__ = inspect.Signature(
+            [inspect.Parameter(p, kind) for p in ("self", *names)]
+            + [inspect.Parameter("request", kind, default=None, annotation=gr.Request)])
+        return method
+    return wrap
 
 
 def takes_controls(*extra: str, after: tuple[str, ...] = ()):
@@ -74,19 +98,42 @@ def _session(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
 
+def _who(request: gr.Request | None) -> tuple[str, str]:
+    """(session, client) of a page event; client as ui.public.client_key names it."""
+    return _session(request), client_key(request)
+
+
+def is_remote(engine) -> bool:
+    """A RemoteEngine: the page in front of a model server (inference/remote.py)."""
+    return getattr(engine, "is_remote", False)
+
+
 class Handlers:
-    """The engine and the run registry, passed in; each method is one page event. Events that
-    run outside the queue (queue=False) never raise: gradio answers those with an HTTP 500, so
-    they return their message in the panel instead."""
+    """The engine and the run registry, passed in; each method is one page event. The engine is
+    a local Engine or a RemoteEngine (same methods); `view` formats what depends on which.
+    Events that run outside the queue (queue=False) never raise: gradio answers those with an
+    HTTP 500, so they return their message in the panel instead."""
 
     def __init__(self, engine: Engine, registry: RunRegistry | None = None, top_n: int = 10,
-                 update_interval_s: float | None = None, files_dir: str | None = None):
+                 update_interval_s: float | None = None, limits: Limits | None = None,
+                 files_dir: str | None = None):
+        """limits: what one visitor may cost (ui/public.py); none by default."""
         self.engine, self.registry, self.top_n = engine, registry or RunRegistry(), top_n
+        self.limits = limits or Limits()
+        self.admission = Admission(self.registry, self.limits)
         self.info = engine.describe()
+        cap = self.limits.max_new_tokens
+        self.remote = is_remote(engine)
+        self.view = render_remote if self.remote else render
+        self.context = self.info.max_seq_len if self.remote else self.info.cfg.max_seq_len
+        # The line under each step's bars: where the numbers come from, or how approximate they are.
+        self.bars_note = (render_remote.bars_source(self.info, top_n) if self.remote
+                          else render.approx_note(self.info))
         self.defaults = Controls.for_model(engine.generation_defaults)
+        if cap is not None and self.defaults.max_new_tokens > cap:
+            self.defaults.max_new_tokens = cap
         self.update_interval_s = update_interval_s or update_interval_for(engine)
-        self.context = engine.cfg.max_seq_len
-        self.default_system = engine.default_system_prompt
+        self.default_system = getattr(engine, "default_system_prompt", "") or ""
         # Sessions whose run was clicked but not yet taken by the engine (their click time),
         # and those of them whose Stop came before the engine did.
         self._waiting: dict[str, float] = {}
@@ -95,7 +142,22 @@ class Handlers:
         # Downloads the page offers: written here (in the system's temp directory, which gradio
         # serves from), the oldest deleted once there are more than KEEP_FILES.
         self._files_dir = Path(files_dir or tempfile.mkdtemp(prefix="tokenlab-downloads-"))
-        self._files: deque[Path] = deque()
+        self._files: deque[str] = deque()  # tokens, oldest first
+        self._file_paths: dict[str, Path] = {}
+
+    @contextmanager
+    def _job(self, request: gr.Request | None):
+        """Hold the session's one engine job while the body runs; yields its cancel flag. A
+        session with a job going, or a client at its share, is refused with a page error."""
+        session, client = _who(request)
+        try:
+            cancel = self.registry.start(session, client, self.limits.runs_per_client)
+        except Refused as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        try:
+            yield cancel
+        finally:
+            self.registry.finish(session, cancel)
 
     # -------------------------------------------------------- a run (also the /generate API)
 
@@ -107,8 +169,15 @@ class Handlers:
         (output, bars, statistics, charts, replay, likelihood, inside one token), Generate
         disabled and Stop enabled, the step slider spanning the steps to come, the chart timer
         on, and a waiting record (the status line says what the run waits for). Bad input: the
-        error in the status line and every panel kept as it was; `generate` refuses it too."""
-        session = _session(request)
+        error in the status line and every panel kept as it was; `generate` refuses it too.
+        A session with a job going, or a client at its share, is refused here with a page error
+        (begin runs in the queue, unlimited, so that this is no HTTP 500), and the run is not
+        queued."""
+        session, client = _who(request)
+        self.registry.settle(session)  # a run just stopped ends within a step
+        refusal = self.admission.refusal(session, client)
+        if refusal is not None:
+            raise gr.Error(refusal, print_exception=False)
         try:
             parse_seed(c.seed)
             rec = self._prepare(c, 0, history)
@@ -141,9 +210,12 @@ class Handlers:
         except TokenLabError as e:
             raise _page_error(e) from None
         rec.queued_at, rec.started_at = queued_at, time.monotonic()
-        cancel = self.registry.start(session)
-        if stopped:  # Stop was pressed while the run waited: it ends before its first token
-            cancel.set()
+        with self._job(request) as cancel:
+            if stopped:  # Stop was pressed while the run waited: it ends before its first token
+                cancel.set()
+            yield from self._stream(rec, cancel)
+
+    def _stream(self, rec: RunRecord, cancel) -> Iterator[tuple]:
         notice = ""
         n, room = len(rec.prompt_ids), self.context - len(rec.prompt_ids)
         if rec.params.max_new_tokens > room:
@@ -158,7 +230,6 @@ class Handlers:
                 yield self.outputs(rec, notice)  # the last one carries the complete text
         finally:
             stream.close()
-            self.registry.finish(session, cancel)
 
     @takes_controls(after=("history",))
     def generate_on_page(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[tuple]:
@@ -189,8 +260,8 @@ class Handlers:
         return (
             render.output_html(rec, tok, empty=f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…"),
             self._bars(last),
-            render.stats_markdown(self.info, rec),
-            render.kv_formula(self.info, last.kv_cache_bytes if last else None) + render.pool_markdown(last),
+            self.view.stats_markdown(self.info, rec),
+            self._kv_text(rec),
             "\n\n".join(t for t in (render.wait_markdown(rec), notice) if t),
             render.status_text(rec, self.context, time.monotonic()),
             last.step if last else 0,
@@ -199,7 +270,16 @@ class Handlers:
         )
 
     def _bars(self, step, title: str = "") -> str:
-        return render.bars_html(step, title, render.approx_note(self.info))
+        return render.bars_html(step, title, self.bars_note)
+
+    def _kv_text(self, rec: RunRecord) -> str:
+        """The KV-cache formula with this run's positions held (the prompt and every token but
+        the newest): measured by the local engine, counted in front of a server, whose own
+        numbers are the whole server's (server_load)."""
+        last = rec.steps[-1] if rec.steps else None
+        if self.remote:
+            return render_remote.kv_formula(self.info, len(rec.prompt_ids) + len(rec.steps) - 1 if last else None)
+        return render.kv_formula(self.info, last.kv_cache_bytes if last else None) + render.pool_markdown(last)
 
     def _status(self, rec: RunRecord, session: str) -> str:
         with self._lock:
@@ -250,9 +330,8 @@ class Handlers:
         return (*idle, render.kv_frame(rec), render.latency_frame(rec), step, *render.run_chart_frames(rec),
                 *replay_values,
                 render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids, [s.token_id for s in rec.steps]),
-                gr.update(value=self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)), interactive=True),
-                gr.update(value=self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec)),
-                          interactive=True),
+                render.downloads_html(self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
+                                      self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec))),
                 "" if rec.seed is None else str(rec.seed),
                 new_history, render.conversation_html(new_history),
                 "" if turn else gr.skip(),  # a chat turn was sent: the box is ready for the next
@@ -268,16 +347,29 @@ class Handlers:
         return json.dumps(data, ensure_ascii=False, indent=1) + "\n"
 
     def _write_file(self, name: str, text: str) -> str:
-        d = self._files_dir / secrets.token_hex(8)
+        """Write a download and return its address, relative to the page: DOWNLOAD_ROUTE, a
+        random token and the name. Only files written here are served (download_path); the
+        oldest are deleted once there are more than KEEP_FILES."""
+        token = secrets.token_hex(16)
+        d = self._files_dir / token
         d.mkdir(parents=True, exist_ok=True)
         path = d / name
         path.write_text(text, encoding="utf-8")
         with self._lock:
-            self._files.append(path)
+            self._files.append(token)
+            self._file_paths[token] = path
             old = [self._files.popleft() for _ in range(max(0, len(self._files) - KEEP_FILES))]
-        for f in old:
-            shutil.rmtree(f.parent, ignore_errors=True)
-        return str(path)
+            for t in old:
+                self._file_paths.pop(t, None)
+        for t in old:
+            shutil.rmtree(self._files_dir / t, ignore_errors=True)
+        return f"{DOWNLOAD_ROUTE}/{token}/{name}"
+
+    def download_path(self, token: str, name: str) -> Path | None:
+        """The file a download address names, if this page wrote it (and still keeps it)."""
+        with self._lock:
+            path = self._file_paths.get(token)
+        return path if path is not None and path.name == name and path.exists() else None
 
     def count_context(self, prompt, mode, system, max_new_tokens, history=None) -> str:
         """The context counter while typing: the prompt's tokens (in chat mode with the template
@@ -322,7 +414,9 @@ class Handlers:
 
     # -------------------------------------------------------- inside one token
 
-    def inspect_step(self, rec: RunRecord | None, step, layer, head=0) -> tuple[str, str, str, str]:
+    @named_args("rec", "step", "layer", "head")
+    def inspect_step(self, rec: RunRecord | None, step, layer, head=0, request: gr.Request = None
+                     ) -> tuple[str, str, str, str]:
         """Stages with shapes and costs, the new token's attention, the logit lens and the full
         attention pattern of one head, for the selected step and layer (one forward pass, kept
         for the next head of the same step and layer)."""
@@ -330,11 +424,15 @@ class Handlers:
             return ("Generate first, then pick a step to look inside.", "", "", "")
         i = _step_index(rec, step)
         try:
-            layer = min(max(int(layer or 0), 0), self.info.cfg.n_layers - 1)
+            layer = min(max(int(layer or 0), 0), self.info.cfg.n_layers - 1) if self.info.cfg else 0
         except (TypeError, ValueError):
             return ("The layer must be a whole number.", "", "", "")
-        capture, pattern = rec.capture_at(i, layer, lambda ids: (self.engine.capture(ids, layer),
-                                                                 self.engine.attention_pattern(ids, layer)))
+        with self._job(request):
+            try:
+                capture, pattern = rec.capture_at(i, layer, lambda ids: (self.engine.capture(ids, layer),
+                                                                         self.engine.attention_pattern(ids, layer)))
+            except TokenLabError as e:  # in front of a server: no activations to capture
+                return (f"⚠ {e}", "", "", "")
         tok = self.engine.tokenizer
         return (render.stages_markdown(self.info, len(rec.prompt_ids), i),
                 render.attention_html(capture, tok), render.lens_html(capture, tok),
@@ -356,7 +454,8 @@ class Handlers:
 
     # -------------------------------------------------------- sampling experiments
 
-    def replay_step(self, rec: RunRecord | None, step, *values) -> tuple[str, str]:
+    @named_args("rec", "step", *FILTER_SETTINGS)
+    def replay_step(self, rec: RunRecord | None, step, *values, request: gr.Request = None) -> tuple[str, str]:
         """The step's sampling pipeline as it ran and under new settings (values: one per
         settings.FILTER_SETTINGS), on the step's logits recomputed by one forward pass (kept
         for the next replay of the same step, so moving a replay control is cheap)."""
@@ -369,7 +468,11 @@ class Handlers:
         except TokenLabError as e:
             return f"⚠ Replay: {e}", ""
         seen = rec.seen_before(i)
-        logits = rec.logits_at(i, self.engine.step_logits)
+        with self._job(request):  # one forward pass, unless this step's logits are kept
+            try:
+                logits = rec.logits_at(i, self.engine.step_logits)
+            except TokenLabError as e:  # in front of a server: no whole logit vector
+                return f"⚠ Replay: {e}", ""
         ran, final_ran = self.engine.replay(logits, rec.params, seen, ev.token_id)
         again, final_again = self.engine.replay(logits, new, seen, ev.token_id)
         tok = self.engine.tokenizer
@@ -381,15 +484,19 @@ class Handlers:
     def _prepare(self, c: Controls, seed: int, history=None, **override) -> RunRecord:
         """Validate the controls and tokenize the prompt: an empty record ready to run."""
         if c.mode not in MODES:
-            raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {c.mode!r}")
+            raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
         params = sampling_params(c, seed, **override)
+        cap = self.limits.max_new_tokens
+        if cap is not None and params.max_new_tokens > cap:
+            raise TokenLabError(tokens_message(cap, params.max_new_tokens))
         chat = c.mode == "chat"
         turns = list(history or []) if chat else []
         ids = self.engine.prompt_ids(c.prompt, chat, c.system, turns)
         return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
                          params=params, mode=c.mode, user_message=c.prompt, system=c.system or "",
                          history=turns, max_steps=min(params.max_new_tokens, self.context - len(ids)),
-                         controls=c)
+                         controls=c, kv_bytes_per_token=(render_remote.kv_bytes_per_token(self.info)
+                                                         if self.remote else None))
 
     def _collect(self, rec: RunRecord, cancel) -> RunRecord:
         for ev in self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
@@ -399,31 +506,29 @@ class Handlers:
     @takes_controls(*(f"{name}_b" for name in FILTER_SETTINGS))
     def compare(self, c: Controls, *b_values, request: gr.Request = None):
         """Run A (the page's settings) and B (the compare settings) with the same prompt and seed."""
-        session = _session(request)
-        cancel = self.registry.start(session)
         try:
             chosen = _seed_or_random(c.seed)
-            ra = self._collect(self._prepare(c, chosen), cancel)
-            rb = self._collect(self._prepare(c, chosen, **dict(zip(FILTER_SETTINGS, b_values))), cancel)
+            ra, rb = self._prepare(c, chosen), self._prepare(c, chosen, **dict(zip(FILTER_SETTINGS, b_values)))
+            with self._job(request) as cancel:
+                ra, rb = self._collect(ra, cancel), self._collect(rb, cancel)
         except TokenLabError as e:
             raise _page_error(e) from None
-        finally:
-            self.registry.finish(session, cancel)
         at = divergence(ra, rb)
         bars = (self._bars(ra.steps[at], f"A at step {at}") if at is not None and at < len(ra.steps) else "",
                 self._bars(rb.steps[at], f"B at step {at}") if at is not None and at < len(rb.steps) else "")
         return (render.highlighted_with_marker(ra, at), render.highlighted_with_marker(rb, at),
                 render.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both.", *bars)
 
-    def likelihood(self, rec: RunRecord | None, step, text: str) -> str:
+    def likelihood(self, rec: RunRecord | None, step, text: str, request: gr.Request = None) -> str:
         """How likely was this text? Teacher-forced at the selected step's position."""
         if rec is None or not rec.steps:
             return "Generate first, then pick the position to score from."
         i = _step_index(rec, step)
         try:
-            scores = self.engine.score(rec.seen_before(i), text or "")
+            with self._job(request):
+                scores = self.engine.score(rec.seen_before(i), text or "")
         except TokenLabError as e:
-            return f"⚠ {e}"
+            raise _page_error(e) from None
         return f"After the prompt and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)
 
     # -------------------------------------------------------- chat turns
@@ -442,6 +547,18 @@ class Handlers:
     def new_conversation(self) -> tuple:
         return [], render.conversation_html([]), gr.update(interactive=False)
 
+    # -------------------------------------------------------- the server's own load
+
+    def server_load(self) -> str:
+        """The whole server's KV-cache use and queue (its /metrics), in front of a server: at
+        load, twice a second while a run streams, and after it."""
+        if not self.remote:
+            return ""
+        try:
+            return render_remote.server_load_markdown(self.engine.server_load())
+        except ServerError as e:
+            return render_remote.server_load_markdown(error=str(e))
+
     # -------------------------------------------------------- stop, closed tabs
 
     def stop(self, request: gr.Request | None = None) -> None:
@@ -452,29 +569,46 @@ class Handlers:
         self.registry.stop(session)
 
     def closed(self, request: gr.Request | None = None) -> None:
-        """The tab was closed: its run ends, and a run it still waited for no longer counts."""
+        """The tab was closed: its run ends, a run it still waited for no longer counts, and its
+        session no longer counts to its client."""
         self.stop(request)
         with self._lock:
             self._waiting.pop(_session(request), None)
+        self.admission.sessions.forget(_session(request))
 
     # -------------------------------------------------------- sharing
 
     def restore(self, request: gr.Request | None = None) -> tuple:
         """Controls from the page URL's query parameters; each ignored parameter is named on a
-        line of its own in the notice. Also opens "More settings" when the link sets one."""
+        line of its own in the notice (the last value). Also opens "More settings" when the link
+        sets one."""
         query = dict(getattr(request, "query_params", {}) or {})
-        c, problems = controls_from_query(query, Controls.for_model(self.engine.generation_defaults),
+        c, problems = controls_from_query(query, Controls(**vars(self.defaults)),
                                           {"max_new_tokens": self.context - 1})
+        cap = self.limits.max_new_tokens
+        if cap is not None and c.max_new_tokens > cap:
+            problems.append(f"Max new tokens lowered from {c.max_new_tokens} to {cap}: {tokens_message(cap)}")
+            c.max_new_tokens = cap
         notice = ("**Some link parameters were ignored** (their controls keep the defaults):\n\n"
                   + "\n".join(f"- {p}" for p in problems)) if problems else ""
         more = any(getattr(c, n) != getattr(self.defaults, n) for n in MORE_SETTINGS)
-        return (*c.values(), notice, gr.update(open=True) if more else gr.skip())
+        return (*c.values(), gr.update(open=True) if more else gr.skip(), notice)
 
-    @takes_controls("base", "run_seed")
-    def share_link(self, c: Controls, base: str, run_seed: str = "", request: gr.Request = None) -> str:
+    @takes_controls("base", after=("run_seed",))
+    def share_link(self, c: Controls, base: str, request: gr.Request = None, run_seed: str = "") -> str:
         """A link that restores these settings; `base` is the page's own address, `run_seed`
         the seed the last run used (it stands in for an empty seed box)."""
-        return share_url(str(base or ""), c, self.defaults, seed=(run_seed or None))
+        try:  # text that no run could use makes no link (and is not copied into one)
+            self.engine.check_prompt_size(c.prompt, c.mode == "chat", c.system)
+            parse_stop(c.stop)
+            parse_seed(c.seed)
+            if c.mode not in MODES:
+                raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
+        except TokenLabError as e:
+            raise _page_error(e) from None
+        base = base if isinstance(base, str) and len(base) <= MAX_URL_CHARS else ""
+        run_seed = run_seed if isinstance(run_seed, str) and run_seed.isdigit() and len(run_seed) < 20 else None
+        return share_url(base, c, self.defaults, seed=run_seed)
 
 
 # The controls in "More settings" (closed unless a link sets one of them).
@@ -483,9 +617,10 @@ MORE_SETTINGS = ("min_p", "repetition_penalty", "stop")
 STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
 # after_run's outputs, in order (layout wires the components in this order).
 AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop", "kv_chart", "latency", "step", "run_chart",
-                 "rank_chart", *(f"replay_{n}" for n in FILTER_SETTINGS), "tokens", "download_run",
-                 "download_settings", "run_seed", "history", "conversation", "prompt", "status")
+                 "rank_chart", *(f"replay_{n}" for n in FILTER_SETTINGS), "tokens", "downloads",
+                 "run_seed", "history", "conversation", "prompt", "status")
 KEEP_FILES = 200
+DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 RUN_OUTPUTS = 9  # len(Handlers.outputs(...))
 
 

@@ -36,8 +36,21 @@ def si(n: float, unit: str = "") -> str:
     return f"{n:.3g} {unit}".rstrip()
 
 
-def bucket(p: float) -> str:
+def bucket(p: float | None) -> str | None:
+    if p is None:
+        return None
     return next(name for threshold, name in BUCKETS if p >= threshold)
+
+
+def shown_prob(s: StepEvent) -> float | None:
+    """The probability a token is coloured by: the one it was sampled with, else (in front of
+    a server that gives only the raw distribution) the model's own."""
+    return s.prob if s.prob is not None else s.raw_prob
+
+
+def known(x) -> bool:
+    """A number the engine knows: not None (in front of a server) and not NaN (no steps)."""
+    return x is not None and x == x
 
 
 def visible(text: str) -> str:
@@ -45,13 +58,17 @@ def visible(text: str) -> str:
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") if text else "∅"
 
 
-def fmt_p(p: float) -> str:
+def fmt_p(p: float | None) -> str:
     """A probability as shown everywhere: 4 decimals, or 3 significant digits below 1e-4 so that
-    small numbers stay visible."""
+    small numbers stay visible; a dash where the engine does not know it."""
+    if not known(p):
+        return "–"
     return f"{p:.4f}" if p >= 1e-4 or p == 0 else f"{p:.3g}"
 
 
-def fmt_logp(p: float) -> str:
+def fmt_logp(p: float | None) -> str:
+    if not known(p):
+        return "–"
     return f"{math.log(p):.3f}" if p > 0 else "−∞"
 
 
@@ -65,7 +82,7 @@ class Chip:
     """One piece of the generated text as the page shows it: a token, or the byte tokens that
     make one character together."""
     text: str
-    prob: float  # the probability the chip was sampled with: the product over its tokens
+    prob: float | None  # the probability the chip was sampled with: the product over its tokens
     steps: range  # the steps it spans
     cut: bool = False  # a character the end of the run cut off
 
@@ -78,7 +95,8 @@ def output_chips(rec: RunRecord, tokenizer) -> list[Chip]:
         if not complete:
             held = "".join(s.piece for s in group)
             text = f"{text}[cut off: {held}]" if rec.done is not None else text
-        chips.append(Chip(text, math.prod(s.prob for s in group), steps, not complete))
+        probs = [shown_prob(s) for s in group]
+        chips.append(Chip(text, None if None in probs else math.prod(probs), steps, not complete))
     return chips
 
 
@@ -94,7 +112,10 @@ def highlighted_output(rec: RunRecord, tokenizer) -> list[tuple[str, str | None]
     return out
 
 
-def _bucket_class(p: float) -> str:
+def _bucket_class(p: float | None) -> str:
+    """The colour class of a probability; tl-bu (uncoloured) where the engine does not know it."""
+    if not known(p):
+        return "tl-bu"
     return f"tl-b{next(i for i, (threshold, _) in enumerate(BUCKETS) if p >= threshold)}"
 
 
@@ -197,9 +218,17 @@ def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
             + f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
 
 
+def _bar(kind: str, p: float | None) -> str:
+    width = 100 * p if known(p) else 0.0
+    return (f"<span class='tl-bar'><span class='{kind}' style='width:{width:.2f}%'></span></span>"
+            f"<span class='tl-num'>{prob_html(p)}</span>")
+
+
 def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
     """Horizontal bars: raw model probability and final sampling probability per candidate;
-    `approx` says how approximate the numbers are (empty when they are the model's)."""
+    `approx` says how approximate the numbers are, or where they come from (empty when they are
+    the model's). A column the engine cannot give (in front of a server) says so in its header
+    and shows dashes, never zeros."""
     if step is None:
         return "<div class='tl-bars tl-empty'>Generate to see each step's candidates.</div>"
     rows = []
@@ -209,17 +238,19 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
         rows.append(
             f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
             f"<span class='tl-tok' title='id {c.id}'>{'▶ ' if chosen else ''}{label}</span>"
-            f"<span class='tl-bar'><span class='tl-raw' style='width:{100 * c.raw_prob:.2f}%'></span></span>"
-            f"<span class='tl-num'>{prob_html(c.raw_prob)}</span>"
-            f"<span class='tl-bar'><span class='tl-final' style='width:{100 * c.prob:.2f}%'></span></span>"
-            f"<span class='tl-num'>{prob_html(c.prob)}</span></div>")
+            f"{_bar('tl-raw', c.raw_prob)}{_bar('tl-final', c.prob)}</div>")
+    missing = " (not given by the server)"
+    raw_head = "raw model probability" + ("" if any(known(c.raw_prob) for c in step.top) else missing)
+    final_head = "final (sampled from)" + ("" if any(known(c.prob) for c in step.top) else missing)
+    rank = (f", rank {step.rank}" if step.rank is not None
+            else ", rank not known (below the returned candidates)")
     head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
             f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with p = {prob_html(step.prob)} "
-            f"(raw {prob_html(step.raw_prob)})</div>"
+            f"(raw {prob_html(step.raw_prob)}){rank}</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
             + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
-            "<span class='tl-h2'>raw model probability</span>"
-            "<span class='tl-h2'>final (sampled from)</span></div>")
+            f"<span class='tl-h2'>{raw_head}</span>"
+            f"<span class='tl-h2'>{final_head}</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
@@ -266,8 +297,17 @@ BARS_CSS = """
 
 
 def kv_frame(rec: RunRecord) -> pd.DataFrame:
-    """KV-cache MiB per step: used (prefill jump, then one position per step) and allocated."""
+    """KV-cache MiB per step: used (prefill jump, then one position per step) and allocated.
+    In front of a server, which does not say what one request holds: this run's positions times
+    the formula's bytes per position, where the model's config is known."""
     rows = []
+    if rec.steps and rec.steps[0].kv_cache_bytes is None:
+        per, n = rec.kv_bytes_per_token, len(rec.prompt_ids)
+        if per:
+            series = "this run, by the formula"
+            rows.append({"step": -1, "MiB": 0.0, "series": series})
+            rows += [{"step": s.step, "MiB": per * (n + s.step) / 2**20, "series": series} for s in rec.steps]
+        return pd.DataFrame(rows, columns=["step", "MiB", "series"])
     if rec.steps:  # before prefill the cache is empty: the first step shows the prefill's jump
         rows.append({"step": -1, "MiB": 0.0, "series": "used"})
         rows.append({"step": -1, "MiB": 0.0, "series": "allocated"})
@@ -565,6 +605,9 @@ LAYOUT_CSS = """
 #stages :is(th, td), #memory :is(th, td) { white-space: nowrap; word-break: normal; overflow-wrap: normal; }
 #stats td:last-child { font-variant-numeric: tabular-nums; }
 .tl-gen-tokens { margin-top: 8px; }
+.tl-downloads { display: flex; flex-wrap: wrap; gap: 8px; font-size: 13px; }
+.tl-downloads.tl-empty { opacity: .7; font-size: 12px; }
+.tl-dl { padding: 4px 10px; border: 1px solid rgba(128,128,128,.4); border-radius: 6px; text-decoration: none; }
 #conversation .tl-turn { margin: 2px 0; padding: 2px 6px; border-left: 3px solid rgba(128,128,128,.4); white-space: pre-wrap; }
 #conversation .tl-turn-assistant { border-left-color: #26a69a; }
 """
@@ -574,10 +617,13 @@ LAYOUT_CSS = """
 
 def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
-    for s in rec.steps:
-        rows.append({"step": s.step, "value": s.prob, "metric": "chosen-token probability"})
-        rows.append({"step": s.step, "value": s.entropy, "metric": "raw entropy (nats)"})
-    ranks = pd.DataFrame([{"step": s.step, "rank": s.rank} for s in rec.steps], columns=["step", "rank"])
+    for s in rec.steps:  # a number the engine does not know (None) is left out, not drawn as 0
+        if shown_prob(s) is not None:
+            rows.append({"step": s.step, "value": shown_prob(s), "metric": "chosen-token probability"})
+        if s.entropy is not None:
+            rows.append({"step": s.step, "value": s.entropy, "metric": "raw entropy (nats)"})
+    ranks = pd.DataFrame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None],
+                         columns=["step", "rank"])
     return pd.DataFrame(rows, columns=["step", "value", "metric"]), ranks
 
 
@@ -624,21 +670,32 @@ def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
     elif at < min(len(a.steps), len(b.steps)):
         x, y = a.steps[at], b.steps[at]
         lines.append(f"**First divergence at step {at}**: A chose **{html.escape(visible(x.piece))}** "
-                     f"(p {prob_html(x.prob)}), B chose **{html.escape(visible(y.piece))}** (p {prob_html(y.prob)}).")
+                     f"(p {prob_html(shown_prob(x))}), B chose **{html.escape(visible(y.piece))}** "
+                     f"(p {prob_html(shown_prob(y))}).")
     else:
         lines.append(f"**Same tokens until step {at}, where one run stopped.**")
     lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
               "|---|---|---|---|---|"]
     for name, s in (("A", sa), ("B", sb)):
-        lines.append(f"| {name} | {s['tokens']} | {fmt_p(s['mean_p'])} | {s['mean_entropy']:.3f} | {s['perplexity']:.3f} |")
+        entropy, ppl = (f"{x:.3f}" if known(x) else "–" for x in (s["mean_entropy"], s["perplexity"]))
+        lines.append(f"| {name} | {s['tokens']} | {fmt_p(s['mean_p'])} | {entropy} | {ppl} |")
     return "\n".join(lines)
 
 
 def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, str | None]]:
-    out = [(s.text, "diverges here" if i == at else bucket(s.prob)) for i, s in enumerate(rec.steps)]
+    out = [(s.text, "diverges here" if i == at else bucket(shown_prob(s))) for i, s in enumerate(rec.steps)]
     if rec.done and rec.done.tail:
         out.append((rec.done.tail, None))
     return out
+
+
+def downloads_html(run_url: str | None, settings_url: str | None) -> str:
+    """Links to a run's downloads (addresses relative to the page), or a note before any run."""
+    if not run_url:
+        return "<div class='tl-downloads tl-empty'>Downloads of the run's steps and settings come with its end.</div>"
+    return (f"<div class='tl-downloads'><a class='tl-dl' id='download-run' href='{html.escape(run_url, quote=True)}' "
+            f"download>Download run (JSONL)</a><a class='tl-dl' id='download-settings' "
+            f"href='{html.escape(settings_url, quote=True)}' download>Download settings (JSON)</a></div>")
 
 
 def conversation_html(history: list[dict]) -> str:

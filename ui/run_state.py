@@ -33,6 +33,7 @@ class RunRecord:
     # The full logits of the last step replayed, (step, (vocab,) tensor): moving a replay
     # slider on the same step then costs no forward pass.
     _logits: tuple | None = field(default=None, repr=False, compare=False)
+    kv_bytes_per_token: int | None = None  # the formula's, for a run whose engine does not measure it
 
     def add(self, ev) -> None:
         """Take one engine event."""
@@ -81,16 +82,25 @@ def run_jsonl(rec: RunRecord) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _mean(values: list) -> float:
+    """The mean, or NaN when there is none or any value is unknown (None)."""
+    if not values or any(v is None for v in values):
+        return float("nan")
+    return sum(values) / len(values)
+
+
 def run_summary(rec: RunRecord) -> dict:
     """Mean chosen-token probability, mean raw entropy, and the perplexity of the generated
-    text under the model (from the raw probabilities of the chosen tokens)."""
+    text under the model (from the raw probabilities of the chosen tokens). NaN where the engine
+    does not know a step's number (in front of a server: None)."""
     steps = rec.steps
     if not steps:
         return {"tokens": 0, "mean_p": float("nan"), "mean_entropy": float("nan"), "perplexity": float("nan")}
-    logp = [math.log(max(s.raw_prob, 1e-45)) for s in steps]
-    return {"tokens": len(steps), "mean_p": sum(s.prob for s in steps) / len(steps),
-            "mean_entropy": sum(s.entropy for s in steps) / len(steps),
-            "perplexity": math.exp(-sum(logp) / len(logp))}
+    chosen = [s.prob if s.prob is not None else s.raw_prob for s in steps]
+    logp = _mean([None if s.raw_prob is None else math.log(max(s.raw_prob, 1e-45)) for s in steps])
+    return {"tokens": len(steps), "mean_p": _mean(chosen),
+            "mean_entropy": _mean([s.entropy for s in steps]),
+            "perplexity": math.exp(-logp) if logp == logp else float("nan")}
 
 
 def divergence(a: RunRecord, b: RunRecord) -> int | None:

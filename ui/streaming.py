@@ -11,6 +11,7 @@ from typing import Iterator
 import gradio as gr
 
 from inference.errors import TokenLabError
+from inference.events import WaitEvent
 
 CHART_INTERVAL_S = 0.5  # the charts, larger to send and draw, at most twice a second
 
@@ -19,36 +20,63 @@ def update_interval_for(engine) -> float:
     """Seconds between streamed page updates. On a CPU each update's serialization takes a core
     and the GIL from the engine's thread: on 2 cores, at 10 updates a second the page received
     84% of the engine's decode rate alone, at 5 a second 90% (four alternated runs each, with
-    bench/run.py's client)."""
+    bench/run.py's client). In front of a server the page does not decode: 10 a second."""
+    if getattr(engine, "is_remote", False):
+        return 0.1
     return 0.1 if engine.device.type == "cuda" else 0.2
 
 
 class RunRegistry:
-    """The cancel flag of each browser session's current run (Stop and closed tabs set it)."""
+    """Each browser session's engine job while it runs (a run, a comparison, a score, a look
+    inside, a replay): its cancel flag, which Stop and closed tabs set, and its client. One job
+    per session: a second is refused, never queued behind the first or swapped for it."""
 
     def __init__(self):
-        self._runs: dict[str, threading.Event] = {}
-        self._lock = threading.Lock()
+        self._runs: dict[str, tuple[threading.Event, str]] = {}
+        self._changed = threading.Condition()
 
-    def start(self, session: str) -> threading.Event:
-        event = threading.Event()
-        with self._lock:
-            old = self._runs.get(session)
-            if old is not None:  # one run per session: a new Generate ends the old one
-                old.set()
-            self._runs[session] = event
+    def start(self, session: str, client: str = "local", per_client: int | None = None) -> threading.Event:
+        """Register the session's job; Refused if it has one, or its client `per_client`."""
+        from ui.public import RUN_GOING, Refused, runs_message
+        with self._changed:
+            if session in self._runs:
+                raise Refused(RUN_GOING)
+            n = self._count(client)
+            if per_client is not None and n >= per_client:
+                raise Refused(runs_message(n, per_client))
+            event = threading.Event()
+            self._runs[session] = (event, client)
         return event
 
     def stop(self, session: str) -> None:
-        with self._lock:
-            event = self._runs.get(session)
-        if event is not None:
-            event.set()
+        with self._changed:
+            run = self._runs.get(session)
+        if run is not None:
+            run[0].set()
 
     def finish(self, session: str, event: threading.Event) -> None:
-        with self._lock:
-            if self._runs.get(session) is event:
+        with self._changed:
+            if self._runs.get(session, (None,))[0] is event:
                 del self._runs[session]
+                self._changed.notify_all()
+
+    def running(self, session: str) -> bool:
+        with self._changed:
+            return session in self._runs
+
+    def count(self, client: str) -> int:
+        with self._changed:
+            return self._count(client)
+
+    def _count(self, client: str) -> int:
+        return sum(c == client for _, c in self._runs.values())
+
+    def settle(self, session: str, timeout_s: float = 2.0) -> None:
+        """If the session's job was stopped, wait (at most timeout_s) for it to end: it ends
+        within one step, and a Generate right after Stop should not find it still going."""
+        with self._changed:
+            self._changed.wait_for(lambda: session not in self._runs or not self._runs[session][0].is_set(),
+                                   timeout_s)
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -76,11 +104,12 @@ class EventPump:
             self._queue.put(self._END)
 
     def batches(self, interval_s: float) -> Iterator[list]:
-        """Lists of events, one list at most every interval_s (an empty one when nothing came:
-        a queued run's page still shows its wait growing); ends after the last event."""
+        """Lists of events, one list at most every interval_s; ends after the last event. While
+        the run is queued, an empty list each interval: its page shows the wait growing."""
+        waiting = False
         while True:
             try:
-                batch = [self._queue.get(timeout=interval_s)]
+                batch = [self._queue.get(timeout=interval_s if waiting else None)]
             except queue.Empty:
                 yield []
                 continue
@@ -92,6 +121,7 @@ class EventPump:
                     break
             done = batch[-1] is self._END
             events = [e for e in batch if e is not self._END]
+            waiting = bool(events) and isinstance(events[-1], WaitEvent)
             for e in events:
                 if isinstance(e, BaseException):
                     if isinstance(e, TokenLabError):
