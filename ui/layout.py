@@ -473,7 +473,7 @@ def launch(demo: gr.Blocks, engine: Engine, *, host: str = "127.0.0.1", port: in
                          app_kwargs={"middleware": [Middleware(RouteGuard, sessions=sessions)]},
                          max_file_size=1, run_history=False,
                          state_session_capacity=limits.session_capacity or 10000)
-    if h is not None:
+    if h is not None and served:  # (a test's stand-in launch returns nothing)
         serve_downloads(served[0], h)
     if block:
         _, local_url, share_url = served
