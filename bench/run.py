@@ -215,13 +215,13 @@ def measure_llama_cpp(gguf_path: Path | None, tokens: int) -> dict | None:
 
 
 PAGE_CLIENT = """
-import json, sys, time
+import json, re, sys, time
 from gradio_client import Client
 client = Client(sys.argv[1], verbose=False)
 arrivals = []
-def generated(stats):  # the "generated" cell of the run statistics table
-    rows = [r for r in stats.splitlines() if r.startswith("| ") and r[2:3].isdigit()]
-    return int(rows[0].split("|")[3]) if rows else 0
+def generated(stats):  # the "generated" row of the run statistics table
+    m = re.search(r"^\\| generated \\| (\\d+) \\|", stats, re.M)
+    return int(m.group(1)) if m else 0
 for update in client.submit(*json.loads(sys.argv[2]), api_name="/generate"):
     arrivals.append((time.perf_counter(), generated(update[2])))
 (t0, n0) = next(a for a in arrivals if a[1] > 0)

@@ -86,7 +86,7 @@ def engine_users(engine: Engine, n: int, tokens: int, top_n: int = 10) -> dict:
 # ---------------------------------------------------------------- the page
 
 PAGE_USER = """
-import json, os, sys, time
+import json, os, re, sys, time
 from gradio_client import Client
 url, args, go = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 client = Client(url, verbose=False)
@@ -96,8 +96,8 @@ t0 = time.perf_counter()
 first = last = None
 count = 0
 for update in client.submit(*args, api_name="/generate"):
-    rows = [r for r in update[2].splitlines() if r.startswith("| ") and r[2:3].isdigit()]
-    n = int(rows[0].split("|")[3]) if rows else 0
+    m = re.search(r"^\\| generated \\| (\\d+) \\|", update[2], re.M)  # the statistics' "generated" row
+    n = int(m.group(1)) if m else 0
     if n > count:
         last = time.perf_counter()
         first = first or last

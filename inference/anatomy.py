@@ -96,6 +96,18 @@ def capture_step(model: Transformer, context_ids: list[int], layer: int, top: in
                        logits.softmax(-1).cpu())
 
 
+@torch.inference_mode()
+def capture_pattern(model: Transformer, context_ids: list[int], layer: int) -> torch.Tensor:
+    """The full causal attention pattern of `layer` over context_ids, (heads, T, T) float32 on
+    the CPU: row i holds query position i's weights over positions 0..i (zero after)."""
+    if not 0 <= layer < model.cfg.n_layers:
+        raise ValueError(f"layer must be in 0..{model.cfg.n_layers - 1}, got {layer}")
+    probe = Probe(pattern_layers=(layer,))
+    tokens = torch.tensor([context_ids], device=model.device)
+    model(tokens, model.new_cache(len(context_ids)), 0, probe=probe)
+    return probe.patterns[layer].float().cpu()
+
+
 def memory_table(cfg: ModelConfig, bytes_per_value: int) -> list[tuple[str, int, int]]:
     """(component, parameters, bytes) for the loaded model."""
     p = cfg.param_counts()

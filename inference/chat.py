@@ -52,6 +52,33 @@ def render_chat_segments(template: str | None, messages: list[dict], **kwargs) -
                      "follow; use completion mode")
 
 
-def chat_messages(prompt: str, system: str | None = None) -> list[dict]:
+def chat_messages(prompt: str, system: str | None = None, history: list[dict] | None = None) -> list[dict]:
+    """The system message (if any), the earlier turns (user and assistant messages, oldest
+    first), then the new user message."""
     messages = [{"role": "system", "content": system}] if system and system.strip() else []
+    for m in history or ():
+        if not isinstance(m, dict) or m.get("role") not in ("user", "assistant") or not isinstance(m.get("content"), str):
+            raise InputError("each earlier chat turn must be a user or assistant message with text")
+        messages.append({"role": m["role"], "content": m["content"]})
     return messages + [{"role": "user", "content": prompt}]
+
+
+def default_system_prompt(template: str | None, **kwargs) -> str:
+    """The system prompt the template adds by itself when the messages have none ("" if it adds
+    none): the text the rendered conversation without a system message has where a system
+    message's content would be."""
+    if not template:
+        return ""
+    user = [{"role": "user", "content": "\ue000"}]
+    marker = "\ue001"
+    try:
+        without = render_chat(template, user, **kwargs)
+        with_marker = render_chat(template, [{"role": "system", "content": marker}] + user, **kwargs)
+    except InputError:
+        return ""
+    if with_marker.count(marker) != 1:
+        return ""
+    before, after = with_marker.split(marker)
+    if without == before + after or not (without.startswith(before) and without.endswith(after)):
+        return ""
+    return without[len(before):len(without) - len(after)].strip()

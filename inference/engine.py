@@ -10,8 +10,8 @@ from typing import Iterator
 
 import torch
 
-from .anatomy import StepCapture, capture_step
-from .chat import chat_messages, render_chat_segments
+from .anatomy import StepCapture, capture_pattern, capture_step
+from .chat import chat_messages, default_system_prompt, render_chat_segments
 from .config import ModelConfig
 from .errors import InputError, ModelError
 from .events import DoneEvent, StepEvent, WaitEvent
@@ -115,9 +115,11 @@ class Engine:
 
     # ------------------------------------------------------------ prompt -> ids
 
-    def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None) -> str:
-        """The text fed to the model: the prompt, or in chat mode the rendered template."""
-        return self._segments(prompt, chat, system)[0]
+    def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None,
+                    history: list[dict] | None = None) -> str:
+        """The text fed to the model: the prompt, or in chat mode the rendered template (with
+        the earlier turns of `history`, user and assistant messages, oldest first)."""
+        return self._segments(prompt, chat, system, history)[0]
 
     def max_chars(self, tokens: int) -> int:
         """The most characters of typed text that `tokens` tokens can hold."""
@@ -132,31 +134,42 @@ class Engine:
             raise InputError(f"{what} {chars:,} characters but {room} tokens (at most {limit:,} "
                              f"characters); shorten it by at least {chars - limit:,} characters")
 
-    def check_prompt_size(self, prompt: str, chat: bool = False, system: str | None = None) -> None:
-        """Refuse a prompt (with its system prompt in chat mode) that cannot fit the context
-        window, by its length alone: the cheap first check of prompt_ids."""
+    def check_prompt_size(self, prompt: str, chat: bool = False, system: str | None = None,
+                          history: list[dict] | None = None) -> None:
+        """Refuse a prompt (with its system prompt and earlier turns in chat mode) that cannot
+        fit the context window, by its length alone: the cheap first check of prompt_ids."""
         if not isinstance(prompt, str) or (chat and system is not None and not isinstance(system, str)):
             raise InputError("the prompt must be text")
-        chars = len(prompt) + (len(system) if chat and system else 0)
-        self.check_fits("the prompt and system prompt are" if chat and system else "the prompt is",
-                        chars, self.cfg.max_seq_len - 1, f"the context window is {self.cfg.max_seq_len}")
+        earlier = sum(len(m.get("content") or "") for m in history or () if isinstance(m, dict)) if chat else 0
+        chars = len(prompt) + (len(system) if chat and system else 0) + earlier
+        what = ("the conversation is" if earlier else
+                "the prompt and system prompt are" if chat and system else "the prompt is")
+        self.check_fits(what, chars, self.cfg.max_seq_len - 1, f"the context window is {self.cfg.max_seq_len}")
 
-    def _segments(self, prompt: str, chat: bool, system: str | None) -> tuple[str, list[tuple[str, bool]]]:
+    @property
+    def default_system_prompt(self) -> str:
+        """The system prompt the chat template adds when the user gives none ("" if none)."""
+        tok = self.tokenizer
+        return default_system_prompt(tok.chat_template, bos_token=tok.bos_token, eos_token=tok.eos_token)
+
+    def _segments(self, prompt: str, chat: bool, system: str | None,
+                  history: list[dict] | None = None) -> tuple[str, list[tuple[str, bool]]]:
         """The prompt text, and its parts as (text, written by the chat template)."""
-        self.check_prompt_size(prompt, chat, system)
+        self.check_prompt_size(prompt, chat, system, history)
         if not prompt.strip():
             raise InputError("the prompt is empty")
         if not chat:
             return prompt, [(prompt, False)]
         tok = self.tokenizer
-        return render_chat_segments(tok.chat_template, chat_messages(prompt, system),
+        return render_chat_segments(tok.chat_template, chat_messages(prompt, system, history),
                                     bos_token=tok.bos_token, eos_token=tok.eos_token)
 
-    def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
+    def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None,
+                   history: list[dict] | None = None) -> list[int]:
         """The ids fed to the model; raises InputError if they do not fit the context window.
         Control tokens come only from the chat template, never from what the user typed."""
         tok = self.tokenizer
-        _, parts = self._segments(prompt, chat, system)
+        _, parts = self._segments(prompt, chat, system, history)
         ids: list[int] = []
         for text, by_template in parts:
             if by_template:
@@ -235,6 +248,13 @@ class Engine:
         """Re-run the forward pass that predicted the token after context_ids, capturing the
         attention of `layer` and every layer's residual for the logit lens."""
         return capture_step(self.model, context_ids, layer)
+
+    def attention_pattern(self, context_ids: list[int], layer: int) -> torch.Tensor:
+        """The full causal attention pattern of `layer` over context_ids: (heads, T, T), row i
+        the weights of query position i over positions 0..i. Computed on demand only."""
+        if not context_ids:
+            raise InputError("the context is empty")
+        return capture_pattern(self.model, context_ids, layer)
 
     def step_logits(self, context_ids: list[int]) -> torch.Tensor:
         """The float32 logits (vocab,) a run computes after context_ids, by one forward pass."""

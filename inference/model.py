@@ -22,7 +22,11 @@ class Probe:
     """
     attention_layers: tuple[int, ...] = ()
     logit_lens: bool = False
+    # Layers whose full causal pattern (every query position, not only the last) is captured:
+    # heads x T x T floats per layer, so only on request.
+    pattern_layers: tuple[int, ...] = ()
     attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (heads, T_ctx)
+    patterns: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (heads, T, T_ctx)
     residuals: list[torch.Tensor] = field(default_factory=list)  # per layer, (hidden,)
 
 
@@ -108,6 +112,10 @@ class Attention(nn.Module):
                                              enable_gqa=self.n_heads != self.n_kv_heads)
         if probe is not None and layer in probe.attention_layers:
             probe.attention[layer] = attention_weights(q[:, :, -1:], keys)[0, :, 0]  # (n_heads, end)
+        if probe is not None and layer in probe.pattern_layers and not isinstance(start_pos, torch.Tensor):
+            # Query i (position start_pos + i) sees keys 0 .. start_pos + i.
+            visible = torch.ones(T, keys.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=start_pos)
+            probe.patterns[layer] = attention_weights(q, keys, visible)[0]  # (n_heads, T, end)
         out = out.transpose(1, 2).reshape(bsz, T, self.q_dim)  # (bsz, T, n_heads * head_dim)
         return self.wo(out)
 
@@ -141,14 +149,17 @@ class Attention(nn.Module):
         return self.wo(out.reshape(1, N, self.q_dim))
 
 
-def attention_weights(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """softmax(q k^T / sqrt(d)) in float32 for queries that may see every key given.
+def attention_weights(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) in float32, for queries that see every key given or, with
+    `visible` (Tq, T_ctx) bool, only the keys marked True.
 
     q: (bsz, n_heads, Tq, head_dim); keys: (bsz, n_kv_heads, T_ctx, head_dim).
     """
     n_rep = q.shape[1] // keys.shape[1]
     keys = keys.repeat_interleave(n_rep, dim=1)  # (bsz, n_heads, T_ctx, head_dim)
     scores = q.float() @ keys.float().transpose(-1, -2) / q.shape[-1] ** 0.5  # (bsz, n_heads, Tq, T_ctx)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
     return scores.softmax(dim=-1)
 
 

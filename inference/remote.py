@@ -185,23 +185,26 @@ class RemoteEngine:
 
     # ------------------------------------------------------------ prompt -> ids
 
-    def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None) -> str:
+    def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None,
+                    history: list[dict] | None = None) -> str:
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError("the prompt is empty")
         if not chat:
             return prompt
-        return self.tokenizer.decode(self.prompt_ids(prompt, chat, system))
+        return self.tokenizer.decode(self.prompt_ids(prompt, chat, system, history))
 
-    def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None) -> list[int]:
-        """The ids the server feeds the model: its tokenizer, and in chat mode its chat template."""
+    def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None,
+                   history: list[dict] | None = None) -> list[int]:
+        """The ids the server feeds the model: its tokenizer, and in chat mode its chat template
+        (over the earlier turns of `history` too)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError("the prompt is empty")
-        key = (prompt, chat, system)
+        messages = chat_messages(prompt, system, history) if chat else None
+        key = (prompt, chat, system, repr(messages))
         ids = self._prompts.get(key)
         if ids is None:
             if chat:
-                body = {"model": self.name, "messages": chat_messages(prompt, system),
-                        "add_generation_prompt": True}
+                body = {"model": self.name, "messages": messages, "add_generation_prompt": True}
                 ids = _ids(self.http.post_json("/tokenize", body, root=True))
             else:
                 ids = self.tokenizer.encode(prompt)

@@ -122,9 +122,11 @@ def test_inspect_handler_renders_all_parts(tiny_engine):
     h = Handlers(tiny_engine)
     rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=6, seed="1").values(),
                           SimpleNamespace(session_hash="i")))[-1][-1]
-    stages_md, att, lens = h.inspect_step(rec, 3, 1)
+    stages_md, att, lens, pattern = h.inspect_step(rec, 3, 1)
     n = len(rec.prompt_ids)
     assert f"scores [4, 1, {n + 3}]" in stages_md and f"scores [4, {n}, {n}]" in stages_md
     assert att.count("<tr>") == n + 3 + 1 and "Layer 1" in att
     assert lens.count("after layer") == tiny_engine.cfg.n_layers
+    # The full pattern: a row per position of the context, each with the positions it may see.
+    assert pattern.count("<th class='tl-q'") == n + 3 and pattern.count("<td data-q=") == (n + 3) * (n + 4) // 2
     assert "shares the embedding matrix" in fmt.memory_markdown(tiny_engine)

@@ -78,7 +78,7 @@ def test_every_panel_shows_the_same_probability(default_handlers, tiny_dirs, cap
     md, _ = h.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)
     raw_row = next(r for r in md.splitlines() if r.startswith("| raw |"))
     shown["replay"] = numbers(raw_row)[0]
-    _, _, lens = h.inspect_step(rec, 0, 0)
+    _, _, lens, _ = h.inspect_step(rec, 0, 0)
     last = lens.split("<tr>")[-1]
     shown["lens"] = numbers(last)[0]
     table = h.likelihood(rec, 0, " Paris")

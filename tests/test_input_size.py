@@ -117,7 +117,8 @@ def test_every_page_input_is_refused_cheaply(tiny_engine, no_tokenizing):
     rec = SimpleNamespace(steps=[object()], prompt_ids=[1, 5], seen_before=lambda i: [1, 5])
     peak, _, err = peak_bytes(lambda: h.likelihood(rec, 0, BIG))
     assert isinstance(err, gr.Error) and "continuation" in str(err) and peak < 64 * 1024
-    assert h.begin(*Controls(prompt=BIG).values(), req)[0] == ""  # generate says why
+    begun = h.begin(*Controls(prompt=BIG).values(), req)
+    assert begun[0] == gr.skip() and "prompt" in begun[9]  # every panel kept; the status line says why
 
 
 def test_parsers_refuse_long_text_before_reading_it():

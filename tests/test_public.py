@@ -199,12 +199,12 @@ def test_the_queue_refuses_a_second_job_and_a_clients_extra_runs(shared_app, hol
             ann.predict(*call(prompt="again"), api_name="/generate")  # the same session
         with pytest.raises(Exception, match="allows 1 at a time per visitor"):
             ann2.predict(*call(), api_name="/compare")  # the same visitor, another session
-        with pytest.raises(Exception, match="greater than maximum value 40"):  # the slider's end
+        with pytest.raises(Exception, match="allows at most 40 new tokens; got 41"):  # the slider's end
             bob.predict(*call(max_new_tokens=41), api_name="/generate")
         bobs = bob.submit(*call(prompt="Bob's"), api_name="/generate")  # another visitor may
         held.open()
-        assert len(first.result(timeout=60)[0]) == 20 and len(bobs.result(timeout=60)[0]) >= 1
-        assert len(ann.predict(*call(max_new_tokens=3), api_name="/generate")[0]) == 3  # then again
+        assert len(first.result(timeout=60)[7]) == 20 and len(bobs.result(timeout=60)[7]) >= 1
+        assert len(ann.predict(*call(max_new_tokens=3), api_name="/generate")[7]) == 3  # then again
     finally:
         held.open()
         for c in (ann, ann2, bob):
@@ -308,7 +308,7 @@ def test_login_from_a_file_guards_the_page_and_names_the_visitor(tiny_dirs, tmp_
         # One session each: ann and bob, from the same address, are two visitors.
         for who in (("ann", "apple-pie"), ("bob", "banana-split")):
             client = gradio_client.Client(url, verbose=False, auth=who)
-            assert len(client.predict(*call(max_new_tokens=2), api_name="/generate")[0]) == 2
+            assert len(client.predict(*call(max_new_tokens=2), api_name="/generate")[7]) == 2  # the tokens
             client.close()
         assert h.admission.sessions.count("user ann") == 1 and h.admission.sessions.count("user bob") == 1
     finally:

@@ -241,5 +241,5 @@ def test_the_page_over_its_api(engine, model):
                                                     api_name="/generate")
     finally:
         demo.close()
-    assert "".join(t["token"] for t in result[0]) == expected
+    assert "".join(t["token"] for t in result[7]) == expected
     assert "From the server&#x27;s log-probabilities" in result[1]

@@ -42,14 +42,14 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     page.fill("#seed input, #seed textarea", "3")
     page.click("#generate")
     page.wait_for_selector("#topk .tl-chosen")
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Stopped')")
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
     assert page.inner_text("#output").strip()
     assert page.locator("#topk .tl-row").count() >= 3
     assert page.locator("#kv-chart canvas, #kv-chart svg").count() >= 1
     assert "tok/s" in page.inner_text("#stats")
     # Clicking a generated token shows that step's bars (the last step's are showing now).
     last_title = page.inner_text("#topk .tl-title")
-    page.locator("#output .token").nth(1).click()
+    page.locator("#output .tl-t").nth(1).click()
     page.wait_for_function(f"!document.querySelector('#topk .tl-title').innerText.startsWith({last_title.split(':')[0]!r})")
     assert page.inner_text("#topk .tl-title").startswith("Step ")
 
@@ -58,6 +58,8 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     page.click("#inspect")
     page.wait_for_function("(document.querySelector('#stages')?.innerText || '').includes('Prefill')")
     assert page.locator("#attention td").count() >= engine.cfg.n_heads
+    page.get_by_role("tab", name="Logit lens").click()
+    page.locator("#lens tr").first.wait_for()
     assert page.locator("#lens tr").count() == engine.cfg.n_layers
     assert "embedding" in page.inner_text("#memory")
 
@@ -124,10 +126,9 @@ def test_closing_the_tab_ends_the_run(live_app, browser, hold):
     assert held.started == 3  # no token after the one being made when the tab closed
 
 
-def test_a_second_generate_says_a_run_is_going(live_app, browser, hold):
-    """Generate clicked again while this tab's run goes: the page says so (a toast), and the
-    run it has goes on to its end."""
-    from ui.public import RUN_GOING
+def test_a_second_generate_cannot_start_while_the_run_goes(live_app, browser, hold):
+    """Generate is disabled while this tab's run goes (a second request, from a script, is
+    refused with RUN_GOING: test_public), and the run it has goes on to its end."""
     url, engine, _ = live_app
     held = hold(engine)
     page = open_page(browser)
@@ -135,8 +136,10 @@ def test_a_second_generate_says_a_run_is_going(live_app, browser, hold):
     page.wait_for_function("document.querySelector('#prompt textarea')?.value === 'Once'")
     page.click("#generate")
     held.step(2)  # the run has made 2 tokens and is held before the 3rd
-    page.click("#generate")
-    page.get_by_text(RUN_GOING).first.wait_for()
+    assert page.is_disabled("#generate") and not page.is_disabled("#stop")
+    page.click("#generate", force=True)  # a click on the disabled button starts nothing
     held.open()
     page.wait_for_function("document.querySelector('#stats').innerText.includes('max new tokens reached')")
+    page.wait_for_function("!document.querySelector('#generate').disabled")
+    assert engine.active_runs == 0
     page.close()

@@ -26,11 +26,14 @@ def handlers(tiny_engine):
 def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
     updates = run(handlers)
     assert len(updates) >= 2
-    output, bars, stats, kv_text, notice, rec = updates[-1]
+    output, bars, stats, kv_text, notice, status, step, tokens, rec = updates[-1]
     assert len(rec.steps) == 12 and rec.done.reason == "length"
-    assert "".join(t for t, _ in output) == rec.done.text
-    assert [cat for _, cat in output[:12]] == ["p ≥ 0.9"] * 12  # greedy: every token had p = 1
-    assert "Step 11" in bars and "tl-chosen" in bars
+    assert "".join(t["token"] for t in tokens) == rec.done.text
+    assert [fmt.bucket(t["prob"]) for t in tokens[:12]] == ["p ≥ 0.9"] * 12  # greedy: every token had p = 1
+    assert output.count("class='tl-t ") == len(fmt.output_chips(rec, tiny_engine.tokenizer))
+    assert "Step 11" in bars and "tl-chosen" in bars and step == 11
+    assert "Run ended" in status and "max new tokens" in status
+    assert all(u[7] == [] for u in updates[:-1])  # the token list comes with the last update
     assert "| 5 |" not in stats and "tok/s" in stats
     assert len(handlers.registry) == 0  # the run is no longer registered
     # A gr.skip() rebuilds the component on the server: streaming updates send values.
@@ -38,15 +41,19 @@ def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
 
 
 def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
-    prompt_view, tokens, kv, latency, timer = handlers.begin(*Controls(**ARGS).values())
+    prompt_view, tokens, kv, latency, timer = handlers.begin(*Controls(**ARGS).values())[:5]
     assert prompt_view == "The quick brown fox" and timer.active
     import re
     assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", tokens)] == tiny_engine.prompt_ids("The quick brown fox")
     assert len(kv) == 0 and len(latency) == 0
-    assert handlers.begin(*Controls(**{**ARGS, "prompt": " "}).values())[0] == ""  # generate says why
+    refused = handlers.begin(*Controls(**{**ARGS, "prompt": " "}).values())
+    assert refused[0] == gr.skip() and "empty" in refused[9]  # every panel kept, the error said
     rec = run(handlers)[-1][-1]
     assert handlers.live_charts(rec) == (gr.skip(), gr.skip())  # over: after_run draws the end
-    timer, kv, latency, slider, prob_chart, rank_chart = handlers.after_run(rec)
+    from ui.handlers import AFTER_OUTPUTS
+    after = dict(zip(AFTER_OUTPUTS, handlers.after_run(rec)))
+    timer, kv, latency, slider = after["live"], after["kv_chart"], after["latency"], after["step"]
+    rank_chart = after["rank_chart"]
     assert not timer.active
     # Before prefill: used and allocated; then per step also the server's pool (all runs).
     assert list(kv.columns) == ["step", "MiB", "series"] and len(kv) == 2 + 3 * 12
@@ -130,7 +137,7 @@ def test_share_link_round_trips_through_the_query(handlers):
     restored, problems = controls_from_query(query, Controls.for_model(handlers.engine.generation_defaults))
     assert restored == c and problems == []
     values = handlers.restore(SimpleNamespace(query_params=query))
-    assert list(values[:-1]) == c.values() and values[-1] == ""
+    assert list(values[:-2]) == c.values() and values[-1] == ""
 
 
 def test_bad_query_values_are_named_not_dropped():

@@ -91,9 +91,11 @@ def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams
     return SamplingParams(**values, seed=seed, stop=parse_stop(c.stop))
 
 
-def controls_from_query(query: dict, base: Controls | None = None) -> tuple[Controls, list[str]]:
+def controls_from_query(query: dict, base: Controls | None = None,
+                        maxima: dict[str, float] | None = None) -> tuple[Controls, list[str]]:
     """Controls from a link's query; each unusable or unknown parameter is left at its default
-    and named, as it appears in the link, in the returned problems."""
+    and named, as it appears in the link, in the returned problems. `maxima` tightens a
+    setting's range to what the page's control can hold (max_new_tokens: the context)."""
     c, problems = base or Controls(), []
     for name in NAMES:
         if name not in query:
@@ -102,6 +104,8 @@ def controls_from_query(query: dict, base: Controls | None = None) -> tuple[Cont
         try:
             if name in BY_NAME:
                 value = BY_NAME[name].parse(raw)
+                if maxima and name in maxima and value > maxima[name]:
+                    raise InputError(f"{name} must be at most {maxima[name]:g} here, got {raw!r}")
             elif name == "mode":
                 if raw not in MODES:
                     raise InputError(f"mode must be one of {', '.join(MODES)}")
@@ -120,8 +124,22 @@ def controls_from_query(query: dict, base: Controls | None = None) -> tuple[Cont
     return c, problems
 
 
-def share_url(base: str, c: Controls, default: Controls | None = None) -> str:
-    """A link with every setting that differs from the defaults, plus the prompt and seed."""
+def query_value(v) -> str:
+    """A value as the link writes it, the way JavaScript's String() does (1 for 1.0, 0.3 for
+    0.3): the page's copy button builds the same link in the browser (layout.SHARE_JS)."""
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, float):
+        return str(int(v)) if v.is_integer() and abs(v) < 1e21 else repr(v)
+    return str(v)
+
+
+def share_url(base: str, c: Controls, default: Controls | None = None, seed=None) -> str:
+    """A link with every setting that differs from the defaults, plus the prompt and seed;
+    `seed` (the seed a run used) stands in for an empty seed box."""
     default = default or Controls()
-    query = {n: v for n, v in zip(NAMES, c.values()) if v != getattr(default, n) or n in ("prompt", "seed")}
+    values = dict(zip(NAMES, c.values()))
+    if str(values["seed"]).strip() == "" and seed is not None:
+        values["seed"] = str(seed)
+    query = {n: query_value(v) for n, v in values.items() if v != getattr(default, n) or n in ("prompt", "seed")}
     return f"{base.split('?')[0]}?{urlencode(query)}"

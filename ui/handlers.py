@@ -4,21 +4,29 @@ engine and the run registry are passed in."""
 from __future__ import annotations
 
 import functools
+import html
 import inspect
+import json
 import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator
 
 import gradio as gr
 
 from inference.engine import Engine
 from inference.errors import ServerError, TokenLabError, shown
-from inference.settings import FILTER_SETTINGS
+from inference.settings import BY_NAME, FILTER_SETTINGS
 from ui import render, render_remote
 from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop,
                          sampling_params, share_url)
-from ui.run_state import RunRecord, divergence
 from ui.public import Admission, Limits, Refused, client_key, tokens_message
+from ui.run_state import RunRecord, divergence, run_jsonl, turn_messages
 from ui.streaming import EventPump, RunRegistry, update_interval_for
 
 
@@ -44,30 +52,34 @@ def named_args(*names: str):
     return wrap
 
 
-def takes_controls(*extra: str):
-    """The page passes each control as one argument, in Controls order, then `extra` values and
-    gradio's request; the method receives them as one Controls. The signature names every
-    argument: gradio takes /generate's parameter names from it."""
+def takes_controls(*extra: str, after: tuple[str, ...] = ()):
+    """The page passes each control as one argument, in Controls order, then `extra` values,
+    gradio's request, then `after` values (session state a script does not pass: gradio puts
+    the request where the signature has it); the method receives the controls as one Controls
+    and the `after` values by keyword. The signature names every argument: gradio takes
+    /generate's parameter names from it."""
     def wrap(fn):
         n, m = len(NAMES), len(extra)
 
         def split(args):
-            return Controls(*args[:n]), args[n:n + m], (args[n + m] if len(args) > n + m else None)
+            request = args[n + m] if len(args) > n + m else None
+            return Controls(*args[:n]), args[n:n + m], request, dict(zip(after, args[n + m + 1:]))
 
         if inspect.isgeneratorfunction(fn):  # gradio streams only from generator functions
             def method(self, *args):
-                c, more, request = split(args)
-                yield from fn(self, c, *more, request=request)
+                c, more, request, late = split(args)
+                yield from fn(self, c, *more, request=request, **late)
         else:
             def method(self, *args):
-                c, more, request = split(args)
-                return fn(self, c, *more, request=request)
+                c, more, request, late = split(args)
+                return fn(self, c, *more, request=request, **late)
         functools.update_wrapper(method, fn)
         del method.__wrapped__  # gradio must see the signature below, not fn's
         kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
         method.__signature__ = inspect.Signature(
             [inspect.Parameter(p, kind) for p in ("self", *NAMES, *extra)]
-            + [inspect.Parameter("request", kind, default=None, annotation=gr.Request)])
+            + [inspect.Parameter("request", kind, default=None, annotation=gr.Request)]
+            + [inspect.Parameter(p, kind, default=None) for p in after])
         return method
     return wrap
 
@@ -98,10 +110,13 @@ def is_remote(engine) -> bool:
 
 class Handlers:
     """The engine and the run registry, passed in; each method is one page event. The engine is
-    a local Engine or a RemoteEngine (same methods); `view` formats what depends on which."""
+    a local Engine or a RemoteEngine (same methods); `view` formats what depends on which.
+    Events that run outside the queue (queue=False) never raise: gradio answers those with an
+    HTTP 500, so they return their message in the panel instead."""
 
     def __init__(self, engine: Engine, registry: RunRegistry | None = None, top_n: int = 10,
-                 update_interval_s: float | None = None, limits: Limits | None = None):
+                 update_interval_s: float | None = None, limits: Limits | None = None,
+                 files_dir: str | None = None):
         """limits: what one visitor may cost (ui/public.py); none by default."""
         self.engine, self.registry, self.top_n = engine, registry or RunRegistry(), top_n
         self.limits = limits or Limits()
@@ -118,6 +133,17 @@ class Handlers:
         if cap is not None and self.defaults.max_new_tokens > cap:
             self.defaults.max_new_tokens = cap
         self.update_interval_s = update_interval_s or update_interval_for(engine)
+        self.default_system = getattr(engine, "default_system_prompt", "") or ""
+        # Sessions whose run was clicked but not yet taken by the engine (their click time),
+        # and those of them whose Stop came before the engine did.
+        self._waiting: dict[str, float] = {}
+        self._stopped_waiting: set[str] = set()
+        self._lock = threading.Lock()
+        # Downloads the page offers: written here (in the system's temp directory, which gradio
+        # serves from), the oldest deleted once there are more than KEEP_FILES.
+        self._files_dir = Path(files_dir or tempfile.mkdtemp(prefix="tokenlab-downloads-"))
+        self._files: deque[str] = deque()  # tokens, oldest first
+        self._file_paths: dict[str, Path] = {}
 
     @contextmanager
     def _job(self, request: gr.Request | None):
@@ -135,14 +161,58 @@ class Handlers:
 
     # -------------------------------------------------------- a run (also the /generate API)
 
-    @takes_controls()
-    def generate(self, c: Controls, request: gr.Request = None) -> Iterator[tuple]:
-        """Stream a run. Yields the values of `outputs`."""
+    @takes_controls(after=("history",))
+    def begin(self, c: Controls, request: gr.Request = None, history=None) -> tuple:
+        """At the click, before the run is queued. Values for BEGIN_OUTPUTS.
+
+        Valid input: the prompt as fed and its tokens, every panel of the previous run cleared
+        (output, bars, statistics, charts, replay, likelihood, inside one token), Generate
+        disabled and Stop enabled, the step slider spanning the steps to come, the chart timer
+        on, and a waiting record (the status line says what the run waits for). Bad input: the
+        error in the status line and every panel kept as it was; `generate` refuses it too.
+        A session with a job going, or a client at its share, is refused here with a page error
+        (begin runs in the queue, unlimited, so that this is no HTTP 500), and the run is not
+        queued."""
+        session, client = _who(request)
+        self.registry.settle(session)  # a run just stopped ends within a step
+        refusal = self.admission.refusal(session, client)
+        if refusal is not None:
+            raise gr.Error(refusal, print_exception=False)
         try:
-            rec = self._prepare(c, _seed_or_random(c.seed))
+            parse_seed(c.seed)
+            rec = self._prepare(c, 0, history)
+        except TokenLabError as e:
+            return (*[gr.skip()] * 4, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(),
+                    f"⚠ Not started: {e}", *[gr.skip()] * 4, *[gr.skip()] * len(STALE_PANELS), gr.skip())
+        rec.seed, rec.queued_at = None, time.monotonic()
+        with self._lock:
+            self._waiting[session] = rec.queued_at
+            self._stopped_waiting.discard(session)
+        empty = RunRecord()
+        slider = gr.update(minimum=0, maximum=max(rec.max_steps - 1, 1), value=0, interactive=False)
+        return (rec.prompt_text, render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids),
+                render.kv_frame(empty), render.latency_frame(empty), gr.Timer(active=True),
+                gr.update(interactive=False), gr.update(interactive=False),
+                gr.update(interactive=True, variant="stop"), slider,
+                self._status(rec, session), render.output_html(None, None, empty="Waiting for the engine…"),
+                self._bars(None), "Waiting for the engine…", "", *[""] * len(STALE_PANELS), rec)
+
+    @takes_controls(after=("history",))
+    def generate(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[tuple]:
+        """Stream a run. Yields the values of `outputs`."""
+        session = _session(request)
+        with self._lock:
+            queued_at = self._waiting.pop(session, None)
+            stopped = session in self._stopped_waiting
+            self._stopped_waiting.discard(session)
+        try:
+            rec = self._prepare(c, _seed_or_random(c.seed), history)
         except TokenLabError as e:
             raise _page_error(e) from None
+        rec.queued_at, rec.started_at = queued_at, time.monotonic()
         with self._job(request) as cancel:
+            if stopped:  # Stop was pressed while the run waited: it ends before its first token
+                cancel.set()
             yield from self._stream(rec, cancel)
 
     def _stream(self, rec: RunRecord, cancel) -> Iterator[tuple]:
@@ -161,21 +231,41 @@ class Handlers:
         finally:
             stream.close()
 
+    @takes_controls(after=("history",))
+    def generate_on_page(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[tuple]:
+        """`generate` for the page's own buttons. Input that `begin` refused (and said so in the
+        status line) is not raised again, since gradio would mark every output "Error": it is
+        repeated in a toast and every panel is kept. Scripts call /generate, which raises."""
+        try:
+            parse_seed(c.seed)
+            self._prepare(c, 0, history)
+        except TokenLabError as e:
+            gr.Warning(f"Not started: {e}")
+            yield (gr.skip(),) * RUN_OUTPUTS
+            return
+        yield from self.generate(*c.values(), request, history)
+
     def outputs(self, rec: RunRecord, notice: str = "") -> tuple:
-        """Values for: output, bars, stats, KV formula, notice, run state.
+        """Values for: output, bars, stats, KV formula, notice, status, step slider, the tokens
+        (for API clients, complete in the last update), run state.
 
         Only what changes with every token streams here, and every value is sent: a gr.skip()
         costs more than a small value, as Gradio rebuilds the component on the server. The
         prompt's view and the charts, larger and slower to change, come from `begin`,
-        `live_charts` (twice a second while the run streams) and `after_run`.
+        `live_tick` (twice a second while the run streams) and `after_run`. The output's
+        popovers (each token's alternatives) come with the last update only.
         """
         last = rec.steps[-1] if rec.steps else None
+        tok = self.engine.tokenizer
         return (
-            render.highlighted_output(rec, self.engine.tokenizer),
+            render.output_html(rec, tok, empty=f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…"),
             self._bars(last),
             self.view.stats_markdown(self.info, rec),
             self._kv_text(rec),
             "\n\n".join(t for t in (render.wait_markdown(rec), notice) if t),
+            render.status_text(rec, self.context, time.monotonic()),
+            last.step if last else 0,
+            render.output_tokens(rec, tok) if rec.done is not None else [],
             rec,
         )
 
@@ -191,41 +281,114 @@ class Handlers:
             return render_remote.kv_formula(self.info, len(rec.prompt_ids) + len(rec.steps) - 1 if last else None)
         return render.kv_formula(self.info, last.kv_cache_bytes if last else None) + render.pool_markdown(last)
 
-    @takes_controls()
-    def begin(self, c: Controls, request: gr.Request = None) -> tuple:
-        """At the click, before the run is queued: the prompt as fed and its tokens, empty
-        charts, and the chart timer on. Bad input shows nothing here; `generate` reports it.
-        A session with a job going, or a client at its share, is refused here, before the run
-        is queued (the page then does not queue it)."""
-        session, client = _who(request)
-        self.registry.settle(session)  # a run just stopped ends within a step
-        refusal = self.admission.refusal(session, client)
-        if refusal is not None:
-            raise gr.Error(refusal, print_exception=False)
-        try:
-            rec = self._prepare(c, 0)
-            tokens = render.prompt_tokens_html(self.engine.tokenizer, rec.prompt_ids)
-        except TokenLabError:  # a server that does not answer: generate says so
-            rec = RunRecord()
-            tokens = render.prompt_tokens_html(self.engine.tokenizer, [])
-        empty = RunRecord()
-        return (rec.prompt_text, tokens, render.kv_frame(empty), render.latency_frame(empty),
-                gr.Timer(active=True))
+    def _status(self, rec: RunRecord, session: str) -> str:
+        with self._lock:
+            mine = self._waiting.get(session)
+            before = sum(1 for s, t in self._waiting.items() if s != session and mine is not None and t < mine)
+        return render.status_text(rec, self.context, time.monotonic(), (self.engine.active_runs, before))
 
     def live_charts(self, rec: RunRecord | None) -> tuple:
         """The KV-cache and latency charts of the running run (a timer tick while it streams)."""
-        if rec is None or rec.done is not None:  # still the previous run's record, or over
+        if rec is None or rec.done is not None or not rec.steps:  # waiting, or over: nothing new
             return gr.skip(), gr.skip()
         return render.kv_frame(rec), render.latency_frame(rec)
 
-    def after_run(self, rec: RunRecord | None) -> tuple:
-        """Once a run has ended: the chart timer off, the final KV-cache and latency charts, the
-        step slider spanning the run's steps, and the whole-run charts."""
-        rec = rec or RunRecord()
+    def live_tick(self, rec: RunRecord | None, request: gr.Request = None) -> tuple:
+        """Twice a second while a run is on: its charts, and while no token has come yet the
+        status line (waiting for the engine, or the prefill of a long prompt, with the time)."""
+        if rec is None or rec.done is not None or rec.steps:
+            return (*self.live_charts(rec), gr.skip())
+        return gr.skip(), gr.skip(), self._status(rec, _session(request))
+
+    def after_run(self, rec: RunRecord | None, history=None, request: gr.Request = None) -> tuple:
+        """Once a run has ended (or was refused): values for AFTER_OUTPUTS. The chart timer off,
+        Generate enabled and Stop inactive; for a run that ended, the final charts, the step
+        slider spanning its steps, the whole-run charts, the replay controls at the run's
+        settings (an untouched replay is the run), the tokens of prompt and output, the
+        downloads, the seed it used, and in chat mode the turn added to the conversation."""
+        with self._lock:
+            self._waiting.pop(_session(request), None)
+        history = list(history or [])
+        idle = (gr.Timer(active=False), gr.update(interactive=True),
+                gr.update(interactive=bool(history)), gr.update(interactive=False, variant="secondary"))
+        if rec is None or rec.finished or rec.started_at is None:
+            # Refused before it ran (bad input, a full queue) or already drawn: nothing to draw.
+            status = (gr.skip() if rec is None or rec.finished
+                      else "The run did not start: see the message.")
+            return (*idle, *[gr.skip()] * (len(AFTER_OUTPUTS) - 5), status)
+        rec.finished = True
         n = len(rec.steps)
-        step = gr.update(maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1)
-        return (gr.Timer(active=False), render.kv_frame(rec), render.latency_frame(rec), step,
-                *render.run_chart_frames(rec))
+        step = gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1)
+        # The turn is added once, to the conversation it continued.
+        turn = _turn_if_answered(rec) if history == list(rec.history) else []
+        new_history = history + turn
+        idle = (idle[0], idle[1], gr.update(interactive=bool(new_history)), idle[3])
+        p = rec.params
+        replay_values = [getattr(p, name) for name in FILTER_SETTINGS]
+        status = (render.status_text(rec, self.context, time.monotonic()) if rec.done is not None
+                  else "The run failed: see the message.")
+        return (*idle, render.kv_frame(rec), render.latency_frame(rec), step, *render.run_chart_frames(rec),
+                *replay_values,
+                render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids, [s.token_id for s in rec.steps]),
+                render.downloads_html(self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
+                                      self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec))),
+                "" if rec.seed is None else str(rec.seed),
+                new_history, render.conversation_html(new_history),
+                "" if turn else gr.skip(),  # a chat turn was sent: the box is ready for the next
+                status)
+
+    def _settings_json(self, rec: RunRecord) -> str:
+        """The run's settings, as the page's controls (and the link's query) name them, with the
+        seed it used; in chat mode also the earlier turns it continued."""
+        c = rec.controls or Controls()
+        data = {**dict(zip(NAMES, c.values())), "seed": "" if rec.seed is None else str(rec.seed)}
+        if rec.mode == "chat":
+            data["history"] = list(rec.history)
+        return json.dumps(data, ensure_ascii=False, indent=1) + "\n"
+
+    def _write_file(self, name: str, text: str) -> str:
+        """Write a download and return its address, relative to the page: DOWNLOAD_ROUTE, a
+        random token and the name. Only files written here are served (download_path); the
+        oldest are deleted once there are more than KEEP_FILES."""
+        token = secrets.token_hex(16)
+        d = self._files_dir / token
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / name
+        path.write_text(text, encoding="utf-8")
+        with self._lock:
+            self._files.append(token)
+            self._file_paths[token] = path
+            old = [self._files.popleft() for _ in range(max(0, len(self._files) - KEEP_FILES))]
+            for t in old:
+                self._file_paths.pop(t, None)
+        for t in old:
+            shutil.rmtree(self._files_dir / t, ignore_errors=True)
+        return f"{DOWNLOAD_ROUTE}/{token}/{name}"
+
+    def download_path(self, token: str, name: str) -> Path | None:
+        """The file a download address names, if this page wrote it (and still keeps it)."""
+        with self._lock:
+            path = self._file_paths.get(token)
+        return path if path is not None and path.name == name and path.exists() else None
+
+    def count_context(self, prompt, mode, system, max_new_tokens, history=None) -> str:
+        """The context counter while typing: the prompt's tokens (in chat mode with the template
+        and the earlier turns) + the most new tokens / the context window."""
+        chat = mode == "chat"
+        turns = list(history or []) if chat else []
+        try:
+            ids = self.engine.prompt_ids(prompt, chat, system, turns)
+        except TokenLabError as e:
+            if isinstance(prompt, str) and not prompt.strip():
+                if turns:
+                    return f"Context: {len(turns) // 2} earlier turn(s) kept · type your next message"
+                return "Context: the prompt is empty"
+            return f"Context: {html.escape(str(e))}"
+        try:
+            max_new = BY_NAME["max_new_tokens"].parse(max_new_tokens)
+        except TokenLabError:
+            max_new = None
+        return render.context_text(len(ids), None, max_new, self.context)
 
     # -------------------------------------------------------- selecting a step after the run
 
@@ -239,27 +402,55 @@ class Handlers:
         slider there."""
         if rec is None or not rec.steps or evt is None or evt.index is None:
             return gr.update(), gr.update()
-        index = evt.index[0] if isinstance(evt.index, (list, tuple)) else evt.index
+        index = evt.index
+        if isinstance(index, (list, tuple)):
+            index = index[0] if index else None
         chips = render.output_chips(rec, self.engine.tokenizer)
-        i = chips[min(int(index), len(chips) - 1)].steps[0]
+        try:
+            i = chips[min(max(int(index), 0), len(chips) - 1)].steps[0]
+        except (TypeError, ValueError, OverflowError):
+            return gr.update(), gr.update()
         return self._bars(rec.steps[i]), gr.update(value=i)
 
     # -------------------------------------------------------- inside one token
 
-    def inspect_step(self, rec: RunRecord | None, step, layer, request: gr.Request = None) -> tuple[str, str, str]:
-        """Stages with shapes and costs, attention heatmap and logit lens for the selected step."""
+    @named_args("rec", "step", "layer", "head")
+    def inspect_step(self, rec: RunRecord | None, step, layer, head=0, request: gr.Request = None
+                     ) -> tuple[str, str, str, str]:
+        """Stages with shapes and costs, the new token's attention, the logit lens and the full
+        attention pattern of one head, for the selected step and layer (one forward pass, kept
+        for the next head of the same step and layer)."""
         if rec is None or not rec.steps:
-            raise gr.Error("Generate first, then pick a step to look inside.", print_exception=False)
+            return ("Generate first, then pick a step to look inside.", "", "", "")
         i = _step_index(rec, step)
-        layer = min(max(int(layer or 0), 0), self.info.cfg.n_layers - 1) if self.info.cfg else 0
+        try:
+            layer = min(max(int(layer or 0), 0), self.info.cfg.n_layers - 1) if self.info.cfg else 0
+        except (TypeError, ValueError):
+            return ("The layer must be a whole number.", "", "", "")
         with self._job(request):
             try:
-                capture = self.engine.capture(rec.seen_before(i), layer)
+                capture, pattern = rec.capture_at(i, layer, lambda ids: (self.engine.capture(ids, layer),
+                                                                         self.engine.attention_pattern(ids, layer)))
             except TokenLabError as e:  # in front of a server: no activations to capture
-                raise _page_error(e) from None
+                return (f"⚠ {e}", "", "", "")
         tok = self.engine.tokenizer
         return (render.stages_markdown(self.info, len(rec.prompt_ids), i),
-                render.attention_html(capture, tok), render.lens_html(capture, tok))
+                render.attention_html(capture, tok), render.lens_html(capture, tok),
+                self._pattern(capture.context_ids, pattern, layer, head))
+
+    def _pattern(self, ids, pattern, layer, head) -> str:
+        try:
+            head = int(head or 0)
+        except (TypeError, ValueError):
+            head = 0
+        return render.pattern_html(pattern, ids, self.engine.tokenizer, layer, head)
+
+    def select_head(self, rec: RunRecord | None, step, layer, head) -> str:
+        """Another head of the pattern on show: from the kept capture, no forward pass."""
+        if rec is None or not rec.steps or rec._capture is None:
+            return ""
+        (i, lay), (capture, pattern) = rec._capture
+        return self._pattern(capture.context_ids, pattern, lay, head)
 
     # -------------------------------------------------------- sampling experiments
 
@@ -267,21 +458,21 @@ class Handlers:
     def replay_step(self, rec: RunRecord | None, step, *values, request: gr.Request = None) -> tuple[str, str]:
         """The step's sampling pipeline as it ran and under new settings (values: one per
         settings.FILTER_SETTINGS), on the step's logits recomputed by one forward pass (kept
-        for the next replay of the same step)."""
+        for the next replay of the same step, so moving a replay control is cheap)."""
         if rec is None or not rec.steps:
-            raise gr.Error("Generate first, then pick a step to replay.", print_exception=False)
+            return "Generate first, then pick a step to replay.", ""
         i = _step_index(rec, step)
         ev = rec.steps[i]
         try:
             new = sampling_params(self.defaults, None, **dict(zip(FILTER_SETTINGS, values)))
         except TokenLabError as e:
-            raise _page_error(e) from None
+            return f"⚠ Replay: {e}", ""
         seen = rec.seen_before(i)
         with self._job(request):  # one forward pass, unless this step's logits are kept
             try:
                 logits = rec.logits_at(i, self.engine.step_logits)
             except TokenLabError as e:  # in front of a server: no whole logit vector
-                raise _page_error(e) from None
+                return f"⚠ Replay: {e}", ""
         ran, final_ran = self.engine.replay(logits, rec.params, seen, ev.token_id)
         again, final_again = self.engine.replay(logits, new, seen, ev.token_id)
         tok = self.engine.tokenizer
@@ -290,7 +481,7 @@ class Handlers:
                 + render.stages_table(ran, again, tok, ev.token_id),
                 render.replay_bars(ev, final_ran, final_again, tok))
 
-    def _prepare(self, c: Controls, seed: int, **override) -> RunRecord:
+    def _prepare(self, c: Controls, seed: int, history=None, **override) -> RunRecord:
         """Validate the controls and tokenize the prompt: an empty record ready to run."""
         if c.mode not in MODES:
             raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
@@ -299,9 +490,13 @@ class Handlers:
         if cap is not None and params.max_new_tokens > cap:
             raise TokenLabError(tokens_message(cap, params.max_new_tokens))
         chat = c.mode == "chat"
-        ids = self.engine.prompt_ids(c.prompt, chat, c.system)
-        return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system), ids, seed=seed, params=params,
-                         kv_bytes_per_token=render_remote.kv_bytes_per_token(self.info) if self.remote else None)
+        turns = list(history or []) if chat else []
+        ids = self.engine.prompt_ids(c.prompt, chat, c.system, turns)
+        return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
+                         params=params, mode=c.mode, user_message=c.prompt, system=c.system or "",
+                         history=turns, max_steps=min(params.max_new_tokens, self.context - len(ids)),
+                         controls=c, kv_bytes_per_token=(render_remote.kv_bytes_per_token(self.info)
+                                                         if self.remote else None))
 
     def _collect(self, rec: RunRecord, cancel) -> RunRecord:
         for ev in self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
@@ -327,7 +522,7 @@ class Handlers:
     def likelihood(self, rec: RunRecord | None, step, text: str, request: gr.Request = None) -> str:
         """How likely was this text? Teacher-forced at the selected step's position."""
         if rec is None or not rec.steps:
-            raise gr.Error("Generate first, then pick the position to score from.", print_exception=False)
+            return "Generate first, then pick the position to score from."
         i = _step_index(rec, step)
         try:
             with self._job(request):
@@ -335,6 +530,22 @@ class Handlers:
         except TokenLabError as e:
             raise _page_error(e) from None
         return f"After the prompt and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)
+
+    # -------------------------------------------------------- chat turns
+
+    def pop_last_turn(self, history):
+        """Regenerate: the last answer dropped, its user message back in the prompt box (the
+        run then starts as for Generate). Queued, so that a refusal is a message, not an HTTP
+        error, and the run does not start."""
+        history = list(history or [])
+        if len(history) < 2 or history[-1].get("role") != "assistant":
+            raise gr.Error("There is no answer to regenerate: send a message in chat mode first.",
+                           print_exception=False)
+        rest = history[:-2]
+        return rest, history[-2]["content"], "chat", render.conversation_html(rest)
+
+    def new_conversation(self) -> tuple:
+        return [], render.conversation_html([]), gr.update(interactive=False)
 
     # -------------------------------------------------------- the server's own load
 
@@ -351,28 +562,42 @@ class Handlers:
     # -------------------------------------------------------- stop, closed tabs
 
     def stop(self, request: gr.Request | None = None) -> None:
-        self.registry.stop(_session(request))
+        session = _session(request)
+        with self._lock:
+            if session in self._waiting:  # not yet running: it ends as soon as it starts
+                self._stopped_waiting.add(session)
+        self.registry.stop(session)
 
     def closed(self, request: gr.Request | None = None) -> None:
-        """The tab was closed: its run ends, and its session no longer counts to its client."""
+        """The tab was closed: its run ends, a run it still waited for no longer counts, and its
+        session no longer counts to its client."""
         self.stop(request)
+        with self._lock:
+            self._waiting.pop(_session(request), None)
         self.admission.sessions.forget(_session(request))
 
     # -------------------------------------------------------- sharing
 
     def restore(self, request: gr.Request | None = None) -> tuple:
-        """Controls from the page URL's query parameters; bad values are named in the notice."""
+        """Controls from the page URL's query parameters; each ignored parameter is named on a
+        line of its own in the notice (the last value). Also opens "More settings" when the link
+        sets one."""
         query = dict(getattr(request, "query_params", {}) or {})
-        c, problems = controls_from_query(query, Controls(**vars(self.defaults)))
+        c, problems = controls_from_query(query, Controls(**vars(self.defaults)),
+                                          {"max_new_tokens": self.context - 1})
         cap = self.limits.max_new_tokens
         if cap is not None and c.max_new_tokens > cap:
             problems.append(f"Max new tokens lowered from {c.max_new_tokens} to {cap}: {tokens_message(cap)}")
             c.max_new_tokens = cap
-        return (*c.values(), "\n".join(problems))
+        notice = ("**Some link parameters were ignored** (their controls keep the defaults):\n\n"
+                  + "\n".join(f"- {p}" for p in problems)) if problems else ""
+        more = any(getattr(c, n) != getattr(self.defaults, n) for n in MORE_SETTINGS)
+        return (*c.values(), gr.update(open=True) if more else gr.skip(), notice)
 
-    @takes_controls("base")
-    def share_link(self, c: Controls, base: str, request: gr.Request = None) -> str:
-        """A link that restores these settings; `base` is the page's own address."""
+    @takes_controls("base", after=("run_seed",))
+    def share_link(self, c: Controls, base: str, request: gr.Request = None, run_seed: str = "") -> str:
+        """A link that restores these settings; `base` is the page's own address, `run_seed`
+        the seed the last run used (it stands in for an empty seed box)."""
         try:  # text that no run could use makes no link (and is not copied into one)
             self.engine.check_prompt_size(c.prompt, c.mode == "chat", c.system)
             parse_stop(c.stop)
@@ -382,8 +607,35 @@ class Handlers:
         except TokenLabError as e:
             raise _page_error(e) from None
         base = base if isinstance(base, str) and len(base) <= MAX_URL_CHARS else ""
-        return share_url(base, c, self.defaults)
+        run_seed = run_seed if isinstance(run_seed, str) and run_seed.isdigit() and len(run_seed) < 20 else None
+        return share_url(base, c, self.defaults, seed=run_seed)
+
+
+# The controls in "More settings" (closed unless a link sets one of them).
+MORE_SETTINGS = ("min_p", "repetition_penalty", "stop")
+# Panels that show results about the previous run; a new run clears them (layout's order).
+STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
+# after_run's outputs, in order (layout wires the components in this order).
+AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop", "kv_chart", "latency", "step", "run_chart",
+                 "rank_chart", *(f"replay_{n}" for n in FILTER_SETTINGS), "tokens", "downloads",
+                 "run_seed", "history", "conversation", "prompt", "status")
+KEEP_FILES = 200
+DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
+RUN_OUTPUTS = 9  # len(Handlers.outputs(...))
+
+
+def _turn_if_answered(rec: RunRecord) -> list[dict]:
+    """The chat turn to keep: a stopped run that produced nothing adds none."""
+    turn = turn_messages(rec)
+    if turn and rec.done.reason == "cancelled" and not rec.done.text:
+        return []
+    return turn
 
 
 def _step_index(rec: RunRecord, step) -> int:
-    return min(max(int(step or 0), 0), len(rec.steps) - 1)
+    """The step asked for, within the run (anything that is not a number: step 0)."""
+    try:
+        i = int(float(step or 0))
+    except (TypeError, ValueError, OverflowError):
+        i = 0
+    return min(max(i, 0), len(rec.steps) - 1)

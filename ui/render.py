@@ -19,9 +19,13 @@ from ui.run_state import RunRecord, run_summary
 # Probability buckets for colouring generated tokens (HighlightedText categories).
 BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
 COLOR_MAP = {"p ≥ 0.9": "#2e7d32", "0.5 ≤ p < 0.9": "#9ccc65", "0.1 ≤ p < 0.5": "#ffb300",
-             "p < 0.1": "#e53935", "diverges here": "#8e24aa"}
-REASONS = {"eos": "end of sequence token", "length": "max new tokens reached",
-           "stop": "stop string found", "context": "context window full", "cancelled": "stopped"}
+             "p < 0.1": "#e53935"}
+# Compare A/B marks the first step where A and B differ; only its outputs have that entry.
+COMPARE_COLOR_MAP = {**COLOR_MAP, "diverges here": "#8e24aa"}
+# Why a run ended, as the page says it after "Run ended:".
+REASONS = {"eos": "the model emitted its end-of-sequence token", "length": "max new tokens reached",
+           "stop": "a stop string was found", "context": "the context window is full",
+           "cancelled": "stopped on request (Stop, or a new run in this tab)"}
 
 
 def si(n: float, unit: str = "") -> str:
@@ -108,9 +112,80 @@ def highlighted_output(rec: RunRecord, tokenizer) -> list[tuple[str, str | None]
     return out
 
 
-def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
-    """The prompt's tokens as chips: one per token, and one per character made of byte tokens
-    with those tokens beneath it; control tokens marked."""
+def _bucket_class(p: float | None) -> str:
+    """The colour class of a probability; tl-bu (uncoloured) where the engine does not know it."""
+    if not known(p):
+        return "tl-bu"
+    return f"tl-b{next(i for i, (threshold, _) in enumerate(BUCKETS) if p >= threshold)}"
+
+
+def _shown(text: str) -> str:
+    """Generated text as HTML that shows every newline: a visible ↵, then the line break (the
+    output is white-space: pre-wrap)."""
+    return html.escape(text).replace("\n", "↵\n")
+
+
+def legend_html() -> str:
+    return ("<div class='tl-legend'>colour = probability the token was sampled with: "
+            + "".join(f"<span class='tl-key {_bucket_class(t)}'>{html.escape(name)}</span>" for t, name in BUCKETS)
+            + "</div>")
+
+
+def _popover(rec: RunRecord, chip: "Chip", tokenizer) -> str:
+    """What hovering (or tapping) a generated token shows: its step, probabilities and the top
+    alternatives the model had there."""
+    first = rec.steps[chip.steps[0]]
+    rows = "".join(
+        f"<span class='tl-alt{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
+        f"<span>{html.escape(visible(c.piece))}</span><span>{prob_html(c.prob)}</span></span>"
+        for c in first.top[:5])
+    span = f"steps {chip.steps[0]}–{chip.steps[-1]}" if len(chip.steps) > 1 else f"step {chip.steps[0]}"
+    return (f"<span class='tl-pop' role='tooltip'><span class='tl-pop-head'>{span} · id {first.token_id} · "
+            f"p {prob_html(first.prob)} (raw {prob_html(first.raw_prob)})</span>{rows}</span>")
+
+
+def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, empty: str = "") -> str:
+    """The generated text as the page shows it: one span per chip, coloured by its probability,
+    newlines visible; data-i is the chip's index (a click selects its step). With detail (by
+    default once the run has ended) each chip carries a popover with the top alternatives;
+    while streaming only its probability, in the title, to keep updates small."""
+    if rec is None or (not rec.steps and rec.done is None):
+        return (f"<div class='tl-out tl-empty'>{html.escape(empty or 'Generate to see the output here.')}</div>"
+                + legend_html())
+    detail = rec.done is not None if detail is None else detail
+    chips = output_chips(rec, tokenizer)
+    parts = []
+    for i, c in enumerate(chips):
+        if detail:
+            parts.append(f"<span class='tl-t {_bucket_class(c.prob)}' data-i='{i}' tabindex='0'>"
+                         f"{_shown(c.text) or '∅'}{_popover(rec, c, tokenizer)}</span>")
+        else:
+            parts.append(f"<span class='tl-t {_bucket_class(c.prob)}' data-i='{i}' title='p {fmt_p(c.prob)}'>"
+                         f"{_shown(c.text) or '∅'}</span>")
+    tail = rec.done.tail if rec.done else ""
+    if chips and chips[-1].cut:
+        tail = tail.replace("\ufffd", "")
+    if tail:
+        parts.append(f"<span class='tl-tail' title='text held back until the end'>{_shown(tail)}</span>")
+    text = rec.done.text if rec.done is not None else "".join(s.text for s in rec.steps)
+    return (f"<div class='tl-out' data-text='{html.escape(text, quote=True)}'>{''.join(parts)}</div>"
+            + legend_html())
+
+
+def output_tokens(rec: RunRecord | None, tokenizer) -> list[dict]:
+    """The generated text for API clients: one entry per chip (text, probability, first step)."""
+    if rec is None:
+        return []
+    out = [{"token": c.text, "prob": c.prob, "step": c.steps[0]} for c in output_chips(rec, tokenizer)]
+    tail = rec.done.tail if rec.done else ""
+    if out and rec.steps and output_chips(rec, tokenizer)[-1].cut:
+        tail = tail.replace("\ufffd", "")
+    if tail:  # text held back until the end: no step of its own
+        out.append({"token": tail, "prob": None, "step": None})
+    return out
+
+
+def _token_chips(tokenizer, ids: list[int]) -> str:
     chips = []
     for positions, complete in tokenizer.char_groups(ids):
         group = [ids[i] for i in positions]
@@ -122,10 +197,25 @@ def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
             char = tokenizer.decode(group) if complete else "[cut off]"
             chips.append(f"<span class='tl-chip tl-char'><span class='tl-c'>{html.escape(visible(char))}"
                          f"</span><span class='tl-bytes'>{tokens}</span></span>")
+    return "".join(chips)
+
+
+def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] | None = None) -> str:
+    """The tokenization view: the prompt's tokens, and once there are any the generated ones."""
+    out = prompt_tokens_html(tokenizer, prompt_ids)
+    if generated_ids:
+        out += (f"<div class='tl-tokens tl-gen-tokens'><div class='tl-title'>Generated: {len(generated_ids)} tokens"
+                f"</div><div class='tl-chips'>{_token_chips(tokenizer, generated_ids)}</div></div>")
+    return out
+
+
+def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
+    """The prompt's tokens as chips: one per token, and one per character made of byte tokens
+    with those tokens beneath it; control tokens marked."""
     control = sum(tokenizer.is_control(i) for i in ids)
-    return (f"<div class='tl-tokens'><div class='tl-title'>{len(ids)} tokens"
+    return (f"<div class='tl-tokens'><div class='tl-title'>Prompt: {len(ids)} tokens"
             + (f", {control} of them control tokens (outlined)" if control else "")
-            + f"</div><div class='tl-chips'>{''.join(chips)}</div></div>")
+            + f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
 
 
 def _bar(kind: str, p: float | None) -> str:
@@ -159,8 +249,8 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
             f"(raw {prob_html(step.raw_prob)}){rank}</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
             + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
-            f"<span class='tl-bar'>{raw_head}</span><span class='tl-num'></span>"
-            f"<span class='tl-bar'>{final_head}</span><span class='tl-num'></span></div>")
+            f"<span class='tl-h2'>{raw_head}</span>"
+            f"<span class='tl-h2'>{final_head}</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
@@ -294,28 +384,65 @@ def model_card(info) -> str:
 
 
 def stats_markdown(info, rec: RunRecord) -> str:
+    """The run's numbers as a two-column table (measure, value): it fits any width without
+    breaking a header or a number."""
     if not rec.steps:
-        return "No run yet."
+        if rec.done is not None:
+            return f"Run ended: **{REASONS.get(rec.done.reason, rec.done.reason)}**, no token generated."
+        return "No run yet." if rec.started_at is None else "Running: the numbers come with the first token."
     first = rec.steps[0]
     n = len(rec.steps)
     ctx = len(rec.prompt_ids) + n
     cost = decode_cost(info.cfg, ctx, info.dtype.itemsize)
     decode_ms = sum(s.ms for s in rec.steps[1:])
     tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
-    lines = [
-        f"| prompt tokens | time to first token | generated | decode speed | FLOPs / token (at {ctx} ctx) | seed |",
-        "|---|---|---|---|---|---|",
-        f"| {len(rec.prompt_ids)} | {first.prefill_ms:.0f} ms"
-        + (f" (+ {first.wait_ms / 1000:.1f} s queued)" if first.wait_ms and first.wait_ms >= 50 else "")
-        + f" | {n} | {tps:.1f} tok/s | "
-        f"{si(cost.flops)} ({si(cost.attention_flops)} attention) | {rec.seed} |",
-    ]
+    ttft = f"{first.prefill_ms:.0f} ms" + (f" (+ {first.wait_ms / 1000:.1f} s queued)"
+                                            if first.wait_ms and first.wait_ms >= 50 else "")
+    rows = [("prompt tokens", f"{len(rec.prompt_ids)}"), ("time to first token", ttft),
+            ("generated", f"{n}"), ("decode speed", f"{tps:.1f} tok/s"),
+            (f"FLOPs / token (at {ctx} ctx)", f"{si(cost.flops)} ({si(cost.attention_flops)} attention)"),
+            ("seed", f"{rec.seed}")]
+    lines = ["| measure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if rec.done is not None:
         d = rec.done
-        lines.append(f"\nStopped: **{REASONS.get(d.reason, d.reason)}**."
+        lines.append(f"\nRun ended: **{REASONS.get(d.reason, d.reason)}**."
                      + (f" Max new tokens was capped at {d.max_new_tokens} to fit the context "
                         f"window of {info.cfg.max_seq_len}." if d.capped else ""))
     return "\n".join(lines)
+
+
+def context_text(n_prompt: int, n_generated: int | None, max_new: int | None, context: int) -> str:
+    """The context counter: prompt + generated (or the most that may be) / the context window."""
+    if n_generated is None:
+        room = context - n_prompt
+        most = min(max_new or 0, room)
+        return (f"Context: **{n_prompt:,}** prompt tokens + up to {most:,} new = {n_prompt + most:,} "
+                f"of {context:,}" + (f" (max new tokens will be lowered to {room:,})" if max_new and max_new > room else ""))
+    return f"Context: **{n_prompt:,}** prompt + **{n_generated:,}** generated = {n_prompt + n_generated:,} of {context:,}"
+
+
+def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[int, int] | None = None) -> str:
+    """One line on where the run is: waiting for the engine (with what is ahead and for how
+    long), prefill of a long prompt, generating, or ended."""
+    if rec is None:
+        return ""
+    n = len(rec.prompt_ids)
+    if rec.started_at is None:  # clicked, not yet taken by the engine
+        waited = now - rec.queued_at if rec.queued_at is not None else 0.0
+        running, before = ahead or (0, 0)
+        return (f"Waiting for the engine · {running} run{'s' * (running != 1)} in progress, "
+                f"{before} waiting before yours · {waited:.1f} s so far")
+    if rec.waiting is not None and rec.done is None:  # admitted by Gradio, queued for KV blocks
+        w = rec.waiting
+        return (f"Waiting for the server: {_ordinal(w.position)} in line · {now - rec.started_at:.1f} s so far "
+                f"(the KV cache is full; this run may need {w.blocks_needed} blocks)")
+    if not rec.steps and rec.done is None:
+        return f"Prefill of {n:,} prompt tokens… {now - rec.started_at:.1f} s so far (the first token comes after it)"
+    g = len(rec.steps)
+    ctx = context_text(n, g, None, context)
+    if rec.done is None:
+        return f"Generating: {g:,} of at most {rec.max_steps:,} tokens · {ctx}"
+    return f"Run ended: {REASONS.get(rec.done.reason, rec.done.reason)} · {g:,} tokens · {ctx}"
 
 
 # ---------------------------------------------------------------- inside one token
@@ -358,6 +485,36 @@ def attention_html(capture, tokenizer, max_rows: int = 400) -> str:
             f"<table><tr><th>pos</th><th>token</th>{head}</tr>{''.join(rows)}</table></div>")
 
 
+def pattern_html(pattern, context_ids: list[int], tokenizer, layer: int, head: int, max_positions: int = 96) -> str:
+    """The full causal attention pattern of one head: a row per query position, a column per key
+    position, shade ∝ √weight; hovering a cell names both tokens (PATTERN_JS)."""
+    n_heads, T, _ = pattern.shape
+    head = min(max(int(head), 0), n_heads - 1)
+    start = max(0, T - max_positions)
+    w = pattern[head, start:, start:]
+    labels = [html.escape(visible(tokenizer.piece(i))) for i in context_ids[start:T]]
+    cols = "".join(f"<th class='tl-k' data-k='{start + j}' title='key {start + j}: {lab}'><span>{lab}</span></th>"
+                   for j, lab in enumerate(labels))
+    rows = []
+    for i, lab in enumerate(labels):
+        cells = []
+        for j in range(len(labels)):
+            if j > i:
+                cells.append("<td class='tl-future'></td>")
+            else:
+                v = float(w[i, j])
+                cells.append(f"<td data-q='{start + i}' data-k='{start + j}' data-w='{v:.4f}' "
+                             f"style='background: rgba(229,57,53,{min(1.0, v ** 0.5):.3f})'></td>")
+        rows.append(f"<tr><th class='tl-q' data-q='{start + i}'>{start + i} {lab}</th>{''.join(cells)}</tr>")
+    note = (f" Showing the last {max_positions} of {T} positions (weights before them not shown)."
+            if start else "")
+    return (f"<div class='tl-pattern'><div class='tl-title'>Layer {layer}, head {head}: every query position "
+            f"(rows) over the positions it may see (columns); shade ∝ √weight, each row sums to 1.{note}</div>"
+            f"<div class='tl-pat-info'>Hover a cell: which token looks at which.</div>"
+            f"<div class='tl-pat-scroll'><table class='{'tl-big' if len(labels) <= 40 else ''}'><tr><th></th>{cols}</tr>"
+            f"{''.join(rows)}</table></div></div>")
+
+
 def lens_html(capture, tokenizer) -> str:
     """The logit lens: each layer's residual stream through the final norm and LM head."""
     rows = []
@@ -386,8 +543,73 @@ def memory_markdown(info) -> str:
 
 INSPECT_CSS = """
 .tl-att table, .tl-lens table { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 12px; }
-.tl-att td, .tl-att th, .tl-lens td, .tl-lens th { padding: 1px 5px; border: 1px solid rgba(128,128,128,.2); }
+.tl-att td, .tl-att th, .tl-lens td, .tl-lens th { padding: 1px 5px; border: 1px solid rgba(128,128,128,.2); white-space: nowrap; }
 .tl-att { max-height: 480px; overflow: auto; }
+.tl-lens { overflow-x: auto; }
+.tl-pattern .tl-pat-scroll { max-height: 560px; max-width: 100%; overflow: auto; }
+.tl-pattern table { border-collapse: collapse; font-family: ui-monospace, monospace; font-size: 10px; }
+.tl-pattern td { width: 9px; min-width: 9px; height: 9px; padding: 0; border: 1px solid rgba(128,128,128,.08); }
+.tl-pattern table.tl-big td { width: 15px; min-width: 15px; height: 15px; }
+.tl-pattern td.tl-future { background: rgba(128,128,128,.06); }
+.tl-pattern th { font-weight: 400; white-space: nowrap; padding: 0 3px; }
+.tl-pattern th.tl-k { vertical-align: bottom; height: 70px; }
+.tl-pattern th.tl-k span { writing-mode: vertical-rl; transform: rotate(180deg); display: inline-block; max-height: 70px; overflow: hidden; }
+.tl-pattern th.tl-q { text-align: right; position: sticky; left: 0; background: var(--background-fill-primary, #fff); }
+.tl-pattern th.tl-hl { background: #ffd54f !important; color: #000; }
+.tl-pattern td.tl-hl { outline: 2px solid #000; }
+.tl-pat-info { font-family: ui-monospace, monospace; font-size: 12px; min-height: 1.4em; margin: 4px 0; }
+"""
+
+# The page's layout: the main grid (prompt and output on the left, settings and the bars on the
+# right; on a narrow screen prompt, output, bars, then settings), the generated text with its
+# popovers, and tables that scroll sideways instead of breaking words.
+LAYOUT_CSS = """
+#main-grid { display: grid !important; grid-template-columns: minmax(0, 3fr) minmax(0, 2fr);
+             grid-template-rows: auto auto 1fr; align-items: start;
+             grid-template-areas: "input settings" "output settings" "output bars"; }
+#main-grid > * { min-width: 0 !important; width: auto !important; }
+#input-col { grid-area: input; } #settings-col { grid-area: settings; }
+#output-col { grid-area: output; } #bars-col { grid-area: bars; }
+@media (max-width: 860px) {
+  #main-grid { grid-template-columns: minmax(0, 1fr); grid-template-areas: "input" "output" "bars" "settings"; }
+}
+#status { min-height: 1.5em; }
+#status p, #context-count p { margin: 0; }
+.tl-out { white-space: pre-wrap; word-break: break-word; font-family: ui-monospace, monospace; font-size: 14px;
+          line-height: 1.9; padding: 6px 8px; border: 1px solid rgba(128,128,128,.25); border-radius: 6px;
+          min-height: 3.5em; max-height: 480px; overflow-y: auto; }
+.tl-out.tl-empty { color: rgba(128,128,128,.9); font-family: inherit; }
+.tl-t { position: relative; cursor: pointer; border-radius: 3px; padding: 1px 0; }
+.tl-t:hover, .tl-t:focus { outline: 2px solid #1e88e5; outline-offset: 0; }
+.tl-b0 { background: rgba(46,125,50,.35); } .tl-b1 { background: rgba(156,204,101,.45); }
+.tl-b2 { background: rgba(255,179,0,.45); } .tl-b3 { background: rgba(229,57,53,.40); }
+.tl-tail { opacity: .7; }
+.tl-pop { display: none; position: absolute; z-index: 50; left: 0; top: 1.7em; min-width: 15em; max-width: 80vw;
+          white-space: normal; background: var(--background-fill-primary, #fff); color: var(--body-text-color, #222);
+          border: 1px solid rgba(128,128,128,.5); border-radius: 6px; padding: 4px 6px; box-shadow: 0 2px 8px rgba(0,0,0,.25);
+          font-size: 12px; line-height: 1.4; cursor: default; }
+.tl-t:hover > .tl-pop, .tl-t:focus > .tl-pop { display: block; }
+.tl-pop-head { display: block; opacity: .8; margin-bottom: 2px; white-space: nowrap; }
+.tl-alt { display: flex; justify-content: space-between; gap: 12px; white-space: pre; }
+.tl-alt-chosen { font-weight: 700; }
+.tl-legend { font-size: 12px; margin-top: 4px; display: flex; flex-wrap: wrap; gap: 6px; align-items: center; }
+.tl-key { padding: 0 6px; border-radius: 3px; white-space: nowrap; }
+.tl-stale { opacity: .75; font-style: italic; }
+.tl-bars { overflow-x: auto; }
+.tl-bars .tl-row { min-width: 290px; }
+.tl-head .tl-h2 { grid-column: span 2; overflow: hidden; text-overflow: ellipsis; }
+@media (max-width: 500px) { .tl-row { grid-template-columns: 6.5em 1fr 4.3em 1fr 4.3em; gap: 4px; } }
+#stats table, #replay-stages table, #compare-summary table, #likely-table table, #stages table, #memory table {
+  display: block; overflow-x: auto; max-width: 100%; width: max-content; border: none; }
+#stats :is(th, td), #replay-stages :is(th, td), #compare-summary :is(th, td), #likely-table :is(th, td),
+#stages :is(th, td), #memory :is(th, td) { white-space: nowrap; word-break: normal; overflow-wrap: normal; }
+#stats td:last-child { font-variant-numeric: tabular-nums; }
+.tl-gen-tokens { margin-top: 8px; }
+.tl-downloads { display: flex; flex-wrap: wrap; gap: 8px; font-size: 13px; }
+.tl-downloads.tl-empty { opacity: .7; font-size: 12px; }
+.tl-dl { padding: 4px 10px; border: 1px solid rgba(128,128,128,.4); border-radius: 6px; text-decoration: none; }
+#conversation .tl-turn { margin: 2px 0; padding: 2px 6px; border-left: 3px solid rgba(128,128,128,.4); white-space: pre-wrap; }
+#conversation .tl-turn-assistant { border-left-color: #26a69a; }
 """
 
 
@@ -435,8 +657,8 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
             f"<span class='tl-num'>{prob_html(float(final_run[i]))}</span>"
             f"<span class='tl-bar'><span class='tl-final' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
             f"<span class='tl-num'>{prob_html(float(final_replay[i]))}</span></div>")
-    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-bar'>final in the run</span>"
-            "<span class='tl-num'></span><span class='tl-bar'>final, replayed</span><span class='tl-num'></span></div>")
+    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-h2'>final in the run</span>"
+            "<span class='tl-h2'>final, replayed</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
@@ -467,6 +689,25 @@ def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, s
     return out
 
 
+def downloads_html(run_url: str | None, settings_url: str | None) -> str:
+    """Links to a run's downloads (addresses relative to the page), or a note before any run."""
+    if not run_url:
+        return "<div class='tl-downloads tl-empty'>Downloads of the run's steps and settings come with its end.</div>"
+    return (f"<div class='tl-downloads'><a class='tl-dl' id='download-run' href='{html.escape(run_url, quote=True)}' "
+            f"download>Download run (JSONL)</a><a class='tl-dl' id='download-settings' "
+            f"href='{html.escape(settings_url, quote=True)}' download>Download settings (JSON)</a></div>")
+
+
+def conversation_html(history: list[dict]) -> str:
+    """The chat so far (earlier turns, oldest first); empty when there is none."""
+    if not history:
+        return ""
+    turns = "".join(f"<div class='tl-turn tl-turn-{html.escape(m['role'])}'><b>{html.escape(m['role'])}:</b> "
+                    f"{html.escape(m['content'])}</div>" for m in history)
+    return (f"<div class='tl-conv'><div class='tl-title'>Conversation so far ({len(history) // 2} "
+            f"turn{'s' * (len(history) // 2 != 1)}; your next message continues it)</div>{turns}</div>")
+
+
 def likelihood_table(scores) -> str:
     if not scores:
         return ""
@@ -476,3 +717,7 @@ def likelihood_table(scores) -> str:
         lines.append(f"| {html.escape(visible(piece))} | {i} | {fmt_p(math.exp(lp))} | {lp:.3f} |")
     lines.append(f"| **all {len(scores)} tokens** | | {fmt_p(math.exp(total))} | {total:.3f} |")
     return "\n".join(lines)
+
+
+# Every stylesheet of the page, as launch() passes it.
+PAGE_CSS = BARS_CSS + INSPECT_CSS + PROB_CSS + LAYOUT_CSS

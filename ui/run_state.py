@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -18,6 +19,15 @@ class RunRecord:
     done: DoneEvent | None = None
     seed: int | None = None
     params: object = None  # the SamplingParams the run used
+    mode: str = "completion"
+    user_message: str = ""  # the prompt as typed (in chat mode: the new user message)
+    system: str = ""
+    history: list = field(default_factory=list)  # the earlier chat turns this run continued
+    max_steps: int = 0  # the most tokens it may make: max new tokens, capped by the context
+    queued_at: float | None = None  # time.monotonic() at the click
+    started_at: float | None = None  # when the engine took the run (None: still waiting)
+    finished: bool = False  # after_run has drawn its end (charts, files, chat turn)
+    controls: object = None  # the page's Controls the run was started with
     waiting: WaitEvent | None = None  # while the run is queued for KV blocks
     started: float = field(default_factory=time.monotonic)  # when Generate was handled
     # The full logits of the last step replayed, (step, (vocab,) tensor): moving a replay
@@ -39,11 +49,37 @@ class RunRecord:
         """Ids the repetition penalty saw at `step`: the prompt and the tokens before it."""
         return self.prompt_ids + [s.token_id for s in self.steps[:step]]
 
+    # The last capture looked inside, ((step, layer), what compute returned): another head of
+    # the same step and layer costs no forward pass.
+    _capture: tuple | None = field(default=None, repr=False, compare=False)
+
     def logits_at(self, step: int, compute) -> "torch.Tensor":
         """The step's logits, from compute(context ids) unless this step's are kept already."""
         if self._logits is None or self._logits[0] != step:
             self._logits = (step, compute(self.seen_before(step)))
         return self._logits[1]
+
+    def capture_at(self, step: int, layer: int, compute):
+        """What compute(context ids) returns for this step and layer, kept for the next call."""
+        if self._capture is None or self._capture[0] != (step, layer):
+            self._capture = ((step, layer), compute(self.seen_before(step)))
+        return self._capture[1]
+
+
+def turn_messages(rec: RunRecord) -> list[dict]:
+    """The chat turn a run made: its user message and the answer (empty for other runs)."""
+    if rec.mode != "chat" or rec.done is None or not rec.user_message:
+        return []
+    return [{"role": "user", "content": rec.user_message}, {"role": "assistant", "content": rec.done.text}]
+
+
+def run_jsonl(rec: RunRecord) -> str:
+    """The run's per-step data as the CLI's --jsonl writes it: one StepEvent per line, then the
+    DoneEvent."""
+    lines = [json.dumps(s.to_json(), ensure_ascii=False) for s in rec.steps]
+    if rec.done is not None:
+        lines.append(json.dumps(rec.done.to_json(), ensure_ascii=False))
+    return "\n".join(lines) + "\n"
 
 
 def _mean(values: list) -> float:

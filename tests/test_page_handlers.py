@@ -1,0 +1,289 @@
+"""The page's new events called as plain functions: chat turns, the template's default system
+prompt, the full attention pattern, links with the run's seed, downloads, the waiting line,
+and the rule that an event outside the queue never raises (gradio would answer HTTP 500)."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+from urllib.parse import parse_qsl, urlsplit
+
+import gradio as gr
+import pytest
+import torch
+
+from inference.chat import default_system_prompt, render_chat
+from tiny_models import CHATML
+from ui import render as fmt
+from ui.controls import Controls, controls_from_query, query_value, share_url
+from ui.handlers import AFTER_OUTPUTS, STALE_PANELS, Handlers
+from ui.run_state import RunRecord, run_jsonl
+
+SMOL_LIKE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+             "{{ '<|im_start|>system\nYou are SmolTest<|im_end|>\n' }}{% endif %}"
+             "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+             "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture
+def h(tiny_engine):
+    return Handlers(tiny_engine, top_n=5)
+
+
+def session(name):
+    return SimpleNamespace(session_hash=name)
+
+
+def run(h, name="u", history=None, **kw):
+    c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
+    return list(h.generate(*c.values(), session(name), history))[-1][-1]
+
+
+def after(h, rec, history=None, name="u"):
+    return dict(zip(AFTER_OUTPUTS, h.after_run(rec, history, session(name))))
+
+
+# ---------------------------------------------------------------- chat
+
+def test_the_templates_default_system_prompt_is_found():
+    assert default_system_prompt(SMOL_LIKE) == "You are SmolTest"
+    assert default_system_prompt(CHATML) == ""  # adds none
+    assert default_system_prompt(None) == ""
+
+
+def test_follow_ups_continue_the_conversation_and_regenerate_replaces_the_answer(h, tiny_engine):
+    first = run(h, mode="chat", prompt="Hello")
+    a = after(h, first, [])
+    history = a["history"]
+    assert history == [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": first.done.text}]
+    assert a["prompt"] == "" and a["regenerate"]["interactive"] and "1 turn" in a["conversation"]
+    assert first.finished and after(h, first, history)["history"] == gr.skip()  # drawn once, added once
+    second = run(h, mode="chat", prompt="And then?", history=history)
+    # The model saw the earlier turn: the template over all three messages.
+    messages = history + [{"role": "user", "content": "And then?"}]
+    tok = tiny_engine.tokenizer
+    assert second.prompt_text == render_chat(tok.chat_template, messages, bos_token=tok.bos_token,
+                                             eos_token=tok.eos_token)
+    history2 = after(h, second, history)["history"]
+    assert [m["content"] for m in history2] == ["Hello", first.done.text, "And then?", second.done.text]
+    # Regenerate: the last answer dropped, its question back in the box, then a normal run.
+    rest, prompt, mode, conversation = h.pop_last_turn(history2)
+    assert rest == history and prompt == "And then?" and mode == "chat" and "1 turn" in conversation
+    with pytest.raises(gr.Error, match="no answer to regenerate"):
+        h.pop_last_turn([])
+    assert h.new_conversation()[:2] == ([], "")
+
+
+def test_typed_control_tokens_in_earlier_turns_stay_text(tiny_engine):
+    history = [{"role": "user", "content": "hi<|im_end|>"}, {"role": "assistant", "content": "<|im_start|>x"}]
+    ids = tiny_engine.prompt_ids("next", True, None, history)
+    controls = [i for i in ids if tiny_engine.tokenizer.is_control(i)]
+    # Only the template's own: <|im_start|> and <|im_end|> around each of the 3 messages + the prompt.
+    assert len(controls) == 3 * 2 + 1
+
+
+def test_a_stopped_answer_with_no_text_adds_no_turn(h):
+    from inference.events import DoneEvent
+    from inference.sampling import SamplingParams
+    rec = RunRecord(mode="chat", user_message="Hi", started_at=1.0, params=SamplingParams(),
+                    done=DoneEvent("cancelled", "", "", 5, 0, 0.0, 0.0, 1, 8, False))
+    assert after(h, rec, [])["history"] == []
+
+
+# ---------------------------------------------------------------- the full attention pattern
+
+def test_the_full_pattern_equals_transformers_eager_attention(tiny_dirs, tiny_engine):
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.LlamaForCausalLM.from_pretrained(tiny_dirs["gqa_tied"], dtype=torch.float32,
+                                                        attn_implementation="eager").eval()
+    ids = tiny_engine.prompt_ids("The quick brown fox jumps")
+    with torch.inference_mode():
+        expected = ref(torch.tensor([ids]), output_attentions=True).attentions
+    for layer in range(tiny_engine.cfg.n_layers):
+        pattern = tiny_engine.attention_pattern(ids, layer)
+        assert pattern.shape == (tiny_engine.cfg.n_heads, len(ids), len(ids))
+        assert torch.allclose(pattern, expected[layer][0], atol=1e-5)
+    # Its last row is the new token's attention that "inside one token" shows.
+    assert torch.allclose(pattern[:, -1], tiny_engine.capture(ids, layer).attention, atol=1e-6)
+
+
+def test_pattern_html_is_causal_and_capped(tiny_engine):
+    ids = tiny_engine.prompt_ids("The quick brown fox")
+    pattern = tiny_engine.attention_pattern(ids, 0)
+    out = fmt.pattern_html(pattern, ids, tiny_engine.tokenizer, 0, 2)
+    n = len(ids)
+    assert out.count("<td data-q=") == n * (n + 1) // 2 and "head 2" in out
+    w = float(re.search(r"<td data-q='3' data-k='1' data-w='([\d.]+)'", out).group(1))
+    assert w == pytest.approx(float(pattern[2, 3, 1]), abs=1e-4)
+    big = torch.rand(1, 100, 100)
+    assert "last 64 of 100 positions" in fmt.pattern_html(big, list(range(100)), tiny_engine.tokenizer, 0, 0, 64)
+
+
+# ---------------------------------------------------------------- links
+
+def test_the_link_carries_the_seed_the_last_run_used(h):
+    rec = run(h, seed="")
+    a = after(h, rec, [])
+    assert a["run_seed"] == str(rec.seed)
+    c = Controls(prompt="The quick brown fox", max_new_tokens=8, seed="")
+    link = h.share_link(*c.values(), "http://x/", None, a["run_seed"])  # the request, then the run's seed
+    query = dict(parse_qsl(urlsplit(link).query))
+    assert query["seed"] == str(rec.seed)
+    restored, problems = controls_from_query(query, h.defaults)
+    assert problems == [] and restored.seed == str(rec.seed)
+    # A typed seed wins over the last run's.
+    assert "seed=7" in h.share_link(*Controls(seed="7").values(), "http://x/", None, "123")
+
+
+def test_link_numbers_are_written_as_javascript_writes_them():
+    assert [query_value(v) for v in (1.0, 0.3, 7, 0.35000000000000003, "a b", 2.5)] == \
+        ["1", "0.3", "7", "0.35000000000000003", "a b", "2.5"]
+    assert "temperature=1&" in share_url("http://x/", Controls(temperature=1.0), Controls(temperature=0.7))
+
+
+def test_link_values_the_page_cannot_hold_are_ignored_by_name(h, tiny_engine):
+    c, problems = controls_from_query({"top_p": "7", "max_new_tokens": "99999", "prompt": "Hi"},
+                                      h.defaults, {"max_new_tokens": tiny_engine.cfg.max_seq_len - 1})
+    assert c.prompt == "Hi" and c.top_p == h.defaults.top_p and c.max_new_tokens == h.defaults.max_new_tokens
+    assert [p.split("`")[1] for p in problems] == ["top_p", "max_new_tokens"]
+    notice = h.restore(SimpleNamespace(query_params={"top_p": "7", "max_new_tokens": "99999"}))[-1]
+    assert notice.count("\n- ") == 2  # one Markdown list item each
+    # A link that sets one of the "More settings" opens them.
+    assert h.restore(SimpleNamespace(query_params={"min_p": "0.1"}))[-2]["open"] is True
+
+
+# ---------------------------------------------------------------- downloads
+
+def downloaded(h, html_links: str, which: int):
+    """The file behind the page's `which`-th download link (as the download route finds it)."""
+    url = re.findall(r"href='([^']+)'", html_links)[which]
+    route, token, name = url.rsplit("/", 2)
+    assert route == "tokenlab/download"
+    return h.download_path(token, name)
+
+
+def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, capsys):
+    rec = run(h, seed="5", temperature=0.0, max_new_tokens=6)
+    a = after(h, rec, [])
+    lines = [json.loads(x) for x in downloaded(h, a["downloads"], 0).read_text(encoding="utf-8").splitlines()]
+    assert lines == [json.loads(json.dumps(s.to_json())) for s in rec.steps] + [rec.done.to_json()]
+    # The same fields, tokens and text as `python -m inference generate --jsonl`.
+    from inference.cli import main
+    assert main(["generate", "--model", str(tiny_dirs["gqa_tied"]), "--prompt", "The quick brown fox",
+                 "--temperature", "0", "--max-new-tokens", "6", "--seed", "5", "--top", "5", "--jsonl",
+                 "--device", "cpu", "--dtype", "float32"]) == 0
+    cli = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [set(x) for x in cli] == [set(x) for x in lines]
+    assert [x.get("token_id") for x in cli] == [x.get("token_id") for x in lines]
+    assert cli[-1]["text"] == lines[-1]["text"]
+    settings = json.loads(downloaded(h, a["downloads"], 1).read_text(encoding="utf-8"))
+    assert settings["seed"] == "5" and settings["prompt"] == "The quick brown fox" and settings["temperature"] == 0.0
+
+
+def test_old_downloads_are_deleted(h, monkeypatch):
+    import ui.handlers as handlers_module
+    monkeypatch.setattr(handlers_module, "KEEP_FILES", 3)
+    urls = [h._write_file(f"f{i}.txt", "x") for i in range(5)]
+    found = [h.download_path(*u.rsplit("/", 2)[1:]) for u in urls]
+    assert [f is not None for f in found] == [False, False, True, True, True]
+    assert not (h._files_dir / urls[0].rsplit("/", 2)[1]).exists()  # deleted, not only forgotten
+    assert h.download_path(urls[4].rsplit("/", 2)[1], "other.txt") is None  # only the name it wrote
+    assert h.download_path("../../etc", "passwd") is None
+    assert run_jsonl(RunRecord()) == "\n"
+
+
+# ---------------------------------------------------------------- waiting, prefill, status
+
+def test_a_waiting_run_says_what_is_ahead_and_stop_ends_it_before_it_starts(h):
+    c = Controls(prompt="The quick", max_new_tokens=5)
+    out_a = h.begin(*c.values(), session("a"), [])
+    out_b = h.begin(*c.values(), session("b"), [])
+    status_b = out_b[9]
+    assert "Waiting for the engine" in status_b and "1 waiting before yours" in status_b
+    assert "0 waiting before yours" in out_a[9]
+    assert out_b[5]["interactive"] is False and out_b[7]["interactive"] is True  # Generate off, Stop on
+    assert out_b[8]["maximum"] == 4  # the slider spans the steps to come
+    assert all(v == "" for v in out_b[14:14 + len(STALE_PANELS)])  # the old run's panels cleared
+    h.stop(session("b"))  # Stop before the engine took it
+    rec = list(h.generate(*c.values(), session("b"), []))[-1][-1]
+    assert rec.done.reason == "cancelled" and rec.steps == []
+    h.closed(session("a"))
+    assert h._waiting == {}
+
+
+def test_the_status_line_through_a_runs_life(h, tiny_engine):
+    ctx = tiny_engine.cfg.max_seq_len
+    rec = RunRecord(prompt_ids=[1] * 30, queued_at=10.0, max_steps=8)
+    assert fmt.status_text(rec, ctx, 13.5, (1, 2)).startswith(
+        "Waiting for the engine · 1 run in progress, 2 waiting before yours · 3.5 s so far")
+    rec.started_at = 14.0
+    assert fmt.status_text(rec, ctx, 16.0).startswith("Prefill of 30 prompt tokens… 2.0 s so far")
+    done = run(h)
+    assert "Run ended: max new tokens reached · 8 tokens" in fmt.status_text(done, ctx, 0)
+    assert h.live_tick(rec, session("x"))[2].startswith("Prefill of 30")
+    assert h.live_tick(done, session("x")) == (gr.skip(), gr.skip(), gr.skip())
+
+
+def test_the_context_counter(h, tiny_engine):
+    n = len(tiny_engine.prompt_ids("The quick brown fox"))
+    ctx = tiny_engine.cfg.max_seq_len
+    assert h.count_context("The quick brown fox", "completion", "", 20) == \
+        f"Context: **{n}** prompt tokens + up to 20 new = {n + 20} of {ctx}"
+    assert "lowered to" in h.count_context("The quick brown fox", "completion", "", 10_000)
+    chat = len(tiny_engine.prompt_ids("Hi", True, "be brief"))
+    assert f"**{chat}** prompt tokens" in h.count_context("Hi", "chat", "be brief", 5)
+    assert h.count_context("", "chat", "", 5, [{"role": "user", "content": "a"},
+                                               {"role": "assistant", "content": "b"}]).startswith("Context: 1 earlier")
+
+
+# ---------------------------------------------------------------- replay at the run's values
+
+def test_replay_controls_start_at_the_runs_settings_and_an_untouched_replay_is_the_run(h):
+    rec = run(h, temperature=0.6, top_k=9, top_p=0.8, min_p=0.02, repetition_penalty=1.1, seed="2")
+    a = after(h, rec, [])
+    values = [a[f"replay_{n}"] for n in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")]
+    assert values == [0.6, 9, 0.8, 0.02, 1.1]
+    md, bars = h.replay_step(rec, 4, *values)
+    rows = [r for r in md.splitlines() if r.startswith("| ") and "kept (run)" not in r]
+    assert len(rows) == 7
+    for row in rows:
+        cells = [x.strip() for x in row.split("|")[2:-1]]
+        assert cells[:3] == cells[3:], row
+    for a_p, b_p in re.findall(r"<span class='tl-p'>([^<]*)</span>.*?<span class='tl-p'>([^<]*)</span>", bars):
+        assert a_p == b_p
+
+
+# ---------------------------------------------------------------- outside the queue: never raise
+
+def test_events_outside_the_queue_never_raise(h):
+    rec = run(h)
+    junk = (None, "x", -5, 1e9, float("nan"), "", [], {})
+    for v in junk:
+        assert isinstance(h.select_step(rec, v), str)
+        assert h.select_token(rec, SimpleNamespace(index=v)) is not None
+        assert isinstance(h.replay_step(rec, 0, v, v, v, v, v)[0], str)
+        assert isinstance(h.count_context(v, v, v, v), str)
+        assert isinstance(h.select_head(rec, 0, 0, v), str)
+        try:  # a link is made, or refused with a message naming the field (in the queue)
+            assert isinstance(h.share_link(*([v] * 11), v, v), str)
+        except gr.Error as e:
+            assert re.search(r"prompt|seed|stop|mode", str(e)), e
+        assert len(h.begin(*([v] * 11), session("j"), v)) == 22
+        assert len(h.begin(*Controls(mode="chat").values(), session("j"), [v])) == 22
+    assert h.replay_step(None, 0, 1.0, 0, 1.0, 0.0, 1.0)[0].startswith("Generate first")
+    assert h.inspect_step(None, 0, 0)[0].startswith("Generate first")
+    assert h.likelihood(None, 0, "x").startswith("Generate first")
+    assert h.live_tick(None) == (gr.skip(), gr.skip(), gr.skip())
+    assert len(h.after_run(None, None, session("j"))) == len(AFTER_OUTPUTS)
+    assert len(h.restore(SimpleNamespace(query_params={"top_k": "-1", "bogus": "x", "mode": "?"}))) == 13
+
+
+def test_labels(h, tiny_engine):
+    assert "diverges here" not in fmt.COLOR_MAP and "diverges here" in fmt.COMPARE_COLOR_MAP
+    rec = run(h)
+    assert "diverges" not in fmt.output_html(rec, tiny_engine.tokenizer)
+    stats = fmt.stats_markdown(h.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done))
+    assert "Run ended: **max new tokens reached**." in stats and "Stopped:" not in stats
+    assert fmt.REASONS["cancelled"].startswith("stopped on request")
+    assert fmt._shown("a\nb") == "a↵\nb"  # a newline is seen, then breaks the line

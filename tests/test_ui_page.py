@@ -1,0 +1,701 @@
+"""The page as people use it: Playwright driving Debian's chromium at 1400 px and 420 px, two
+users at once, every HTTP response recorded. Runs that must be caught mid-way are held
+(engine_hold.Hold, the `hold` fixture), never raced. Screenshots land in test-results/ui-page/
+(gitignored)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+
+from engine_hold import wait_until
+
+playwright = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+SHOTS = Path(__file__).resolve().parents[1] / "test-results" / "ui-page"
+WAIT_MS = 60000  # an upper bound only: every wait ends as soon as its condition holds
+SEED = "#seed input, #seed textarea"
+
+# A chat template that, like SmolLM2's, adds a system prompt of its own when none is given.
+DEFAULT_SYSTEM = "You are a tiny test assistant"
+SMOL_LIKE_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\n" + DEFAULT_SYSTEM + "<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (scripts/test.sh installs it with apt)")
+        pytest.skip("chromium is not installed")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with playwright.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        yield b
+        b.close()
+
+
+def bias_token(monkeypatch, engine, token_id: int, every: int = 3, by: float = 1e4) -> None:
+    """Make runs pick `token_id` on every `every`-th token (its logit raised before sampling), so
+    an output is certain to hold that token (a newline, say) whatever the random weights."""
+    sample, calls = engine.scheduler._sample, {"n": 0}
+
+    def biased(run, logits):
+        calls["n"] += 1
+        if calls["n"] % every == 0:
+            logits = logits.clone()
+            logits[token_id] += by
+        return sample(run, logits)
+
+    monkeypatch.setattr(engine.scheduler, "_sample", biased)
+
+
+@pytest.fixture(scope="module")
+def small_pool_app(tiny_dirs):
+    """The page on a tiny model whose KV pool holds one long run: a second run waits for it."""
+    from inference.engine import Engine
+    from inference.kv_pool import BLOCK_SIZE
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+
+    probe = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32", kv_pool_mib=1)
+    per_block = BLOCK_SIZE * probe.cfg.kv_bytes_per_token(4)
+    engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32",
+                                kv_pool_mib=12 * per_block / 2**20)  # 12 blocks of 16 positions
+    handlers = Handlers(engine)
+    demo = build_ui(engine, handlers)
+    _, url, _ = launch(demo, engine, port=None, block=False)
+    yield url.rstrip("/"), engine, handlers
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def chat_app(tiny_dirs, tmp_path_factory):
+    """The page on a tiny model whose chat template has a default system prompt."""
+    from inference.engine import Engine
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+
+    d = tmp_path_factory.mktemp("smol_like") / "model"
+    shutil.copytree(tiny_dirs["gqa_tied"], d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": SMOL_LIKE_TEMPLATE}))
+    engine = Engine.from_hf_dir(d, device="cpu", dtype="float32")
+    handlers = Handlers(engine)
+    demo = build_ui(engine, handlers)
+    _, url, _ = launch(demo, engine, port=None, block=False)
+    yield url.rstrip("/"), engine, handlers
+    demo.close()
+
+
+class Pages:
+    """Browser pages opened by one test; each records every HTTP response it gets, and the
+    test ends by checking that none was a 5xx."""
+
+    def __init__(self, browser):
+        self.browser, self.contexts, self.responses = browser, [], []
+
+    def open(self, url: str, width: int = 1400, height: int = 1000, query: str = ""):
+        ctx = self.browser.new_context(viewport={"width": width, "height": height},
+                                       permissions=["clipboard-read", "clipboard-write"])
+        self.contexts.append(ctx)
+        page = ctx.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.on("response", lambda r: self.responses.append((r.status, r.request.method, r.url)))
+        page.goto(url + "/" + query)
+        page.wait_for_selector("body[data-tl-ready='1']")  # the link's settings are restored
+        return page
+
+    def server_errors(self) -> list:
+        return [r for r in self.responses if r[0] >= 500]
+
+    def close(self):
+        for ctx in self.contexts:
+            ctx.close()
+
+
+@pytest.fixture
+def pages(browser):
+    p = Pages(browser)
+    yield p
+    p.close()
+    assert p.server_errors() == [], p.server_errors()
+
+
+def shot(page, name: str) -> Path:
+    path = SHOTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path
+
+
+def text_of(page, selector: str) -> str:
+    return page.evaluate(f"(document.querySelector({selector!r})?.innerText || '')")
+
+
+def wait_text(page, selector: str, needle: str) -> None:
+    page.wait_for_function(
+        f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
+
+
+def set_number(page, selector: str, value) -> None:
+    """Type a value into a number box and confirm it with Enter, as a person does."""
+    box = page.locator(selector)
+    box.fill(str(value))
+    box.press("Enter")
+
+
+QUIET_JS = """() => ['#output', '#topk', '#stats', '#status'].every(
+    (s) => !/(processing|\\b\\d+\\.\\ds\\b)/.test(document.querySelector(s)?.innerText || ''))"""
+
+
+def refused(page, message: str) -> None:
+    """Wait until a click on Generate was refused with `message`: said in the status line and
+    in a toast, and the refused event over (gradio shows a timer on its outputs meanwhile)."""
+    wait_text(page, "#status", message)
+    page.locator(".toast-message-text", has_text=message).first.wait_for()
+    page.wait_for_function(QUIET_JS)
+    page.wait_for_function("!document.querySelector('#generate').disabled")
+
+
+WATCH_STATUS_JS = """() => {
+    const el = document.querySelector('#status');
+    window.tlSeen = [];
+    if (window.tlWatch) window.tlWatch.disconnect();
+    window.tlWatch = new MutationObserver(() => window.tlSeen.push(el.innerText));
+    window.tlWatch.observe(el, {subtree: true, childList: true, characterData: true});
+}"""
+
+
+def run_to_end(page, button: str = "#generate") -> None:
+    """Click, and wait for this run's end: the status line is watched from before the click,
+    so an earlier run's "Run ended" is never taken for this one's."""
+    page.evaluate(WATCH_STATUS_JS)
+    page.click(button)
+    page.wait_for_function("window.tlSeen.some((t) => t.includes('Waiting for the engine')) && "
+                           "document.querySelector('#status').innerText.includes('Run ended')")
+    page.wait_for_function("!document.querySelector('#generate').disabled")
+
+
+def stats_value(page, name: str) -> str:
+    return page.evaluate("""(name) => {
+        for (const row of document.querySelectorAll('#stats tr')) {
+            const cells = row.querySelectorAll('td');
+            if (cells.length === 2 && cells[0].innerText.trim() === name) return cells[1].innerText.trim();
+        }
+        return null; }""", name)
+
+
+def output_text(page) -> str:
+    return page.evaluate("document.querySelector('#output .tl-out')?.dataset.text ?? null")
+
+
+def open_accordion(page, title: str) -> None:
+    page.get_by_text(title).first.click()
+
+
+LINES_JS = """(sel) => [...document.querySelectorAll(sel)].map((el) => {
+    const r = document.createRange(); r.selectNodeContents(el);
+    const tops = new Set([...r.getClientRects()].filter((x) => x.width > 0).map((x) => Math.round(x.top)));
+    return [el.innerText.trim(), tops.size]; })"""
+
+
+def lines_per_cell(page, selector: str) -> list:
+    """(text, number of lines it takes) for each element: a word broken mid-way takes two."""
+    return page.evaluate(LINES_JS, selector)
+
+
+# ---------------------------------------------------------------- sharing
+
+def test_share_link_carries_the_last_runs_seed_and_really_copies(live_app, pages):
+    from ui.controls import controls_from_query
+    url, engine, handlers = live_app
+    page = pages.open(url)
+    page.fill("#prompt textarea", "The quick")
+    page.fill(SEED, "")
+    set_number(page, "#temperature input[type=number]", 1.2)
+    run_to_end(page)
+    seed = stats_value(page, "seed")
+    assert seed and seed.isdigit()
+    assert page.input_value(SEED) == ""  # the next run is random again; the link keeps this one's
+    page.click("#copy-link")
+    page.wait_for_function("(document.querySelector('#share-link textarea')?.value || '').includes('seed=')")
+    link = page.input_value("#share-link textarea")
+    assert f"seed={seed}" in link and "temperature=1.2" in link
+    assert page.evaluate("navigator.clipboard.readText()") == link  # the click copied it
+    c, problems = controls_from_query(dict(parse_qsl(urlsplit(link).query)), handlers.defaults)
+    assert problems == [] and c.prompt == "The quick" and c.seed == seed and c.temperature == 1.2
+    # The link reproduces the run.
+    text = output_text(page)
+    again = pages.open(url, query="?" + urlsplit(link).query)
+    assert again.input_value(SEED) == seed
+    run_to_end(again)
+    assert output_text(again) == text
+
+
+@pytest.mark.parametrize("width", [1400, 420])
+def test_bad_link_values_are_ignored_and_named_one_per_line(live_app, pages, width):
+    url, engine, handlers = live_app
+    page = pages.open(url, width, query="?prompt=Hi&top_p=7&max_new_tokens=99999&temperature=0.3")
+    items = page.locator("#notice li")
+    items.first.wait_for()
+    texts = items.all_inner_texts()
+    assert len(texts) == 2 and "`top_p`" not in texts[0]  # Markdown's backticks become code
+    assert "top_p" in texts[0] and "'7'" in texts[0]
+    assert "max_new_tokens" in texts[1] and "99999" in texts[1]
+    boxes = [items.nth(i).bounding_box() for i in range(2)]
+    assert boxes[1]["y"] >= boxes[0]["y"] + boxes[0]["height"] - 1  # one per line
+    # The good values are restored, the bad ones left at the page's defaults.
+    assert page.input_value("#prompt textarea") == "Hi"
+    assert float(page.input_value("#temperature input[type=number]")) == 0.3
+    assert float(page.input_value("#top-p input[type=number]")) == handlers.defaults.top_p
+    assert int(page.input_value("#max-new-tokens input[type=number]")) == handlers.defaults.max_new_tokens
+    assert int(page.get_attribute("#max-new-tokens input[type=range]", "max")) == engine.cfg.max_seq_len - 1
+    shot(page, f"bad-link-{width}")
+
+
+# ---------------------------------------------------------------- controls in step with the run
+
+def test_controls_follow_the_run(live_app, pages, hold):
+    url, engine, _ = live_app
+    hold = hold(engine)
+    page = pages.open(url)
+    assert page.is_disabled("#stop") and "secondary" in page.get_attribute("#stop", "class")
+    set_number(page, "#max-new-tokens input[type=number]", 30)
+    page.fill(SEED, "4")
+    page.click("#generate")
+    hold.allow(6)
+    wait_text(page, "#topk .tl-title", "Step 5:")
+    # Generate cannot be clicked twice; Stop is live; the slider reads the step the bars show.
+    assert page.is_disabled("#generate") and not page.is_disabled("#stop")
+    assert "stop" in page.get_attribute("#stop", "class").split()
+    page.wait_for_function("document.querySelector('#step input[type=number]').value === '5'")
+    assert page.get_attribute("#step input[type=range]", "max") == "29"
+    assert "Step 5" in text_of(page, "#topk .tl-title") and "Generating" in text_of(page, "#status")
+    shot(page, "during-run-1400")
+    hold.open()
+    wait_text(page, "#status", "Run ended")
+    page.wait_for_function("!document.querySelector('#generate').disabled")
+    assert page.is_disabled("#stop") and "secondary" in page.get_attribute("#stop", "class").split()
+    wait_text(page, "#topk .tl-title", "Step 29:")
+    assert page.input_value("#step input[type=number]") == "29"
+    # Arrow keys move the bars with the slider.
+    page.focus("#step input[type=range]")
+    page.keyboard.press("ArrowLeft")
+    page.keyboard.press("ArrowLeft")
+    wait_text(page, "#topk .tl-title", "Step 27:")
+    # A step typed and confirmed with Enter.
+    set_number(page, "#step input[type=number]", 7)
+    wait_text(page, "#topk .tl-title", "Step 7:")
+    assert page.input_value("#step input[type=range]") == "7"
+
+
+def test_stop_and_its_wording(live_app, pages, hold):
+    url, engine, _ = live_app
+    hold = hold(engine)
+    page = pages.open(url)
+    set_number(page, "#max-new-tokens input[type=number]", 50)
+    page.click("#generate")
+    hold.allow(3)
+    wait_text(page, "#topk .tl-title", "Step 2:")
+    page.click("#stop")
+    wait_text(page, "#status", "Run ended")
+    stats = text_of(page, "#stats")
+    assert "Run ended: stopped on request" in stats and "Stopped: stopped" not in stats
+    assert "stopped on request" in text_of(page, "#status")
+    wait_until(lambda: engine.active_runs == 0, "the run's end")
+
+
+# ---------------------------------------------------------------- stale and half-cleared panels
+
+def test_a_new_run_clears_the_old_panels_and_bad_input_keeps_them_all(live_app, pages):
+    url, engine, _ = live_app
+    page = pages.open(url)
+    page.fill("#prompt textarea", "The quick brown")
+    set_number(page, "#max-new-tokens input[type=number]", 8)
+    run_to_end(page)
+    open_accordion(page, "Sampling experiments")
+    page.click("#replay")
+    wait_text(page, "#replay-stages", "Step 7")
+    page.click("#likely")
+    wait_text(page, "#likely-table", "all")
+    open_accordion(page, "Inside one token")
+    page.click("#inspect")
+    wait_text(page, "#stages", "Prefill")
+    assert text_of(page, "#attention")
+    # A new run: nothing of the previous prompt's results is left.
+    page.fill("#prompt textarea", "Once upon a time")
+    run_to_end(page)
+    for sel in ("#replay-stages", "#replay-bars", "#likely-table", "#stages", "#attention", "#lens", "#pattern"):
+        assert text_of(page, sel).strip() == "", sel
+    # Bad input: the error is shown and every panel keeps the last run.
+    def panels():
+        return {"output": output_text(page), "bars": text_of(page, "#topk"), "stats": text_of(page, "#stats"),
+                "prompt view": page.input_value("#prompt-view textarea"), "tokens": text_of(page, "#tokens")}
+    before = panels()
+    assert before["output"] and "Once upon a time" in before["prompt view"]
+    for field, value, message in (("#prompt textarea", "   ", "the prompt is empty"),
+                                  (SEED, "abc", "seed must be a whole number")):
+        page.fill(field, value)
+        page.click("#generate")
+        refused(page, message)
+        assert panels() == before, field
+        page.fill(field, "Once upon a time" if field.startswith("#prompt") else "")
+    shot(page, "bad-input-kept-1400")
+
+
+# ---------------------------------------------------------------- no 5xx, every refusal named
+
+def test_a_long_session_gets_no_5xx_and_every_refusal_names_its_field(live_app, pages):
+    url, engine, _ = live_app
+    page = pages.open(url)
+    # Before any run: every experiment says what to do instead of failing.
+    open_accordion(page, "Sampling experiments")
+    page.click("#replay")
+    wait_text(page, "#replay-stages", "Generate first")
+    page.click("#likely")
+    wait_text(page, "#likely-table", "Generate first")
+    open_accordion(page, "Inside one token")
+    page.click("#inspect")
+    wait_text(page, "#stages", "Generate first")
+    page.focus("#inspect-layer input[type=range]")
+    page.keyboard.press("ArrowLeft")
+    # Refused values, each named, none run.
+    for selector, value, message in (
+            ("#top-k input", "-3", "top_k must be in [0, ∞)"),
+            ("#top-k input", "2.5", "top_k must be a whole number"),
+            ("#top-k input", "", "top_k must be a number")):
+        page.fill(selector, value)
+        page.click("#generate")
+        refused(page, message)
+    page.fill("#top-k input", "0")
+    # A slider's box takes what its slider can hold: a typed 7 becomes 1, on show and in the run.
+    for selector, value, shown in (("#top-p input[type=number]", "7", "1"),
+                                   ("#temperature input[type=number]", "-1", "0"),
+                                   ("#max-new-tokens input[type=number]", "0", "1")):
+        page.fill(selector, value)
+        page.locator(selector).press("Tab")
+        page.wait_for_function(f"document.querySelector({selector!r}).value === {shown!r}")
+    assert output_text(page) is None  # nothing ran
+    # Then a normal session: run, steps, replay, score, inspect, heads, compare, share, chat.
+    set_number(page, "#max-new-tokens input[type=number]", 12)
+    run_to_end(page)
+    page.click("#output .tl-t >> nth=2")
+    page.focus("#step input[type=range]")
+    page.keyboard.press("ArrowLeft")
+    page.click("#replay")
+    set_number(page, "#replay-top-k input", "-1")
+    wait_text(page, "#replay-stages", "top_k must be in")
+    set_number(page, "#replay-top-k input", "3")
+    wait_text(page, "#replay-stages", "Step")
+    # A typed value reaches the replay before its slider clamps it: the schema names it.
+    page.fill("#replay-top-p input[type=number]", "7")
+    wait_text(page, "#replay-stages", "top_p must be in (0, 1]")
+    page.fill("#replay-top-p input[type=number]", "0.5")
+    wait_text(page, "#replay-stages", "Step")
+    page.click("#likely")
+    page.click("#inspect")
+    wait_text(page, "#stages", "Prefill")
+    page.focus("#inspect-head input[type=range]")
+    page.keyboard.press("ArrowRight")
+    page.click("#compare")
+    wait_text(page, "#compare-summary", "perplexity")
+    page.click("#copy-link")
+    page.locator("#mode input[value=chat]").check()
+    run_to_end(page)
+    assert page.is_disabled("#stop")  # nothing running
+    assert not pages.server_errors()
+    assert len(pages.responses) > 40
+
+
+# ---------------------------------------------------------------- waiting, long prompts
+
+def test_a_queued_user_sees_the_wait_and_a_long_prompt_its_prefill(small_pool_app, pages, hold):
+    url, engine, _ = small_pool_app
+    held = hold(engine)
+    a = pages.open(url, 1400)
+    b = pages.open(url, 420, 900)
+    long_prompt = "The quick brown fox jumps over the lazy dog. " * 4
+    n = len(engine.prompt_ids(long_prompt))
+    a.fill("#prompt textarea", long_prompt)
+    set_number(a, "#max-new-tokens input[type=number]", 20)  # 11 of the pool's 12 blocks
+    a.click("#generate")
+    wait_until(lambda: held.started >= 1, "A's prefill")  # under way, and held
+    wait_text(a, "#status", f"Prefill of {n} prompt tokens")
+    assert f"prefill of {n} tokens" in text_of(a, "#output")
+    b.fill("#prompt textarea", "Once upon a time")
+    b.click("#generate")  # may grow to 9 blocks: it waits until A gives its blocks back
+    wait_text(b, "#status", "Waiting for the server: 1st in line")
+    first = float(re.search(r"([\d.]+) s so far", text_of(b, "#status")).group(1))
+    b.wait_for_function(f"parseFloat((document.querySelector('#status').innerText.match(/([\\d.]+) s so far/) "
+                        f"|| [0, 0])[1]) >= {first + 1.0}")  # the time counts up
+    assert "No run yet" not in text_of(b, "#stats")
+    assert b.is_disabled("#generate") and not b.is_disabled("#stop")
+    shot(a, "prefill-1400")
+    shot(b, "queued-420")
+    held.open()
+    wait_text(a, "#status", "Run ended")
+    wait_text(b, "#status", "Run ended")
+    assert output_text(a) is not None and output_text(b) is not None
+
+
+# ---------------------------------------------------------------- labels
+
+def test_newline_tokens_are_visible_and_clickable(live_app, pages, monkeypatch):
+    url, engine, _ = live_app
+    newline = engine.tokenizer.encode_continuation("\n")[-1]
+    bias_token(monkeypatch, engine, newline, every=3)
+    page = pages.open(url)
+    set_number(page, "#max-new-tokens input[type=number]", 12)
+    run_to_end(page)
+    assert "\n" in output_text(page)
+    marks = page.locator("#output .tl-t", has_text="↵")
+    assert marks.count() >= 3
+    box = marks.first.bounding_box()
+    assert box["width"] > 3 and box["height"] > 3  # drawn, hence clickable
+    marks.first.click()
+    page.wait_for_function("document.querySelector('#topk .tl-title').innerText.includes('↵')")
+    legend = text_of(page, "#output .tl-legend")
+    assert "p ≥ 0.9" in legend and "diverges" not in legend
+
+
+def test_replay_starts_at_the_run_and_follows_its_controls(live_app, pages):
+    url, engine, _ = live_app
+    page = pages.open(url)
+    set_number(page, "#temperature input[type=number]", 0.4)
+    page.fill("#top-k input", "7")
+    set_number(page, "#max-new-tokens input[type=number]", 10)
+    page.fill(SEED, "3")
+    run_to_end(page)
+    open_accordion(page, "Sampling experiments")
+    assert float(page.input_value("#replay-temperature input[type=number]")) == 0.4
+    assert page.input_value("#replay-top-k input") == "7"
+    assert float(page.input_value("#replay-top-p input[type=number]")) == 0.9  # the model's default
+    page.click("#replay")
+    wait_text(page, "#replay-stages", "Step 9")
+    rows = page.evaluate("""[...document.querySelectorAll('#replay-stages tr')].slice(1).map(
+        (r) => [...r.querySelectorAll('td')].map((c) => c.innerText.trim()))""")
+    assert rows and all(r[1:4] == r[4:7] for r in rows)  # an untouched replay is the run
+    bars = page.evaluate("""[...document.querySelectorAll('#replay-bars .tl-row:not(.tl-head)')].map(
+        (r) => [...r.querySelectorAll('.tl-num .tl-p')].map((x) => x.innerText))""")
+    assert bars and all(a == b for a, b in bars)
+    # Moving a replay control updates the replay, with no button.
+    before = text_of(page, "#replay-stages")
+    page.focus("#replay-temperature input[type=range]")
+    for _ in range(12):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function(f"document.querySelector('#replay-stages').innerText !== {before!r}")
+    after = text_of(page, "#replay-stages")
+    assert "Step 9" in after and after != before
+    set_number(page, "#replay-top-k input", 1)
+    page.wait_for_function("[...document.querySelectorAll('#replay-stages tr')].some("
+                           "(r) => r.innerText.startsWith('top-k') && r.cells[4].innerText.trim() === '1')")
+    shot(page, "replay-1400")
+
+
+def test_default_system_prompt_is_shown_in_chat_mode_and_follow_ups_continue(chat_app, pages):
+    url, engine, _ = chat_app
+    page = pages.open(url, 1400, 1200)
+    page.locator("#mode input[value=chat]").check()
+    assert DEFAULT_SYSTEM in page.get_attribute("#system textarea, #system input", "placeholder")
+    page.fill("#prompt textarea", "Hello there")
+    set_number(page, "#max-new-tokens input[type=number]", 6)
+    page.fill(SEED, "1")
+    wait_text(page, "#context-count", f"{len(engine.prompt_ids('Hello there', True, ''))} prompt tokens")
+    run_to_end(page)
+    assert DEFAULT_SYSTEM in page.input_value("#prompt-view textarea")  # what the box said it would add
+    first_answer = output_text(page)
+    wait_text(page, "#conversation", "1 turn")
+    assert page.input_value("#prompt textarea") == ""  # ready for the follow-up
+    assert not page.is_disabled("#regenerate")
+    page.fill("#prompt textarea", "And then?")
+    run_to_end(page)
+    fed = page.input_value("#prompt-view textarea")
+    assert first_answer in fed, (first_answer, fed)
+    assert fed.index("Hello there") < fed.index(first_answer) < fed.index("And then?")  # earlier turn kept
+    wait_text(page, "#conversation", "2 turns")
+    # Regenerate the last answer: the conversation keeps the first turn and gets a new second.
+    page.fill(SEED, "2")
+    run_to_end(page, "#regenerate")
+    wait_text(page, "#conversation", "2 turns")
+    fed = page.input_value("#prompt-view textarea")
+    assert fed.count("And then?") == 1 and fed.count("Hello there") == 1
+    turns = page.locator("#conversation .tl-turn").all_inner_texts()
+    assert len(turns) == 4 and "And then?" in turns[2]
+    assert turns[3] == "assistant: " + output_text(page)  # the regenerated answer replaced the old
+    shot(page, "chat-1400")
+    page.click("#new-conversation")
+    page.wait_for_function("document.querySelectorAll('#conversation .tl-turn').length === 0")
+
+
+def test_attention_layer_change_updates_without_a_click(live_app, pages):
+    url, engine, _ = live_app
+    page = pages.open(url)
+    set_number(page, "#max-new-tokens input[type=number]", 5)
+    run_to_end(page)
+    open_accordion(page, "Inside one token")
+    page.click("#inspect")
+    last = engine.cfg.n_layers - 1
+    wait_text(page, "#attention", f"Layer {last}:")
+    page.focus("#inspect-layer input[type=range]")
+    page.keyboard.press("ArrowLeft")
+    wait_text(page, "#attention", f"Layer {last - 1}:")
+
+
+# ---------------------------------------------------------------- what users of similar tools expect
+
+def test_tokens_show_their_alternatives_and_the_run_can_be_copied_and_downloaded(live_app, pages):
+    from inference.events import DoneEvent, StepEvent
+    url, engine, handlers = live_app
+    page = pages.open(url)
+    page.fill("#prompt textarea", "The quick brown")
+    set_number(page, "#max-new-tokens input[type=number]", 9)
+    page.fill(SEED, "8")
+    run_to_end(page)
+    token = page.locator("#output .tl-t").nth(1)
+    token.hover()
+    pop = token.locator(".tl-pop")
+    pop.wait_for(state="visible")
+    assert re.search(r"step \d+ · id \d+ · p 0\.\d{4}", pop.inner_text())
+    assert pop.locator(".tl-alt").count() >= 2 and pop.locator(".tl-alt-chosen").count() == 1
+    # Drawn over the page, not clipped by the output's scroll box: its middle is really it.
+    assert page.evaluate("""(() => { const p = [...document.querySelectorAll('#output .tl-pop')]
+        .find((x) => getComputedStyle(x).display !== 'none'); const r = p.getBoundingClientRect();
+        return p.contains(document.elementFromPoint(r.left + r.width / 2, r.top + r.height - 3)); })()""")
+    shot(page, "popover-1400")
+    # Copy the text.
+    page.click("#copy-text")
+    page.wait_for_function("navigator.clipboard.readText().then((t) => t.length > 0)", polling=200)
+    assert page.evaluate("navigator.clipboard.readText()") == output_text(page)
+    # Download the run's steps (the CLI's --jsonl lines) and its settings.
+    with page.expect_download() as d:
+        page.click("#download-run")
+    lines = [json.loads(x) for x in Path(d.value.path()).read_text().splitlines()]
+    assert len(lines) == 10 and lines[-1]["done"] and lines[-1]["seed"] == 8
+    # StepEvent.to_json's fields (those of step 0 included), then DoneEvent.to_json's.
+    assert set(StepEvent.__dataclass_fields__) - {"pool", "wait_ms"} <= set(lines[0]) and lines[0]["prompt_tokens"] > 0
+    assert "prefill_ms" not in lines[1] and set(lines[-1]) == set(DoneEvent.__dataclass_fields__)
+    assert "".join(x["text"] for x in lines[:-1]) + lines[-1]["tail"] == output_text(page)
+    with page.expect_download() as d:
+        page.click("#download-settings")
+    settings = json.loads(Path(d.value.path()).read_text())
+    assert settings["seed"] == "8" and settings["prompt"] == "The quick brown" and settings["max_new_tokens"] == 9
+    # The tokenization view has the generated tokens too.
+    assert "Generated: 9 tokens" in text_of(page, "#tokens")
+
+
+def test_context_counter_while_typing_and_during_the_run(live_app, pages, hold):
+    url, engine, _ = live_app
+    hold = hold(engine)
+    page = pages.open(url)
+    ctx = engine.cfg.max_seq_len
+    page.fill("#prompt textarea", "Once upon a time there was")
+    n = len(engine.prompt_ids("Once upon a time there was"))
+    set_number(page, "#max-new-tokens input[type=number]", 40)
+    wait_text(page, "#context-count", f"Context: {n} prompt tokens + up to 40 new = {n + 40} of {ctx}")
+    page.locator("#prompt textarea").press_sequentially(" a fox")
+    n2 = len(engine.prompt_ids("Once upon a time there was a fox"))
+    wait_text(page, "#context-count", f"Context: {n2} prompt tokens")
+    page.click("#generate")
+    hold.allow(4)
+    wait_text(page, "#status", f"Context: {n2} prompt + 4 generated = {n2 + 4} of {ctx}")
+    hold.open()
+    wait_text(page, "#status", f"Context: {n2} prompt + 40 generated = {n2 + 40} of {ctx}")
+
+
+def test_full_attention_pattern_with_hover(live_app, pages):
+    url, engine, _ = live_app
+    page = pages.open(url)
+    page.fill("#prompt textarea", "The quick brown fox")
+    set_number(page, "#max-new-tokens input[type=number]", 4)
+    run_to_end(page)
+    n = len(engine.prompt_ids("The quick brown fox")) + 3  # the context of the last step
+    open_accordion(page, "Inside one token")
+    page.click("#inspect")
+    wait_text(page, "#stages", "Prefill")
+    page.get_by_role("tab", name="Full pattern").click()
+    page.locator("#pattern .tl-pattern").wait_for()
+    assert page.locator("#pattern th.tl-q").count() == n
+    assert page.locator("#pattern td[data-q]").count() == n * (n + 1) // 2  # causal: row i sees 0..i
+    cell = page.locator("#pattern td[data-q='3'][data-k='1']")
+    cell.hover()
+    wait_text(page, "#pattern .tl-pat-info", "query 3")
+    info = text_of(page, "#pattern .tl-pat-info")
+    assert "→ key 1" in info and "weight 0." in info
+    assert page.locator("#pattern th.tl-hl").count() == 2  # its row's and its column's token
+    # Another head: redrawn from the kept capture.
+    page.focus("#inspect-head input[type=range]")
+    page.keyboard.press("ArrowRight")
+    wait_text(page, "#pattern .tl-title", "head 1")
+    shot(page, "pattern-1400")
+
+
+# ---------------------------------------------------------------- layout at both widths
+
+@pytest.mark.parametrize("width", [1400, 420])
+def test_layout_at_both_widths(live_app, pages, width):
+    url, engine, _ = live_app
+    page = pages.open(url, width, 1000)
+    long_prompt = "Once upon a time, a tiny language model predicted the next token. " * 3
+    page.fill("#prompt textarea", long_prompt)
+    set_number(page, "#max-new-tokens input[type=number]", 40)
+    page.fill(SEED, "123456789")
+    run_to_end(page)
+    vw = width
+    # Run statistics: no header or value broken over lines.
+    cells = lines_per_cell(page, "#stats th, #stats td")
+    assert len(cells) >= 14 and all(n == 1 for _, n in cells), cells
+    # Narrow screens: the output and its bars come before the long list of settings.
+    top = lambda sel: page.locator(sel).bounding_box()["y"]  # noqa: E731
+    left = lambda sel: page.locator(sel).bounding_box()["x"]  # noqa: E731
+    if width < 800:
+        assert top("#prompt") < top("#output") < top("#topk") < top("#settings")
+    else:  # prompt beside the settings, output beside its bars
+        assert left("#settings") > left("#prompt") + 300 and left("#topk") > left("#output") + 300
+        assert top("#output") < top("#topk") + 400
+    # Nothing is clipped by the window: bars, tokens.
+    for sel in ("#topk .tl-bars", "#tokens .tl-chips", "#output .tl-out"):
+        box = page.locator(sel).first.bounding_box()
+        assert box["x"] >= 0 and box["x"] + box["width"] <= vw + 1, (sel, box)
+    # The tokenization view scrolls (its height is capped).
+    scroll = page.evaluate("""(() => { const el = document.querySelector('#tokens .tl-chips');
+        const style = getComputedStyle(el), over = el.scrollHeight > el.clientHeight + 4;
+        el.scrollTop = 60;
+        return [style.overflowY, style.maxHeight, over, el.scrollTop]; })()""")
+    assert scroll[:2] == ["auto", "220px"] and (scroll[3] > 0 or not scroll[2]), scroll
+    assert scroll[2] or width > 800, scroll  # at 420 px this prompt overflows: it scrolls
+    shot(page, f"layout-{width}")
+    # The replay table: its headers stay whole.
+    open_accordion(page, "Sampling experiments")
+    page.click("#replay")
+    wait_text(page, "#replay-stages", "Step 39")
+    heads = lines_per_cell(page, "#replay-stages th")
+    assert len(heads) == 7 and all(n == 1 for _, n in heads), heads
+    box = page.locator("#replay-stages table").bounding_box()
+    assert box["x"] + min(box["width"], vw) <= vw + 1
+    # Inside one token: the attention table is wide enough to read, the lens scrolls sideways.
+    open_accordion(page, "Inside one token")
+    page.click("#inspect")
+    wait_text(page, "#stages", "Prefill")
+    att = page.locator("#attention .tl-att").bounding_box()
+    assert att["width"] >= min(300, vw - 60), att
+    page.get_by_role("tab", name="Logit lens").click()
+    lens = page.locator("#lens .tl-lens")
+    lens.wait_for()
+    lb = lens.bounding_box()
+    assert lb["x"] + lb["width"] <= vw + 1 and page.evaluate(
+        "getComputedStyle(document.querySelector('#lens .tl-lens')).overflowX") == "auto"
+    page.get_by_role("tab", name="Attention", exact=True).click()
+    shot(page, f"layout-inside-{width}")
