@@ -1,11 +1,11 @@
 """Token Lab's engine against its peers, measured in one run on the same machine and prompts.
 
-    python -m bench.run [--model PATH] [--device auto] [--tokens 128] [--quick]
+    python -m bench.run [--model PATH] [--device auto] [--tokens 128] [--vllm-url URL]
 
 Reports, ratios first: TTFT for 128- and 512-token prompts, decode tok/s with p50/p95 ms per
 token, the cost of the per-step instrumentation, achieved GB/s against a copy bandwidth measured
 in the same run, peak RSS; and the same for transformers generate() on the same weights and
-llama-cpp-python on the same GGUF where installed. Writes bench/results/bench.{md,json}.
+llama-cpp-python on the same GGUF where installed, and a vLLM server given by --vllm-url. Writes bench/results/bench.{md,json}.
 """
 
 from __future__ import annotations
@@ -176,6 +176,36 @@ def measure_transformers(peer, tokens: int) -> dict:
     return out
 
 
+def measure_vllm(url: str, model: str | None, tokenizer_engine: Engine, tokens: int, top_n: int) -> dict:
+    """A running vLLM server (OpenAI API) on the same weights, the same prompt ids and top_n
+    log-probabilities a step: TTFT of a 1-token completion, decode from the streamed chunks'
+    arrival times (one chunk a token)."""
+    import httpx
+
+    base = url.rstrip("/")
+    model = model or httpx.get(f"{base}/models", timeout=30).json()["data"][0]["id"]
+
+    def run(ids, new) -> list[float]:
+        body = {"model": model, "prompt": ids, "max_tokens": new, "min_tokens": new, "temperature": 0.0,
+                "stream": True, "logprobs": top_n}
+        t0 = time.perf_counter()
+        arrivals = []
+        with httpx.stream("POST", f"{base}/completions", json=body, timeout=600) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if line.startswith("data: ") and line != "data: [DONE]":
+                    got = len((json.loads(line[6:])["choices"][0].get("logprobs") or {}).get("tokens") or [])
+                    arrivals += [time.perf_counter() - t0] * got
+        return arrivals
+
+    out = {f"ttft_{n}_ms": 1000 * run(prompt_ids(tokenizer_engine, n), 1)[0] for n in (128, 512)}
+    arrivals = run(prompt_ids(tokenizer_engine, 32), tokens)
+    step_ms = [1000 * (b - a) for a, b in zip(arrivals, arrivals[1:])]
+    out["decode_tok_s"] = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0])
+    out["p50_ms"], out["p95_ms"] = pct(step_ms, 50), pct(step_ms, 95)
+    return out
+
+
 def combine(rounds: list[dict]) -> dict:
     """Rounds measured in turn with the peers (so drift hits all alike): best TTFT, median rest."""
     out = {}
@@ -276,6 +306,9 @@ def main(argv=None) -> int:
     p.add_argument("--gguf", default=None, help="GGUF of the same model for llama-cpp-python "
                    "(default: --model when it is a .gguf)")
     p.add_argument("--no-page", action="store_true", help="skip the page (gradio) measurement")
+    p.add_argument("--vllm-url", default=None, help="a running vLLM server's /v1 URL serving the same "
+                   "weights in float32 (scripts/test_vllm.sh starts one): measured in turn with the others")
+    p.add_argument("--vllm-model", default=None)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args(argv)
 
@@ -288,12 +321,15 @@ def main(argv=None) -> int:
     copy_gbs = copy_bandwidth_gbs(device)
     rows = {}
     peer = transformers_peer(model_dir) if device.type == "cpu" else None
-    rounds = {"ours": [], "bare": [], "peer": []}
+    measure_engine(engine, args.tokens, args.top)  # unmeasured: first passes pay one-time costs
+    rounds = {"ours": [], "bare": [], "peer": [], "vllm": []}
     for _ in range(args.repeats):  # one round of each system in turn
         rounds["ours"].append(measure_engine(engine, args.tokens, args.top))
         rounds["bare"].append(measure_engine(engine, args.tokens, 0))
         if peer is not None:
             rounds["peer"].append(measure_transformers(peer, args.tokens))
+        if args.vllm_url:
+            rounds["vllm"].append(measure_vllm(args.vllm_url, args.vllm_model, engine, args.tokens, args.top))
     ours, bare = combine(rounds["ours"]), combine(rounds["bare"])
     ours["instrumentation_overhead_pct"] = 100 * (bare["decode_tok_s"] / ours["decode_tok_s"] - 1)
     ours["instrumentation_ms"] = pick_overhead_ms(engine, args.top)
@@ -307,6 +343,8 @@ def main(argv=None) -> int:
     if peer is not None:
         rows["transformers generate() fp32"] = combine(rounds["peer"])
         del peer
+    if rounds["vllm"]:
+        rows[f"vLLM server, top-{args.top} log-probabilities"] = combine(rounds["vllm"])
     page = measure_page(engine, args.tokens) if not args.no_page else None
     if page:
         ours["page_tok_s"], ours["page_engine_tok_s"] = page["tok_s"], page["engine_tok_s"]
@@ -321,6 +359,10 @@ def main(argv=None) -> int:
     if base:
         ratios["decode_vs_transformers"] = ours["decode_tok_s"] / base["decode_tok_s"]
         ratios["ttft512_vs_transformers"] = ours["ttft_512_ms"] / base["ttft_512_ms"]
+    if rounds["vllm"]:
+        vllm = rows[f"vLLM server, top-{args.top} log-probabilities"]
+        ratios["decode_vs_vllm"] = ours["decode_tok_s"] / vllm["decode_tok_s"]
+        ratios["ttft512_vs_vllm"] = ours["ttft_512_ms"] / vllm["ttft_512_ms"]
     result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
               "decode_dtype": str(info.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
               "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),

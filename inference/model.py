@@ -38,7 +38,7 @@ class PagedBatch:
     positions: torch.Tensor  # (N,) position of each row
     write_slots: torch.Tensor  # (N,) pool slot where each row's keys and values go
     decode_rows: torch.Tensor | None  # (B,) rows that are one run's single new token
-    decode_slots: torch.Tensor | None  # (B, L) slots of those runs' contexts, padded
+    decode_slots: torch.Tensor | slice | None  # (B, L) slots of those runs' contexts, padded; a slice: one run's, contiguous
     decode_mask: torch.Tensor | None  # (B, 1, 1, L) True where a slot is the run's; None: all are
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first row, rows, context slots, start position)
     logit_rows: torch.Tensor  # (R,) rows whose next-token logits are wanted
@@ -59,9 +59,13 @@ class Linear(nn.Linear):
     decode_weight: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        w = self.decode_weight
-        if w is not None and x.numel() <= DECODE_ROWS * x.shape[-1]:
-            return F.linear(x.to(w.dtype), w).to(x.dtype)
+        rows = x.numel() // x.shape[-1]
+        if rows <= DECODE_ROWS:
+            w = self.decode_weight
+            if w is not None:
+                return F.linear(x.to(w.dtype), w).to(x.dtype)
+            if rows == 1:  # one token: a matrix-vector product, whose kernel reads the weight fastest
+                return torch.mv(self.weight, x.reshape(-1)).view(*x.shape[:-1], -1)  # (..., out_features)
         return F.linear(x, self.weight)
 
 
@@ -131,13 +135,12 @@ class Attention(nn.Module):
         k_pool.index_copy_(0, batch.write_slots, k)
         v_pool.index_copy_(0, batch.write_slots, v)
         gqa = self.n_heads != self.n_kv_heads
+        if not batch.prefills:  # every row is a decoding run's new token, in order
+            out = self._decode(q, k_pool, v_pool, batch)
+            return self.wo(out.view(1, N, self.q_dim))
         out = torch.empty_like(q)  # (N, n_heads, head_dim)
         if batch.decode_rows is not None:
-            qd = q[batch.decode_rows].unsqueeze(2)  # (B, n_heads, 1, head_dim)
-            kd = k_pool[batch.decode_slots].transpose(1, 2)  # (B, n_kv_heads, L, head_dim)
-            vd = v_pool[batch.decode_slots].transpose(1, 2)
-            od = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=batch.decode_mask, enable_gqa=gqa)
-            out[batch.decode_rows] = od[:, :, 0]  # (B, n_heads, head_dim)
+            out[batch.decode_rows] = self._decode(q[batch.decode_rows], k_pool, v_pool, batch)
         for row, n, slots, start in batch.prefills:
             qp = q[row:row + n].transpose(0, 1).unsqueeze(0)  # (1, n_heads, n, head_dim)
             kp = k_pool[slots].transpose(0, 1).unsqueeze(0)  # (1, n_kv_heads, start + n, head_dim)
@@ -147,6 +150,16 @@ class Attention(nn.Module):
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=start == 0, enable_gqa=gqa)
             out[row:row + n] = op[0].transpose(0, 1)  # (n, n_heads, head_dim)
         return self.wo(out.reshape(1, N, self.q_dim))
+
+    def _decode(self, q: torch.Tensor, k_pool, v_pool, batch: PagedBatch) -> torch.Tensor:
+        """Attention of B decode rows q (B, n_heads, head_dim), each over its own run's slots:
+        batch.decode_slots (B, L), or one run's contiguous slots as a slice (read in place)."""
+        B = q.shape[0]
+        kd = k_pool[batch.decode_slots].view(B, -1, self.n_kv_heads, self.head_dim)  # (B, L, n_kv_heads, head_dim)
+        vd = v_pool[batch.decode_slots].view(B, -1, self.n_kv_heads, self.head_dim)
+        od = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),
+                                            attn_mask=batch.decode_mask, enable_gqa=self.n_heads != self.n_kv_heads)
+        return od.squeeze(2)  # (B, n_heads, head_dim)
 
 
 def attention_weights(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor | None = None) -> torch.Tensor:
@@ -174,7 +187,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.w13(x).split(self.ffn_dim, dim=-1)  # each (bsz, T, ffn_dim)
-        return self.w2(F.silu(gate) * up)
+        return self.w2(F.silu(gate).mul_(up))
 
 
 # ---------------------------------------------------------------- transformer block
@@ -192,8 +205,8 @@ class Block(nn.Module):
         return x + self.feed_forward(self.ffn_norm(x))
 
     def forward_paged(self, x, cos, sin, k_pool, v_pool, batch: PagedBatch):
-        x = x + self.attention.forward_paged(self.attention_norm(x), cos, sin, k_pool, v_pool, batch)
-        return x + self.feed_forward(self.ffn_norm(x))
+        h = x + self.attention.forward_paged(self.attention_norm(x), cos, sin, k_pool, v_pool, batch)
+        return h.add_(self.feed_forward(self.ffn_norm(h)))  # h is this block's own: added in place
 
 
 # ---------------------------------------------------------------- the whole model

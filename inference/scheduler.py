@@ -25,7 +25,7 @@ from .events import DoneEvent, StepEvent, WaitEvent
 from .kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, blocks_for
 from .model import PagedBatch, Transformer
 from .sampling import SamplingParams
-from .step_stats import candidates, pick
+from .step_stats import RowSampling, StepInfo, candidates, pick_rows
 from .stop import StopMatcher
 
 
@@ -205,20 +205,15 @@ class Scheduler:
             decode_rows=None, decode_slots=None, decode_mask=None, prefills=prefills,
             logit_rows=torch.tensor([row for row, _ in sampling], dtype=torch.long, device=dev))
         if decode:
-            longest = max(n for _, _, n in decode)
-            ctx = torch.zeros(len(decode), longest, dtype=torch.long, device=dev)  # (B, L), padded with slot 0
-            mask = torch.zeros(len(decode), 1, 1, longest, dtype=torch.bool, device=dev)  # (B, 1, 1, L)
-            for b, (_, run, n) in enumerate(decode):
-                ctx[b, :n] = run.table.slots(0, n)
-                mask[b, ..., :n] = True
             batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
-            # One run sees every slot gathered: no mask, and SDPA takes its fastest kernel.
-            batch.decode_slots, batch.decode_mask = ctx, (mask if len(decode) > 1 else None)
+            batch.decode_slots, batch.decode_mask = self._decode_context(decode, dev)
         try:
             with torch.inference_mode():
                 logits = self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k, self.pool.v)
-                for i, (_, run) in enumerate(sampling):
-                    self._sample(run, logits[i])
+                runs = [run for _, run in sampling]
+                infos = pick_rows(logits, [RowSampling(r.params, r.seen, r.generator, r.top_n) for r in runs])
+            for run, info in zip(runs, infos):
+                self._emit(run, info)
         except torch.OutOfMemoryError:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -230,10 +225,30 @@ class Scheduler:
             for run in active:
                 self._fail(run, e)
 
-    def _sample(self, run: Run, logits: torch.Tensor) -> None:
-        next_id, info = pick(logits, run.params, run.seen, run.generator, run.top_n)
-        run.seen[next_id[0]] = True
+    @staticmethod
+    def _decode_context(decode: list[tuple[int, Run, int]], dev) -> tuple[torch.Tensor | slice, torch.Tensor | None]:
+        """The pool slots each decoding run attends to, and which are its own.
+
+        One run alone sees every slot it is given: no mask (SDPA then takes its fastest
+        kernel), and when its blocks are consecutive in the pool, a slice read in place."""
+        if len(decode) == 1:
+            _, run, n = decode[0]
+            blocks = run.table.blocks
+            if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
+                return slice(blocks[0] * BLOCK_SIZE, blocks[0] * BLOCK_SIZE + n), None
+            return run.table.slots(0, n).unsqueeze(0), None  # (1, L)
+        longest = max(n for _, _, n in decode)
+        ctx = torch.zeros(len(decode), longest, dtype=torch.long, device=dev)  # (B, L), padded with slot 0
+        mask = torch.zeros(len(decode), 1, 1, longest, dtype=torch.bool, device=dev)  # (B, 1, 1, L)
+        for b, (_, run, n) in enumerate(decode):
+            ctx[b, :n] = run.table.slots(0, n)
+            mask[b, ..., :n] = True
+        return ctx, mask
+
+    def _emit(self, run: Run, info: StepInfo) -> None:
+        """The run's new token: its event, and the end of the run if it ends here."""
         token_id = info.token_id
+        run.seen[token_id] = True
         run.next_token = token_id
         is_eos = token_id in self.eos_ids
         delta = "" if is_eos else run.stops.push(run.stream.push(token_id))

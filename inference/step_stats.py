@@ -43,51 +43,79 @@ class _Packed:
         return {name: flat[s] for name, s in self.slices.items()}
 
 
+@dataclass
+class RowSampling:
+    """How one row of a step's logits is sampled: its run's settings, seen tokens and generator."""
+    params: SamplingParams
+    seen: torch.Tensor | None  # (vocab,) bool
+    generator: torch.Generator
+    top_n: int  # candidates reported; 0 skips the instrumentation (the benchmark's baseline)
+
+
 def pick(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None,
          generator: torch.Generator, top_n: int) -> tuple[torch.Tensor, StepInfo]:
     """Sample from logits (vocab,) and gather what the step reports. Returns the next token as a
-    (1, 1) tensor on the device, and the step's numbers, with one host sync.
+    (1, 1) tensor on the device, and the step's numbers, with one host sync."""
+    info = pick_rows(logits.unsqueeze(0), [RowSampling(params, seen, generator, top_n)])[0]
+    return torch.tensor([[info.token_id]], device=logits.device), info
 
-    top_n = 0 skips the instrumentation (the benchmark's baseline): only the token is known.
-    """
-    final = final_logits(logits, params, seen).softmax(dim=-1)
-    if params.temperature == 0:  # one token left: no draw (which would cost a pass over the vocabulary)
-        next_id = final.argmax().view(1)  # (1,)
-    else:
-        next_id = sample(final.unsqueeze(0), generator)[0]  # (1,)
+
+def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
+    """Sample each row of logits (R, vocab) with its own settings and generator, and gather
+    what each step reports: the statistics of all rows at once, in one host transfer."""
+    if not rows:  # a step of prompt chunks only
+        return []
+    next_ids, finals = [], []
+    for i, row in enumerate(rows):
+        final = final_logits(logits[i], row.params, row.seen).softmax(dim=-1)
+        if row.params.temperature == 0:  # one token left: no draw (which would cost a pass over the vocabulary)
+            next_ids.append(final.argmax().view(1))
+        else:
+            next_ids.append(sample(final.unsqueeze(0), row.generator)[0])
+        finals.append(final)
+    next_id = torch.cat(next_ids)  # (R,)
+    top_n = min(max(row.top_n for row in rows), logits.shape[-1])
     if top_n == 0:
         nan = float("nan")
-        return next_id.view(1, 1), StepInfo(int(next_id.item()), nan, nan, [], nan, 0)
+        return [StepInfo(t, nan, nan, [], nan, 0) for t in next_id.tolist()]
 
-    # From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, dot(e, logits) / Z the mean
+    # From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, sum(e * logits) / Z the mean
     # logit, hence the entropy log Z - E[logit]; sums in float64, so a tail of 1e-13 counts.
-    top_n = min(top_n, logits.shape[-1])
-    top_logits, top_ids = logits.topk(top_n)  # sorted: top_logits[0] is the max
-    e = (logits - top_logits[0]).exp()
-    chosen_logit = logits[next_id]
+    final = torch.stack(finals)  # (R, vocab)
+    top_logits, top_ids = logits.topk(top_n, dim=-1)  # (R, top_n), sorted: column 0 is each row's max
+    e = (logits - top_logits[:, :1]).exp()  # (R, vocab)
+    chosen_logit = logits.gather(1, next_id[:, None])  # (R, 1)
     packed = _Packed()
     packed.add("token", next_id)
-    packed.add("final_chosen", final[next_id])
+    packed.add("final_chosen", final.gather(1, next_id[:, None]))
     packed.add("logit_chosen", chosen_logit)
-    packed.add("z", e.sum(dtype=torch.float64))
-    packed.add("z_mean", torch.dot(e.double(), logits.double()))
-    packed.add("rank", (logits > chosen_logit).sum() + 1)
+    packed.add("z", e.sum(dim=-1, dtype=torch.float64))
+    packed.add("z_mean", (e.double() * logits.double()).sum(dim=-1))
+    packed.add("rank", (logits > chosen_logit).sum(dim=-1) + 1)
     packed.add("top_logits", top_logits)
     packed.add("top_ids", top_ids)
-    packed.add("final_top", final[top_ids])
-    host = packed.to_host()
+    packed.add("final_top", final.gather(1, top_ids))
+    host = {name: t.view(len(rows), -1) for name, t in packed.to_host().items()}
+    return [_info(host, r, row.top_n) for r, row in enumerate(rows)]
 
-    token_id = int(host["token"])
-    z, m = float(host["z"]), float(host["top_logits"][0])
+
+def _info(host: dict[str, torch.Tensor], r: int, top_n: int) -> StepInfo:
+    """Row r's numbers from the host copy, with its own number of candidates."""
+    token_id = int(host["token"][r, 0])
+    if top_n == 0:
+        nan = float("nan")
+        return StepInfo(token_id, nan, nan, [], nan, 0)
+    z, m = float(host["z"][r, 0]), float(host["top_logits"][r, 0])
     lse = m + math.log(z)
-    entropy = lse - float(host["z_mean"]) / z
+    entropy = lse - float(host["z_mean"][r, 0]) / z
     # exp(logit - lse) for the chosen token and the candidates alike: one number for one thing.
-    prob, raw_prob = float(host["final_chosen"]), math.exp(float(host["logit_chosen"]) - lse)
+    prob, raw_prob = float(host["final_chosen"][r, 0]), math.exp(float(host["logit_chosen"][r, 0]) - lse)
     top = [(int(i), p, math.exp(v - lse)) for i, p, v in zip(
-        host["top_ids"].tolist(), host["final_top"].tolist(), host["top_logits"].tolist())]
+        host["top_ids"][r, :top_n].tolist(), host["final_top"][r, :top_n].tolist(),
+        host["top_logits"][r, :top_n].tolist())]
     if token_id not in {i for i, _, _ in top}:  # the chosen token is always listed
         top.append((token_id, prob, raw_prob))
-    return next_id.view(1, 1), StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"]))
+    return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r, 0]))
 
 
 def candidates(info: StepInfo, piece) -> list[Candidate]:

@@ -14,7 +14,9 @@
 # server may take to start, default 900. VLLM_COMPILE=1: let vLLM compile the model with
 # torch.compile as it does by default (on the 2-core machine its warm-up adds 1.5 to 3 minutes to
 # the start and saves less in the tests); by default the server runs it eagerly (--enforce-eager),
-# which gives the same log-probabilities here.
+# which gives the same log-probabilities here. VLLM_RUN='COMMAND': run that command (with
+# TOKENLAB_VLLM_URL set) instead of the tests, e.g. the benchmarks side by side with vLLM:
+#   VLLM_COMPILE=1 VLLM_RUN='python -m bench.run --vllm-url $TOKENLAB_VLLM_URL' bash scripts/test_vllm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -95,7 +97,12 @@ echo "vLLM server up on $URL in $((t2 - t1)) s" >&2
 
 # ---- the tests
 status=0
-TOKENLAB_VLLM_URL="$URL/v1" "$PY" -m pytest -q tests/test_remote_vllm.py "$@" || status=$?
+export TOKENLAB_VLLM_URL="$URL/v1"
+if [ -n "${VLLM_RUN:-}" ]; then  # another command against the server, e.g. a benchmark
+  bash -c "$VLLM_RUN" || status=$?
+else
+  "$PY" -m pytest -q tests/test_remote_vllm.py "$@" || status=$?
+fi
 t3=$(now)
-echo "vLLM tests took $((t3 - t2)) s; install $((t1 - t0)) s, server start $((t2 - t1)) s, total $((t3 - t0)) s" >&2
+echo "vLLM ${VLLM_RUN:+command}${VLLM_RUN:-tests} took $((t3 - t2)) s; install $((t1 - t0)) s, server start $((t2 - t1)) s, total $((t3 - t0)) s" >&2
 exit $status

@@ -43,3 +43,12 @@ def test_users_bench_reports_each_system_and_ratios(tiny_dirs, tmp_path):
     assert rows["3"]["tokens"] <= 3 * 6 and rows["3"]["aggregate_tok_s"] > 0
     assert "engine: aggregate 3 users / 1 user" in result["ratios"]
     assert (tmp_path / "users.md").read_text() == users.to_markdown(result)
+
+
+def test_users_bench_on_random_weights_of_a_published_shape(tmp_path):
+    """--random: what bench/gpu_check.sh runs where no checkpoint can be fetched."""
+    from bench import users
+    assert users.main(["--random", "tiny", "--device", "cpu", "--users", "1", "2", "--tokens", "4",
+                       "--no-page", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "users-tiny.json").read_text())
+    assert result["model"] == "tiny (random weights)" and result["systems"]["engine"]["2"]["tokens"] == 8

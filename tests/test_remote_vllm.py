@@ -241,3 +241,11 @@ def test_the_page_over_its_api(engine, model):
         demo.close()
     assert "".join(t["token"] for t in result[7]) == expected
     assert "From the server&#x27;s log-probabilities" in result[1]
+
+
+def test_the_benchmark_measures_the_server_on_the_same_prompt_ids(local):
+    """bench.run --vllm-url: vLLM side by side with the engine; every token of the run timed."""
+    from bench.run import measure_vllm
+    result = measure_vllm(URL, None, local, 12, TOP)
+    assert result["decode_tok_s"] > 0 and result["ttft_128_ms"] > 0 and result["ttft_512_ms"] > 0
+    assert result["p95_ms"] >= result["p50_ms"] > 0

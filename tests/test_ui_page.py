@@ -49,18 +49,20 @@ def browser():
 
 
 def bias_token(monkeypatch, engine, token_id: int, every: int = 3, by: float = 1e4) -> None:
-    """Make runs pick `token_id` on every `every`-th token (its logit raised before sampling), so
-    an output is certain to hold that token (a newline, say) whatever the random weights."""
-    sample, calls = engine.scheduler._sample, {"n": 0}
+    """Make runs pick `token_id` on every `every`-th step (its logit raised in the model's output,
+    before sampling), so an output is certain to hold that token (a newline, say) whatever the
+    random weights."""
+    forward, calls = engine.model.forward_paged, {"n": 0}
 
-    def biased(run, logits):
+    def biased(*args, **kwargs):
+        logits = forward(*args, **kwargs)  # (runs sampled this step, vocab)
         calls["n"] += 1
         if calls["n"] % every == 0:
             logits = logits.clone()
-            logits[token_id] += by
-        return sample(run, logits)
+            logits[:, token_id] += by
+        return logits
 
-    monkeypatch.setattr(engine.scheduler, "_sample", biased)
+    monkeypatch.setattr(engine.model, "forward_paged", biased)
 
 
 @pytest.fixture(scope="module")
