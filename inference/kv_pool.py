@@ -2,7 +2,7 @@
 
 A run holds blocks in proportion to its tokens: it takes one more block each time it fills the
 last, and gives them all back when it ends. Where a position's keys and values live is its
-slot, block * BLOCK_SIZE + offset; attention gathers a run's slots in order.
+slot, block * BLOCK_SIZE + offset; attention gathers a run's blocks in order.
 
 A run is admitted only when the blocks it may grow to (prompt + max new tokens) fit beside what
 the runs already admitted may grow to, so a run never waits for a block in the middle.
@@ -60,7 +60,12 @@ class KVPool:
 
     def take(self) -> int:
         with self._lock:
-            return self._free.pop()  # admission guarantees one is there
+            block = self._free.pop()  # admission guarantees one is there
+        # Zeroed: attention reads a run's last block whole, its unwritten tail masked out, and
+        # a masked weight of 0 times never-written memory (possibly NaN) would still be NaN.
+        self.k[:, block * BLOCK_SIZE:(block + 1) * BLOCK_SIZE].zero_()
+        self.v[:, block * BLOCK_SIZE:(block + 1) * BLOCK_SIZE].zero_()
+        return block
 
     def give_back(self, blocks: list[int]) -> None:
         with self._lock:

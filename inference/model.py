@@ -10,6 +10,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .kv_cache import KVCache
+from .kv_pool import BLOCK_SIZE
 from .rope import apply_rope, rope_tables
 
 
@@ -38,8 +39,10 @@ class PagedBatch:
     positions: torch.Tensor  # (N,) position of each row
     write_slots: torch.Tensor  # (N,) pool slot where each row's keys and values go
     decode_rows: torch.Tensor | None  # (B,) rows that are one run's single new token
-    decode_slots: torch.Tensor | slice | None  # (B, L) slots of those runs' contexts, padded; a slice: one run's, contiguous
-    decode_mask: torch.Tensor | None  # (B, 1, 1, L) True where a slot is the run's; None: all are
+    # The decoding runs' contexts: (B, nb) each run's blocks in position order, padded; or, for
+    # one run whose blocks are consecutive in the pool, a slice of its slots (read in place).
+    decode_blocks: torch.Tensor | slice | None
+    decode_mask: torch.Tensor | None  # (B, 1, 1, nb * BLOCK_SIZE) True where a position is the run's; None: all are
     prefills: list[tuple[int, int, torch.Tensor, int]]  # (first row, rows, context slots, start position)
     logit_rows: torch.Tensor  # (R,) rows whose next-token logits are wanted
 
@@ -152,11 +155,15 @@ class Attention(nn.Module):
         return self.wo(out.reshape(1, N, self.q_dim))
 
     def _decode(self, q: torch.Tensor, k_pool, v_pool, batch: PagedBatch) -> torch.Tensor:
-        """Attention of B decode rows q (B, n_heads, head_dim), each over its own run's slots:
-        batch.decode_slots (B, L), or one run's contiguous slots as a slice (read in place)."""
-        B = q.shape[0]
-        kd = k_pool[batch.decode_slots].view(B, -1, self.n_kv_heads, self.head_dim)  # (B, L, n_kv_heads, head_dim)
-        vd = v_pool[batch.decode_slots].view(B, -1, self.n_kv_heads, self.head_dim)
+        """Attention of B decode rows q (B, n_heads, head_dim), each over its own run's context
+        (batch.decode_blocks): gathered a block at a time, or one run's slots read in place."""
+        B, ctx = q.shape[0], batch.decode_blocks
+        if isinstance(ctx, slice):
+            kd, vd = k_pool[ctx].unsqueeze(0), v_pool[ctx].unsqueeze(0)  # (1, L, n_kv_heads, head_dim)
+        else:
+            # (n_blocks, BLOCK_SIZE, n_kv_heads, head_dim) -> (B, nb * BLOCK_SIZE, n_kv_heads, head_dim)
+            kd = k_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim)[ctx].view(B, -1, self.n_kv_heads, self.head_dim)
+            vd = v_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim)[ctx].view(B, -1, self.n_kv_heads, self.head_dim)
         od = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),
                                             attn_mask=batch.decode_mask, enable_gqa=self.n_heads != self.n_kv_heads)
         return od.squeeze(2)  # (B, n_heads, head_dim)

@@ -130,6 +130,16 @@ def final_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tenso
     return logits
 
 
+def final_probs(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
+    """softmax(final_logits): the distribution sampled from. Greedy keeps one token, whose
+    probability every later stage leaves at 1: its one-hot is made directly, without the passes
+    over the vocabulary that masking and a softmax would cost."""
+    if params.temperature == 0:
+        penalized = STAGES["repetition_penalty"][1](logits, params.repetition_penalty, seen)
+        return torch.zeros_like(logits).scatter_(-1, penalized.argmax(dim=-1, keepdim=True), 1.0)
+    return final_logits(logits, params, seen).softmax(dim=-1)
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Draw one token id per row of probs (bsz, vocab) -> (bsz, 1)."""
     return torch.multinomial(probs, num_samples=1, generator=generator)

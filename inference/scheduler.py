@@ -202,11 +202,11 @@ class Scheduler:
             return
         batch = PagedBatch(
             positions=torch.tensor(positions, device=dev), write_slots=torch.cat(slots),
-            decode_rows=None, decode_slots=None, decode_mask=None, prefills=prefills,
+            decode_rows=None, decode_blocks=None, decode_mask=None, prefills=prefills,
             logit_rows=torch.tensor([row for row, _ in sampling], dtype=torch.long, device=dev))
         if decode:
             batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
-            batch.decode_slots, batch.decode_mask = self._decode_context(decode, dev)
+            batch.decode_blocks, batch.decode_mask = self._decode_context(decode, dev)
         try:
             with torch.inference_mode():
                 logits = self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k, self.pool.v)
@@ -227,23 +227,23 @@ class Scheduler:
 
     @staticmethod
     def _decode_context(decode: list[tuple[int, Run, int]], dev) -> tuple[torch.Tensor | slice, torch.Tensor | None]:
-        """The pool slots each decoding run attends to, and which are its own.
+        """Each decoding run's blocks (B, nb), padded, and the mask of its positions.
 
-        One run alone sees every slot it is given: no mask (SDPA then takes its fastest
-        kernel), and when its blocks are consecutive in the pool, a slice read in place."""
+        One run whose blocks are consecutive in the pool is read in place, as a slice of slots,
+        without a mask (SDPA then takes its fastest kernel)."""
         if len(decode) == 1:
             _, run, n = decode[0]
             blocks = run.table.blocks
             if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
                 return slice(blocks[0] * BLOCK_SIZE, blocks[0] * BLOCK_SIZE + n), None
-            return run.table.slots(0, n).unsqueeze(0), None  # (1, L)
-        longest = max(n for _, _, n in decode)
-        ctx = torch.zeros(len(decode), longest, dtype=torch.long, device=dev)  # (B, L), padded with slot 0
-        mask = torch.zeros(len(decode), 1, 1, longest, dtype=torch.bool, device=dev)  # (B, 1, 1, L)
+        nb = max(blocks_for(n) for _, _, n in decode)
+        ctx = torch.empty(len(decode), nb, dtype=torch.long)  # (B, nb)
+        mask = torch.zeros(len(decode), 1, 1, nb * BLOCK_SIZE, dtype=torch.bool)  # (B, 1, 1, nb * BLOCK_SIZE)
         for b, (_, run, n) in enumerate(decode):
-            ctx[b, :n] = run.table.slots(0, n)
+            held = run.table.blocks[:blocks_for(n)]
+            ctx[b] = torch.tensor(held + [held[0]] * (nb - len(held)))  # padding: any block, masked out
             mask[b, ..., :n] = True
-        return ctx, mask
+        return ctx.to(dev), mask.to(dev)
 
     def _emit(self, run: Run, info: StepInfo) -> None:
         """The run's new token: its event, and the end of the run if it ends here."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .events import Candidate
-from .sampling import SamplingParams, final_logits, sample
+from .sampling import SamplingParams, final_probs, sample
 
 
 @dataclass
@@ -67,7 +67,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         return []
     next_ids, finals = [], []
     for i, row in enumerate(rows):
-        final = final_logits(logits[i], row.params, row.seen).softmax(dim=-1)
+        final = final_probs(logits[i], row.params, row.seen)
         if row.params.temperature == 0:  # one token left: no draw (which would cost a pass over the vocabulary)
             next_ids.append(final.argmax().view(1))
         else:

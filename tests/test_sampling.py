@@ -93,3 +93,18 @@ def test_final_distribution_sums_to_one_and_respects_all_filters():
 def test_bad_settings_raise_a_clear_error(kwargs):
     with pytest.raises(InputError):
         SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize("penalty", [1.0, 1.5])
+@pytest.mark.parametrize("filters", [{}, {"top_k": 3}, {"top_p": 0.5}, {"min_p": 0.2}])
+def test_greedy_distribution_made_directly_is_the_stages_one_hot(penalty, filters):
+    """final_probs' shortcut for temperature 0 equals every stage run and a softmax, exactly."""
+    from inference.sampling import final_logits, final_probs
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(300, generator=g) * 3
+    seen = torch.zeros(300, dtype=torch.bool)
+    seen[logits.topk(4).indices[:2]] = True  # the penalty can move the argmax
+    params = SamplingParams(temperature=0.0, repetition_penalty=penalty, **filters)
+    expected = final_logits(logits, params, seen).softmax(dim=-1)
+    assert torch.equal(final_probs(logits, params, seen), expected)
+    assert expected.max() == 1.0

@@ -64,6 +64,35 @@ def test_eight_runs_together_give_each_its_alone_result(tiny_engine, monkeypatch
     assert tiny_engine.active_runs == 0 and stats.blocks_used == 0 and stats.blocks_reserved == 0
 
 
+def test_a_lone_run_on_scattered_blocks_equals_one_on_consecutive_blocks(tiny_dirs, monkeypatch):
+    """A lone run reads consecutive blocks in place, scattered ones gathered a block at a time
+    with the tail of its last block masked: the same tokens and probabilities."""
+    tiny_engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32")  # a pool no run has used
+    params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=40)
+    ids = tiny_engine.tokenizer.encode(PROMPTS[0])
+    scheduler, read_in_place = tiny_engine.scheduler, []
+    context = scheduler._decode_context
+
+    def spy(decode, dev):
+        ctx, mask = context(decode, dev)
+        read_in_place.append(isinstance(ctx, slice))
+        return ctx, mask
+    monkeypatch.setattr(scheduler, "_decode_context", spy)
+    consecutive = list(tiny_engine.generate_ids(ids, params, top_n=5))
+    assert read_in_place and all(read_in_place)
+    pool, read_in_place[:] = scheduler.pool, []
+    taken = [pool.take() for _ in range(8)]
+    pool.give_back(taken[::2])  # free blocks with holes between them
+    try:
+        scattered = list(tiny_engine.generate_ids(ids, params, top_n=5))
+    finally:
+        pool.give_back(taken[1::2])
+    assert read_in_place and not any(read_in_place)  # really gathered, masked
+    assert [e.token_id for e in consecutive[:-1]] == [e.token_id for e in scattered[:-1]]
+    assert max(abs(x.prob - y.prob) + abs(x.raw_prob - y.raw_prob)
+               for x, y in zip(consecutive[:-1], scattered[:-1])) < 1e-6
+
+
 def test_a_long_prompt_prefilled_in_chunks_equals_one_pass(tiny_dirs):
     whole = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32", prefill_chunk=1024)
     chunked = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32", prefill_chunk=7)
