@@ -438,6 +438,8 @@ def test_a_queued_user_sees_the_wait_and_a_long_prompt_its_prefill(small_pool_ap
     b.fill("#prompt textarea", "Once upon a time")
     b.click("#generate")  # may grow to 9 blocks: it waits until A gives its blocks back
     wait_text(b, "#status", "Waiting for the server: 1st in line")
+    assert "may grow to" in text_of(b, "#status") and "Waiting for the server" in text_of(b, "#output")
+    assert "Waiting for the server" not in text_of(b, "#notice")  # said once
     first = float(re.search(r"([\d.]+) s so far", text_of(b, "#status")).group(1))
     b.wait_for_function(f"parseFloat((document.querySelector('#status').innerText.match(/([\\d.]+) s so far/) "
                         f"|| [0, 0])[1]) >= {first + 1.0}")  # the time counts up

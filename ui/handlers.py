@@ -258,11 +258,12 @@ class Handlers:
         last = rec.steps[-1] if rec.steps else None
         tok = self.engine.tokenizer
         return (
-            render.output_html(rec, tok, empty=f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…"),
+            render.output_html(rec, tok, empty=("Waiting for the server…" if rec.waiting is not None else
+                                                f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…")),
             self._bars(last),
             self.view.stats_markdown(self.info, rec),
             self._kv_text(rec),
-            "\n\n".join(t for t in (render.wait_markdown(rec), notice) if t),
+            notice,  # the wait, if any, is on the status line
             render.status_text(rec, self.context, time.monotonic()),
             last.step if last else 0,
             render.output_tokens(rec, tok) if rec.done is not None else [],

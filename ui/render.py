@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import math
-import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -336,18 +335,6 @@ def pool_markdown(step: StepEvent | None) -> str:
             + (f", {p.waiting_runs} waiting" if p.waiting_runs else "") + ".")
 
 
-def wait_markdown(rec: RunRecord) -> str:
-    """What a queued user sees: their place and how long they have waited."""
-    w = rec.waiting
-    if w is None:
-        return ""
-    p = w.pool
-    return (f"⏳ **Waiting for the server**: {_ordinal(w.position)} in line, "
-            f"{time.monotonic() - rec.started:.1f} s so far. This run may grow to {w.blocks_needed} KV blocks; "
-            f"{p.blocks_reserved:,} of the pool's {p.blocks_total:,} are promised to the {p.active_runs} "
-            f"run{'s' if p.active_runs != 1 else ''} in progress.")
-
-
 def _ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
@@ -433,9 +420,11 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
         return (f"Waiting for the engine · {running} run{'s' * (running != 1)} in progress, "
                 f"{before} waiting before yours · {waited:.1f} s so far")
     if rec.waiting is not None and rec.done is None:  # admitted by Gradio, queued for KV blocks
-        w = rec.waiting
-        return (f"Waiting for the server: {_ordinal(w.position)} in line · {now - rec.started_at:.1f} s so far "
-                f"(the KV cache is full; this run may need {w.blocks_needed} blocks)")
+        w, p = rec.waiting, rec.waiting.pool
+        return (f"Waiting for the server: {_ordinal(w.position)} in line · {now - rec.started_at:.1f} s so far · "
+                f"this run may grow to {w.blocks_needed} KV blocks; {p.blocks_reserved:,} of the pool's "
+                f"{p.blocks_total:,} are promised to the {p.active_runs} run{'s' if p.active_runs != 1 else ''} "
+                "in progress")
     if not rec.steps and rec.done is None:
         return f"Prefill of {n:,} prompt tokens… {now - rec.started_at:.1f} s so far (the first token comes after it)"
     g = len(rec.steps)
