@@ -461,10 +461,12 @@ def test_newline_tokens_are_visible_and_clickable(live_app, pages, monkeypatch):
     bias_token(monkeypatch, engine, newline, every=3)
     page = pages.open(url)
     set_number(page, "#max-new-tokens input[type=number]", 12)
+    page.fill(SEED, "1")  # a random seed's run may end (EOS) before its third token
     run_to_end(page)
     assert "\n" in output_text(page)
     marks = page.locator("#output .tl-t", has_text="↵")
-    assert marks.count() >= 3
+    steps = page.locator("#output .tl-t").count()
+    assert marks.count() >= max(1, steps // 3), (marks.count(), steps)  # every third token a newline
     box = marks.first.bounding_box()
     assert box["width"] > 3 and box["height"] > 3  # drawn, hence clickable
     marks.first.click()
