@@ -703,3 +703,34 @@ def test_layout_at_both_widths(live_app, pages, width):
         "getComputedStyle(document.querySelector('#lens .tl-lens')).overflowX") == "auto"
     page.get_by_role("tab", name="Attention", exact=True).click()
     shot(page, f"layout-inside-{width}")
+
+
+# ---------------------------------------------------------------- found by the verification of issue 18
+
+VISIBLE_POPOVERS_JS = """() => [...document.querySelectorAll('#output .tl-pop')]
+    .filter((p) => getComputedStyle(p).display !== 'none').map((p) => Number(p.parentElement.dataset.i))"""
+
+POPOVER_BY_ITS_TOKEN_JS = """(i) => {
+    const t = document.querySelector(`#output .tl-t[data-i="${i}"]`), p = t.querySelector('.tl-pop');
+    const a = t.getBoundingClientRect(), b = p.getBoundingClientRect();
+    return Math.abs(b.top - (a.bottom + 4)) < 1.5 || Math.abs(b.bottom - (a.top - 4)) < 1.5; }"""
+
+
+def test_one_popover_at_a_time_and_it_stays_by_its_token(live_app, pages):
+    """A tapped token keeps focus, and with it its popover: hovering another token shows that
+    one's alone, and the page's scrolling takes the open popover along with its token."""
+    url, engine, _ = live_app
+    page = pages.open(url, 420, 800)
+    set_number(page, "#max-new-tokens input[type=number]", 24)
+    page.fill(SEED, "5")
+    run_to_end(page)
+    page.locator("#output .tl-t[data-i='2']").click()  # a tap: focus
+    assert page.evaluate(VISIBLE_POPOVERS_JS) == [2]
+    page.locator("#output .tl-t[data-i='5']").hover()
+    assert page.evaluate(VISIBLE_POPOVERS_JS) == [5]
+    page.mouse.move(2, 2)  # away from the output: the tapped token's popover again
+    assert page.evaluate(VISIBLE_POPOVERS_JS) == [2]
+    assert page.evaluate(POPOVER_BY_ITS_TOKEN_JS, 2)
+    page.evaluate("window.scrollBy(0, 150)")
+    page.wait_for_function(POPOVER_BY_ITS_TOKEN_JS, arg=2)
+    shot(page, "popover-scrolled-420")

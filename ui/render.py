@@ -578,6 +578,8 @@ LAYOUT_CSS = """
           border: 1px solid rgba(128,128,128,.5); border-radius: 6px; padding: 4px 6px; box-shadow: 0 2px 8px rgba(0,0,0,.25);
           font-size: 12px; line-height: 1.4; cursor: default; }
 .tl-t:hover > .tl-pop, .tl-t:focus > .tl-pop { display: block; }
+/* One popover at a time: the hovered token's, else the focused (tapped) one's. */
+.tl-out:has(.tl-t:hover) .tl-t:focus:not(:hover) > .tl-pop { display: none; }
 .tl-pop-head { display: block; opacity: .8; margin-bottom: 2px; white-space: nowrap; }
 .tl-alt { display: flex; justify-content: space-between; gap: 12px; white-space: pre; }
 .tl-alt-chosen { font-weight: 700; }
