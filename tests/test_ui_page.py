@@ -734,3 +734,23 @@ def test_one_popover_at_a_time_and_it_stays_by_its_token(live_app, pages):
     page.evaluate("window.scrollBy(0, 150)")
     page.wait_for_function(POPOVER_BY_ITS_TOKEN_JS, arg=2)
     shot(page, "popover-scrolled-420")
+
+
+@pytest.mark.parametrize("width", [1400, 420])
+def test_candidate_numbers_stay_on_one_line(live_app, pages, monkeypatch, width):
+    """Small probabilities are written as 8.89e-05: the bars' number columns hold them whole,
+    as p and as log p."""
+    url, engine, _ = live_app
+    token = engine.tokenizer.encode_continuation(" the")[-1]
+    bias_token(monkeypatch, engine, token, every=1, by=12.0)  # the rest of the top 10 below 1e-4
+    page = pages.open(url, width, 1000)
+    set_number(page, "#max-new-tokens input[type=number]", 3)
+    run_to_end(page)
+    assert any("e-" in t for t in page.locator("#topk .tl-num .tl-p").all_inner_texts())
+    cells = lines_per_cell(page, "#topk .tl-num")
+    assert len(cells) == 20 and all(n == 1 for _, n in cells), cells  # raw and final, 10 rows
+    page.locator("#show-logp input").check()  # log p shown instead: -15.2, 0.000
+    page.wait_for_function("/^[-−0]/.test(document.querySelector('#topk .tl-num').innerText)")
+    cells = lines_per_cell(page, "#topk .tl-num")
+    assert all(re.fullmatch(r"[-−]?\d+\.\d{3}|−∞", t) and n == 1 for t, n in cells), cells
+    shot(page, f"bars-small-numbers-{width}")

@@ -266,8 +266,10 @@ def approx_note(info) -> str:
 
 PROB_CSS = """
 .tl-lp { display: none; }
-body.tl-show-logp .tl-p { display: none; }
-body.tl-show-logp .tl-lp { display: inline; }
+/* !important: gradio also adds each rule prefixed with its container (.gradio-container .contain
+   .tl-lp), which outranks these and, the body being outside the container, never flips. */
+body.tl-show-logp .tl-p { display: none !important; }
+body.tl-show-logp .tl-lp { display: inline !important; }
 .tl-approx { color: #b26a00; font-size: 12px; margin-bottom: 4px; }
 .tl-tokens .tl-chips { display: flex; flex-wrap: wrap; gap: 3px; max-height: 220px; overflow: auto; }
 .tl-chip { display: inline-flex; flex-direction: column; align-items: center; border: 1px solid rgba(128,128,128,.3);
@@ -282,7 +284,8 @@ body.tl-show-logp .tl-lp { display: inline; }
 BARS_CSS = """
 .tl-bars { font-family: ui-monospace, monospace; font-size: 13px; }
 .tl-title { margin-bottom: 6px; }
-.tl-row { display: grid; grid-template-columns: 9em 1fr 4.5em 1fr 4.5em; gap: 6px; align-items: center; padding: 1px 0; }
+/* A number column holds the widest value whole: 8.89e-05, -103.456. */
+.tl-row { display: grid; grid-template-columns: 9em 1fr 5.2em 1fr 5.2em; gap: 6px; align-items: center; padding: 1px 0; }
 .tl-head { font-weight: 600; font-size: 10px; opacity: .7; white-space: nowrap; }
 .tl-head .tl-bar { background: none; height: auto; }
 .tl-chosen { background: rgba(255, 213, 79, .25); font-weight: 600; }
@@ -291,7 +294,7 @@ BARS_CSS = """
 .tl-raw, .tl-final { display: block; height: 100%; }
 .tl-raw { background: #5c6bc0; }
 .tl-final { background: #26a69a; }
-.tl-num { text-align: right; }
+.tl-num { text-align: right; white-space: nowrap; }
 """
 
 
@@ -589,7 +592,7 @@ LAYOUT_CSS = """
 .tl-bars { overflow-x: auto; }
 .tl-bars .tl-row { min-width: 290px; }
 .tl-head .tl-h2 { grid-column: span 2; overflow: hidden; text-overflow: ellipsis; }
-@media (max-width: 500px) { .tl-row { grid-template-columns: 6.5em 1fr 4.3em 1fr 4.3em; gap: 4px; } }
+@media (max-width: 500px) { .tl-row { grid-template-columns: 6.5em 1fr 5.2em 1fr 5.2em; gap: 4px; } }
 #stats table, #replay-stages table, #compare-summary table, #likely-table table, #stages table, #memory table {
   display: block; overflow-x: auto; max-width: 100%; width: max-content; border: none; }
 #stats :is(th, td), #replay-stages :is(th, td), #compare-summary :is(th, td), #likely-table :is(th, td),
