@@ -754,3 +754,30 @@ def test_candidate_numbers_stay_on_one_line(live_app, pages, monkeypatch, width)
     cells = lines_per_cell(page, "#topk .tl-num")
     assert all(re.fullmatch(r"[-−]?\d+\.\d{3}|−∞", t) and n == 1 for t, n in cells), cells
     shot(page, f"bars-small-numbers-{width}")
+
+
+def test_a_new_run_takes_the_last_runs_downloads_and_seed_away(live_app, pages, hold):
+    """While a run is going the page offers no download and no seed of the run before it: its
+    files and its seed (a link made now would carry it) belong to another prompt."""
+    url, engine, _ = live_app
+    hold = hold(engine)
+    hold.open()
+    page = pages.open(url)
+    page.fill(SEED, "")
+    set_number(page, "#max-new-tokens input[type=number]", 6)
+    run_to_end(page)
+    first_seed = stats_value(page, "seed")
+    assert page.locator("#download-run").count() == 1
+    hold.close()
+    page.fill("#prompt textarea", "Once upon a time")
+    page.click("#generate")
+    hold.allow(2)
+    wait_text(page, "#topk .tl-title", "Step 1:")
+    assert page.locator("#download-run").count() == 0 and "come with its end" in text_of(page, "#downloads")
+    page.click("#copy-link")
+    page.wait_for_function("(document.querySelector('#share-link textarea')?.value || '').includes('Once')")
+    query = dict(parse_qsl(urlsplit(page.input_value("#share-link textarea")).query, keep_blank_values=True))
+    assert query["seed"] == "" and first_seed not in page.input_value("#share-link textarea")
+    hold.open()
+    wait_text(page, "#status", "Run ended")
+    page.locator("#download-run").wait_for()

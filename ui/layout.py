@@ -13,7 +13,7 @@ from inference.settings import BY_NAME, FILTER_SETTINGS, Setting
 from ui import render as fmt
 from ui.controls import NAMES, Controls
 from ui import render_remote
-from ui.handlers import AFTER_OUTPUTS, DOWNLOAD_ROUTE, STALE_PANELS, Handlers, is_remote
+from ui.handlers import AFTER_OUTPUTS, DOWNLOAD_ROUTE, RESET_AT_BEGIN, STALE_PANELS, Handlers, is_remote
 from ui.public import ENGINE, Limits, RouteGuard, tokens_message
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
@@ -333,8 +333,6 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         live = gr.Timer(CHART_INTERVAL_S, active=False)
         stale = {"replay_md": replay_md, "replay_bars": replay_bars, "x_md": x_md, "stages_md": stages_md,
                  "attention": attention, "lens": lens, "pattern": pattern}
-        begin_outputs = [prompt_view, tokens, kv_chart, latency, live, generate, regen_btn, stop_btn, step,
-                         status, output, topk, stats, notice, *(stale[n] for n in STALE_PANELS), record]
         run_outputs = [output, topk, stats, kv_text, notice, status, step, gr.JSON(visible=False, label="Tokens"),
                        record]
         after = {"live": live, "generate": generate, "regenerate": regen_btn, "stop": stop_btn,
@@ -344,6 +342,9 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                  "run_seed": run_seed, "history": history, "conversation": conversation, "prompt": prompt,
                  "status": status}
         after_outputs = [after[n] for n in AFTER_OUTPUTS]
+        begin_outputs = [prompt_view, tokens, kv_chart, latency, live, generate, regen_btn, stop_btn, step,
+                         status, output, topk, stats, notice, *(stale[n] for n in STALE_PANELS),
+                         *(after[n] for n in RESET_AT_BEGIN), record]
 
         def chain_run(started):
             """begin -> generate -> after_run, from an event or a trigger. begin runs in the queue,
