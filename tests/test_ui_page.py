@@ -781,3 +781,18 @@ def test_a_new_run_takes_the_last_runs_downloads_and_seed_away(live_app, pages, 
     hold.open()
     wait_text(page, "#status", "Run ended")
     page.locator("#download-run").wait_for()
+
+
+@pytest.mark.parametrize("width", [1400, 420])
+def test_the_system_box_is_wide_enough_to_read_the_default(chat_app, pages, width):
+    """The system box shows the model's default system prompt: beside the mode at 1400 px,
+    under it and the whole column wide at 420 px (half a narrow column cut the default off)."""
+    url, engine, _ = chat_app
+    page = pages.open(url, width, 900)
+    page.locator("#mode input[value=chat]").check()
+    system, prompt, mode = (page.locator(s).bounding_box() for s in ("#system textarea", "#prompt textarea", "#mode"))
+    if width < 800:
+        assert system["width"] >= 0.8 * prompt["width"] and system["y"] >= mode["y"] + mode["height"], (system, mode)
+    else:
+        assert system["x"] > mode["x"] + mode["width"] - 1 and system["y"] < mode["y"] + mode["height"], (system, mode)
+    shot(page, f"system-box-{width}")

@@ -198,8 +198,10 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                     mode = gr.Radio(["completion", "chat"], value=d.mode, label="Mode",
                                     info="chat wraps the prompt in the model's chat template; "
                                          "follow-ups continue the conversation", elem_id="mode")
+                    # min_width: on a narrow screen it goes under the mode, the whole column
+                    # wide, so that the model's default (its placeholder) can be read.
                     system = gr.Textbox(
-                        d.system, label="System prompt (chat mode)", lines=2, elem_id="system",
+                        d.system, label="System prompt (chat mode)", lines=2, elem_id="system", min_width=300,
                         placeholder=h.default_system or "none",
                         info=("empty = the model's default, shown here: its chat template adds it"
                               if h.default_system else "empty = no system message"))
