@@ -269,8 +269,8 @@ def test_events_outside_the_queue_never_raise(h):
             assert isinstance(h.share_link(*([v] * 11), v, v), str)
         except gr.Error as e:
             assert re.search(r"prompt|seed|stop|mode", str(e)), e
-        assert len(h.begin(*([v] * 11), session("j"), v)) == 22
-        assert len(h.begin(*Controls(mode="chat").values(), session("j"), [v])) == 22
+        assert len(h.begin(*([v] * 11), session("j"), v)) == 26
+        assert len(h.begin(*Controls(mode="chat").values(), session("j"), [v])) == 26
     assert h.replay_step(None, 0, 1.0, 0, 1.0, 0.0, 1.0)[0].startswith("Generate first")
     assert h.inspect_step(None, 0, 0)[0].startswith("Generate first")
     assert h.likelihood(None, 0, "x").startswith("Generate first")
@@ -287,3 +287,13 @@ def test_labels(h, tiny_engine):
     assert "Run ended: **max new tokens reached**." in stats and "Stopped:" not in stats
     assert fmt.REASONS["cancelled"].startswith("stopped on request")
     assert fmt._shown("a\nb") == "a↵\nb"  # a newline is seen, then breaks the line
+
+
+def test_a_new_run_resets_the_last_runs_downloads_charts_and_seed(h):
+    from ui.handlers import RESET_AT_BEGIN
+    out = h.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("r"), [])
+    reset = dict(zip(RESET_AT_BEGIN, out[14 + len(STALE_PANELS):-1]))
+    assert set(reset) == {"downloads", "run_chart", "rank_chart", "run_seed"}
+    assert "come with its end" in reset["downloads"] and reset["run_seed"] == ""
+    assert reset["run_chart"].empty and reset["rank_chart"].empty
+    h.closed(session("r"))

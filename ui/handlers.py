@@ -166,7 +166,8 @@ class Handlers:
         """At the click, before the run is queued. Values for BEGIN_OUTPUTS.
 
         Valid input: the prompt as fed and its tokens, every panel of the previous run cleared
-        (output, bars, statistics, charts, replay, likelihood, inside one token), Generate
+        (output, bars, statistics, charts, replay, likelihood, inside one token) and its
+        downloads, whole-run charts and seed reset (RESET_AT_BEGIN), Generate
         disabled and Stop enabled, the step slider spanning the steps to come, the chart timer
         on, and a waiting record (the status line says what the run waits for). Bad input: the
         error in the status line and every panel kept as it was; `generate` refuses it too.
@@ -183,7 +184,8 @@ class Handlers:
             rec = self._prepare(c, 0, history)
         except TokenLabError as e:
             return (*[gr.skip()] * 4, gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(),
-                    f"⚠ Not started: {e}", *[gr.skip()] * 4, *[gr.skip()] * len(STALE_PANELS), gr.skip())
+                    f"⚠ Not started: {e}", *[gr.skip()] * 4, *[gr.skip()] * len(STALE_PANELS),
+                    *[gr.skip()] * len(RESET_AT_BEGIN), gr.skip())
         rec.seed, rec.queued_at = None, time.monotonic()
         with self._lock:
             self._waiting[session] = rec.queued_at
@@ -195,7 +197,7 @@ class Handlers:
                 gr.update(interactive=False), gr.update(interactive=False),
                 gr.update(interactive=True, variant="stop"), slider,
                 self._status(rec, session), render.output_html(None, None, empty="Waiting for the engine…"),
-                self._bars(None), "Waiting for the engine…", "", *[""] * len(STALE_PANELS), rec)
+                self._bars(None), "Waiting for the engine…", "", *[""] * len(STALE_PANELS), *_reset_values(), rec)
 
     @takes_controls(after=("history",))
     def generate(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[tuple]:
@@ -258,11 +260,12 @@ class Handlers:
         last = rec.steps[-1] if rec.steps else None
         tok = self.engine.tokenizer
         return (
-            render.output_html(rec, tok, empty=f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…"),
+            render.output_html(rec, tok, empty=("Waiting for the server…" if rec.waiting is not None else
+                                                f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…")),
             self._bars(last),
             self.view.stats_markdown(self.info, rec),
             self._kv_text(rec),
-            "\n\n".join(t for t in (render.wait_markdown(rec), notice) if t),
+            notice,  # the wait, if any, is on the status line
             render.status_text(rec, self.context, time.monotonic()),
             last.step if last else 0,
             render.output_tokens(rec, tok) if rec.done is not None else [],
@@ -615,6 +618,10 @@ class Handlers:
 MORE_SETTINGS = ("min_p", "repetition_penalty", "stop")
 # Panels that show results about the previous run; a new run clears them (layout's order).
 STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
+# What the previous run left that a new run resets to its empty state (after STALE_PANELS, in
+# this order): its downloads, its whole-run charts, and its seed (which a link made during the
+# new run would otherwise carry).
+RESET_AT_BEGIN = ("downloads", "run_chart", "rank_chart", "run_seed")
 # after_run's outputs, in order (layout wires the components in this order).
 AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop", "kv_chart", "latency", "step", "run_chart",
                  "rank_chart", *(f"replay_{n}" for n in FILTER_SETTINGS), "tokens", "downloads",
@@ -622,6 +629,11 @@ AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop", "kv_chart", "latency"
 KEEP_FILES = 200
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 RUN_OUTPUTS = 9  # len(Handlers.outputs(...))
+
+
+def _reset_values() -> tuple:
+    """RESET_AT_BEGIN's empty values."""
+    return (render.downloads_html(None, None), *render.run_chart_frames(RunRecord()), "")
 
 
 def _turn_if_answered(rec: RunRecord) -> list[dict]:

@@ -13,7 +13,7 @@ from inference.settings import BY_NAME, FILTER_SETTINGS, Setting
 from ui import render as fmt
 from ui.controls import NAMES, Controls
 from ui import render_remote
-from ui.handlers import AFTER_OUTPUTS, DOWNLOAD_ROUTE, STALE_PANELS, Handlers, is_remote
+from ui.handlers import AFTER_OUTPUTS, DOWNLOAD_ROUTE, RESET_AT_BEGIN, STALE_PANELS, Handlers, is_remote
 from ui.public import ENGINE, Limits, RouteGuard, tokens_message
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
@@ -43,19 +43,25 @@ element.addEventListener('keydown', (e) => {
   if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); pick(e); }
 });
 // The popover is placed in the window (position: fixed), so that the output's scroll box
-// does not clip it: below the token, or above it near the window's bottom.
-const place = (e) => {
-  const t = e.target.closest('.tl-t');
+// does not clip it: below the token, or above it near the window's bottom; hidden while its
+// token is scrolled out of the output's box.
+const place = (t) => {
   const pop = t && t.querySelector(':scope > .tl-pop');
   if (!pop) return;
-  const r = t.getBoundingClientRect();
+  const r = t.getBoundingClientRect(), box = t.closest('.tl-out').getBoundingClientRect();
   pop.style.position = 'fixed';
+  pop.style.visibility = r.bottom < box.top || r.top > box.bottom ? 'hidden' : '';
   const w = pop.offsetWidth, h = pop.offsetHeight;
   pop.style.left = Math.max(4, Math.min(r.left, window.innerWidth - w - 4)) + 'px';
   pop.style.top = (r.bottom + h + 8 > window.innerHeight ? Math.max(4, r.top - h - 4) : r.bottom + 4) + 'px';
 };
-element.addEventListener('mouseover', place);
-element.addEventListener('focusin', place);
+const placeTarget = (e) => place(e.target.closest('.tl-t'));
+element.addEventListener('mouseover', placeTarget);
+element.addEventListener('focusin', placeTarget);
+// A popover left open (a tapped token keeps focus) follows its token as the page or the output scrolls.
+const follow = () => element.querySelectorAll('.tl-t:focus, .tl-t:hover').forEach(place);
+window.addEventListener('scroll', follow, {capture: true, passive: true});
+window.addEventListener('resize', follow, {passive: true});
 """
 
 # The full attention pattern: hovering a cell highlights its query row's and key column's tokens
@@ -192,8 +198,10 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                     mode = gr.Radio(["completion", "chat"], value=d.mode, label="Mode",
                                     info="chat wraps the prompt in the model's chat template; "
                                          "follow-ups continue the conversation", elem_id="mode")
+                    # min_width: on a narrow screen it goes under the mode, the whole column
+                    # wide, so that the model's default (its placeholder) can be read.
                     system = gr.Textbox(
-                        d.system, label="System prompt (chat mode)", lines=2, elem_id="system",
+                        d.system, label="System prompt (chat mode)", lines=2, elem_id="system", min_width=300,
                         placeholder=h.default_system or "none",
                         info=("empty = the model's default, shown here: its chat template adds it"
                               if h.default_system else "empty = no system message"))
@@ -327,8 +335,6 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         live = gr.Timer(CHART_INTERVAL_S, active=False)
         stale = {"replay_md": replay_md, "replay_bars": replay_bars, "x_md": x_md, "stages_md": stages_md,
                  "attention": attention, "lens": lens, "pattern": pattern}
-        begin_outputs = [prompt_view, tokens, kv_chart, latency, live, generate, regen_btn, stop_btn, step,
-                         status, output, topk, stats, notice, *(stale[n] for n in STALE_PANELS), record]
         run_outputs = [output, topk, stats, kv_text, notice, status, step, gr.JSON(visible=False, label="Tokens"),
                        record]
         after = {"live": live, "generate": generate, "regenerate": regen_btn, "stop": stop_btn,
@@ -338,6 +344,9 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                  "run_seed": run_seed, "history": history, "conversation": conversation, "prompt": prompt,
                  "status": status}
         after_outputs = [after[n] for n in AFTER_OUTPUTS]
+        begin_outputs = [prompt_view, tokens, kv_chart, latency, live, generate, regen_btn, stop_btn, step,
+                         status, output, topk, stats, notice, *(stale[n] for n in STALE_PANELS),
+                         *(after[n] for n in RESET_AT_BEGIN), record]
 
         def chain_run(started):
             """begin -> generate -> after_run, from an event or a trigger. begin runs in the queue,

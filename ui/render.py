@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import html
 import math
-import time
 from dataclasses import dataclass
 
 import pandas as pd
@@ -267,8 +266,10 @@ def approx_note(info) -> str:
 
 PROB_CSS = """
 .tl-lp { display: none; }
-body.tl-show-logp .tl-p { display: none; }
-body.tl-show-logp .tl-lp { display: inline; }
+/* !important: gradio also adds each rule prefixed with its container (.gradio-container .contain
+   .tl-lp), which outranks these and, the body being outside the container, never flips. */
+body.tl-show-logp .tl-p { display: none !important; }
+body.tl-show-logp .tl-lp { display: inline !important; }
 .tl-approx { color: #b26a00; font-size: 12px; margin-bottom: 4px; }
 .tl-tokens .tl-chips { display: flex; flex-wrap: wrap; gap: 3px; max-height: 220px; overflow: auto; }
 .tl-chip { display: inline-flex; flex-direction: column; align-items: center; border: 1px solid rgba(128,128,128,.3);
@@ -283,7 +284,8 @@ body.tl-show-logp .tl-lp { display: inline; }
 BARS_CSS = """
 .tl-bars { font-family: ui-monospace, monospace; font-size: 13px; }
 .tl-title { margin-bottom: 6px; }
-.tl-row { display: grid; grid-template-columns: 9em 1fr 4.5em 1fr 4.5em; gap: 6px; align-items: center; padding: 1px 0; }
+/* A number column holds the widest value whole: 8.89e-05, -103.456. */
+.tl-row { display: grid; grid-template-columns: 9em 1fr 5.2em 1fr 5.2em; gap: 6px; align-items: center; padding: 1px 0; }
 .tl-head { font-weight: 600; font-size: 10px; opacity: .7; white-space: nowrap; }
 .tl-head .tl-bar { background: none; height: auto; }
 .tl-chosen { background: rgba(255, 213, 79, .25); font-weight: 600; }
@@ -292,7 +294,7 @@ BARS_CSS = """
 .tl-raw, .tl-final { display: block; height: 100%; }
 .tl-raw { background: #5c6bc0; }
 .tl-final { background: #26a69a; }
-.tl-num { text-align: right; }
+.tl-num { text-align: right; white-space: nowrap; }
 """
 
 
@@ -334,18 +336,6 @@ def pool_markdown(step: StepEvent | None) -> str:
             f"{si(p.blocks_total * p.bytes_per_block, 'B')}) by {p.active_runs} "
             f"run{'s' if p.active_runs != 1 else ''}, {p.blocks_reserved:,} promised to them"
             + (f", {p.waiting_runs} waiting" if p.waiting_runs else "") + ".")
-
-
-def wait_markdown(rec: RunRecord) -> str:
-    """What a queued user sees: their place and how long they have waited."""
-    w = rec.waiting
-    if w is None:
-        return ""
-    p = w.pool
-    return (f"⏳ **Waiting for the server**: {_ordinal(w.position)} in line, "
-            f"{time.monotonic() - rec.started:.1f} s so far. This run may grow to {w.blocks_needed} KV blocks; "
-            f"{p.blocks_reserved:,} of the pool's {p.blocks_total:,} are promised to the {p.active_runs} "
-            f"run{'s' if p.active_runs != 1 else ''} in progress.")
 
 
 def _ordinal(n: int) -> str:
@@ -433,9 +423,11 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
         return (f"Waiting for the engine · {running} run{'s' * (running != 1)} in progress, "
                 f"{before} waiting before yours · {waited:.1f} s so far")
     if rec.waiting is not None and rec.done is None:  # admitted by Gradio, queued for KV blocks
-        w = rec.waiting
-        return (f"Waiting for the server: {_ordinal(w.position)} in line · {now - rec.started_at:.1f} s so far "
-                f"(the KV cache is full; this run may need {w.blocks_needed} blocks)")
+        w, p = rec.waiting, rec.waiting.pool
+        return (f"Waiting for the server: {_ordinal(w.position)} in line · {now - rec.started_at:.1f} s so far · "
+                f"this run may grow to {w.blocks_needed} KV blocks; {p.blocks_reserved:,} of the pool's "
+                f"{p.blocks_total:,} are promised to the {p.active_runs} run{'s' if p.active_runs != 1 else ''} "
+                "in progress")
     if not rec.steps and rec.done is None:
         return f"Prefill of {n:,} prompt tokens… {now - rec.started_at:.1f} s so far (the first token comes after it)"
     g = len(rec.steps)
@@ -589,6 +581,8 @@ LAYOUT_CSS = """
           border: 1px solid rgba(128,128,128,.5); border-radius: 6px; padding: 4px 6px; box-shadow: 0 2px 8px rgba(0,0,0,.25);
           font-size: 12px; line-height: 1.4; cursor: default; }
 .tl-t:hover > .tl-pop, .tl-t:focus > .tl-pop { display: block; }
+/* One popover at a time: the hovered token's, else the focused (tapped) one's. */
+.tl-out:has(.tl-t:hover) .tl-t:focus:not(:hover) > .tl-pop { display: none; }
 .tl-pop-head { display: block; opacity: .8; margin-bottom: 2px; white-space: nowrap; }
 .tl-alt { display: flex; justify-content: space-between; gap: 12px; white-space: pre; }
 .tl-alt-chosen { font-weight: 700; }
@@ -598,7 +592,7 @@ LAYOUT_CSS = """
 .tl-bars { overflow-x: auto; }
 .tl-bars .tl-row { min-width: 290px; }
 .tl-head .tl-h2 { grid-column: span 2; overflow: hidden; text-overflow: ellipsis; }
-@media (max-width: 500px) { .tl-row { grid-template-columns: 6.5em 1fr 4.3em 1fr 4.3em; gap: 4px; } }
+@media (max-width: 500px) { .tl-row { grid-template-columns: 6.5em 1fr 5.2em 1fr 5.2em; gap: 4px; } }
 #stats table, #replay-stages table, #compare-summary table, #likely-table table, #stages table, #memory table {
   display: block; overflow-x: auto; max-width: 100%; width: max-content; border: none; }
 #stats :is(th, td), #replay-stages :is(th, td), #compare-summary :is(th, td), #likely-table :is(th, td),
