@@ -118,7 +118,7 @@ def _sampling_params(args, model_defaults: dict):
 
 def _cmd_generate(args) -> int:
     from .engine import Request
-    from .events import DoneEvent
+    from .events import DoneEvent, StepEvent
 
     _sampling_params(args, {})  # bad values fail before the model loads
     if args.top < 1:
@@ -131,6 +131,8 @@ def _cmd_generate(args) -> int:
                                      top_n=args.top))
     shown = []
     for ev in events:
+        if not isinstance(ev, (StepEvent, DoneEvent)):  # the run's progress before its tokens
+            continue
         if args.jsonl:
             print(json.dumps(ev.to_json(), ensure_ascii=False), flush=True)
         elif isinstance(ev, DoneEvent):

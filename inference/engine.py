@@ -14,7 +14,7 @@ from .anatomy import StepCapture, capture_pattern, capture_step
 from .chat import chat_messages, default_system_prompt, render_chat_segments
 from .config import ModelConfig
 from .errors import InputError, ModelError
-from .events import DoneEvent, StepEvent, WaitEvent
+from .events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from .kv_pool import KVPool, default_pool_blocks
 from .model import Transformer
 from .precision import PrecisionReport, measure_decode_error
@@ -221,10 +221,11 @@ class Engine:
         return self.generate_ids(ids, params, req.top_n, cancel)
 
     def generate_ids(self, ids: list[int], params: SamplingParams, top_n: int = 10,
-                     cancel: threading.Event | None = None) -> Iterator[StepEvent | WaitEvent | DoneEvent]:
+                     cancel: threading.Event | None = None
+                     ) -> Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]:
         """Generate from prompt ids through the scheduler, beside whoever else is running.
-        Yields WaitEvents while the run is queued for KV blocks, one StepEvent per new token,
-        then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
+        Yields WaitEvents while the run is queued for KV blocks, a PrefillEvent after each chunk
+        of a prompt longer than one (but the last), one StepEvent per new token, then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
         Closing the generator ends the run and gives its blocks back before it returns."""
         max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)

@@ -38,6 +38,7 @@ class StepEvent:
     prefill_ms: float | None = None  # step 0 only: the time to first token, from admission
     prompt_tokens: int | None = None  # step 0 only
     wait_ms: float | None = None  # step 0 only: time queued before admission
+    prompt_tokens_reused: int | None = None  # step 0 only: prompt positions found in the prefix cache
     kv_blocks: int | None = 0  # this run's blocks of the server's KV pool
     pool: "PoolStats | None" = None  # the server's pool at this step (all runs)
 
@@ -47,7 +48,7 @@ class StepEvent:
         if self.pool is not None:
             d["pool_blocks_used"], d["pool_blocks_total"] = self.pool.blocks_used, self.pool.blocks_total
             d["pool_active_runs"] = self.pool.active_runs
-        for key in ("prefill_ms", "prompt_tokens", "wait_ms"):
+        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused"):
             if d[key] is None:
                 d.pop(key)
         return d
@@ -60,6 +61,13 @@ class WaitEvent:
     waited_ms: float
     pool: "PoolStats"
     blocks_needed: int  # what the run may grow to
+
+
+@dataclass
+class PrefillEvent:
+    """A prompt longer than one chunk is being read, a chunk a step: how far it has come."""
+    done: int  # prompt tokens in the KV cache
+    total: int
 
 
 @dataclass

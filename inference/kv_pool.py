@@ -33,6 +33,7 @@ class PoolStats:
     active_runs: int
     waiting_runs: int
     bytes_per_block: int
+    blocks_cached: int = 0  # kept from finished runs for a prompt that starts the same way
 
     @property
     def bytes_used(self) -> int:
@@ -99,10 +100,67 @@ class BlockTable:
         """Pool slots of positions start..end-1, (end - start,) int64 (a view)."""
         return self._slot_of[start:end]
 
+    def adopt(self, blocks: list[int]) -> None:
+        """Start with blocks whose keys and values are already written (a cached prefix)."""
+        assert not self.blocks
+        for i, block in enumerate(blocks):
+            self._slot_of[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE] = self._offsets + block * BLOCK_SIZE
+        self.blocks = list(blocks)
+        self.length = len(blocks) * BLOCK_SIZE
+
     def release(self) -> None:
         if self.blocks:
             self.pool.give_back(self.blocks)
         self.blocks = []
+
+
+class PrefixCache:
+    """Whole blocks of finished runs, by the tokens whose keys and values they hold, for a later
+    prompt that starts with the same tokens: a chat's next turn, which repeats the conversation
+    so far, reads only what is new. Cached blocks are given back to the pool whenever a run
+    needs them (oldest first)."""
+
+    def __init__(self, pool: KVPool):
+        self.pool = pool
+        self._entries: list[tuple[list[int], list[int]]] = []  # (token ids held, blocks), oldest first
+
+    @property
+    def blocks(self) -> int:
+        return sum(len(blocks) for _, blocks in self._entries)
+
+    def keep(self, ids: list[int], blocks: list[int]) -> None:
+        """Keep the whole blocks of a finished run (ids: the tokens its cache holds, in order);
+        the partly filled last one goes back to the pool."""
+        whole = min(len(ids) // BLOCK_SIZE, len(blocks))
+        self.pool.give_back(blocks[whole:])
+        if whole:
+            self._entries.append((ids[:whole * BLOCK_SIZE], blocks[:whole]))
+
+    def take_prefix(self, ids: list[int]) -> list[int]:
+        """The cached blocks that hold the most whole blocks at the start of ids, taken out of
+        the cache (the rest of their entry goes back to the pool). At least the prompt's last
+        token is left to read: its logits give the first new token."""
+        most = (len(ids) - 1) // BLOCK_SIZE
+        best, best_n = None, 0
+        for i, (held, _) in enumerate(self._entries):
+            n = 0
+            while n < min(most, len(held) // BLOCK_SIZE) and \
+                    held[n * BLOCK_SIZE:(n + 1) * BLOCK_SIZE] == ids[n * BLOCK_SIZE:(n + 1) * BLOCK_SIZE]:
+                n += 1
+            if n > best_n:
+                best, best_n = i, n
+        if best is None:
+            return []
+        _, blocks = self._entries.pop(best)
+        self.pool.give_back(blocks[best_n:])
+        return blocks[:best_n]
+
+    def evict(self, n_blocks: int) -> None:
+        """Give at least n_blocks back to the pool, oldest entries first (or all there are)."""
+        while n_blocks > 0 and self._entries:
+            _, blocks = self._entries.pop(0)
+            self.pool.give_back(blocks)
+            n_blocks -= len(blocks)
 
 
 def default_pool_blocks(cfg: ModelConfig, device: torch.device, dtype: torch.dtype,

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .errors import ResourceError
-from .events import DoneEvent, StepEvent, WaitEvent
-from .kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, blocks_for
+from .events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
+from .kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
 from .model import PagedBatch, Transformer
 from .sampling import SamplingParams
 from .step_stats import RowSampling, StepInfo, candidates, pick_rows
@@ -48,6 +48,8 @@ class Run:
     stream: object = None
     stops: StopMatcher | None = None
     prefilled: int = 0  # prompt positions in the cache
+    reused: int = 0  # of those, positions found in the prefix cache (not computed by this run)
+    generated: list[int] = field(default_factory=list)  # sampled tokens, in order
     next_token: int | None = None  # sampled, not yet fed back
     parts: list[str] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
@@ -71,6 +73,9 @@ class Scheduler:
         self._waiting: deque[Run] = deque()
         self._active: list[Run] = []
         self._reserved = 0  # blocks promised to admitted runs
+        # Whole blocks of finished runs, for a prompt that starts the same way. Invariant:
+        # reserved + cached <= the pool's blocks, so every block promised can be taken.
+        self.prefix_cache = PrefixCache(pool)
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
 
@@ -107,8 +112,9 @@ class Scheduler:
             return self._stats()
 
     def _stats(self) -> PoolStats:
-        return PoolStats(self.pool.n_blocks, self.pool.blocks_used, self._reserved, len(self._active),
-                         len(self._waiting), self.pool.bytes_per_block)
+        cached = self.prefix_cache.blocks
+        return PoolStats(self.pool.n_blocks, self.pool.blocks_used - cached, self._reserved, len(self._active),
+                         len(self._waiting), self.pool.bytes_per_block, cached)
 
     @property
     def runs(self) -> int:
@@ -148,7 +154,9 @@ class Scheduler:
         while self._waiting and self._reserved + self._waiting[0].blocks_needed <= self.pool.n_blocks:
             run = self._waiting.popleft()
             self._reserved += run.blocks_needed
-            self._start(run)
+            prefix = self.prefix_cache.take_prefix(run.ids)
+            self.prefix_cache.evict(self._reserved + self.prefix_cache.blocks - self.pool.n_blocks)
+            self._start(run, prefix)
             self._active.append(run)
         self._tell_waiting()
 
@@ -160,10 +168,13 @@ class Scheduler:
                 run.wait_position = position
                 run.events.put(WaitEvent(position, (now - run.submitted) * 1000, self._stats(), run.blocks_needed))
 
-    def _start(self, run: Run) -> None:
+    def _start(self, run: Run, prefix: list[int]) -> None:
+        """Set the run up; prefix: cached blocks that already hold its prompt's first positions."""
         dev = self.model.device
         run.admitted = run.last_step_end = time.perf_counter()
         run.table = BlockTable(self.pool, run.n_prompt + run.max_new, dev)
+        run.table.adopt(prefix)
+        run.prefilled = run.reused = run.table.length
         run.generator = torch.Generator(device=dev)
         run.generator.manual_seed(run.seed)
         run.seen = torch.zeros(self.model.cfg.vocab_size, dtype=torch.bool, device=dev)
@@ -174,7 +185,7 @@ class Scheduler:
         """One forward pass: a decode row per generating run, prompt chunks within the budget."""
         dev = self.model.device
         tokens, positions, slots, sampling = [], [], [], []
-        decode, prefills = [], []
+        decode, prefills, reading = [], [], []  # reading: runs whose prompt is still not all read
         budget = self.prefill_chunk
         for run in active:
             if run.prefilled == run.n_prompt:  # generating: feed back the last token
@@ -198,6 +209,8 @@ class Scheduler:
             run.table.length = start + len(new)
             if run.prefilled == run.n_prompt:  # this row's logits give the run's next token
                 sampling.append((row + len(new) - 1, run))
+            else:
+                reading.append(run)
         if not tokens:
             return
         batch = PagedBatch(
@@ -214,6 +227,8 @@ class Scheduler:
                 infos = pick_rows(logits, [RowSampling(r.params, r.seen, r.generator, r.top_n) for r in runs])
             for run, info in zip(runs, infos):
                 self._emit(run, info)
+            for run in reading:
+                run.events.put(PrefillEvent(run.prefilled, run.n_prompt))
         except torch.OutOfMemoryError:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -250,6 +265,7 @@ class Scheduler:
         token_id = info.token_id
         run.seen[token_id] = True
         run.next_token = token_id
+        run.generated.append(token_id)
         is_eos = token_id in self.eos_ids
         delta = "" if is_eos else run.stops.push(run.stream.push(token_id))
         run.parts.append(delta)
@@ -269,6 +285,7 @@ class Scheduler:
             kv_cache_capacity_bytes=len(run.table.blocks) * self.pool.bytes_per_block,
             ms=ms, prefill_ms=ms if first else None, prompt_tokens=run.n_prompt if first else None,
             wait_ms=(run.admitted - run.submitted) * 1000 if first else None,
+            prompt_tokens_reused=run.reused if first else None,
             kv_blocks=len(run.table.blocks), pool=pool))
         if is_eos:
             self._finish(run, "eos")
@@ -277,16 +294,21 @@ class Scheduler:
         elif len(run.step_ms) == run.max_new:
             self._finish(run, "context" if run.capped else "length")
 
-    def _release(self, run: Run) -> None:
-        run.table.release()
-        with self._cv:
+    def _release(self, run: Run, keep: bool = False) -> None:
+        """Give the run's blocks back; keep: its whole blocks go to the prefix cache instead."""
+        with self._cv:  # the cache and the pool's accounting change together
+            if keep:
+                held = (run.ids + run.generated)[:run.table.length]  # every token but the last sampled
+                self.prefix_cache.keep(held, run.table.blocks)
+                run.table.blocks = []
+            run.table.release()
             self._reserved -= run.blocks_needed
             self._active.remove(run)
             self._cv.notify()
         run.released.set()
 
     def _finish(self, run: Run, reason: str) -> None:
-        self._release(run)
+        self._release(run, keep=reason != "cancelled")
         run.events.put(self._done(run, reason))
 
     def _fail(self, run: Run, error: Exception) -> None:

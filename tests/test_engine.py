@@ -8,7 +8,7 @@ import torch
 
 from inference.engine import Request
 from inference.errors import InputError
-from inference.events import DoneEvent, StepEvent
+from inference.events import DoneEvent, PrefillEvent, StepEvent
 from inference.sampling import SamplingParams
 
 
@@ -16,8 +16,9 @@ def run(engine, prompt="The quick brown fox", cancel=None, **kw):
     top_n = kw.pop("top_n", 5)
     chat = kw.pop("chat", False)
     events = list(engine.generate(Request(prompt, SamplingParams(**kw), chat=chat, top_n=top_n), cancel))
-    steps = [e for e in events if isinstance(e, StepEvent)]
-    assert isinstance(events[-1], DoneEvent) and len(steps) == len(events) - 1
+    progress = [e for e in events if isinstance(e, PrefillEvent)]  # a long prompt's chunks, first
+    steps = events[len(progress):-1]
+    assert isinstance(events[-1], DoneEvent) and all(isinstance(e, StepEvent) for e in steps)
     return steps, events[-1]
 
 

@@ -14,6 +14,8 @@ import pytest
 import torch
 
 from inference.chat import default_system_prompt, render_chat
+from inference.events import PrefillEvent
+from inference.kv_pool import BLOCK_SIZE
 from tiny_models import CHATML
 from ui import render as fmt
 from ui.controls import Controls, controls_from_query, query_value, share_url
@@ -73,6 +75,19 @@ def test_follow_ups_continue_the_conversation_and_regenerate_replaces_the_answer
     with pytest.raises(gr.Error, match="no answer to regenerate"):
         h.pop_last_turn([])
     assert h.new_conversation()[:2] == ([], "")
+
+
+def test_a_follow_up_reads_the_earlier_turns_from_the_kv_cache(h, tiny_engine):
+    """The next turn's prompt repeats the conversation: its whole blocks come from the KV cache
+    the last answer left, and the statistics say how many prompt tokens were read from there."""
+    first = run(h, mode="chat", prompt="Tell me about the quick brown fox and the lazy dog. " * 3)
+    assert first.steps[0].prompt_tokens_reused == 0 or first.steps[0].prompt_tokens_reused is None
+    history = after(h, first, [])["history"]
+    second = run(h, mode="chat", prompt="And then?", history=history)
+    reused = second.steps[0].prompt_tokens_reused
+    assert reused >= BLOCK_SIZE and reused % BLOCK_SIZE == 0 and reused < len(second.prompt_ids)
+    assert second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids
+    assert f"({reused} read from the KV cache of an earlier run)" in fmt.stats_markdown(h.info, second)
 
 
 def test_typed_control_tokens_in_earlier_turns_stay_text(tiny_engine):
@@ -219,9 +234,11 @@ def test_the_status_line_through_a_runs_life(h, tiny_engine):
         "Waiting for the engine · 1 run in progress, 2 waiting before yours · 3.5 s so far")
     rec.started_at = 14.0
     assert fmt.status_text(rec, ctx, 16.0).startswith("Prefill of 30 prompt tokens… 2.0 s so far")
+    rec.add(PrefillEvent(16, 30))  # a long prompt read a chunk a step
+    assert fmt.status_text(rec, ctx, 16.5).startswith("Prefill of 16 of 30 prompt tokens read… 2.5 s so far")
     done = run(h)
     assert "Run ended: max new tokens reached · 8 tokens" in fmt.status_text(done, ctx, 0)
-    assert h.live_tick(rec, session("x"))[2].startswith("Prefill of 30")
+    assert h.live_tick(rec, session("x"))[2].startswith("Prefill of 16 of 30")
     assert h.live_tick(done, session("x")) == (gr.skip(), gr.skip(), gr.skip())
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from inference.engine import Engine
 from inference.errors import ResourceError
-from inference.events import DoneEvent, StepEvent, WaitEvent
+from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.kv_pool import BLOCK_SIZE
 from inference.sampling import SamplingParams
 from ui.controls import Controls
@@ -81,6 +81,7 @@ def test_a_lone_run_on_scattered_blocks_equals_one_on_consecutive_blocks(tiny_di
     consecutive = list(tiny_engine.generate_ids(ids, params, top_n=5))
     assert read_in_place and all(read_in_place)
     pool, read_in_place[:] = scheduler.pool, []
+    scheduler.prefix_cache.evict(pool.n_blocks)  # the first run's kept blocks: back to the pool
     taken = [pool.take() for _ in range(8)]
     pool.give_back(taken[::2])  # free blocks with holes between them
     try:
@@ -100,7 +101,11 @@ def test_a_long_prompt_prefilled_in_chunks_equals_one_pass(tiny_dirs):
     assert len(ids) > 3 * 7
     params = SamplingParams(temperature=1.0, seed=9, max_new_tokens=10)
     a = list(whole.generate_ids(ids, params, top_n=5))
-    b = list(chunked.generate_ids(ids, params, top_n=5))
+    events = list(chunked.generate_ids(ids, params, top_n=5))
+    progress = [e.done for e in events if isinstance(e, PrefillEvent)]  # said after each chunk but the last
+    assert progress == list(range(7, len(ids), 7)) and isinstance(events[len(progress)], StepEvent)
+    assert not any(isinstance(e, PrefillEvent) for e in a)  # one chunk: nothing to say
+    b = events[len(progress):]
     assert [e.token_id for e in a[:-1]] == [e.token_id for e in b[:-1]]
     assert max(abs(x.raw_prob - y.raw_prob) for x, y in zip(a[:-1], b[:-1])) < 1e-5
 
@@ -208,3 +213,41 @@ def test_churn_of_32_clients_leaves_nothing_behind(tiny_engine):
     stats = tiny_engine.scheduler.stats()
     assert tiny_engine.active_runs == 0 and stats.blocks_used == 0 and stats.blocks_reserved == 0
     assert len(h.registry) == 0
+
+
+def test_a_follow_up_reads_only_what_is_new_from_the_kv_cache(tiny_dirs):
+    """A finished run's whole blocks are kept; a prompt that repeats its tokens (a chat's next
+    turn) starts from them, with the same tokens and probabilities as a fresh computation."""
+    engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32")
+    fresh = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32")
+    first = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 5)
+    params = SamplingParams(temperature=1.0, seed=8, max_new_tokens=20)
+    a = [e for e in engine.generate_ids(first, params, top_n=5) if isinstance(e, StepEvent)]
+    generated = [e.token_id for e in a]
+    held = len(first) + len(generated) - 1  # the last token sampled is never fed back
+    assert a[0].prompt_tokens_reused == 0
+    assert engine.scheduler.stats().blocks_cached == held // BLOCK_SIZE
+    follow_up = first + generated + engine.tokenizer.encode(" And then?")
+    b = [e for e in engine.generate_ids(follow_up, params, top_n=5) if isinstance(e, StepEvent)]
+    assert b[0].prompt_tokens_reused == min(held, len(follow_up) - 1) // BLOCK_SIZE * BLOCK_SIZE > 0
+    c = [e for e in fresh.generate_ids(follow_up, params, top_n=5) if isinstance(e, StepEvent)]
+    assert [e.token_id for e in b] == [e.token_id for e in c]
+    assert max(abs(x.prob - y.prob) + abs(x.raw_prob - y.raw_prob) for x, y in zip(b, c)) < 1e-5
+    stats = engine.scheduler.stats()
+    assert stats.blocks_used == 0 and stats.blocks_reserved == 0 and stats.blocks_cached > 0
+
+
+def test_kept_blocks_are_given_back_when_a_run_needs_them(tiny_dirs):
+    probe = Engine.from_hf_dir(tiny_dirs["mha"], "cpu", "float32")
+    ids = probe.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 3)
+    params = SamplingParams(temperature=0.0, max_new_tokens=40)
+    need = -(-(len(ids) + 40) // BLOCK_SIZE)
+    engine = Engine.from_hf_dir(tiny_dirs["mha"], "cpu", "float32",
+                                kv_pool_mib=need * probe.scheduler.pool.bytes_per_block / 2**20)
+    assert engine.scheduler.pool.n_blocks == need
+    list(engine.generate_ids(ids, params))
+    assert engine.scheduler.stats().blocks_cached > 0
+    other = engine.tokenizer.encode("Once upon a time there was a lazy dog and a quick fox. " * 3)[:len(ids)]
+    events = list(engine.generate_ids(other, params))  # needs the whole pool: the kept blocks go back
+    assert not any(isinstance(e, WaitEvent) for e in events) and events[-1].generated_tokens > 0
+    assert next(e for e in events if isinstance(e, StepEvent)).prompt_tokens_reused == 0

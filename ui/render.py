@@ -335,7 +335,9 @@ def pool_markdown(step: StepEvent | None) -> str:
             f"**{p.blocks_used:,} of {p.blocks_total:,} blocks** in use ({si(p.bytes_used, 'B')} of "
             f"{si(p.blocks_total * p.bytes_per_block, 'B')}) by {p.active_runs} "
             f"run{'s' if p.active_runs != 1 else ''}, {p.blocks_reserved:,} promised to them"
-            + (f", {p.waiting_runs} waiting" if p.waiting_runs else "") + ".")
+            + (f", {p.waiting_runs} waiting" if p.waiting_runs else "")
+            + (f"; {p.blocks_cached:,} kept from finished runs for a prompt that starts the same way (a chat's "
+               "next turn), given back when a run needs them" if p.blocks_cached else "") + ".")
 
 
 def _ordinal(n: int) -> str:
@@ -388,7 +390,9 @@ def stats_markdown(info, rec: RunRecord) -> str:
     tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
     ttft = f"{first.prefill_ms:.0f} ms" + (f" (+ {first.wait_ms / 1000:.1f} s queued)"
                                             if first.wait_ms and first.wait_ms >= 50 else "")
-    rows = [("prompt tokens", f"{len(rec.prompt_ids)}"), ("time to first token", ttft),
+    reused = first.prompt_tokens_reused or 0
+    prompt = f"{len(rec.prompt_ids)}" + (f" ({reused} read from the KV cache of an earlier run)" if reused else "")
+    rows = [("prompt tokens", prompt), ("time to first token", ttft),
             ("generated", f"{n}"), ("decode speed", f"{tps:.1f} tok/s"),
             (f"FLOPs / token (at {ctx} ctx)", f"{si(cost.flops)} ({si(cost.attention_flops)} attention)"),
             ("seed", f"{rec.seed}")]
@@ -429,7 +433,8 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
                 f"{p.blocks_total:,} are promised to the {p.active_runs} run{'s' if p.active_runs != 1 else ''} "
                 "in progress")
     if not rec.steps and rec.done is None:
-        return f"Prefill of {n:,} prompt tokens… {now - rec.started_at:.1f} s so far (the first token comes after it)"
+        read = f"{rec.prefilled:,} of {n:,} prompt tokens read" if rec.prefilled else f"{n:,} prompt tokens"
+        return f"Prefill of {read}… {now - rec.started_at:.1f} s so far (the first token comes after it)"
     g = len(rec.steps)
     ctx = context_text(n, g, None, context)
     if rec.done is None:

@@ -7,7 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from inference.events import DoneEvent, StepEvent, WaitEvent
+from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 
 
 @dataclass
@@ -29,6 +29,7 @@ class RunRecord:
     finished: bool = False  # after_run has drawn its end (charts, files, chat turn)
     controls: object = None  # the page's Controls the run was started with
     waiting: WaitEvent | None = None  # while the run is queued for KV blocks
+    prefilled: int = 0  # prompt tokens read so far, while a long prompt is read a chunk a step
     started: float = field(default_factory=time.monotonic)  # when Generate was handled
     # The full logits of the last step replayed, (step, (vocab,) tensor): moving a replay
     # slider on the same step then costs no forward pass.
@@ -39,6 +40,8 @@ class RunRecord:
         """Take one engine event."""
         if isinstance(ev, WaitEvent):
             self.waiting = ev
+        elif isinstance(ev, PrefillEvent):
+            self.prefilled, self.waiting = ev.done, None
         elif isinstance(ev, DoneEvent):
             self.done, self.waiting = ev, None
         else:
