@@ -529,6 +529,8 @@ def test_default_system_prompt_is_shown_in_chat_mode_and_follow_ups_continue(cha
     assert not page.is_disabled("#regenerate")
     page.fill("#prompt textarea", "And then?")
     run_to_end(page)
+    # The follow-up repeats the conversation: its whole blocks came from the first turn's KV cache.
+    wait_text(page, "#stats", "read from the KV cache of an earlier run")
     fed = page.input_value("#prompt-view textarea")
     assert first_answer in fed, (first_answer, fed)
     assert fed.index("Hello there") < fed.index(first_answer) < fed.index("And then?")  # earlier turn kept
