@@ -314,3 +314,57 @@ def test_a_new_run_resets_the_last_runs_downloads_charts_and_seed(h):
     assert "come with its end" in reset["downloads"] and reset["run_seed"] == ""
     assert reset["run_chart"].empty and reset["rank_chart"].empty
     h.closed(session("r"))
+
+
+# ---------------------------------------------------------------- page polish
+
+def as_seen(text: str, logp: bool) -> str:
+    """HTML as the page shows it with the "Show log p" switch on or off (PROB_CSS hides one of
+    each tl-p / tl-lp pair), tags removed."""
+    hidden = "tl-p" if logp else "tl-lp"
+    return re.sub("<[^>]+>", "", re.sub(f"<span class='{hidden}'>[^<]*</span>", "", text))
+
+
+def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):
+    from inference.events import Candidate, StepEvent
+    step = StepEvent(step=3, token_id=7, piece=" Paris", text=" Paris", prob=0.88, raw_prob=0.5,
+                     top=[Candidate(7, " Paris", 0.88, 0.5)], entropy=1.0, rank=1, kv_cache_bytes=0,
+                     kv_cache_capacity_bytes=0, ms=1.0)
+    title = re.search("<div class='tl-title'>(.*?)</div>", fmt.bars_html(step)).group(1)
+    assert "with p = 0.8800 (raw p = 0.5000), rank 1" in as_seen(title, logp=False)
+    assert "with log p = -0.128 (raw log p = -0.693), rank 1" in as_seen(title, logp=True)
+    rec = run(h)
+    first = rec.steps[0]
+    head = re.search("<span class='tl-pop-head'>(.*?)</span><span class='tl-alt",
+                     fmt.output_html(rec, tiny_engine.tokenizer)).group(1)
+    assert as_seen(head, logp=False).endswith(f"p = {fmt.fmt_p(first.prob)} (raw p = {fmt.fmt_p(first.raw_prob)})")
+    assert as_seen(head, logp=True).endswith(f"log p = {fmt.fmt_logp(first.prob)} "
+                                             f"(raw log p = {fmt.fmt_logp(first.raw_prob)})")
+    summary = as_seen(fmt.compare_summary(rec, rec, 0), logp=True)
+    assert f"(log p = {fmt.fmt_logp(first.prob)})" in summary
+
+
+def test_token_counts_have_a_thousands_separator(tiny_engine):
+    tok = tiny_engine.tokenizer
+    plain = next(i for i in range(tok.vocab_size) if not tok.is_control(i))
+    view = fmt.run_tokens_html(tok, [plain] * 1441, [plain] * 1203)
+    assert "Prompt: 1,441 tokens" in view and "Generated: 1,203 tokens" in view
+
+
+def test_the_colour_legend_shows_only_under_output(h, tiny_engine):
+    tok = tiny_engine.tokenizer
+    assert "tl-legend" not in fmt.output_html(None, tok)  # the page before any run
+    assert "tl-legend" not in fmt.output_html(RunRecord(prompt_ids=[1]), tok)  # running, no token yet
+    out = h.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("l"), [])
+    waiting = next(x for x in out if isinstance(x, str) and "Waiting for the engine" in x)
+    assert "tl-legend" not in waiting
+    h.closed(session("l"))
+    assert "tl-legend" in fmt.output_html(run(h), tok)
+
+
+def test_step_axes_start_at_the_first_step(tiny_engine):
+    from ui.layout import build_ui
+    plots = {b.elem_id: b.x_lim for b in build_ui(tiny_engine).blocks.values() if isinstance(b, gr.LinePlot)}
+    # The KV chart's first point, step -1, is the empty cache before prefill (kv_frame).
+    assert plots == {"kv-chart": [-1, None], "latency-chart": [0, None], "run-chart": [0, None],
+                     "rank-chart": [0, None]}

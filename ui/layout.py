@@ -253,12 +253,12 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
                 topk = gr.HTML(fmt.bars_html(None), label="Candidates", elem_id="topk")
         with gr.Row():
             with gr.Column(min_width=320):
-                kv_chart = gr.LinePlot(fmt.kv_frame(RunRecord()), x="step", y="MiB", color="series",
+                kv_chart = gr.LinePlot(fmt.kv_frame(RunRecord()), **fmt.step_axis(-1), y="MiB", color="series",
                                        title="KV-cache memory per step", elem_id="kv-chart")
                 kv_text = gr.Markdown(h.view.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula")
                 server_md = gr.Markdown("", elem_id="server-load", visible=remote)
             with gr.Column(min_width=320):
-                latency = gr.LinePlot(fmt.latency_frame(RunRecord()), x="step", y="ms",
+                latency = gr.LinePlot(fmt.latency_frame(RunRecord()), **fmt.step_axis(), y="ms",
                                       title="Decode latency per token", elem_id="latency-chart")
                 stats = gr.Markdown("No run yet.", label="Run statistics", elem_id="stats")
         with gr.Accordion("Sampling experiments: the pipeline of a step, replay, compare A/B, "
@@ -266,10 +266,10 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
             if remote:
                 gr.Markdown(render_remote.CHARTS_NOTE, elem_id="charts-note")
             with gr.Row():
-                run_chart = gr.LinePlot(fmt.run_chart_frames(RunRecord())[0], x="step", y="value",
+                run_chart = gr.LinePlot(fmt.run_chart_frames(RunRecord())[0], **fmt.step_axis(), y="value",
                                         color="metric", title="Per step: chosen-token probability and raw entropy",
                                         elem_id="run-chart", min_width=320)
-                rank_chart = gr.LinePlot(fmt.run_chart_frames(RunRecord())[1], x="step", y="rank",
+                rank_chart = gr.LinePlot(fmt.run_chart_frames(RunRecord())[1], **fmt.step_axis(), y="rank",
                                          title="Rank of the chosen token in the raw distribution",
                                          elem_id="rank-chart", min_width=320)
             # In front of a server the replay needs what it cannot give (the whole logit vector):

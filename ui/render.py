@@ -76,6 +76,17 @@ def prob_html(p: float) -> str:
     return f"<span class='tl-p'>{fmt_p(p)}</span><span class='tl-lp'>{fmt_logp(p)}</span>"
 
 
+def named_prob_html(p: float | None, prefix: str = "") -> str:
+    """"p = 0.8800" or "log p = -0.128": the "log " is switched with the number (PROB_CSS), so log
+    mode never shows a log value called p. `prefix` goes before either ("raw ")."""
+    return f"{prefix}<span class='tl-lp'>log </span>p = {prob_html(p)}"
+
+
+def chosen_prob_html(prob: float | None, raw_prob: float | None) -> str:
+    """The chosen token's probability and the model's own: "p = 0.8800 (raw p = 0.5000)"."""
+    return f"{named_prob_html(prob)} ({named_prob_html(raw_prob, 'raw ')})"
+
+
 @dataclass
 class Chip:
     """One piece of the generated text as the page shows it: a token, or the byte tokens that
@@ -125,6 +136,7 @@ def _shown(text: str) -> str:
 
 
 def legend_html() -> str:
+    """What the output's colours mean; only shown under output that has them (output_html)."""
     return ("<div class='tl-legend'>colour = probability the token was sampled with: "
             + "".join(f"<span class='tl-key {_bucket_class(t)}'>{html.escape(name)}</span>" for t, name in BUCKETS)
             + "</div>")
@@ -140,7 +152,7 @@ def _popover(rec: RunRecord, chip: "Chip", tokenizer) -> str:
         for c in first.top[:5])
     span = f"steps {chip.steps[0]}–{chip.steps[-1]}" if len(chip.steps) > 1 else f"step {chip.steps[0]}"
     return (f"<span class='tl-pop' role='tooltip'><span class='tl-pop-head'>{span} · id {first.token_id} · "
-            f"p {prob_html(first.prob)} (raw {prob_html(first.raw_prob)})</span>{rows}</span>")
+            f"{chosen_prob_html(first.prob, first.raw_prob)}</span>{rows}</span>")
 
 
 def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, empty: str = "") -> str:
@@ -149,8 +161,7 @@ def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, em
     default once the run has ended) each chip carries a popover with the top alternatives;
     while streaming only its probability, in the title, to keep updates small."""
     if rec is None or (not rec.steps and rec.done is None):
-        return (f"<div class='tl-out tl-empty'>{html.escape(empty or 'Generate to see the output here.')}</div>"
-                + legend_html())
+        return f"<div class='tl-out tl-empty'>{html.escape(empty or 'Generate to see the output here.')}</div>"
     detail = rec.done is not None if detail is None else detail
     chips = output_chips(rec, tokenizer)
     parts = []
@@ -167,8 +178,9 @@ def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, em
     if tail:
         parts.append(f"<span class='tl-tail' title='text held back until the end'>{_shown(tail)}</span>")
     text = rec.done.text if rec.done is not None else "".join(s.text for s in rec.steps)
+    # No legend under a run that ended without a coloured token: there is nothing for it to explain.
     return (f"<div class='tl-out' data-text='{html.escape(text, quote=True)}'>{''.join(parts)}</div>"
-            + legend_html())
+            + (legend_html() if chips else ""))
 
 
 def output_tokens(rec: RunRecord | None, tokenizer) -> list[dict]:
@@ -203,7 +215,7 @@ def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] |
     """The tokenization view: the prompt's tokens, and once there are any the generated ones."""
     out = prompt_tokens_html(tokenizer, prompt_ids)
     if generated_ids:
-        out += (f"<div class='tl-tokens tl-gen-tokens'><div class='tl-title'>Generated: {len(generated_ids)} tokens"
+        out += (f"<div class='tl-tokens tl-gen-tokens'><div class='tl-title'>Generated: {len(generated_ids):,} tokens"
                 f"</div><div class='tl-chips'>{_token_chips(tokenizer, generated_ids)}</div></div>")
     return out
 
@@ -212,8 +224,8 @@ def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
     """The prompt's tokens as chips: one per token, and one per character made of byte tokens
     with those tokens beneath it; control tokens marked."""
     control = sum(tokenizer.is_control(i) for i in ids)
-    return (f"<div class='tl-tokens'><div class='tl-title'>Prompt: {len(ids)} tokens"
-            + (f", {control} of them control tokens (outlined)" if control else "")
+    return (f"<div class='tl-tokens'><div class='tl-title'>Prompt: {len(ids):,} tokens"
+            + (f", {control:,} of them control tokens (outlined)" if control else "")
             + f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
 
 
@@ -244,8 +256,8 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
     rank = (f", rank {step.rank}" if step.rank is not None
             else ", rank not known (below the returned candidates)")
     head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
-            f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with p = {prob_html(step.prob)} "
-            f"(raw {prob_html(step.raw_prob)}){rank}</div>"
+            f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with "
+            f"{chosen_prob_html(step.prob, step.raw_prob)}{rank}</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
             + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
             f"<span class='tl-h2'>{raw_head}</span>"
@@ -319,6 +331,13 @@ def kv_frame(rec: RunRecord) -> pd.DataFrame:
         if s.pool is not None:
             rows.append({"step": s.step, "MiB": s.pool.bytes_used / 2**20, "series": "server pool, all runs"})
     return pd.DataFrame(rows, columns=["step", "MiB", "series"])
+
+
+def step_axis(first: int = 0) -> dict:
+    """gr.LinePlot settings for a per-step x axis: from the first step, never below it (Vega-Lite
+    pads a short domain into negative steps otherwise). Ticks stay Vega-Lite's: Gradio's LinePlot
+    passes no tickMinStep, so with few steps they may still fall between whole steps."""
+    return {"x": "step", "x_lim": [first, None]}
 
 
 def latency_frame(rec: RunRecord) -> pd.DataFrame:
@@ -669,8 +688,8 @@ def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
     elif at < min(len(a.steps), len(b.steps)):
         x, y = a.steps[at], b.steps[at]
         lines.append(f"**First divergence at step {at}**: A chose **{html.escape(visible(x.piece))}** "
-                     f"(p {prob_html(shown_prob(x))}), B chose **{html.escape(visible(y.piece))}** "
-                     f"(p {prob_html(shown_prob(y))}).")
+                     f"({named_prob_html(shown_prob(x))}), B chose **{html.escape(visible(y.piece))}** "
+                     f"({named_prob_html(shown_prob(y))}).")
     else:
         lines.append(f"**Same tokens until step {at}, where one run stopped.**")
     lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
