@@ -43,6 +43,12 @@ def hold(monkeypatch):
         h.open()
 
 
+def no_early_end(engine) -> None:
+    """Random weights give the end-of-sequence token a few percent at every step, so a run with a
+    random seed could end at any step; the page's tests count steps: runs go to max new tokens."""
+    engine.eos_ids = set()
+
+
 @pytest.fixture(scope="session")
 def live_app(tiny_dirs):
     """The real page on a tiny model, served on a free localhost port."""
@@ -51,6 +57,7 @@ def live_app(tiny_dirs):
     from ui.layout import build_ui, launch
 
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+    no_early_end(engine)
     handlers = Handlers(engine)
     demo = build_ui(engine, handlers)
     _, url, _ = launch(demo, engine, port=None, block=False)

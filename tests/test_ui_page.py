@@ -15,6 +15,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from conftest import no_early_end
 from engine_hold import wait_until
 
 playwright = pytest.importorskip("playwright.sync_api")
@@ -77,6 +78,7 @@ def small_pool_app(tiny_dirs):
     per_block = BLOCK_SIZE * probe.cfg.kv_bytes_per_token(4)
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32",
                                 kv_pool_mib=12 * per_block / 2**20)  # 12 blocks of 16 positions
+    no_early_end(engine)
     handlers = Handlers(engine)
     demo = build_ui(engine, handlers)
     _, url, _ = launch(demo, engine, port=None, block=False)
@@ -96,6 +98,7 @@ def chat_app(tiny_dirs, tmp_path_factory):
     cfg = json.loads((d / "tokenizer_config.json").read_text())
     (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": SMOL_LIKE_TEMPLATE}))
     engine = Engine.from_hf_dir(d, device="cpu", dtype="float32")
+    no_early_end(engine)
     handlers = Handlers(engine)
     demo = build_ui(engine, handlers)
     _, url, _ = launch(demo, engine, port=None, block=False)
