@@ -368,3 +368,13 @@ def test_step_axes_start_at_the_first_step(tiny_engine):
     # The KV chart's first point, step -1, is the empty cache before prefill (kv_frame).
     assert plots == {"kv-chart": [-1, None], "latency-chart": [0, None], "run-chart": [0, None],
                      "rank-chart": [0, None]}
+
+
+def test_the_pool_line_counts_blocks_in_words():
+    from inference.events import StepEvent
+    from inference.kv_pool import PoolStats
+    for held, words in ((1, "**1 block** of 16 positions"), (3, "**3 blocks** of 16 positions")):
+        step = StepEvent(0, 5, "a", "a", 1.0, 1.0, [], 0.0, 1, 100, held * 8192, 10.0, kv_blocks=held,
+                         pool=PoolStats(64, held, held, 1, 0, 8192, 2))
+        text = fmt.pool_markdown(step)
+        assert words in text and f"{held:,} of 64 blocks" in text and "2 kept from finished runs" in text

@@ -349,7 +349,8 @@ def pool_markdown(step: StepEvent | None) -> str:
     if step is None or step.pool is None:
         return ""
     p = step.pool
-    return (f"\n\n**Paged KV cache**: this run holds **{step.kv_blocks} blocks** of {BLOCK_SIZE} positions "
+    return (f"\n\n**Paged KV cache**: this run holds **{step.kv_blocks} block{'s' * (step.kv_blocks != 1)}** "
+            f"of {BLOCK_SIZE} positions "
             f"({si(step.kv_cache_capacity_bytes, 'B')}). The server's pool (all runs): "
             f"**{p.blocks_used:,} of {p.blocks_total:,} blocks** in use ({si(p.bytes_used, 'B')} of "
             f"{si(p.blocks_total * p.bytes_per_block, 'B')}) by {p.active_runs} "
