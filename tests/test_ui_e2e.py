@@ -81,7 +81,9 @@ def test_a_full_queue_says_busy(tiny_dirs, hold):
     engine = Engine.from_hf_dir(tiny_dirs["mha"])
     held = hold(engine)  # the first run waits at its first forward pass: the queue stays full
     demo = build_ui(engine)
-    _, url, _ = launch(demo, engine, block=False, queue_size=1)
+    # One run at a time and one place in the queue: with the first run held, the second waits in
+    # the queue and the rest find it full, whatever order they arrive in.
+    _, url, _ = launch(demo, engine, block=False, queue_size=1, concurrency=1)
     try:
         clients = [gradio_client.Client(url, verbose=False) for _ in range(5)]  # connected first
 

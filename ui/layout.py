@@ -467,10 +467,10 @@ def serve_downloads(app, handlers: Handlers) -> None:
 
 def launch(demo: gr.Blocks, engine: Engine, *, host: str = "127.0.0.1", port: int | None = None,
            share: bool = False, auth: tuple[str, str] | None = None, block: bool = True,
-           queue_size: int = 16):
+           queue_size: int = 16, concurrency: int = CONCURRENCY):
     """Serve the page; with block, print where and wait until interrupted. Returns gradio's
-    (app, local URL, share URL)."""
-    configure_queue(demo, engine, queue_size)
+    (app, local URL, share URL). concurrency: runs Gradio hands the scheduler at once."""
+    configure_queue(demo, engine, queue_size, concurrency)
     h = getattr(demo, "tokenlab_handlers", None)
     limits = h.limits if h is not None else Limits()
     sessions = h.admission.sessions if h is not None else None
