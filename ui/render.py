@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from inference.device import dtype_name
-from inference.events import StepEvent
+from inference.events import DoneEvent, StepEvent
 from inference.anatomy import decode_cost, memory_table, stages
 from inference.kv_pool import BLOCK_SIZE
 from ui.run_state import RunRecord, run_summary
@@ -418,11 +418,15 @@ def stats_markdown(info, rec: RunRecord) -> str:
             ("seed", f"{rec.seed}")]
     lines = ["| measure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if rec.done is not None:
-        d = rec.done
-        lines.append(f"\nRun ended: **{REASONS.get(d.reason, d.reason)}**."
-                     + (f" Max new tokens was capped at {d.max_new_tokens} to fit the context "
-                        f"window of {info.cfg.max_seq_len}." if d.capped else ""))
+        lines.append(ended_markdown(rec.done, "the context window", info.cfg.max_seq_len))
     return "\n".join(lines)
+
+
+def ended_markdown(done: DoneEvent, window: str, context: int) -> str:
+    """Why the run ended, under its statistics (the local engine's and a server's alike)."""
+    return (f"\nRun ended: **{REASONS.get(done.reason, done.reason)}**."
+            + (f" Max new tokens was capped at {done.max_new_tokens} to fit {window} of {context}."
+               if done.capped else ""))
 
 
 def context_text(n_prompt: int, n_generated: int | None, max_new: int | None, context: int) -> str:

@@ -9,7 +9,7 @@ import time
 
 from inference.anatomy import decode_cost, memory_table
 from inference.remote import INSIDES
-from ui.render import REASONS, si
+from ui.render import ended_markdown, si
 from ui.run_state import RunRecord
 
 LOGPROBS = {
@@ -111,10 +111,7 @@ def stats_markdown(info, rec: RunRecord) -> str:
         "Times are measured at this page: they include the network and the server's queue.",
     ]
     if rec.done is not None:
-        d = rec.done
-        lines.append(f"\nStopped: **{REASONS.get(d.reason, d.reason)}**."
-                     + (f" Max new tokens was capped at {d.max_new_tokens} to fit the server's context "
-                        f"window of {info.max_seq_len}." if d.capped else ""))
+        lines.append(ended_markdown(rec.done, "the server's context window", info.max_seq_len))
     return "\n".join(lines)
 
 
