@@ -146,8 +146,8 @@ class Attention(nn.Module):
             out[batch.decode_rows] = self._decode(q[batch.decode_rows], k_pool, v_pool, batch)
         for row, n, slots, start in batch.prefills:
             qp = q[row:row + n].transpose(0, 1).unsqueeze(0)  # (1, n_heads, n, head_dim)
-            kp = k_pool[slots].transpose(0, 1).unsqueeze(0)  # (1, n_kv_heads, start + n, head_dim)
-            vp = v_pool[slots].transpose(0, 1).unsqueeze(0)
+            kp = k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # (1, n_kv_heads, start + n, head_dim)
+            vp = v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)
             # Query i sits at position start + i and sees keys 0 .. start + i.
             mask = None if start == 0 else torch.ones(n, start + n, dtype=torch.bool, device=x.device).tril(start)
             op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=start == 0, enable_gqa=gqa)
@@ -161,9 +161,11 @@ class Attention(nn.Module):
         if isinstance(ctx, slice):
             kd, vd = k_pool[ctx].unsqueeze(0), v_pool[ctx].unsqueeze(0)  # (1, L, n_kv_heads, head_dim)
         else:
-            # (n_blocks, BLOCK_SIZE, n_kv_heads, head_dim) -> (B, nb * BLOCK_SIZE, n_kv_heads, head_dim)
-            kd = k_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim)[ctx].view(B, -1, self.n_kv_heads, self.head_dim)
-            vd = v_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim)[ctx].view(B, -1, self.n_kv_heads, self.head_dim)
+            # (n_blocks, BLOCK_SIZE, n_kv_heads, head_dim) -> (B, nb * BLOCK_SIZE, n_kv_heads, head_dim);
+            # index_select copies whole blocks ~10x faster than indexing with a 2-D tensor.
+            blocks = ctx.view(-1)  # (B * nb,)
+            kd = k_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
+            vd = v_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
         od = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),
                                             attn_mask=batch.decode_mask, enable_gqa=self.n_heads != self.n_kv_heads)
         return od.squeeze(2)  # (B, n_heads, head_dim)
@@ -240,11 +242,25 @@ class Transformer(nn.Module):
         model.to(device=device, dtype=dtype)
         if cfg.tie_word_embeddings:
             model.output.weight = model.tok_embeddings.weight
+        if model.device.type == "cpu":
+            model.store_weights_transposed()
         cos, sin = rope_tables(cfg, cfg.max_seq_len, device, dtype)
         model.register_buffer("rope_cos", cos, persistent=False)
         model.register_buffer("rope_sin", sin, persistent=False)
         model.set_decode_dtype(decode_dtype)
         return model.eval()
+
+    def store_weights_transposed(self) -> None:
+        """Keep each linear weight (out, in) with its memory laid out as (in, out): the same
+        values and shape, a column-major copy. x @ W^T then reads W^T contiguously, and MKL's
+        products for a decode step's few rows run about 12% faster (30 layers and the LM head
+        of SmolLM2, 1 and 8 rows, interleaved runs on a 2-core Xeon). A tied embedding table
+        shares the LM head's copy; looking rows up in it costs 2 ms for 512 tokens."""
+        for module in self.modules():
+            if isinstance(module, Linear) and module.weight.is_contiguous():
+                module.weight = nn.Parameter(module.weight.t().contiguous().t(), requires_grad=False)
+        if self.cfg.tie_word_embeddings:
+            self.tok_embeddings.weight = self.output.weight
 
     def set_decode_dtype(self, decode_dtype: torch.dtype | None) -> None:
         """Give every linear layer a decode copy in decode_dtype (None or dtype: no copy)."""

@@ -16,6 +16,7 @@ from .settings import BY_NAME, FILTER_SETTINGS, SETTINGS
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
+TOP_P_FIRST = 1024  # candidates searched for top-p's set before sorting the whole vocabulary
 
 
 @dataclass(frozen=True)
@@ -88,12 +89,18 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose probability reaches p (at least one)."""
     if p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs  # probability of all more likely tokens
-    remove_sorted = mass_before >= p  # the first token has mass_before 0 < p: always kept
-    remove = remove_sorted.scatter(-1, order, remove_sorted)
-    return logits.masked_fill(remove, -math.inf)
+    probs = logits.softmax(dim=-1)
+    # The kept set is a prefix of the tokens in descending order: look for its end among the
+    # most likely TOP_P_FIRST first (a sort of a 49,152-token vocabulary costs ~4 ms on a CPU).
+    k = min(TOP_P_FIRST, logits.shape[-1])
+    sorted_probs, order = probs.topk(k, dim=-1)  # (..., k), descending
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of all more likely tokens
+    if k < logits.shape[-1] and not bool((mass_before[..., -1] >= p).all()):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)  # the set is larger: all of them
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    keep_sorted = mass_before < p  # the first token has mass_before 0 < p: always kept
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter_(-1, order, keep_sorted)
+    return logits.masked_fill(~keep, -math.inf)
 
 
 def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
@@ -141,5 +148,16 @@ def final_probs(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """Draw one token id per row of probs (bsz, vocab) -> (bsz, 1)."""
-    return torch.multinomial(probs, num_samples=1, generator=generator)
+    """Draw one token id per row of probs (bsz, vocab) -> (bsz, 1).
+
+    Inverse transform: one uniform number u per row, and the first token whose cumulative
+    probability exceeds u * total. Exact for the distribution given; one random number a row
+    where torch.multinomial draws one per token (1.4 ms for 49,152 tokens on a CPU). Sums in
+    float64, so a tail of 1e-9 keeps its share; a token of probability 0 is never drawn.
+    """
+    cdf = probs.double().cumsum(dim=-1)  # (bsz, vocab)
+    total = cdf[:, -1:]  # (bsz, 1)
+    u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device)
+    # Strictly below the total even if u * total rounds up to it: the last cdf entry then exceeds it.
+    target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
+    return torch.searchsorted(cdf, target, right=True)  # (bsz, 1)

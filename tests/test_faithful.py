@@ -66,11 +66,11 @@ def test_every_panel_shows_the_same_probability(default_handlers, tiny_dirs, cap
     """' Paris' after "The capital of France is": bars, step title, replay's raw stage, the logit
     lens's last layer, "How likely was X?", compare A/B and the CLI's JSONL, to the digits shown."""
     h = default_handlers
-    c = Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=1, seed="0")
+    c = Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=1, seed="2")
     rec = list(h.generate(*c.values(), SimpleNamespace(session_hash="p")))[-1][-1]
     step = rec.steps[0]
     paris = h.engine.tokenizer.encode(" Paris")[0]
-    assert step.token_id == paris, "seed 0 samples ' Paris' (p 0.77)"
+    assert step.token_id == paris, "seed 2 samples ' Paris' (p 0.77)"
     shown = {}
     bars = render.bars_html(step)
     shown["title"] = numbers(bars)[1]
@@ -84,9 +84,9 @@ def test_every_panel_shows_the_same_probability(default_handlers, tiny_dirs, cap
     table = h.likelihood(rec, 0, " Paris")
     shown["likely"] = next(r for r in table.splitlines() if "Paris" in r).split("|")[3].strip()
     *_, bars_a, _ = h.compare(*Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=2,
-                                        seed="0").values(), 0.0, 0, 1.0, 0.0, 1.0, SimpleNamespace(session_hash="p"))
+                                        seed="2").values(), 0.0, 0, 1.0, 0.0, 1.0, SimpleNamespace(session_hash="p"))
     from inference.cli import main
-    assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "1", "--seed", "0",
+    assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "1", "--seed", "2",
                  "--temperature", "1", "--jsonl", "--device", "cpu"]) == 0
     line = json.loads(capsys.readouterr().out.splitlines()[0])
     shown["cli"] = render.fmt_p(line["raw_prob"])

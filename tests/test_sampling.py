@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from inference.errors import InputError
-from inference.sampling import (SamplingParams, apply_min_p, apply_repetition_penalty,
-                                apply_temperature, apply_top_k, apply_top_p, final_logits)
+from inference.sampling import (TOP_P_FIRST, SamplingParams, apply_min_p, apply_repetition_penalty,
+                                apply_temperature, apply_top_k, apply_top_p, final_logits, sample)
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log()
@@ -72,6 +72,43 @@ def test_against_transformers_processors():
         assert kept(apply_top_k(logits[0], 17)) == kept(tf.TopKLogitsWarper(17)(ids, logits.clone())[0])
         assert kept(apply_top_p(logits[0], 0.9)) == kept(tf.TopPLogitsWarper(0.9)(ids, logits.clone())[0])
         assert kept(apply_min_p(logits[0], 0.05)) == kept(tf.MinPLogitsWarper(0.05)(ids, logits.clone())[0])
+
+
+@pytest.mark.parametrize("scale", [0.05, 1.0, 6.0])  # flat, as a small model: the set is larger than TOP_P_FIRST; peaked: a few
+def test_top_p_on_a_full_vocabulary_matches_transformers(scale):
+    tf = pytest.importorskip("transformers")
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(2, 49152, generator=g) * scale
+    ref = tf.TopPLogitsWarper(0.9)(torch.zeros(2, 1, dtype=torch.long), logits.clone())
+    ours = apply_top_p(logits, 0.9)
+    for row in range(2):
+        assert kept(ours[row]) == kept(ref[row])
+    assert (len(kept(ours[0])) > TOP_P_FIRST) == (scale < 6)
+
+
+def test_sample_draws_each_token_as_often_as_its_probability():
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.15, 0.0, 0.05])
+    n = 40_000
+    draws = sample(probs.expand(n, -1), torch.Generator().manual_seed(0))[:, 0]  # one draw per row
+    counts = torch.bincount(draws, minlength=6).double()
+    assert counts[1] == 0 and counts[4] == 0  # never a token of probability 0
+    sigma = (probs * (1 - probs) / n).sqrt().double()
+    assert ((counts / n - probs.double()).abs() <= 4 * sigma + 1e-12).all(), counts / n
+
+
+def test_sample_follows_its_generator():
+    probs = torch.softmax(torch.randn(3, 1000, generator=torch.Generator().manual_seed(1)), -1)
+    a = [sample(probs, torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(a[0], a[1])
+    g = torch.Generator().manual_seed(7)
+    assert torch.equal(sample(probs, g), a[0])
+    assert not torch.equal(sample(probs, g), a[0])  # the generator moved on
+
+
+def test_sample_never_rounds_past_the_last_token():
+    probs = torch.tensor([[0.25, 0.75, 0.0]])
+    g = torch.Generator().manual_seed(0)
+    assert set(torch.cat([sample(probs, g) for _ in range(2000)]).flatten().tolist()) == {0, 1}
 
 
 def test_final_distribution_sums_to_one_and_respects_all_filters():
