@@ -164,8 +164,9 @@ def test_runs_per_client(tiny_engine, hold):
         assert len(a.result(60)[-1][-1].steps) == len(b.result(60)[-1][-1].steps) == 6
 
 
-def test_the_new_tokens_cap_is_on_the_page_and_enforced(tiny_engine):
+def test_the_new_tokens_cap_is_on_the_page_and_enforced(tiny_engine, monkeypatch):
     from ui.layout import build_ui
+    monkeypatch.setattr(tiny_engine, "eos_ids", set())  # a random seed: the run goes to its cap
     h = Handlers(tiny_engine, limits=Limits(max_new_tokens=5))
     with pytest.raises(gr.Error, match=r"The server allows at most 5 new tokens; got 6\."):
         list(h.generate(*Controls(max_new_tokens=6).values(), req("t")))
