@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -42,7 +42,8 @@ def prompt(i: int) -> str:
 
 def summarize(runs: list[dict], wall_s: float) -> dict:
     """runs: per user {tokens, ttft_s, decode_s} -> aggregate and per-user rates."""
-    per_user = [(r["tokens"] - 1) / r["decode_s"] for r in runs if r["decode_s"] > 0]
+    # A run whose tokens all came in one page update has no decode time to divide by.
+    per_user = [(r["tokens"] - 1) / r["decode_s"] for r in runs if r["decode_s"] > 0] or [math.nan]
     return {"users": len(runs), "aggregate_tok_s": sum(r["tokens"] for r in runs) / wall_s,
             "per_user_tok_s": statistics.median(per_user), "min_user_tok_s": min(per_user),
             "ttft_s_median": statistics.median(r["ttft_s"] for r in runs),
@@ -87,13 +88,13 @@ def engine_users(engine: Engine, n: int, tokens: int, top_n: int = 10) -> dict:
 # ---------------------------------------------------------------- the page
 
 PAGE_USER = """
-import json, os, re, sys, time
+import json, re, sys, time
 from gradio_client import Client
-url, args, go = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+url, args = sys.argv[1], json.loads(sys.argv[2])
 client = Client(url, verbose=False)
-while not os.path.exists(go):
-    time.sleep(0.005)
-t0 = time.perf_counter()
+print("ready", flush=True)
+sys.stdin.readline()  # blocks until the benchmark says go: no polling, nothing running meanwhile
+t0, cpu0 = time.perf_counter(), time.process_time()
 first = last = None
 count = 0
 for update in client.submit(*args, api_name="/generate"):
@@ -103,12 +104,14 @@ for update in client.submit(*args, api_name="/generate"):
         last = time.perf_counter()
         first = first or last
         count = n
-print(json.dumps({"tokens": count, "ttft_s": first - t0, "decode_s": last - first}))
+print(json.dumps({"tokens": count, "ttft_s": first - t0, "decode_s": last - first,
+                  "cpu_s": time.process_time() - cpu0}))
 """
 
 
 def page_users(engine: Engine, n: int, tokens: int) -> dict:
-    """n gradio_client processes connect first, then all submit at once (a file is the signal)."""
+    """n gradio_client processes connect first, then all submit at once. The clients run on
+    this machine too: the CPU time they take while the runs last is reported beside the rates."""
     from ui.controls import Controls
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch
@@ -116,20 +119,22 @@ def page_users(engine: Engine, n: int, tokens: int) -> dict:
     demo = build_ui(engine, Handlers(engine))
     _, url, _ = launch(demo, engine, block=False, queue_size=max(16, 2 * n))
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            go = Path(tmp) / "go"
-            procs = [subprocess.Popen(
-                [sys.executable, "-c", PAGE_USER, url,
-                 json.dumps(Controls(prompt=prompt(i), temperature=0.0, max_new_tokens=tokens, seed="1").values()),
-                 str(go)], stdout=subprocess.PIPE, text=True) for i in range(n)]
-            time.sleep(2 + 0.5 * n)  # connections made; not part of any measurement
-            t0 = time.perf_counter()
-            go.touch()
-            runs = [json.loads(p.communicate(timeout=1800)[0].strip().splitlines()[-1]) for p in procs]
-            wall = time.perf_counter() - t0
+        procs = [subprocess.Popen(
+            [sys.executable, "-c", PAGE_USER, url,
+             json.dumps(Controls(prompt=prompt(i), temperature=0.0, max_new_tokens=tokens, seed="1").values())],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(n)]
+        for proc in procs:  # each has imported gradio_client and connected
+            if proc.stdout.readline().strip() != "ready":
+                raise RuntimeError("a page client failed to connect")
+        t0 = time.perf_counter()
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        runs = [json.loads(p.communicate(timeout=1800)[0].strip().splitlines()[-1]) for p in procs]
+        wall = time.perf_counter() - t0
     finally:
         demo.close()
-    return summarize(runs, wall)
+    return {**summarize(runs, wall), "clients_cpu_s": sum(r["cpu_s"] for r in runs), "wall_s": wall}
 
 
 # ---------------------------------------------------------------- vLLM
@@ -192,6 +197,12 @@ def to_markdown(result: dict) -> str:
         for n, r in by_n.items():
             lines.append(f"| {system} | {n} | {r['aggregate_tok_s']:.1f} | {r['per_user_tok_s']:.1f}, "
                          f"{r['min_user_tok_s']:.1f} | {r['ttft_s_median']:.2f} s / {r['ttft_s_max']:.2f} s |")
+    page = result["systems"].get("page", {})
+    if page:
+        lines += ["", "The page's clients (gradio_client processes) run on the same machine: while the "
+                  "runs lasted they took " + "; ".join(
+                      f"{r['clients_cpu_s']:.1f} CPU-seconds of {r['wall_s']:.1f} s for {n} user{'s' * (n != 1)}"
+                      for n, r in page.items()) + "."]
     return "\n".join(lines) + "\n"
 
 

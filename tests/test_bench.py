@@ -45,6 +45,18 @@ def test_users_bench_reports_each_system_and_ratios(tiny_dirs, tmp_path):
     assert (tmp_path / "users.md").read_text() == users.to_markdown(result)
 
 
+def test_users_bench_through_the_page(tiny_dirs, tmp_path):
+    """The real app and one gradio_client process per user, told to go together."""
+    from bench import users
+    assert users.main(["--model", str(tiny_dirs["gqa_tied"]), "--device", "cpu", "--users", "1", "2",
+                       "--tokens", "4", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "users.json").read_text())
+    page = result["systems"]["page"]
+    assert page["2"]["users"] == 2 and 2 <= page["2"]["tokens"] <= 8 and page["2"]["clients_cpu_s"] > 0
+    assert "page: aggregate 2 users / 1 user" in result["ratios"]
+    assert "CPU-seconds of" in (tmp_path / "users.md").read_text()
+
+
 def test_users_bench_on_random_weights_of_a_published_shape(tmp_path):
     """--random: what bench/gpu_check.sh runs where no checkpoint can be fetched."""
     from bench import users

@@ -176,3 +176,24 @@ def test_updates_are_paced_by_the_interval(tiny_engine, monkeypatch):
             assert counts == [0, 60]
         else:
             assert counts == sorted(counts) and set(counts) == set(range(61)), counts
+
+
+def test_many_runs_at_once_space_each_runs_updates(tiny_engine, monkeypatch):
+    """With 8 runs going, each run's updates come half as often as alone (the server's pages
+    together stay at 4 / interval updates a second): with a clock that moves 1.1 intervals at
+    every look, each update carries two tokens instead of one."""
+    import ui.streaming
+    from ui.streaming import paced_interval, update_interval_for
+    interval = update_interval_for(tiny_engine)
+    assert [paced_interval(interval, n) for n in (0, 1, 4, 8, 20)] == [interval] * 3 + [2 * interval, 5 * interval]
+    now = [0.0]
+    monkeypatch.setattr(ui.streaming, "time", SimpleNamespace(
+        perf_counter=lambda: now.__setitem__(0, now[0] + 1.1 * interval) or now[0]))
+    monkeypatch.setattr(type(tiny_engine), "active_runs", property(lambda self: 8))
+    gen = Handlers(tiny_engine).generate(*Controls(**{**ARGS, "max_new_tokens": 20}).values())
+    counts = [len(next(gen)[-1].steps)]
+    for t in threading.enumerate():
+        if t.name == "tokenlab-run":
+            t.join()
+    counts += [len(u[-1].steps) for u in gen]
+    assert counts == sorted(counts) and set(counts) == set(range(0, 21, 2)), counts

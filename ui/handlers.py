@@ -27,7 +27,7 @@ from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed
                          sampling_params, share_url)
 from ui.public import Admission, Limits, Refused, client_key, tokens_message
 from ui.run_state import RunRecord, divergence, run_jsonl, turn_messages
-from ui.streaming import EventPump, RunRegistry, update_interval_for
+from ui.streaming import EventPump, RunRegistry, paced_interval, update_interval_for
 
 
 MAX_URL_CHARS = 2048  # the page's own address, sent by the browser for the share link
@@ -226,7 +226,7 @@ class Handlers:
         stream = EventPump(self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel), cancel)
         try:
             yield self.outputs(rec, notice)
-            for batch in stream.batches(self.update_interval_s):
+            for batch in stream.batches(lambda: paced_interval(self.update_interval_s, self.engine.active_runs)):
                 for ev in batch:
                     rec.add(ev)
                 yield self.outputs(rec, notice)  # the last one carries the complete text
