@@ -32,8 +32,10 @@ def engine_from_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str =
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     cfg = ModelConfig.from_json(model_dir / "config.json")
-    weights = to_model_names(cfg, read_hf_weights(model_dir, cfg), dt)
-    model = Transformer.from_state_dict(cfg, weights, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
+    # The weights go straight in: held by the model alone, each read tensor is freed as soon as
+    # the model has laid it out anew (Transformer.store_weights_transposed).
+    model = Transformer.from_state_dict(cfg, to_model_names(cfg, read_hf_weights(model_dir, cfg), dt),
+                                        dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
     tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
     return Engine(model, tokenizer, model_dir.name, generation_defaults(model_dir), kv_pool_mib,
                   prefill_chunk)

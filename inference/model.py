@@ -238,6 +238,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings:
             state = {**state, "output.weight": state["tok_embeddings.weight"]}
         model.load_state_dict(state, strict=True, assign=True)
+        del state  # the model holds the weights now: a re-laid-out one frees its first copy
         model.requires_grad_(False)
         model.to(device=device, dtype=dtype)
         if cfg.tie_word_embeddings:
@@ -255,12 +256,17 @@ class Transformer(nn.Module):
         values and shape, a column-major copy. x @ W^T then reads W^T contiguously, and MKL's
         products for a decode step's few rows run about 12% faster (30 layers and the LM head
         of SmolLM2, 1 and 8 rows, interleaved runs on a 2-core Xeon). A tied embedding table
-        shares the LM head's copy; looking rows up in it costs 2 ms for 512 tokens."""
+        shares the LM head's copy; looking rows up in it costs 2 ms for 512 tokens. Each weight
+        is copied once and its first copy freed (if nothing else holds it): SmolLM2's engine
+        holds 894 MiB resident after loading, against 918 MiB with the weights as read."""
         for module in self.modules():
             if isinstance(module, Linear) and module.weight.is_contiguous():
                 module.weight = nn.Parameter(module.weight.t().contiguous().t(), requires_grad=False)
         if self.cfg.tie_word_embeddings:
             self.tok_embeddings.weight = self.output.weight
+        for module in self.modules():  # copied too, the norms' weights: any tensor read from
+            if isinstance(module, RMSNorm):  # a mapped checkpoint file keeps the whole mapping alive
+                module.weight = nn.Parameter(module.weight.clone(), requires_grad=False)
 
     def set_decode_dtype(self, decode_dtype: torch.dtype | None) -> None:
         """Give every linear layer a decode copy in decode_dtype (None or dtype: no copy)."""

@@ -150,3 +150,23 @@ def test_chat_template_runs_sandboxed():
         render_chat(evil, [{"role": "user", "content": "x"}])
     with pytest.raises(InputError, match="chat template failed"):
         render_chat("{{ raise_exception('no system role') }}", [])
+
+
+def test_cpu_weights_are_laid_out_for_few_rows_and_the_file_is_let_go(tiny_dirs):
+    """On a CPU each linear weight is stored column-major (same values as in the file), the tied
+    embedding shares the LM head's copy, and no tensor keeps the checkpoint file mapped."""
+    from safetensors.torch import load_file
+
+    from inference.engine import Engine
+    path = tiny_dirs["gqa_tied"] / "model.safetensors"
+    engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+    model = engine.model
+    wo = model.layers[0].attention.wo.weight
+    assert not wo.is_contiguous() and wo.t().is_contiguous()
+    assert torch.equal(wo, load_file(str(path))["model.layers.0.self_attn.o_proj.weight"])
+    assert model.tok_embeddings.weight is model.output.weight
+    try:
+        maps = open("/proc/self/maps").read()
+    except OSError:
+        pytest.skip("no /proc/self/maps here")
+    assert str(path) not in maps
