@@ -145,3 +145,26 @@ def test_greedy_distribution_made_directly_is_the_stages_one_hot(penalty, filter
     expected = final_logits(logits, params, seen).softmax(dim=-1)
     assert torch.equal(final_probs(logits, params, seen), expected)
     assert expected.max() == 1.0
+
+
+def test_rows_picked_together_equal_rows_picked_alone():
+    """pick_rows over a batch mixing greedy (with and without a repetition penalty) and sampled
+    rows gives each row what it gets alone, and greedy rows their hand-computed argmax."""
+    from inference.step_stats import RowSampling, pick_rows
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(5, 300, generator=g) * 3
+    seen = torch.zeros(300, dtype=torch.bool)
+    seen[logits[1].argmax()] = True  # the penalty moves row 1's choice
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, repetition_penalty=2.0),
+              SamplingParams(temperature=0.8, top_p=0.9), SamplingParams(temperature=0.0),
+              SamplingParams(temperature=1.0, top_k=5)]
+
+    def rows():
+        return [RowSampling(p, seen, torch.Generator().manual_seed(i), 4) for i, p in enumerate(params)]
+    together = pick_rows(logits, rows())
+    alone = [pick_rows(logits[i:i + 1], [r])[0] for i, r in enumerate(rows())]
+    assert together == alone
+    assert together[0].token_id == int(logits[0].argmax()) and together[0].prob == 1.0
+    assert together[1].token_id != int(logits[1].argmax())
+    penalized = torch.where(seen, torch.where(logits[1] > 0, logits[1] / 2, logits[1] * 2), logits[1])
+    assert together[1].token_id == int(penalized.argmax())
