@@ -12,6 +12,8 @@ def test_bench_reports_ratios_table_and_json(tmp_path):
     ours = result["systems"]["token-lab"]
     assert ours["decode_tok_s"] > 0 and ours["p95_ms"] >= ours["p50_ms"] > 0
     assert 0 < ours["roofline_fraction"] < 1.5 and result["copy_bandwidth_gb_s"] > 0
+    # Bytes read at the read bandwidth cannot take longer than the step that reads them.
+    assert result["read_bandwidth_gb_s"] > 0 and ours["times_read_bound"] > 1
     assert "instrumentation_overhead_pct" in ours and result["peak_rss_mib"] > 0
     # A decode step of the tiny shape (hidden 64, FFN 128, 2 layers, 4 heads of 16, 2 KV heads,
     # 512 tokens, untied) at the run's middle position 32 + 8 / 2, float32: every weight but the

@@ -378,3 +378,21 @@ def test_the_pool_line_counts_blocks_in_words():
                          pool=PoolStats(64, held, held, 1, 0, 8192, 2))
         text = fmt.pool_markdown(step)
         assert words in text and f"{held:,} of 64 blocks" in text and "2 kept from finished runs" in text
+
+
+def test_a_token_drawn_below_the_top_five_is_in_its_popover(h, tiny_engine):
+    """The popover lists the five most likely alternatives and, when the token drawn was not
+    among them (sampling), that token too, marked as the one chosen."""
+    import dataclasses
+    rec = run(h)
+    first = rec.steps[0]
+    others = [c for c in first.top if c.id != first.token_id]
+    chosen = next(c for c in first.top if c.id == first.token_id)
+    assert len(others) >= 5
+    rec.steps[0] = dataclasses.replace(first, top=others[:7] + [chosen])  # drawn at rank 8
+    out = fmt.output_html(rec, tiny_engine.tokenizer)
+    start = out.index("<span class='tl-pop'")  # the first token's popover, up to the next one's
+    end = out.find("<span class='tl-pop'", start + 1)
+    pop = out[start:end if end > 0 else len(out)]
+    assert pop.count("class='tl-alt") == 6 and pop.count("tl-alt-chosen") == 1
+    assert pop.rindex("tl-alt-chosen") > pop.rindex("class='tl-alt'")  # listed last

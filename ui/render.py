@@ -146,10 +146,13 @@ def _popover(rec: RunRecord, chip: "Chip", tokenizer) -> str:
     """What hovering (or tapping) a generated token shows: its step, probabilities and the top
     alternatives the model had there."""
     first = rec.steps[chip.steps[0]]
+    shown = first.top[:5]
+    if all(c.id != first.token_id for c in shown):  # a sampled token further down: listed too, last
+        shown = shown + [c for c in first.top if c.id == first.token_id]
     rows = "".join(
         f"<span class='tl-alt{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
         f"<span>{html.escape(visible(c.piece))}</span><span>{prob_html(c.prob)}</span></span>"
-        for c in first.top[:5])
+        for c in shown)
     span = f"steps {chip.steps[0]}–{chip.steps[-1]}" if len(chip.steps) > 1 else f"step {chip.steps[0]}"
     return (f"<span class='tl-pop' role='tooltip'><span class='tl-pop-head'>{span} · id {first.token_id} · "
             f"{chosen_prob_html(first.prob, first.raw_prob)}</span>{rows}</span>")
