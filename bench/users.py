@@ -118,8 +118,9 @@ def page_users(engine: Engine, n: int, tokens: int) -> dict:
 
     demo = build_ui(engine, Handlers(engine))
     _, url, _ = launch(demo, engine, block=False, queue_size=max(16, 2 * n))
+    procs: list[subprocess.Popen] = []
     try:
-        procs = [subprocess.Popen(
+        procs += [subprocess.Popen(
             [sys.executable, "-c", PAGE_USER, url,
              json.dumps(Controls(prompt=prompt(i), temperature=0.0, max_new_tokens=tokens, seed="1").values())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(n)]
@@ -133,6 +134,8 @@ def page_users(engine: Engine, n: int, tokens: int) -> dict:
         runs = [json.loads(p.communicate(timeout=1800)[0].strip().splitlines()[-1]) for p in procs]
         wall = time.perf_counter() - t0
     finally:
+        for proc in procs:  # a client left waiting when another failed
+            proc.kill()
         demo.close()
     return {**summarize(runs, wall), "clients_cpu_s": sum(r["cpu_s"] for r in runs), "wall_s": wall}
 

@@ -11,7 +11,7 @@ from typing import Callable, Iterator
 import gradio as gr
 
 from inference.errors import TokenLabError
-from inference.events import WaitEvent
+from inference.events import StepEvent, WaitEvent
 
 CHART_INTERVAL_S = 0.5  # the charts, larger to send and draw, at most twice a second
 RUNS_PER_INTERVAL = 4  # beyond this many runs at once, each run's page updates come less often
@@ -116,8 +116,9 @@ class EventPump:
     def batches(self, interval: Callable[[], float]) -> Iterator[list]:
         """Lists of events, one list at most every interval() seconds (asked before each list);
         ends after the last event. While the run is queued, an empty list each interval: its
-        page shows the wait growing."""
-        waiting = False
+        page shows the wait growing. The run's first token goes out at once, in a list of its own
+        making: the time to first token the page shows is the engine's, not a page interval more."""
+        waiting, first_token = False, True
         while True:
             interval_s = interval()
             try:
@@ -126,13 +127,15 @@ class EventPump:
                 yield []
                 continue
             deadline = time.perf_counter() + interval_s
-            while batch[-1] is not self._END and (left := deadline - time.perf_counter()) > 0:
+            while (batch[-1] is not self._END and not (first_token and isinstance(batch[-1], StepEvent))
+                   and (left := deadline - time.perf_counter()) > 0):
                 try:
                     batch.append(self._queue.get(timeout=left))
                 except queue.Empty:
                     break
             done = batch[-1] is self._END
             events = [e for e in batch if e is not self._END]
+            first_token = first_token and not any(isinstance(e, StepEvent) for e in events)
             waiting = bool(events) and isinstance(events[-1], WaitEvent)
             for e in events:
                 if isinstance(e, BaseException):
