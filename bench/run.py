@@ -4,8 +4,9 @@
 
 Reports, ratios first: TTFT for 128- and 512-token prompts, decode tok/s with p50/p95 ms per
 token, the cost of the per-step instrumentation, achieved GB/s against a copy bandwidth measured
-in the same run, the step against the time its bytes take at the read bandwidth measured, peak RSS; and the same for transformers generate() on the same weights and
-llama-cpp-python on the same GGUF where installed, and a vLLM server given by --vllm-url. Writes bench/results/bench.{md,json}.
+in the same run, the step against the time its bytes take at the read bandwidth measured, peak
+RSS; and the same for transformers generate() on the same weights and llama-cpp-python on the
+same GGUF where installed, and a vLLM server given by --vllm-url. Writes bench/results/bench.{md,json}.
 """
 
 from __future__ import annotations

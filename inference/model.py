@@ -262,11 +262,11 @@ class Transformer(nn.Module):
         for module in self.modules():
             if isinstance(module, Linear) and module.weight.is_contiguous():
                 module.weight = nn.Parameter(module.weight.t().contiguous().t(), requires_grad=False)
+            elif isinstance(module, RMSNorm):
+                # Copied too: any tensor read from a mapped checkpoint file keeps all of it mapped.
+                module.weight = nn.Parameter(module.weight.clone(), requires_grad=False)
         if self.cfg.tie_word_embeddings:
             self.tok_embeddings.weight = self.output.weight
-        for module in self.modules():  # copied too, the norms' weights: any tensor read from
-            if isinstance(module, RMSNorm):  # a mapped checkpoint file keeps the whole mapping alive
-                module.weight = nn.Parameter(module.weight.clone(), requires_grad=False)
 
     def set_decode_dtype(self, decode_dtype: torch.dtype | None) -> None:
         """Give every linear layer a decode copy in decode_dtype (None or dtype: no copy)."""

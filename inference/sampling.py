@@ -142,16 +142,15 @@ def final_probs(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor
     probability every later stage leaves at 1: its one-hot is made directly, without the passes
     over the vocabulary that masking and a softmax would cost."""
     if params.temperature == 0:
-        return torch.zeros_like(logits).scatter_(-1, greedy_token(logits, params, seen).unsqueeze(-1), 1.0)
+        return torch.zeros_like(logits).scatter_(-1, greedy_logits(logits, params, seen).argmax(dim=-1, keepdim=True), 1.0)
     return final_logits(logits, params, seen).softmax(dim=-1)
 
 
-def greedy_token(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
-    """The token greedy decoding keeps: the argmax after the repetition penalty, the one stage
-    that can change it (temperature 0 keeps one token, which no later filter removes). The
-    first of equal maxima, as argmax."""
-    penalized = STAGES["repetition_penalty"][1](logits, params.repetition_penalty, seen)
-    return penalized.argmax(dim=-1)
+def greedy_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
+    """What greedy decoding takes the argmax of (the first of equal maxima): the logits after
+    the repetition penalty, the one stage that can move it (temperature 0 keeps one token,
+    which no later filter removes)."""
+    return STAGES["repetition_penalty"][1](logits, params.repetition_penalty, seen)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from .events import Candidate
-from .sampling import SamplingParams, final_probs, greedy_token, sample
+from .sampling import SamplingParams, final_probs, greedy_logits, sample
 
 
 @dataclass
@@ -65,20 +65,18 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     what each step reports: the statistics of all rows at once, in one host transfer."""
     if not rows:  # a step of prompt chunks only
         return []
-    # Greedy rows keep one token: its one-hot is never made, nor a draw; those without a
-    # repetition penalty take their argmax together, in one pass.
-    plain = [i for i, row in enumerate(rows) if row.params.temperature == 0 and row.params.repetition_penalty == 1]
+    # Greedy rows keep one token: its one-hot is never made, nor a draw, and their argmaxes are
+    # taken together, in one pass.
+    greedy = [i for i, row in enumerate(rows) if row.params.temperature == 0]
     next_id = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (R,)
-    if plain:
-        at = torch.tensor(plain, device=logits.device)
-        next_id[at] = logits.index_select(0, at).argmax(dim=-1)
+    if greedy:
+        penalized = torch.stack([greedy_logits(logits[i], rows[i].params, rows[i].seen) for i in greedy])
+        next_id[torch.tensor(greedy, device=logits.device)] = penalized.argmax(dim=-1)  # (greedy rows, vocab) -> ids
     finals = {}  # the distributions of the rows that draw, by row
     for i, row in enumerate(rows):
         if row.params.temperature != 0:
             finals[i] = final_probs(logits[i], row.params, row.seen)
             next_id[i] = sample(finals[i].unsqueeze(0), row.generator)[0, 0]
-        elif row.params.repetition_penalty != 1:  # greedy, its argmax after the penalty
-            next_id[i] = greedy_token(logits[i], row.params, row.seen)
     top_n = min(max(row.top_n for row in rows), logits.shape[-1])
     if top_n == 0:
         nan = float("nan")

@@ -154,47 +154,40 @@ def test_parse_stop_and_default_url():
     assert share_url("http://x/?old=1", Controls()) .startswith("http://x/?prompt=")
 
 
-def test_updates_are_paced_by_the_interval(tiny_engine, monkeypatch):
-    """Counted against a controlled clock, with all of a run's tokens waiting: when no time
-    passes every token after the first goes in one update; when an interval passes at every look at the clock,
-    each token has an update of its own."""
+def update_counts(engine, monkeypatch, tick: float, max_new: int) -> list[int]:
+    """Steps shown after each page update of one run, against a clock that moves `tick` seconds
+    at every look, with all of the run's tokens waiting once it has started."""
     import ui.streaming
+    now = [0.0]
+    monkeypatch.setattr(ui.streaming, "time", SimpleNamespace(
+        perf_counter=lambda: now.__setitem__(0, now[0] + tick) or now[0]))
+    gen = Handlers(engine).generate(*Controls(**{**ARGS, "max_new_tokens": max_new}).values())
+    counts = [len(next(gen)[-1].steps)]  # starts the run
+    for t in threading.enumerate():
+        if t.name == "tokenlab-run":
+            t.join()  # the run is over: its every token is waiting
+    return counts + [len(u[-1].steps) for u in gen]
+
+
+def test_updates_are_paced_by_the_interval(tiny_engine, monkeypatch):
+    """When no time passes every token after the first goes in one update; when an interval
+    passes at every look at the clock, each token has an update of its own."""
     from ui.streaming import update_interval_for
     interval = update_interval_for(tiny_engine)
     assert interval == 0.2  # a CPU engine: 5 updates a second
-    for tick in (0.0, interval):
-        now = [0.0]
-        monkeypatch.setattr(ui.streaming, "time", SimpleNamespace(
-            perf_counter=lambda: now.__setitem__(0, now[0] + tick) or now[0]))
-        gen = Handlers(tiny_engine).generate(*Controls(**{**ARGS, "max_new_tokens": 60}).values())
-        counts = [len(next(gen)[-1].steps)]  # starts the run
-        for t in threading.enumerate():
-            if t.name == "tokenlab-run":
-                t.join()  # the run is over: its every token is waiting
-        counts += [len(u[-1].steps) for u in gen]
-        if tick == 0:
-            assert counts == [0, 1, 60]  # the first token at once, the rest together
-        else:
-            assert counts == sorted(counts) and set(counts) == set(range(61)), counts
+    assert update_counts(tiny_engine, monkeypatch, 0.0, 60) == [0, 1, 60]  # the first token at once
+    counts = update_counts(tiny_engine, monkeypatch, interval, 60)
+    assert counts == sorted(counts) and set(counts) == set(range(61)), counts
 
 
 def test_many_runs_at_once_space_each_runs_updates(tiny_engine, monkeypatch):
     """With 8 runs going, each run's updates come half as often as alone (the server's pages
     together stay at 4 / interval updates a second): with a clock that moves 1.1 intervals at
     every look, each update carries two tokens instead of one."""
-    import ui.streaming
     from ui.streaming import paced_interval, update_interval_for
     interval = update_interval_for(tiny_engine)
     assert [paced_interval(interval, n) for n in (0, 1, 4, 8, 20)] == [interval] * 3 + [2 * interval, 5 * interval]
-    now = [0.0]
-    monkeypatch.setattr(ui.streaming, "time", SimpleNamespace(
-        perf_counter=lambda: now.__setitem__(0, now[0] + 1.1 * interval) or now[0]))
     monkeypatch.setattr(type(tiny_engine), "active_runs", property(lambda self: 8))
-    gen = Handlers(tiny_engine).generate(*Controls(**{**ARGS, "max_new_tokens": 20}).values())
-    counts = [len(next(gen)[-1].steps)]
-    for t in threading.enumerate():
-        if t.name == "tokenlab-run":
-            t.join()
-    counts += [len(u[-1].steps) for u in gen]
+    counts = update_counts(tiny_engine, monkeypatch, 1.1 * interval, 20)
     # The first token alone (at once), then two a time.
     assert counts == sorted(counts) and set(counts) == {0, 20} | set(range(1, 20, 2)), counts
