@@ -259,30 +259,10 @@ def measure_llama_cpp(gguf_path: Path | None, tokens: int) -> dict | None:
     return out
 
 
-PAGE_CLIENT = """
-import json, re, sys, time
-from gradio_client import Client
-client = Client(sys.argv[1], verbose=False)
-arrivals = []
-def generated(stats):  # the "generated" row of the run statistics table
-    m = re.search(r"^\\| generated \\| (\\d+) \\|", stats, re.M)
-    return int(m.group(1)) if m else 0
-for update in client.submit(*json.loads(sys.argv[2]), api_name="/generate"):
-    arrivals.append((time.perf_counter(), generated(update[2])))
-(t0, n0) = next(a for a in arrivals if a[1] > 0)
-(t1, n1) = arrivals[-1]
-print(json.dumps({"tok_s": (n1 - n0) / (t1 - t0), "updates": len(arrivals), "tokens": n1}))
-"""
-
-
-def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict | None:
-    """Tokens per second as a page receives them: the real app, streamed to a gradio_client in
-    another process (as a browser would be), alternated with the engine alone on the same prompt
+def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict:
+    """Tokens per second as a page receives them: the real app, streamed to a page client in
+    another process (bench/page_client.py, as a browser would be), alternated with the engine alone on the same prompt
     and settings so that the machine's drift hits both; medians of `rounds` each."""
-    try:
-        import gradio_client  # noqa: F401
-    except ImportError:
-        return None
     import subprocess
 
     from ui.controls import Controls
@@ -297,11 +277,12 @@ def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict | None:
     page, alone, received = [], [], []
     try:
         for _ in range(rounds):
-            proc = subprocess.run([sys.executable, "-c", PAGE_CLIENT, url, json.dumps(c.values())],
-                                  capture_output=True, text=True, timeout=600)
-            client = json.loads(proc.stdout.strip().splitlines()[-1])
-            page.append(client["tok_s"])
-            received.append(client["tokens"])
+            proc = subprocess.run([sys.executable, "-m", "bench.page_client", url, json.dumps(c.values())],
+                                  cwd=ROOT, capture_output=True, text=True, timeout=600)
+            arrivals = json.loads(proc.stdout.strip().splitlines()[-1])["arrivals"]
+            (t0, n0), (t1, n1) = next(a for a in arrivals if a[1] > 0), arrivals[-1]
+            page.append((n1 - n0) / (t1 - t0))
+            received.append(n1)
             alone.append(list(engine.generate_ids(ids, params, 10))[-1].decode_tokens_per_s)
     finally:
         demo.close()
@@ -421,7 +402,7 @@ def to_markdown(r: dict) -> str:
               f"{ours['read_bound_ms']:.1f} ms: a decode step takes {ours['times_read_bound']:.2f}× that",
               f"- peak RSS: {r['peak_rss_mib']:.0f} MiB"]
     if "page_tok_s" in ours:
-        lines.append(f"- the page (gradio_client streaming from the real app) receives {ours['page_tok_s']:.1f} "
+        lines.append(f"- the page (bench/page_client.py streaming from the real app) receives {ours['page_tok_s']:.1f} "
                      f"tok/s = {100 * ours['page_fraction']:.0f}% of the engine's decode rate alone on the same "
                      f"prompt ({ours['page_engine_tok_s']:.1f} tok/s; runs alternated, medians)")
     q = r.get("quality_guard")

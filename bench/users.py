@@ -1,6 +1,6 @@
 """Many users at once: aggregate and per-user decode rates for 1 and N simultaneous users,
-through the engine (its scheduler), through the page (the real app and N gradio_client
-processes), and through a vLLM server when one is given, on the same prompts and token counts.
+through the engine (its scheduler), through the page (the real app and N page clients,
+bench/page_client.py), and through a vLLM server when one is given, on the same prompts and token counts.
 
     python -m bench.users                      # the default model, 1 and 8 users
     python -m bench.users --users 1 8 32 --vllm-url http://127.0.0.1:8000/v1
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from inference.cli import add_model_args  # noqa: E402
 from inference.engine import Engine  # noqa: E402
-from inference.events import StepEvent  # noqa: E402
+from inference.events import DoneEvent, StepEvent  # noqa: E402
 from inference.sampling import SamplingParams  # noqa: E402
 from bench.run import RANDOM_SHAPES, random_engine  # noqa: E402
 
@@ -41,13 +41,15 @@ def prompt(i: int) -> str:
 
 
 def summarize(runs: list[dict], wall_s: float) -> dict:
-    """runs: per user {tokens, ttft_s, decode_s} -> aggregate and per-user rates."""
+    """runs: per user {tokens, ttft_s, decode_s, text} -> aggregate and per-user rates, and the
+    users' texts (which main compares with each prompt's text alone)."""
     # A run whose tokens all came in one page update has no decode time to divide by.
     per_user = [(r["tokens"] - 1) / r["decode_s"] for r in runs if r["decode_s"] > 0] or [math.nan]
     return {"users": len(runs), "aggregate_tok_s": sum(r["tokens"] for r in runs) / wall_s,
             "per_user_tok_s": statistics.median(per_user), "min_user_tok_s": min(per_user),
             "ttft_s_median": statistics.median(r["ttft_s"] for r in runs),
-            "ttft_s_max": max(r["ttft_s"] for r in runs), "tokens": sum(r["tokens"] for r in runs)}
+            "ttft_s_max": max(r["ttft_s"] for r in runs), "tokens": sum(r["tokens"] for r in runs),
+            "texts": [r["text"] for r in runs]}
 
 
 def at_once(n: int, user, runs: list[dict], start: threading.Barrier) -> dict:
@@ -66,7 +68,7 @@ def at_once(n: int, user, runs: list[dict], start: threading.Barrier) -> dict:
 
 def engine_users(engine: Engine, n: int, tokens: int, top_n: int = 10) -> dict:
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
-    ids = [engine.tokenizer.encode(prompt(i)) for i in range(n)]
+    ids = [engine.prompt_ids(prompt(i)) for i in range(n)]  # as the page feeds them
     runs: list[dict] = [{} for _ in range(n)]
     start = threading.Barrier(n + 1)
 
@@ -74,44 +76,33 @@ def engine_users(engine: Engine, n: int, tokens: int, top_n: int = 10) -> dict:
         start.wait()
         t0 = time.perf_counter()
         first = last = None
-        count = 0
+        count, text = 0, None
         for ev in engine.generate_ids(ids[i], params, top_n):
             if isinstance(ev, StepEvent):
                 last = time.perf_counter()
                 first = first or last
                 count += 1
-        runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first}
+            elif isinstance(ev, DoneEvent):
+                text = ev.text
+        runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first, "text": text}
 
     return at_once(n, user, runs, start)
 
 
+def alone_texts(engine: Engine, n: int, tokens: int) -> list[str]:
+    """Each of the first n users' prompts run alone: the text every user should get, however
+    many others run beside them."""
+    params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
+    return [next(ev.text for ev in engine.generate_ids(engine.prompt_ids(prompt(i)), params, 10)
+                 if isinstance(ev, DoneEvent)) for i in range(n)]
+
+
 # ---------------------------------------------------------------- the page
 
-PAGE_USER = """
-import json, re, sys, time
-from gradio_client import Client
-url, args = sys.argv[1], json.loads(sys.argv[2])
-client = Client(url, verbose=False)
-print("ready", flush=True)
-sys.stdin.readline()  # blocks until the benchmark says go: no polling, nothing running meanwhile
-t0, cpu0 = time.perf_counter(), time.process_time()
-first = last = None
-count = 0
-for update in client.submit(*args, api_name="/generate"):
-    m = re.search(r"^\\| generated \\| (\\d+) \\|", update[2], re.M)  # the statistics' "generated" row
-    n = int(m.group(1)) if m else 0
-    if n > count:
-        last = time.perf_counter()
-        first = first or last
-        count = n
-print(json.dumps({"tokens": count, "ttft_s": first - t0, "decode_s": last - first,
-                  "cpu_s": time.process_time() - cpu0}))
-"""
-
-
-def page_users(engine: Engine, n: int, tokens: int) -> dict:
-    """n gradio_client processes connect first, then all submit at once. The clients run on
-    this machine too: the CPU time they take while the runs last is reported beside the rates."""
+def page_users(engine: Engine, n: int, tokens: int, gradio_client: bool = False) -> dict:
+    """n page clients (bench/page_client.py, each its own process) connect first, then all
+    submit at once. The clients run on this machine too: the CPU time they take while the runs
+    last is reported beside the rates."""
     from ui.controls import Controls
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch
@@ -121,23 +112,29 @@ def page_users(engine: Engine, n: int, tokens: int) -> dict:
     procs: list[subprocess.Popen] = []
     try:
         procs += [subprocess.Popen(
-            [sys.executable, "-c", PAGE_USER, url,
+            [sys.executable, "-m", "bench.page_client", url, "--wait", *(["--gradio-client"] * gradio_client),
              json.dumps(Controls(prompt=prompt(i), temperature=0.0, max_new_tokens=tokens, seed="1").values())],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(n)]
-        for proc in procs:  # each has imported gradio_client and connected
+            cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for i in range(n)]
+        for proc in procs:  # each has connected
             if proc.stdout.readline().strip() != "ready":
                 raise RuntimeError("a page client failed to connect")
-        t0 = time.perf_counter()
+        t0, cpu0 = time.perf_counter(), time.process_time()
         for proc in procs:
             proc.stdin.write("go\n")
             proc.stdin.flush()
-        runs = [json.loads(p.communicate(timeout=1800)[0].strip().splitlines()[-1]) for p in procs]
-        wall = time.perf_counter() - t0
+        clients = [json.loads(p.communicate(timeout=1800)[0].strip().splitlines()[-1]) for p in procs]
+        wall, server_cpu = time.perf_counter() - t0, time.process_time() - cpu0
     finally:
         for proc in procs:  # a client left waiting when another failed
             proc.kill()
         demo.close()
-    return {**summarize(runs, wall), "clients_cpu_s": sum(r["cpu_s"] for r in runs), "wall_s": wall}
+    runs = []
+    for c in clients:
+        got = [(t, k) for t, k in c["arrivals"] if k > 0]
+        runs.append({"tokens": got[-1][1], "ttft_s": got[0][0], "decode_s": got[-1][0] - got[0][0],
+                     "text": c["text"]})
+    return {**summarize(runs, wall), "clients_cpu_s": sum(c["cpu_s"] for c in clients), "wall_s": wall,
+            "server_cpu_s": server_cpu, "updates": sum(len(c["arrivals"]) for c in clients)}
 
 
 # ---------------------------------------------------------------- vLLM
@@ -157,7 +154,7 @@ def vllm_users(url: str, model: str | None, n: int, tokens: int) -> dict:
         start.wait()
         t0 = time.perf_counter()
         first = last = None
-        count = 0
+        count, text = 0, ""
         with httpx.stream("POST", f"{base}/completions", json=body, timeout=600) as r:
             for line in r.iter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
@@ -167,7 +164,8 @@ def vllm_users(url: str, model: str | None, n: int, tokens: int) -> dict:
                 last = time.perf_counter()
                 first = first or last
                 count += got
-        runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first}
+                text += chunk["choices"][0].get("text") or ""
+        runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first, "text": text}
 
     return at_once(n, user, runs, start)
 
@@ -200,11 +198,14 @@ def to_markdown(result: dict) -> str:
         for n, r in by_n.items():
             lines.append(f"| {system} | {n} | {r['aggregate_tok_s']:.1f} | {r['per_user_tok_s']:.1f}, "
                          f"{r['min_user_tok_s']:.1f} | {r['ttft_s_median']:.2f} s / {r['ttft_s_max']:.2f} s |")
+    same = [f"{system} {n} user{'s' * (int(n) != 1)} {r['same_as_alone']}/{r['users']}"
+            for system, by_n in result["systems"].items() for n, r in by_n.items() if "same_as_alone" in r]
+    lines += ["", "Users whose text equals their prompt's text run alone (greedy): " + ", ".join(same) + "."]
     page = result["systems"].get("page", {})
     if page:
-        lines += ["", "The page's clients (gradio_client processes) run on the same machine: while the "
+        lines += ["", f"The page's clients ({result['page_client']} processes) run on the same machine: while the "
                   "runs lasted they took " + "; ".join(
-                      f"{r['clients_cpu_s']:.1f} CPU-seconds of {r['wall_s']:.1f} s for {n} user{'s' * (n != 1)}"
+                      f"{r['clients_cpu_s']:.1f} CPU-seconds of {r['wall_s']:.1f} s for {n} user{'s' * (int(n) != 1)}"
                       for n, r in page.items()) + "."]
     return "\n".join(lines) + "\n"
 
@@ -217,6 +218,8 @@ def main(argv=None) -> int:
     p.add_argument("--users", type=int, nargs="+", default=[1, 8])
     p.add_argument("--tokens", type=int, default=64, help="new tokens per user")
     p.add_argument("--no-page", action="store_true", help="skip the page measurement")
+    p.add_argument("--gradio-client", action="store_true",
+                   help="page clients through gradio_client (more CPU on this machine) instead of raw HTTP")
     p.add_argument("--vllm-url", default=None, help="a running vLLM server's /v1 URL, same model")
     p.add_argument("--vllm-model", default=None)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
@@ -230,12 +233,19 @@ def main(argv=None) -> int:
         engine_users(engine, n, args.tokens)
         rows["engine"][n] = engine_users(engine, n, args.tokens)
         if not args.no_page:
-            rows.setdefault("page", {})[n] = page_users(engine, n, args.tokens)
+            rows.setdefault("page", {})[n] = page_users(engine, n, args.tokens, args.gradio_client)
         if args.vllm_url:
             rows.setdefault("vllm", {})[n] = vllm_users(args.vllm_url, args.vllm_model, n, args.tokens)
         print(json.dumps({k: v[n] for k, v in rows.items()}), file=sys.stderr)
+    alone = alone_texts(engine, max(args.users), args.tokens)
+    for system, by_n in rows.items():
+        for r in by_n.values():
+            texts = r.pop("texts")
+            if system != "vllm":  # another engine's text may differ: ours must not
+                r["same_as_alone"] = sum(t == alone[i] for i, t in enumerate(texts))
     result = {"model": engine.name, "device": str(engine.device), "dtype": str(engine.dtype),
-              "tokens": args.tokens, "ratios": ratios(rows, args.users), "systems": rows}
+              "tokens": args.tokens, "page_client": "gradio_client" if args.gradio_client else "bench/page_client.py",
+              "ratios": ratios(rows, args.users), "systems": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"users-{args.random}" if args.random else "users"

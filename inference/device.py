@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 
 from .errors import InputError
@@ -41,3 +43,15 @@ def resolve_decode_dtype(name: str, device: torch.device, dtype: torch.dtype) ->
     if name == "auto":
         return torch.bfloat16 if device.type == "cpu" and dtype == torch.float32 else None
     return resolve_dtype(name, device)
+
+
+def available_memory_bytes() -> int:
+    """The memory this machine has available now (MemAvailable), in bytes."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2

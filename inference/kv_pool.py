@@ -10,13 +10,13 @@ the runs already admitted may grow to, so a run never waits for a block in the m
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass
 
 import torch
 
 from .config import ModelConfig
+from .device import available_memory_bytes
 
 BLOCK_SIZE = 16  # positions per block
 
@@ -173,17 +173,6 @@ def default_pool_blocks(cfg: ModelConfig, device: torch.device, dtype: torch.dty
     elif device.type == "cuda":
         budget = torch.cuda.mem_get_info(device)[0] / 2
     else:
-        budget = _available_bytes() / 4
+        budget = available_memory_bytes() / 4
     most = 16 * blocks_for(cfg.max_seq_len)
     return max(1, min(int(budget // per_block), most))
-
-
-def _available_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2

@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 from bench.run import main
 
 
@@ -47,16 +49,21 @@ def test_users_bench_reports_each_system_and_ratios(tiny_dirs, tmp_path):
     assert (tmp_path / "users.md").read_text() == users.to_markdown(result)
 
 
-def test_users_bench_through_the_page(tiny_dirs, tmp_path):
-    """The real app and one gradio_client process per user, told to go together."""
+@pytest.mark.parametrize("client", [[], ["--gradio-client"]], ids=["http", "gradio_client"])
+def test_users_bench_through_the_page(tiny_dirs, tmp_path, client):
+    """The real app and one page client process per user (raw HTTP, or gradio_client), told to
+    go together; every user's text is checked against its prompt's text alone."""
     from bench import users
     assert users.main(["--model", str(tiny_dirs["gqa_tied"]), "--device", "cpu", "--users", "1", "2",
-                       "--tokens", "4", "--out", str(tmp_path)]) == 0
+                       "--tokens", "4", "--out", str(tmp_path), *client]) == 0
     result = json.loads((tmp_path / "users.json").read_text())
     page = result["systems"]["page"]
     assert page["2"]["users"] == 2 and 2 <= page["2"]["tokens"] <= 8 and page["2"]["clients_cpu_s"] > 0
+    assert page["2"]["updates"] >= 2 and page["2"]["server_cpu_s"] > 0
+    assert [page["2"]["same_as_alone"], result["systems"]["engine"]["2"]["same_as_alone"]] == [2, 2]
     assert "page: aggregate 2 users / 1 user" in result["ratios"]
-    assert "CPU-seconds of" in (tmp_path / "users.md").read_text()
+    md = (tmp_path / "users.md").read_text()
+    assert "CPU-seconds of" in md and "page 2 users 2/2" in md
 
 
 def test_users_bench_on_random_weights_of_a_published_shape(tmp_path):

@@ -170,3 +170,33 @@ def test_cpu_weights_are_laid_out_for_few_rows_and_the_file_is_let_go(tiny_dirs)
     except OSError:
         pytest.skip("no /proc/self/maps here")
     assert str(path) not in maps
+
+
+def test_several_rows_use_onednn_copy_with_float32_results(tiny_dirs):
+    """On a float32 CPU model each linear layer keeps a oneDNN copy for products of two rows or
+    more; its results equal the float32 product on the weight itself (to float32 rounding), and
+    one row still reads the weight. The copy is skipped when it would take more than a quarter
+    of the memory available."""
+    from inference.engine import Engine
+    from inference.model import Linear
+    model = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32").model
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this build of torch")
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.rows_weight is not None for m in linears)
+    gen = torch.Generator().manual_seed(0)
+    with torch.inference_mode():
+        for m in (model.layers[0].attention.wqkv, model.layers[1].feed_forward.w2, model.output):
+            w64 = m.weight.double()
+            for rows in (1, 2, 8, 33):
+                x = torch.randn(1, rows, m.in_features, generator=gen)
+                exact = (x.double() @ w64.t()).float()  # (1, rows, out_features)
+                got = m(x)
+                assert got.shape == exact.shape
+                assert torch.allclose(got, exact, rtol=1e-5, atol=1e-5)
+        size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
+        for m in linears:
+            m.rows_weight = None
+        assert not model.keep_rows_copies(4 * size - 1)
+        assert all(m.rows_weight is None for m in linears)
+        assert model.keep_rows_copies(4 * size) and all(m.rows_weight is not None for m in linears)

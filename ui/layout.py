@@ -356,7 +356,8 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
             b = started(h.begin, inputs=controls + [history], outputs=begin_outputs, concurrency_limit=None,
                         show_progress="hidden", api_visibility="private")
             r = b.success(h.generate_on_page, inputs=controls + [history], outputs=run_outputs,
-                          show_progress="hidden", concurrency_id=ENGINE, api_visibility="private")
+                          show_progress="hidden", concurrency_id=ENGINE, api_visibility="private",
+                          postprocess=False)
             r.then(h.after_run, inputs=[record, history], outputs=after_outputs, queue=False,
                    show_progress="hidden", api_visibility="private")
             return r
@@ -369,7 +370,7 @@ def build_ui(engine: Engine, handlers: Handlers | None = None) -> gr.Blocks:
         # raises it). No button of the page triggers it.
         api_generate = gr.Button(visible=False)
         api_generate.click(h.generate, inputs=controls, outputs=run_outputs, api_name="generate",
-                           show_progress="hidden", concurrency_id=ENGINE)
+                           show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
         mode.change(lambda m: gr.update(visible=m == "chat"), inputs=mode, outputs=chat_buttons, queue=False,
                     api_visibility="private", show_progress="hidden")
         new_chat.click(h.new_conversation, inputs=None, outputs=[history, conversation, regen_btn], queue=False,

@@ -1,0 +1,116 @@
+"""One run through the page's /generate API, as the benchmarks' page user: Gradio's queue
+protocol spoken directly (join the queue, then read the session's event stream), the way
+gradio_client speaks it but without its worker threads and their 50 ms polling, so that clients
+sharing the server's machine take as little of its CPU as a client can.
+
+    python -m bench.page_client URL '[controls...]' [--wait] [--gradio-client]
+
+Prints one JSON line: the arrivals [(seconds since the start, tokens generated so far)] of
+every page update, the text the run generated, and the CPU seconds the client took. With --wait it connects, prints
+"ready" and starts when a line arrives on stdin (so that many clients start together). With
+--gradio-client the run goes through gradio_client instead (what a Python user of the API runs;
+its threads cost the machine more CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import secrets
+import sys
+import time
+
+import httpx
+
+STATS, TOKENS = 2, 7  # /generate's outputs: the stats table counts the tokens; the tokens, complete at the end
+
+
+def generated(stats: str) -> int:
+    """The "generated" row of the run statistics table (0 before the first token)."""
+    m = re.search(r"^\| generated \| (\d+) \|", stats or "", re.M)
+    return int(m.group(1)) if m else 0
+
+
+def text_of(tokens: list[dict]) -> str:
+    """The run's text from /generate's tokens output (one entry per piece of text)."""
+    return "".join(t["token"] for t in tokens)
+
+
+def apply_diff(value, diff: list):
+    """A streamed output's new value from Gradio's diff of a string: replace or append."""
+    for action, path, new in diff:
+        if path:
+            raise ValueError(f"unexpected diff path {path!r} for a string output")
+        value = new if action == "replace" else value + new
+    return value
+
+
+class PageClient:
+    def __init__(self, url: str, api_name: str = "generate"):
+        self.url = url.rstrip("/") + "/"
+        self.http = httpx.Client(timeout=httpx.Timeout(600, connect=30))
+        deps = self.http.get(self.url + "config").raise_for_status().json()["dependencies"]
+        self.fn_index = next(d["id"] for d in deps if d.get("api_name") == api_name)
+
+    def run(self, args: list) -> tuple[list[tuple[float, int]], str]:
+        """Submit one run and follow its updates to the end: [(time, tokens so far)], text."""
+        session = secrets.token_hex(8)
+        t0 = time.perf_counter()
+        join = self.http.post(self.url + "gradio_api/queue/join", json={
+            "data": args, "fn_index": self.fn_index, "session_hash": session,
+            "event_data": None, "trigger_id": None})
+        event_id = join.raise_for_status().json()["event_id"]
+        arrivals, stats = [], None
+        with self.http.stream("GET", self.url + "gradio_api/queue/data",
+                              params={"session_hash": session}) as stream:
+            for line in stream.iter_lines():
+                if not line.startswith("data:"):
+                    continue
+                msg = json.loads(line[5:])
+                if msg.get("event_id") != event_id:
+                    continue
+                if msg["msg"] == "process_completed" and not msg.get("success", True):
+                    raise RuntimeError(f"the run failed: {msg.get('output')}")
+                if msg["msg"] in ("process_generating", "process_completed") and msg["output"].get("data"):
+                    value = msg["output"]["data"][STATS]
+                    # The first update of a stream is whole; later ones are diffs of the last.
+                    stats = value if stats is None or msg["msg"] == "process_completed" else apply_diff(stats, value)
+                    arrivals.append((time.perf_counter() - t0, generated(stats)))
+                if msg["msg"] == "process_completed":
+                    return arrivals, text_of(msg["output"]["data"][TOKENS])
+        raise RuntimeError("the event stream ended before the run completed")
+
+
+class GradioClient:
+    """The same run through gradio_client, for comparison."""
+
+    def __init__(self, url: str, api_name: str = "generate"):
+        from gradio_client import Client
+        self.client, self.api_name = Client(url, verbose=False), "/" + api_name
+
+    def run(self, args: list) -> tuple[list[tuple[float, int]], str]:
+        t0 = time.perf_counter()
+        updates = [(time.perf_counter() - t0, update) for update in self.client.submit(*args, api_name=self.api_name)]
+        return [(t, generated(u[STATS])) for t, u in updates], text_of(updates[-1][1][TOKENS])
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("url")
+    p.add_argument("args", help="the /generate controls' values as a JSON list")
+    p.add_argument("--wait", action="store_true", help='print "ready", start at a line on stdin')
+    p.add_argument("--gradio-client", action="store_true", help="run through gradio_client")
+    a = p.parse_args(argv)
+    client = GradioClient(a.url) if a.gradio_client else PageClient(a.url)
+    if a.wait:
+        print("ready", flush=True)
+        sys.stdin.readline()  # blocks: no polling, nothing running meanwhile
+    cpu0 = time.process_time()
+    arrivals, text = client.run(json.loads(a.args))
+    print(json.dumps({"arrivals": arrivals, "text": text, "cpu_s": time.process_time() - cpu0}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
