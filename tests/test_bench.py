@@ -40,7 +40,7 @@ def test_page_measurement_receives_every_token(hold):
 def test_users_bench_reports_each_system_and_ratios(tiny_dirs, tmp_path):
     from bench import users
     assert users.main(["--model", str(tiny_dirs["gqa_tied"]), "--device", "cpu", "--users", "1", "3",
-                       "--tokens", "6", "--no-page", "--out", str(tmp_path)]) == 0
+                       "--tokens", "6", "--no-page", "--rounds", "2", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "users.json").read_text())
     rows = result["systems"]["engine"]
     assert set(rows) == {"1", "3"} and rows["3"]["users"] == 3
@@ -55,7 +55,7 @@ def test_users_bench_through_the_page(tiny_dirs, tmp_path, client):
     go together; every user's text is checked against its prompt's text alone."""
     from bench import users
     assert users.main(["--model", str(tiny_dirs["gqa_tied"]), "--device", "cpu", "--users", "1", "2",
-                       "--tokens", "4", "--out", str(tmp_path), *client]) == 0
+                       "--tokens", "4", "--rounds", "1", "--out", str(tmp_path), *client]) == 0
     result = json.loads((tmp_path / "users.json").read_text())
     page = result["systems"]["page"]
     assert page["2"]["users"] == 2 and 2 <= page["2"]["tokens"] <= 8 and page["2"]["clients_cpu_s"] > 0
@@ -70,6 +70,16 @@ def test_users_bench_on_random_weights_of_a_published_shape(tmp_path):
     """--random: what bench/gpu_check.sh runs where no checkpoint can be fetched."""
     from bench import users
     assert users.main(["--random", "tiny", "--device", "cpu", "--users", "1", "2", "--tokens", "4",
-                       "--no-page", "--out", str(tmp_path)]) == 0
+                       "--no-page", "--rounds", "1", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "users-tiny.json").read_text())
     assert result["model"] == "tiny (random weights)" and result["systems"]["engine"]["2"]["tokens"] == 8
+
+
+def test_users_bench_reports_the_median_round():
+    from bench.users import median_round
+    runs = [{"aggregate_tok_s": 30.0, "same_as_alone": 8, "ttft_s_median": 1.0},
+            {"aggregate_tok_s": 10.0, "same_as_alone": 7, "ttft_s_median": 3.0},
+            {"aggregate_tok_s": 20.0, "same_as_alone": 8, "ttft_s_median": 2.0}]
+    assert median_round(runs) == {"aggregate_tok_s": 20.0, "same_as_alone": 7, "ttft_s_median": 2.0,
+                                  "rounds_tok_s": [30.0, 10.0, 20.0]}
+    assert median_round(runs[:2])["aggregate_tok_s"] == 10.0  # even: the lower middle
