@@ -148,3 +148,31 @@ def test_the_queue_polls_gently(tiny_engine, monkeypatch):
         loop.close()
     assert waits == [0.02]
     assert queue.max_size == 16
+
+
+def test_gradios_matplotlib_guard_searches_no_paths_where_matplotlib_is_absent(tiny_engine, monkeypatch):
+    """Gradio imports matplotlib entering and leaving every event; configure_queue records an
+    absent matplotlib so that those imports fail without searching sys.path each time."""
+    import importlib.machinery
+    import importlib.util
+    import sys
+    from gradio.utils import MatplotlibBackendMananger
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, configure_queue
+    if "matplotlib" not in sys.modules and importlib.util.find_spec("matplotlib") is not None:
+        pytest.skip("matplotlib is installed here: its import succeeds and is kept")
+    monkeypatch.delitem(sys.modules, "matplotlib", raising=False)  # as a fresh process has it
+    searches = []
+    find_spec = importlib.machinery.PathFinder.find_spec
+    monkeypatch.setattr(importlib.machinery.PathFinder, "find_spec", classmethod(
+        lambda cls, name, *a, **k: searches.append(name) or find_spec(name, *a, **k)))
+    with MatplotlibBackendMananger():
+        pass
+    assert searches.count("matplotlib") == 2  # what every event cost before
+    configure_queue(build_ui(tiny_engine, Handlers(tiny_engine)), tiny_engine)
+    searches.clear()
+    with MatplotlibBackendMananger():
+        pass
+    assert searches == []
+    with pytest.raises(ImportError):
+        import matplotlib  # noqa: F401
