@@ -292,8 +292,12 @@ class Transformer(nn.Module):
         if (self.device.type != "cpu" or self.dtype != torch.float32 or size > available_bytes / 4
                 or not torch.backends.mkldnn.is_available()):
             return False
-        for m in linears:
-            m.rows_weight = torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), ROWS_HINT)
+        try:
+            copies = [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), ROWS_HINT) for m in linears]
+        except (AttributeError, RuntimeError):  # a build of torch without these oneDNN operators
+            return False
+        for m, copy in zip(linears, copies):
+            m.rows_weight = copy
         return True
 
     def set_decode_dtype(self, decode_dtype: torch.dtype | None) -> None:

@@ -172,7 +172,7 @@ def test_cpu_weights_are_laid_out_for_few_rows_and_the_file_is_let_go(tiny_dirs)
     assert str(path) not in maps
 
 
-def test_several_rows_use_onednn_copy_with_float32_results(tiny_dirs):
+def test_several_rows_use_onednn_copy_with_float32_results(tiny_dirs, monkeypatch):
     """On a float32 CPU model each linear layer keeps a oneDNN copy for products of two rows or
     more; its results equal the float32 product on the weight itself (to float32 rounding), and
     one row still reads the weight. The copy is skipped when it would take more than a quarter
@@ -200,3 +200,12 @@ def test_several_rows_use_onednn_copy_with_float32_results(tiny_dirs):
         assert not model.keep_rows_copies(4 * size - 1)
         assert all(m.rows_weight is None for m in linears)
         assert model.keep_rows_copies(4 * size) and all(m.rows_weight is not None for m in linears)
+        for m in linears:
+            m.rows_weight = None
+
+        def missing(*args):  # a build of torch without the operator
+            raise RuntimeError("no such operator")
+        monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", missing)
+        assert not model.keep_rows_copies(4 * size) and all(m.rows_weight is None for m in linears)
+        x = torch.randn(1, 8, model.output.in_features, generator=gen)
+        assert torch.allclose(model.output(x), x @ model.output.weight.t(), rtol=1e-5, atol=1e-5)
