@@ -6,10 +6,10 @@ sharing the server's machine take as little of its CPU as a client can.
     python -m bench.page_client URL '[controls...]' [--wait] [--gradio-client]
 
 Prints one JSON line: the arrivals [(seconds since the start, tokens generated so far)] of
-every page update, the text the run generated, and the CPU seconds the client took. With --wait it connects, prints
-"ready" and starts when a line arrives on stdin (so that many clients start together). With
---gradio-client the run goes through gradio_client instead (what a Python user of the API runs;
-its threads cost the machine more CPU).
+every page update, the text the run generated, and the CPU seconds the client took. With --wait
+it connects, prints "ready" and starts when a line arrives on stdin (so that many clients start
+together). With --gradio-client the run goes through gradio_client instead (what a Python user
+of the API runs; its threads cost the machine more CPU).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def text_of(tokens: list[dict]) -> str:
 def apply_diff(value, diff: list):
     """A streamed output's new value from Gradio's diff of a string: replace or append."""
     for action, path, new in diff:
-        if path:
-            raise ValueError(f"unexpected diff path {path!r} for a string output")
+        if path or action not in ("replace", "append"):
+            raise ValueError(f"unexpected diff {action!r} at {path!r} for a string output")
         value = new if action == "replace" else value + new
     return value
 
@@ -91,7 +91,8 @@ class GradioClient:
 
     def run(self, args: list) -> tuple[list[tuple[float, int]], str]:
         t0 = time.perf_counter()
-        updates = [(time.perf_counter() - t0, update) for update in self.client.submit(*args, api_name=self.api_name)]
+        updates = [(time.perf_counter() - t0, update)
+                   for update in self.client.submit(*args, api_name=self.api_name)]
         return [(t, generated(u[STATS])) for t, u in updates], text_of(updates[-1][1][TOKENS])
 
 

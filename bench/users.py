@@ -264,7 +264,8 @@ def main(argv=None) -> int:
                 print(json.dumps({system: r}), file=sys.stderr)
     rows = {system: {n: median_round(runs) for n, runs in by_n.items()} for system, by_n in rounds.items()}
     result = {"model": engine.name, "device": str(engine.device), "dtype": str(engine.dtype),
-              "tokens": args.tokens, "rounds": args.rounds, "page_client": "gradio_client" if args.gradio_client else "bench/page_client.py",
+              "tokens": args.tokens, "rounds": args.rounds,
+              "page_client": "gradio_client" if args.gradio_client else "bench/page_client.py",
               "ratios": ratios(rows, args.users), "systems": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
