@@ -86,6 +86,8 @@ def engine_users(engine: Engine, n: int, tokens: int, top_n: int = 10) -> dict:
                 count += 1
             elif isinstance(ev, DoneEvent):
                 text = ev.text
+        if first is None:  # a run that ended at once
+            first = last = math.nan
         runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first, "text": text}
 
     return at_once(n, user, runs, start)
@@ -132,7 +134,7 @@ def page_users(engine: Engine, n: int, tokens: int, gradio_client: bool = False)
         demo.close()
     runs = []
     for c in clients:
-        got = [(t, k) for t, k in c["arrivals"] if k > 0]
+        got = [(t, k) for t, k in c["arrivals"] if k > 0] or [(math.nan, 0)]  # (a run may end at once)
         runs.append({"tokens": got[-1][1], "ttft_s": got[0][0], "decode_s": got[-1][0] - got[0][0],
                      "text": c["text"]})
     return {**summarize(runs, wall), "clients_cpu_s": sum(c["cpu_s"] for c in clients), "wall_s": wall,
@@ -167,6 +169,8 @@ def vllm_users(url: str, model: str | None, n: int, tokens: int) -> dict:
                 first = first or last
                 count += got
                 text += chunk["choices"][0].get("text") or ""
+        if first is None:  # a run that ended at once
+            first = last = math.nan
         runs[i] = {"tokens": count, "ttft_s": first - t0, "decode_s": last - first, "text": text}
 
     return at_once(n, user, runs, start)
