@@ -261,8 +261,9 @@ def measure_llama_cpp(gguf_path: Path | None, tokens: int) -> dict | None:
 
 def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict:
     """Tokens per second as a page receives them: the real app, streamed to a page client in
-    another process (bench/page_client.py, as a browser would be), alternated with the engine alone on the same prompt
-    and settings so that the machine's drift hits both; medians of `rounds` each."""
+    another process (bench/page_client.py, as a browser would be), alternated with the engine
+    alone on the same prompt and settings so that the machine's drift hits both; medians of
+    `rounds` each."""
     import subprocess
 
     from ui.controls import Controls

@@ -194,6 +194,13 @@ def test_several_rows_use_onednn_copy_with_float32_results(tiny_dirs, monkeypatc
                 got = m(x)
                 assert got.shape == exact.shape
                 assert torch.allclose(got, exact, rtol=1e-5, atol=1e-5)
+        # Which copy each row count reads: a copy of twice the weight doubles 2 rows, not 1.
+        head, copy = model.output, model.output.rows_weight
+        head.rows_weight = torch.ops.mkldnn._reorder_linear_weight(2 * head.weight.detach(), 8)
+        x = torch.randn(1, 2, head.in_features, generator=gen)
+        assert torch.allclose(head(x[:, :1]), x[:, :1] @ head.weight.t(), rtol=1e-5, atol=1e-5)
+        assert torch.allclose(head(x), 2 * (x @ head.weight.t()), rtol=1e-5, atol=1e-5)
+        head.rows_weight = copy
         size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
         for m in linears:
             m.rows_weight = None
