@@ -112,7 +112,8 @@ def test_an_oversized_body_is_refused_before_it_is_read(shared_app):
 # ------------------------------------------------------------------ one job per session
 
 
-def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_engine, hold):
+def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_engine, hold, monkeypatch):
+    monkeypatch.setattr(tiny_engine, "eos_ids", set())  # the second run draws a random seed: it goes to its cap
     h = Handlers(tiny_engine)
     held = hold(tiny_engine)
     first = h.generate(*Controls(prompt="The quick", temperature=0.0, max_new_tokens=12).values(), req("tab"))
@@ -134,7 +135,8 @@ def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_eng
     assert len(list(h.generate(*c.values(), req("tab")))[-1][-1].steps) == 5  # and then the next
 
 
-def test_generate_right_after_stop_waits_for_the_stopped_run(tiny_engine, hold):
+def test_generate_right_after_stop_waits_for_the_stopped_run(tiny_engine, hold, monkeypatch):
+    monkeypatch.setattr(tiny_engine, "eos_ids", set())  # a random seed: still going when stopped
     h = Handlers(tiny_engine)
     held = hold(tiny_engine)
     gen = h.generate(*Controls(prompt="The quick", max_new_tokens=200).values(), req("tab"))
