@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
-if "$PY" -c "from inference.default_model import default_model_dir; default_model_dir(fetch=False)" 2>/dev/null; then
+if "$PY" -c "from inference.loading.default_model import default_model_dir; default_model_dir(fetch=False)" 2>/dev/null; then
   SMOL=()
 else
   SMOL=(--random smollm2-135m)

@@ -24,11 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference.engine import Engine  # noqa: E402
-from inference.anatomy import decode_cost  # noqa: E402
+from inference.serving.engine import Engine  # noqa: E402
+from inference.model.anatomy import decode_cost  # noqa: E402
 from inference.cli import add_model_args  # noqa: E402
-from inference.sampling import SamplingParams  # noqa: E402
-from inference.step_stats import pick  # noqa: E402
+from inference.sampling.stages import SamplingParams  # noqa: E402
+from inference.serving.step_stats import pick  # noqa: E402
 
 FILLER = ("The history of computing is a story of people who wanted to calculate faster. "
           "Mechanical calculators gave way to relays, relays to vacuum tubes, and tubes to "
@@ -83,10 +83,10 @@ RANDOM_SHAPES = {  # Hugging Face config fields of models measured with random w
 def random_engine(name: str, device: str, dtype: str) -> Engine:
     """An engine with random weights of a published shape, built on the device (no checkpoint)
     and a byte tokenizer: for speed measurements of models we cannot download."""
-    from inference.config import ModelConfig
+    from inference.model.config import ModelConfig
     from inference.device import resolve_device, resolve_dtype
-    from inference.model import Transformer
-    from inference.tokenizer import Tokenizer
+    from inference.model.transformer import Transformer
+    from inference.loading.tokenizer import Tokenizer
 
     cfg = ModelConfig.from_hf_dict(RANDOM_SHAPES[name])
     dev = resolve_device(device)
@@ -309,7 +309,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args(argv)
 
-    from inference.default_model import resolve_model
+    from inference.loading.default_model import resolve_model
     model_dir = None if args.random else resolve_model(args.model)
     engine = random_engine(args.random, args.device, args.dtype) if args.random else \
         Engine.from_hf_dir(model_dir, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)

@@ -1,3 +1,3 @@
-from .cli import main
+from inference.cli import main
 
 raise SystemExit(main())

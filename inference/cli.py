@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from .errors import InputError, TokenLabError
-from .settings import SETTINGS, defaults
+from inference.errors import InputError, TokenLabError
+from inference.sampling.settings import SETTINGS, defaults
 
 
 class _Parser(argparse.ArgumentParser):
@@ -62,14 +62,14 @@ def open_engine(args):
         given = [flag for flag, value in remote_only.items() if value is not None]
         if given:
             raise InputError(f"{', '.join(given)} only apply with --engine-url")
-        from .engine import Engine
+        from inference.serving.engine import Engine
         return Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
     local = [flag for flag, given in (("--model", args.model is not None),
                                       ("--kv-pool-mib", args.kv_pool_mib is not None)) if given]
     if local:
         raise InputError(f"{', '.join(local)} {'are' if len(local) > 1 else 'is'} for the local engine; with --engine-url the "
                          "server loads and runs the model")
-    from .remote import RemoteEngine
+    from inference.remote.engine import RemoteEngine
     return RemoteEngine.connect(args.engine_url, args.engine_model, args.engine_config,
                                 args.engine_logprobs, args.engine_timeout)
 
@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sampling_params(args, model_defaults: dict):
-    from .sampling import SamplingParams
+    from inference.sampling.stages import SamplingParams
 
     values = {k: getattr(args, k) if getattr(args, k) is not None else v
               for k, v in defaults(model_defaults).items()}
@@ -117,8 +117,8 @@ def _sampling_params(args, model_defaults: dict):
 
 
 def _cmd_generate(args) -> int:
-    from .engine import Request
-    from .events import DoneEvent, StepEvent
+    from inference.serving.engine import Request
+    from inference.events import DoneEvent, StepEvent
 
     _sampling_params(args, {})  # bad values fail before the model loads
     if args.top < 1:

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from .errors import InputError
+from inference.errors import InputError
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

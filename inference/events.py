@@ -1,7 +1,7 @@
 """The plain dataclasses the engine yields while it generates. The UI and CLI only format them.
 
 A number the engine cannot know is None (null in JSON), never a stand-in: in front of a model
-server (inference/remote.py) the entropy over the whole vocabulary, a rank beyond the returned
+server (inference/remote/engine.py) the entropy over the whole vocabulary, a rank beyond the returned
 candidates, this run's KV-cache bytes, and whichever of the raw and final distributions the
 server's log-probabilities are not."""
 
@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .kv_pool import PoolStats
+
+@dataclass(frozen=True)
+class PoolStats:
+    blocks_total: int
+    blocks_used: int  # held by runs now
+    blocks_reserved: int  # promised to admitted runs, held or not yet
+    active_runs: int
+    waiting_runs: int
+    bytes_per_block: int
+    blocks_cached: int = 0  # kept from finished runs for a prompt that starts the same way
+
+    @property
+    def bytes_used(self) -> int:
+        return self.blocks_used * self.bytes_per_block
 
 
 @dataclass

@@ -54,7 +54,7 @@ t1=$(now)
 echo "vLLM venv ready in $((t1 - t0)) s" >&2
 
 # ---- the server, on the default model (fetched once into the cache by our own code)
-MODEL_DIR=$("$PY" -c "from inference.default_model import default_model_dir; print(default_model_dir())")
+MODEL_DIR=$("$PY" -c "from inference.loading.default_model import default_model_dir; print(default_model_dir())")
 PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 LOG=$(mktemp -t vllm-server.XXXXXX.log)
 # Nothing leaves the machine: no usage statistics, no hub lookups.

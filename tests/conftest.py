@@ -25,7 +25,7 @@ def tiny_dirs(tmp_path_factory, sp_model_bytes) -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_dirs):
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     return Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
 
 
@@ -52,7 +52,7 @@ def no_early_end(engine) -> None:
 @pytest.fixture(scope="session")
 def live_app(tiny_dirs):
     """The real page on a tiny model, served on a free localhost port."""
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch
 

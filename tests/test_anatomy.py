@@ -3,10 +3,10 @@
 import pytest
 import torch
 
-from inference.anatomy import capture_step, memory_table, stages
-from inference.config import ModelConfig
-from inference.engine import Request
-from inference.sampling import SamplingParams
+from inference.model.anatomy import capture_step, memory_table, stages
+from inference.model.config import ModelConfig
+from inference.serving.engine import Request
+from inference.sampling.stages import SamplingParams
 
 LLAMA_7B = ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, n_layers=32,
                        n_heads=32, n_kv_heads=32, max_seq_len=4096)
@@ -51,7 +51,7 @@ def reference_attention(model, ids, layer):
     """softmax(QK^T / sqrt(d)) for the last query, built from the weights by hand (no cache)."""
     cfg = model.cfg
     h = model.tok_embeddings.weight[torch.tensor(ids)]
-    from inference.rope import rope_inv_freq
+    from inference.model.rope import rope_inv_freq
     freqs = torch.outer(torch.arange(len(ids), dtype=torch.float32), rope_inv_freq(cfg))
     cos, sin = torch.cat((freqs, freqs), -1).cos(), torch.cat((freqs, freqs), -1).sin()
 
@@ -105,7 +105,7 @@ def test_capture_does_not_change_the_sampled_tokens(tiny_engine):
     after = [e.token_id for e in list(tiny_engine.generate(req))[:-1]]
     assert before == after
     # And a probed forward gives bit-identical logits to a plain one.
-    from inference.model import Probe
+    from inference.model.transformer import Probe
     ids = torch.tensor([tiny_engine.tokenizer.encode("The quick")])
     with torch.inference_mode():
         plain = tiny_engine.model(ids, tiny_engine.model.new_cache(ids.shape[1]), 0)

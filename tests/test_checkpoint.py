@@ -7,7 +7,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from inference.engine import Engine
+from inference.serving.engine import Engine
 from inference.errors import ModelError
 
 

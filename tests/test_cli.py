@@ -117,7 +117,7 @@ def test_no_upload_or_file_components(tiny_engine):
 def test_generation_config_supplies_defaults(tiny_dirs, capsys, tmp_path):
     """The tiny models' generation_config.json says temperature 0.7, top_p 0.9."""
     import shutil
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     from ui.controls import Controls
     engine = Engine.from_hf_dir(tiny_dirs["mha"])
     assert engine.generation_defaults == {"temperature": 0.7, "top_p": 0.9}

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from inference.engine import Engine, Request
-from inference.sampling import SamplingParams
+from inference.serving.engine import Engine, Request
+from inference.sampling.stages import SamplingParams
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "smollm2_next_token.json"  # see data/README.md
 
 
 @pytest.fixture(scope="session")
 def default_engine():
-    from inference.default_model import default_model_dir
+    from inference.loading.default_model import default_model_dir
     return Engine.from_hf_dir(default_model_dir(), device="cpu", dtype="float32")
 
 

@@ -6,10 +6,10 @@ import pytest
 from engine_hold import wait_until
 import torch
 
-from inference.engine import Request
+from inference.serving.engine import Request
 from inference.errors import InputError
 from inference.events import DoneEvent, PrefillEvent, StepEvent
-from inference.sampling import SamplingParams
+from inference.sampling.stages import SamplingParams
 
 
 def run(engine, prompt="The quick brown fox", cancel=None, **kw):
@@ -144,7 +144,7 @@ def test_chat_mode_renders_the_template(tiny_engine):
 
 
 def test_chat_template_runs_sandboxed():
-    from inference.chat import render_chat
+    from inference.loading.chat import render_chat
     evil = "{{ ''.__class__.__mro__[1].__subclasses__() }}"
     with pytest.raises(InputError, match="chat template failed"):
         render_chat(evil, [{"role": "user", "content": "x"}])
@@ -157,7 +157,7 @@ def test_cpu_weights_are_laid_out_for_few_rows_and_the_file_is_let_go(tiny_dirs)
     embedding shares the LM head's copy, and no tensor keeps the checkpoint file mapped."""
     from safetensors.torch import load_file
 
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     path = tiny_dirs["gqa_tied"] / "model.safetensors"
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
     model = engine.model
@@ -177,8 +177,8 @@ def test_several_rows_use_onednn_copy_with_float32_results(tiny_dirs, monkeypatc
     more; its results equal the float32 product on the weight itself (to float32 rounding), and
     one row still reads the weight. The copy is skipped when it would take more than a quarter
     of the memory available."""
-    from inference.engine import Engine
-    from inference.model import Linear
+    from inference.serving.engine import Engine
+    from inference.model.transformer import Linear
     model = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32").model
     if not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN in this build of torch")

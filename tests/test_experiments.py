@@ -6,9 +6,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inference.engine import Request
-from inference.replay import pipeline
-from inference.sampling import SamplingParams
+from inference.serving.engine import Request
+from inference.sampling.replay import pipeline
+from inference.sampling.stages import SamplingParams
 from ui import render as fmt
 from ui.run_state import RunRecord, run_summary
 from ui.controls import Controls
@@ -140,7 +140,7 @@ def test_step_statistics_are_exact_even_for_a_tiny_tail_or_a_tail_pick(tiny_engi
     """What each step reports, from crafted logits against float64 on the whole vocabulary:
     entropy (also when the tail's mass is ~1e-13), raw probability, and rank (also for a token
     sampled from deep in the tail)."""
-    from inference.step_stats import pick
+    from inference.serving.step_stats import pick
     KEEP = 256
     vocab = tiny_engine.cfg.vocab_size
     assert vocab > KEEP

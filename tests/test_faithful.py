@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inference.events import Candidate, DoneEvent, StepEvent
-from inference.sampling import SamplingParams
+from inference.sampling.stages import SamplingParams
 from ui import render
 from ui.controls import Controls
 from ui.handlers import Handlers
@@ -28,7 +28,7 @@ def numbers(html_text: str) -> list[str]:
 @pytest.fixture(scope="module")
 def default_handlers():
     import app
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     args = app.parse_args([])  # the app's own defaults
     engine = Engine.load(args.model, "cpu", args.dtype, args.decode_dtype)
     return Handlers(engine, top_n=10)
@@ -37,7 +37,7 @@ def default_handlers():
 @pytest.fixture(scope="module")
 def hf_reference():
     transformers = pytest.importorskip("transformers")
-    from inference.default_model import default_model_dir
+    from inference.loading.default_model import default_model_dir
     return transformers.LlamaForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
 
 
@@ -108,7 +108,7 @@ def test_replay_is_exact_on_the_default_model(default_handlers):
 # ---------------------------------------------------------------- reduced precision is labelled
 
 def test_bfloat16_decode_is_measured_and_said(tiny_dirs):
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32", decode_dtype="bfloat16")
     info = engine.describe()
     r = info.decode_error
@@ -198,7 +198,7 @@ def test_kv_formula_counts_the_positions_the_cache_holds(tiny_engine):
 
 
 def test_inside_one_token_counts_decode_bytes_at_the_decode_dtype(tiny_dirs):
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     engine = Engine.from_hf_dir(tiny_dirs["mha"], "cpu", "float32", decode_dtype="bfloat16")
     info = engine.describe()
     cfg = info.cfg

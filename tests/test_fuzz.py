@@ -7,9 +7,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gguf_files import write_gguf
-from inference.engine import Engine
+from inference.serving.engine import Engine
 from inference.errors import ModelError
-from inference.gguf_import import import_gguf
+from inference.loading.gguf_import import import_gguf
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 edits = st.lists(st.tuples(st.floats(0, 1), st.integers(0, 255)), min_size=1, max_size=8)

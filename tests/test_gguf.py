@@ -9,9 +9,9 @@ import torch
 from safetensors.torch import save_file
 
 from gguf_files import train_bpe_tokenizer_json, write_gguf
-from inference.engine import Engine
+from inference.serving.engine import Engine
 from inference.errors import ModelError
-from inference.gguf_import import import_gguf
+from inference.loading.gguf_import import import_gguf
 from test_tokenizer import TEXTS
 from tiny_models import TRAIN_TEXT, make_tiny_model
 

@@ -10,9 +10,9 @@ import gradio as gr
 import pytest
 import torch
 
-from inference.engine import Engine, Request
+from inference.serving.engine import Engine, Request
 from inference.errors import ResourceError
-from inference.sampling import SamplingParams
+from inference.sampling.stages import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from inference.engine import Engine
+from inference.serving.engine import Engine
 from inference.errors import InputError
 from tiny_models import make_tiny_model
 from ui.controls import MAX_STOP_TEXT, Controls, parse_seed, parse_stop
@@ -27,7 +27,7 @@ def no_tokenizing(tiny_engine, monkeypatch):
 
     for name in ("_encode_fn", "_continue_fn", "_template_fn"):
         monkeypatch.setattr(tok, name, forbidden)
-    monkeypatch.setattr("inference.engine.render_chat_segments", forbidden)
+    monkeypatch.setattr("inference.serving.engine.render_chat_segments", forbidden)
     return tiny_engine
 
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from inference.engine import Engine
+from inference.serving.engine import Engine
 from tiny_models import CONFIGS
 
 transformers = pytest.importorskip("transformers")
@@ -58,8 +58,8 @@ def test_chunked_prefill_after_cache_matches_transformers(tiny_dirs):
 def test_rope_scaling_changes_the_output(tiny_dirs):
     """The llama3-scaled model would differ from an unscaled one: the test above has teeth."""
     import json
-    from inference.config import ModelConfig
-    from inference.rope import rope_inv_freq
+    from inference.model.config import ModelConfig
+    from inference.model.rope import rope_inv_freq
     cfg = json.loads((tiny_dirs["llama3_rope"] / "config.json").read_text())
     scaled = rope_inv_freq(ModelConfig.from_hf_dict(cfg))
     plain = rope_inv_freq(ModelConfig.from_hf_dict({**cfg, "rope_scaling": None}))

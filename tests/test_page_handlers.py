@@ -13,9 +13,9 @@ import gradio as gr
 import pytest
 import torch
 
-from inference.chat import default_system_prompt, render_chat
+from inference.loading.chat import default_system_prompt, render_chat
 from inference.events import PrefillEvent
-from inference.kv_pool import BLOCK_SIZE
+from inference.serving.kv_pool import BLOCK_SIZE
 from tiny_models import CHATML
 from ui import render as fmt
 from ui.controls import Controls, controls_from_query, query_value, share_url
@@ -100,7 +100,7 @@ def test_typed_control_tokens_in_earlier_turns_stay_text(tiny_engine):
 
 def test_a_stopped_answer_with_no_text_adds_no_turn(h):
     from inference.events import DoneEvent
-    from inference.sampling import SamplingParams
+    from inference.sampling.stages import SamplingParams
     rec = RunRecord(mode="chat", user_message="Hi", started_at=1.0, params=SamplingParams(),
                     done=DoneEvent("cancelled", "", "", 5, 0, 0.0, 0.0, 1, 8, False))
     assert after(h, rec, [])["history"] == []
@@ -372,7 +372,7 @@ def test_step_axes_start_at_the_first_step(tiny_engine):
 
 def test_the_pool_line_counts_blocks_in_words():
     from inference.events import StepEvent
-    from inference.kv_pool import PoolStats
+    from inference.serving.kv_pool import PoolStats
     for held, words in ((1, "**1 block** of 16 positions"), (3, "**3 blocks** of 16 positions")):
         step = StepEvent(0, 5, "a", "a", 1.0, 1.0, [], 0.0, 1, 100, held * 8192, 10.0, kv_blocks=held,
                          pool=PoolStats(64, held, held, 1, 0, 8192, 2))

@@ -39,7 +39,7 @@ def files_under(*dirs) -> list[str]:
 @pytest.fixture(scope="module")
 def shared_app(tiny_dirs, tmp_path_factory):
     """The page with a shared page's limits, its temp directories empty and its own."""
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     from ui.layout import build_ui, launch
 
     tmp = tmp_path_factory.mktemp("public")
@@ -295,7 +295,7 @@ def test_logins_from_env_and_file_never_echo_a_password(tmp_path, capsys):
 
 def test_login_from_a_file_guards_the_page_and_names_the_visitor(tiny_dirs, tmp_path):
     import app
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     from ui.layout import build_ui, launch
     f = tmp_path / "logins"
     f.write_text("ann:apple-pie\nbob:banana-split\n")

@@ -14,8 +14,8 @@ from fake_server import MODELS, FakeServer, chunk
 from inference.cli import main
 from inference.errors import (ContextTooLong, InputError, ModelNotServed, ServerError,
                               ServerRefused, ServerTimeout, ServerUnreachable)
-from inference.remote import RemoteEngine
-from inference.sampling import SamplingParams
+from inference.remote.engine import RemoteEngine
+from inference.sampling.stages import SamplingParams
 
 TIMEOUT_S = 0.5  # the client's; the fake never answers in the hanging cases, whatever the speed
 

@@ -6,12 +6,12 @@ import math
 
 import pytest
 
-from inference.config import ModelConfig
+from inference.model.config import ModelConfig
 from inference.events import Candidate, StepEvent
-from inference.remote import RemoteInfo
-from inference.remote_steps import meaning, split_text, token_numbers
-from inference.sampling import SamplingParams
-from inference.server_metrics import kv_bytes_per_value, parse_load
+from inference.remote.engine import RemoteInfo
+from inference.remote.steps import meaning, split_text, token_numbers
+from inference.sampling.stages import SamplingParams
+from inference.remote.metrics import kv_bytes_per_value, parse_load
 from ui import render, render_remote
 from ui.run_state import RunRecord, run_summary
 
@@ -110,7 +110,7 @@ def test_charts_and_summaries_leave_out_what_is_not_known():
     s = run_summary(rec)
     assert s["mean_p"] == pytest.approx(0.7725) and math.isnan(s["mean_entropy"])
     assert "| – |" in render.compare_summary(rec, rec, None)
-    from inference.remote import RemoteTokenizer
+    from inference.remote.engine import RemoteTokenizer
     assert render.highlighted_output(rec, RemoteTokenizer(None, "M"))[0] == (" Paris", "0.5 ≤ p < 0.9")
 
 
@@ -144,8 +144,8 @@ def test_events_write_null_for_what_is_not_known():
 def test_the_page_in_front_of_a_server_says_what_it_cannot_show():
     """The layout with a RemoteEngine (no request is made to build it): notes in place of the
     controls that need the model's insides, the server's load beside the KV-cache formula."""
-    from inference.remote import RemoteEngine
-    from inference.server_http import ServerHTTP
+    from inference.remote.engine import RemoteEngine
+    from inference.remote.http import ServerHTTP
     from ui.layout import build_ui
 
     engine = RemoteEngine(ServerHTTP("http://127.0.0.1:9/v1"), "M", 2048, "raw", "given", cfg=SMOL)

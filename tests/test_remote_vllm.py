@@ -26,7 +26,7 @@ if not URL:
 
 from inference.cli import main  # noqa: E402
 from inference.errors import ContextTooLong, ModelNotServed, ServerRefused  # noqa: E402
-from inference.sampling import SamplingParams  # noqa: E402
+from inference.sampling.stages import SamplingParams  # noqa: E402
 from ui.controls import Controls  # noqa: E402
 from ui.handlers import Handlers  # noqa: E402
 
@@ -56,7 +56,7 @@ def metric(name: str) -> float:
 
 @pytest.fixture(scope="module")
 def engine():
-    from inference.remote import RemoteEngine
+    from inference.remote.engine import RemoteEngine
     return RemoteEngine.connect(URL)
 
 
@@ -73,7 +73,7 @@ def handlers(engine):
 @pytest.fixture(scope="module")
 def local():
     """Our own engine on the same weights, in float32 as the server runs them."""
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     return Engine.load(None, device="cpu", dtype="float32", decode_dtype="same")
 
 
@@ -202,7 +202,7 @@ def test_stop_cancels_the_request_on_the_server(handlers, engine, how):
 
 
 def test_the_servers_refusals_are_one_line(engine, handlers, capsys):
-    from inference.remote import RemoteEngine
+    from inference.remote.engine import RemoteEngine
     with pytest.raises(ModelNotServed, match="does not serve 'nope'"):
         RemoteEngine.connect(URL, model="nope", logprobs="raw")
     assert main(["generate", "--engine-url", URL, "--prompt", "hi", "--top", "30"]) == 1

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from inference.errors import InputError
-from inference.sampling import (TOP_P_FIRST, SamplingParams, apply_min_p, apply_repetition_penalty,
+from inference.sampling.stages import (TOP_P_FIRST, SamplingParams, apply_min_p, apply_repetition_penalty,
                                 apply_temperature, apply_top_k, apply_top_p, final_logits, sample)
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
@@ -136,7 +136,7 @@ def test_bad_settings_raise_a_clear_error(kwargs):
 @pytest.mark.parametrize("filters", [{}, {"top_k": 3}, {"top_p": 0.5}, {"min_p": 0.2}])
 def test_greedy_distribution_made_directly_is_the_stages_one_hot(penalty, filters):
     """final_probs' shortcut for temperature 0 equals every stage run and a softmax, exactly."""
-    from inference.sampling import final_logits, final_probs
+    from inference.sampling.stages import final_logits, final_probs
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(300, generator=g) * 3
     seen = torch.zeros(300, dtype=torch.bool)
@@ -150,7 +150,7 @@ def test_greedy_distribution_made_directly_is_the_stages_one_hot(penalty, filter
 def test_rows_picked_together_equal_rows_picked_alone():
     """pick_rows over a batch mixing greedy (with and without a repetition penalty) and sampled
     rows gives each row what it gets alone, and greedy rows their hand-computed argmax."""
-    from inference.step_stats import RowSampling, pick_rows
+    from inference.serving.step_stats import RowSampling, pick_rows
     g = torch.Generator().manual_seed(5)
     logits = torch.randn(5, 300, generator=g) * 3
     seen = torch.zeros(300, dtype=torch.bool)

@@ -8,11 +8,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from inference.engine import Engine
+from inference.serving.engine import Engine
 from inference.errors import ResourceError
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
-from inference.kv_pool import BLOCK_SIZE
-from inference.sampling import SamplingParams
+from inference.serving.kv_pool import BLOCK_SIZE
+from inference.sampling.stages import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
 

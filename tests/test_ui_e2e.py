@@ -25,8 +25,8 @@ def test_generate_streams_over_the_api(live_app):
     assert len(output) == 20 and all({"token", "prob", "step"} <= set(t) for t in output)
     assert "Step 19" in final[1] and "20 |" in final[2]
     # The same seed over the API gives the same tokens as the engine alone.
-    from inference.engine import Request
-    from inference.sampling import SamplingParams
+    from inference.serving.engine import Request
+    from inference.sampling.stages import SamplingParams
     direct = list(engine.generate(Request("The quick", SamplingParams(temperature=0.0, max_new_tokens=20, seed=5))))
     assert "".join(t["token"] for t in output) == direct[-1].text
 
@@ -75,7 +75,7 @@ def test_eight_clients_at_once_match_their_solo_runs(live_app):
 
 def test_a_full_queue_says_busy(tiny_dirs, hold):
     from concurrent.futures import ThreadPoolExecutor, as_completed
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     from ui.layout import build_ui, launch
 
     engine = Engine.from_hf_dir(tiny_dirs["mha"])

@@ -69,8 +69,8 @@ def bias_token(monkeypatch, engine, token_id: int, every: int = 3, by: float = 1
 @pytest.fixture(scope="module")
 def small_pool_app(tiny_dirs):
     """The page on a tiny model whose KV pool holds one long run: a second run waits for it."""
-    from inference.engine import Engine
-    from inference.kv_pool import BLOCK_SIZE
+    from inference.serving.engine import Engine
+    from inference.serving.kv_pool import BLOCK_SIZE
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch
 
@@ -89,7 +89,7 @@ def small_pool_app(tiny_dirs):
 @pytest.fixture(scope="module")
 def chat_app(tiny_dirs, tmp_path_factory):
     """The page on a tiny model whose chat template has a default system prompt."""
-    from inference.engine import Engine
+    from inference.serving.engine import Engine
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch
 

@@ -1,6 +1,6 @@
 """The page's inputs: their values as one object, their checks, and the share link's codec.
 
-The sampling controls come from inference.settings.SETTINGS: their names are the URL's query
+The sampling controls come from inference.sampling.settings.SETTINGS: their names are the URL's query
 keys and /generate's parameter names, their ranges the checks.
 """
 
@@ -11,8 +11,8 @@ from dataclasses import field, fields, make_dataclass
 from urllib.parse import urlencode
 
 from inference.errors import InputError, TokenLabError, shown
-from inference.sampling import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
-from inference.settings import BY_NAME, SETTINGS, defaults
+from inference.sampling.stages import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
+from inference.sampling.settings import BY_NAME, SETTINGS, defaults
 
 MODES = ("completion", "chat")
 DEFAULT_PROMPT = "The capital of France is"

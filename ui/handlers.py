@@ -19,9 +19,9 @@ from typing import Iterator
 
 import gradio as gr
 
-from inference.engine import Engine
+from inference.serving.engine import Engine
 from inference.errors import ServerError, TokenLabError, shown
-from inference.settings import BY_NAME, FILTER_SETTINGS
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
 from ui import render, render_remote
 from ui.controls import (MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop,
                          sampling_params, share_url)
@@ -104,7 +104,7 @@ def _who(request: gr.Request | None) -> tuple[str, str]:
 
 
 def is_remote(engine) -> bool:
-    """A RemoteEngine: the page in front of a model server (inference/remote.py)."""
+    """A RemoteEngine: the page in front of a model server (inference/remote/engine.py)."""
     return getattr(engine, "is_remote", False)
 
 

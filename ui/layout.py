@@ -10,8 +10,8 @@ import gradio as gr
 from fastapi.responses import FileResponse, PlainTextResponse
 from starlette.middleware import Middleware
 
-from inference.engine import Engine
-from inference.settings import BY_NAME, FILTER_SETTINGS, Setting
+from inference.serving.engine import Engine
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS, Setting
 from ui import render as fmt
 from ui.controls import NAMES, Controls
 from ui import render_remote

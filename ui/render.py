@@ -11,8 +11,8 @@ import pandas as pd
 
 from inference.device import dtype_name
 from inference.events import DoneEvent, StepEvent
-from inference.anatomy import decode_cost, memory_table, stages
-from inference.kv_pool import BLOCK_SIZE
+from inference.model.anatomy import decode_cost, memory_table, stages
+from inference.serving.kv_pool import BLOCK_SIZE
 from ui.run_state import RunRecord, run_summary
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).

@@ -7,8 +7,8 @@ from __future__ import annotations
 import html
 import time
 
-from inference.anatomy import decode_cost, memory_table
-from inference.remote import INSIDES
+from inference.model.anatomy import decode_cost, memory_table
+from inference.remote.engine import INSIDES
 from ui.render import ended_markdown, si
 from ui.run_state import RunRecord
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .sampling import SamplingParams, stages
+from inference.sampling.stages import SamplingParams, stages
 
 
 @dataclass

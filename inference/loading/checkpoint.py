@@ -8,8 +8,8 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from .config import ModelConfig
-from .errors import ModelError
+from inference.model.config import ModelConfig
+from inference.errors import ModelError
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 

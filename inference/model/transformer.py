@@ -8,11 +8,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelConfig
-from .device import available_memory_bytes
-from .kv_cache import KVCache
-from .kv_pool import BLOCK_SIZE
-from .rope import apply_rope, rope_tables
+from inference.model.config import ModelConfig
+from inference.device import available_memory_bytes
+from inference.model.kv_cache import BLOCK_SIZE, KVCache
+from inference.model.rope import apply_rope, rope_tables
 
 
 @dataclass

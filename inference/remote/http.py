@@ -14,7 +14,7 @@ import ssl
 import threading
 from urllib.parse import urlsplit
 
-from .errors import (ContextTooLong, InputError, ModelNotServed, ServerError, ServerRefused,
+from inference.errors import (ContextTooLong, InputError, ModelNotServed, ServerError, ServerRefused,
                      ServerTimeout, ServerUnreachable)
 
 # Phrases of vLLM's (and OpenAI's) error messages for a prompt that does not fit.

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .errors import ResourceError
-from .events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
-from .kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
-from .model import PagedBatch, Transformer
-from .sampling import SamplingParams
-from .step_stats import RowSampling, StepInfo, candidates, pick_rows
-from .stop import StopMatcher
+from inference.errors import ResourceError
+from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
+from inference.serving.kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
+from inference.model.transformer import PagedBatch, Transformer
+from inference.sampling.stages import SamplingParams
+from inference.serving.step_stats import RowSampling, StepInfo, candidates, pick_rows
+from inference.serving.stop import StopMatcher
 
 
 @dataclass(eq=False)

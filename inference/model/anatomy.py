@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig
-from .model import Probe, Transformer
+from inference.model.config import ModelConfig
+from inference.model.transformer import Probe, Transformer
 
 
 @dataclass(frozen=True)

@@ -11,33 +11,18 @@ the runs already admitted may grow to, so a run never waits for a block in the m
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 
 import torch
 
-from .config import ModelConfig
-from .device import available_memory_bytes
+from inference.model.config import ModelConfig
+from inference.device import available_memory_bytes
+from inference.events import PoolStats
+from inference.model.kv_cache import BLOCK_SIZE
 
-BLOCK_SIZE = 16  # positions per block
 
 
 def blocks_for(positions: int) -> int:
     return -(-positions // BLOCK_SIZE)
-
-
-@dataclass(frozen=True)
-class PoolStats:
-    blocks_total: int
-    blocks_used: int  # held by runs now
-    blocks_reserved: int  # promised to admitted runs, held or not yet
-    active_runs: int
-    waiting_runs: int
-    bytes_per_block: int
-    blocks_cached: int = 0  # kept from finished runs for a prompt that starts the same way
-
-    @property
-    def bytes_used(self) -> int:
-        return self.blocks_used * self.bytes_per_block
 
 
 class KVPool:

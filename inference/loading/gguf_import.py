@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from safetensors.torch import save_file
 
-from .config import ModelConfig
-from .errors import ModelError
+from inference.model.config import ModelConfig
+from inference.errors import ModelError
 
 MAX_DIMS = 4
 # What we dequantize (all through gguf's own `dequantize`).
@@ -202,7 +202,7 @@ def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None)
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from .checkpoint import expected_hf_shapes
+    from inference.loading.checkpoint import expected_hf_shapes
 
     expected = expected_hf_shapes(cfg)
     out = {}

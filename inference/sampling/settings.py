@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import InputError, shown
+from inference.errors import InputError, shown
 
 
 @dataclass(frozen=True)

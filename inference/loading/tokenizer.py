@@ -11,7 +11,7 @@ import json
 import re
 from pathlib import Path
 
-from .errors import ModelError
+from inference.errors import ModelError
 
 
 def _hex_bytes(err: UnicodeDecodeError):

@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import ModelError
+from inference.errors import ModelError
 
 ROPE_TYPES = ("default", "linear", "llama3")
 

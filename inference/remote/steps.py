@@ -18,8 +18,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from .errors import ServerError
-from .events import Candidate
+from inference.errors import ServerError
+from inference.events import Candidate
 
 MODES = ("raw", "processed")
 _ID_PREFIX = "token_id:"

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .errors import InputError, shown
-from .settings import BY_NAME, FILTER_SETTINGS, SETTINGS
+from inference.errors import InputError, shown
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS, SETTINGS
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .config import ModelConfig
+from inference.model.config import ModelConfig
 
 
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:

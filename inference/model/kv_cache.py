@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .config import ModelConfig
+from inference.model.config import ModelConfig
+
+BLOCK_SIZE = 16  # positions per block of the paged pool (serving/kv_pool.py)
 
 
 class KVCache:

@@ -21,13 +21,13 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
-from .chat import chat_messages
-from .config import ModelConfig
-from .errors import InputError, ModelError, NotAvailableRemote, ServerError
-from .events import DoneEvent, StepEvent
-from .remote_steps import MODES, candidates, meaning, split_text, token_numbers
-from .server_http import ServerHTTP
-from .server_metrics import ServerLoad, kv_bytes_per_value, parse_load
+from inference.loading.chat import chat_messages
+from inference.model.config import ModelConfig
+from inference.errors import InputError, ModelError, NotAvailableRemote, ServerError
+from inference.events import DoneEvent, StepEvent
+from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
+from inference.remote.http import ServerHTTP
+from inference.remote.metrics import ServerLoad, kv_bytes_per_value, parse_load
 
 INSIDES = "not available when the page is in front of a server"
 REPLAY = ("replay recomputes a step from its whole logit vector; the server returns only the top "
@@ -402,7 +402,7 @@ def _pick_model(models, wanted: str | None, url: str) -> dict:
         for e in entries:
             if wanted in (e["id"], e.get("root")):
                 return e
-        from .errors import ModelNotServed
+        from inference.errors import ModelNotServed
         raise ModelNotServed(f"the model server at {url} does not serve {wanted!r}; it serves "
                              f"{', '.join(map(repr, ids)) or 'nothing'}")
     if len(entries) != 1:
@@ -416,7 +416,7 @@ def _read_config(given: str | None, served_root: str | None):
     directory: the one given, else the path the server loaded the model from when this machine
     has it. A config that is given but unreadable is an error; a served path that is not here is
     no config."""
-    from .loading import generation_defaults
+    from inference.loading.load import generation_defaults
 
     path = Path(given).expanduser() if given else None
     if path is None and served_root and Path(served_root).is_dir():

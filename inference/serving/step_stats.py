@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .events import Candidate
-from .sampling import SamplingParams, final_probs, greedy_logits, sample
+from inference.events import Candidate
+from inference.sampling.stages import SamplingParams, final_probs, greedy_logits, sample
 
 
 @dataclass

@@ -1,0 +1,1 @@
+"""Loading: checkpoints (safetensors, GGUF), the default model, tokenizers, chat templates."""

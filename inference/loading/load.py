@@ -1,0 +1,49 @@
+"""Reading a model: a Hugging Face directory (the default model and GGUF files are imported into one)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from inference.loading.checkpoint import read_hf_weights, to_model_names
+from inference.model.config import ModelConfig
+from inference.device import resolve_decode_dtype, resolve_device, resolve_dtype
+from inference.errors import ModelError
+from inference.model.transformer import Transformer
+from inference.sampling.settings import from_generation_config
+from inference.loading.tokenizer import Tokenizer, load_tokenizer
+
+
+@dataclass
+class Loaded:
+    """A checkpoint read into memory: what an Engine is built from (serving/engine.py)."""
+    model: Transformer
+    tokenizer: Tokenizer
+    name: str
+    generation_defaults: dict
+
+
+def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto",
+                decode_dtype: str = "same") -> Loaded:
+    """decode_dtype: weights for few-row matmuls ('same', 'auto' or a dtype; see model.Linear)."""
+    model_dir = Path(model_dir)
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    cfg = ModelConfig.from_json(model_dir / "config.json")
+    # The weights go straight in: held by the model alone, each read tensor is freed as soon as
+    # the model has laid it out anew (Transformer.store_weights_transposed).
+    model = Transformer.from_state_dict(cfg, to_model_names(cfg, read_hf_weights(model_dir, cfg), dt),
+                                        dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
+    tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
+    return Loaded(model, tokenizer, model_dir.name, generation_defaults(model_dir))
+
+
+def generation_defaults(model_dir: Path) -> dict:
+    """Sampling defaults from generation_config.json, restricted to the settings we have."""
+    path = model_dir / "generation_config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8")) if path.exists() else {}
+    except (OSError, ValueError) as e:
+        raise ModelError(f"cannot read {path.name}: {e}") from None
+    return from_generation_config(data) if isinstance(data, dict) else {}

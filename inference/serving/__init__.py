@@ -1,0 +1,1 @@
+"""Serving: the engine, its scheduler, the paged KV pool, per-step statistics, stop strings."""
