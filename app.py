@@ -104,13 +104,10 @@ def main(argv=None) -> int:
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch, limits_markdown
 
-    if getattr(engine, "is_remote", False):
-        info = engine.describe()
-        print(f"Using {info.name} served at {info.url} (context {info.max_seq_len}, "
-              f"{info.logprobs} log-probabilities)", file=sys.stderr)
-    else:
-        print(f"Loaded {engine.name}: {engine.cfg.n_layers} layers, {engine.dtype} on {engine.device}",
-              file=sys.stderr)
+    info = engine.describe()
+    print(f"Using {info.name} on {info.where} (context {info.max_seq_len:,} tokens"
+          + ("" if info.capabilities.whole_distribution else
+             f", the server's {info.capabilities.logprobs} log-probabilities") + ")", file=sys.stderr)
     if args.auth is not None:
         print(f"note: a password given with --auth shows in the process list; ${AUTH_ENV} or "
               "--auth-file keep it out", file=sys.stderr)

@@ -52,6 +52,7 @@ class ContextTooLong(ServerRefused, InputError):
     """The prompt (and the tokens asked for) do not fit the served model's context window."""
 
 
-class NotAvailableRemote(TokenLabError):
-    """What needs the model's insides (weights, activations, full logits) when the page is in
-    front of a server."""
+class NotAvailable(TokenLabError):
+    """What an engine cannot compute (contract.Capabilities says so beforehand): the model's
+    insides (weights, activations, full logits) in front of a server, or a server's own load
+    for the local engine."""

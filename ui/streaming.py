@@ -17,14 +17,13 @@ CHART_INTERVAL_S = 0.5  # the charts, larger to send and draw, at most twice a s
 RUNS_PER_INTERVAL = 4  # beyond this many runs at once, each run's page updates come less often
 
 
-def update_interval_for(engine) -> float:
+def update_interval_for(info) -> float:
     """Seconds between streamed page updates. On a CPU each update's serialization takes a core
     and the GIL from the engine's thread: on 2 cores, at 10 updates a second the page received
     84% of the engine's decode rate alone, at 5 a second 90% (four alternated runs each, with
     bench/run.py's client). In front of a server the page does not decode: 10 a second."""
-    if getattr(engine, "is_remote", False):
-        return 0.1
-    return 0.1 if engine.device.type == "cuda" else 0.2
+    decodes_here = info.capabilities.local_timing
+    return 0.2 if decodes_here and info.where == "cpu" else 0.1
 
 
 def paced_interval(interval_s: float, active_runs: int) -> float:

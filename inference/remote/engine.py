@@ -7,7 +7,7 @@ with the server's log-probabilities of the top candidates (remote_steps.py says 
 distribution they are), teacher-forced scores (prompt log-probabilities), the server's own load
 (/metrics). What it cannot give is None in every event, never made up: the entropy over the whole
 vocabulary, ranks beyond the returned candidates, this run's KV-cache bytes, stored logits; and
-what needs the model's insides (attention, logit lens, replay) raises NotAvailableRemote.
+what needs the model's insides (attention, logit lens, replay) raises NotAvailable.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from typing import Iterator
 
 from inference.loading.chat import chat_messages
 from inference.model.config import ModelConfig
-from inference.errors import InputError, ModelError, NotAvailableRemote, ServerError
+from inference.contract import Capabilities, EngineInfo
+from inference.errors import InputError, ModelError, NotAvailable, ServerError
 from inference.events import DoneEvent, StepEvent
 from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
 from inference.remote.http import ServerHTTP
@@ -34,20 +35,16 @@ REPLAY = ("replay recomputes a step from its whole logit vector; the server retu
           f"candidates: {INSIDES}")
 
 
-@dataclass(frozen=True)
-class RemoteInfo:
-    """What the page says about a served model (the local engine's EngineInfo, remote)."""
-    name: str  # the served model's id
-    url: str  # the server's OpenAI API base
-    max_seq_len: int  # the server's context window (its --max-model-len)
-    logprobs: str  # "raw" or "processed": which distribution the server's numbers are
-    logprobs_source: str  # how that was found out
-    cfg: ModelConfig | None  # from the served model's config.json, where given
-    config_source: str | None  # the config.json read, or None
-    config_dtype: str | None  # config.json's torch_dtype, where it says
-    kv_bytes: int | None = None  # bytes per KV-cache value on the server, where known
-    kv_bytes_source: str = ""  # how that was found out, or why it is not known
-    remote: bool = True
+def server_info(name: str, url: str, max_seq_len: int, logprobs: str, logprobs_source: str,
+                cfg: ModelConfig | None = None, config_source: str | None = None,
+                config_dtype: str | None = None, kv_bytes: int | None = None,
+                kv_bytes_source: str = "") -> EngineInfo:
+    """A served model's EngineInfo. logprobs: "raw" or "processed", which distribution the
+    server's numbers are; kv_bytes: bytes per KV-cache value on the server, where known."""
+    caps = Capabilities(internals=False, whole_distribution=False, measured_kv=False, server_load=True,
+                        logprobs=logprobs, local_timing=False)
+    return EngineInfo(name, max_seq_len, cfg, caps, url, kv_bytes, kv_bytes_source,
+                      logprobs_source=logprobs_source, config_source=config_source, config_dtype=config_dtype)
 
 
 class RemoteTokenizer:
@@ -115,8 +112,6 @@ class RemoteEngine:
     describe, capture, replay) in front of a vLLM server. Holds no model: each run is one
     streamed request, and stopping a run closes its connection, which aborts it on the server."""
 
-    is_remote = True
-
     def __init__(self, http: ServerHTTP, model: str, max_seq_len: int, logprobs: str,
                  logprobs_source: str, cfg: ModelConfig | None = None,
                  config_source: str | None = None, config_dtype: str | None = None,
@@ -125,7 +120,7 @@ class RemoteEngine:
         self.tokenizer = RemoteTokenizer(http, model)
         self.cfg = cfg
         self.generation_defaults = generation_defaults or {}
-        self.info = RemoteInfo(model, http.url, max_seq_len, logprobs, logprobs_source, cfg,
+        self.info = server_info(model, http.url, max_seq_len, logprobs, logprobs_source, cfg,
                                config_source, config_dtype)
         self._active = 0
         self._active_lock = threading.Lock()
@@ -159,21 +154,17 @@ class RemoteEngine:
         except ServerError:
             load = None
         b, why = engine.kv_bytes_per_value(load)
-        engine.info = replace(engine.info, kv_bytes=b, kv_bytes_source=why)
+        engine.info = replace(engine.info, kv_value_bytes=b, kv_value_bytes_source=why)
         return engine
 
     # ------------------------------------------------------------ what the engine is
 
-    def describe(self) -> RemoteInfo:
+    def describe(self) -> EngineInfo:
         return self.info
 
     @property
     def active_runs(self) -> int:
         return self._active
-
-    @property
-    def max_seq_len(self) -> int:
-        return self.info.max_seq_len
 
     def server_load(self) -> ServerLoad:
         """The whole server's KV-cache use and queue, from its /metrics."""
@@ -273,7 +264,7 @@ class RemoteEngine:
         if top_n > 0:
             body["logprobs"] = top_n
         return self._run(body, n_prompt, max_new, capped, seed, top_n,
-                         meaning(self.info.logprobs, params), cancel)
+                         meaning(self.info.capabilities.logprobs, params), cancel)
 
     def _run(self, body, n_prompt, max_new, capped, seed, top_n, m, cancel):
         with self._active_lock:
@@ -345,14 +336,14 @@ class RemoteEngine:
     # ------------------------------------------------------------ looking inside a step
 
     def capture(self, context_ids, layer):
-        raise NotAvailableRemote("the attention weights and the logit lens need the model's "
+        raise NotAvailable("the attention weights and the logit lens need the model's "
                                  f"activations: {INSIDES}")
 
     def step_logits(self, context_ids):
-        raise NotAvailableRemote(REPLAY)
+        raise NotAvailable(REPLAY)
 
     def replay(self, logits, params, seen_ids, chosen):
-        raise NotAvailableRemote(REPLAY)
+        raise NotAvailable(REPLAY)
 
 
 # ---------------------------------------------------------------- helpers

@@ -24,6 +24,7 @@ class Setting:
     help: str
     step: float = 0.01  # the page's slider step
     min_open: bool = False  # the minimum itself is not allowed (top_p > 0, penalty > 0)
+    group: str = "main"  # where the page shows its control: "main", or "more" (folded away)
 
     @property
     def flag(self) -> str:
@@ -62,9 +63,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("top_p", float, 1.0, 0.0, 1.0, "Top-p", "keep the smallest set whose probability "
             "reaches p; 1 = off", min_open=True),
     Setting("min_p", float, 0.0, 0.0, 1.0, "Min-p", "keep tokens at least min_p times as likely "
-            "as the top one; 0 = off"),
+            "as the top one; 0 = off", group="more"),
     Setting("repetition_penalty", float, 1.0, 0.0, 2.0, "Repetition penalty", "divide the "
-            "logits of tokens already seen; 1 = off", step=0.05, min_open=True),
+            "logits of tokens already seen; 1 = off", step=0.05, min_open=True, group="more"),
     Setting("max_new_tokens", int, 128, 1, None, "Max new tokens", "at most this many tokens "
             "are generated", step=1),
 )

@@ -13,7 +13,8 @@ import torch
 from inference.model.anatomy import StepCapture, capture_pattern, capture_step
 from inference.loading.chat import chat_messages, default_system_prompt, render_chat_segments
 from inference.model.config import ModelConfig
-from inference.errors import InputError, ModelError
+from inference.contract import Capabilities, EngineInfo
+from inference.errors import InputError, ModelError, NotAvailable
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
@@ -32,18 +33,8 @@ class Request:
     system: str | None = None
     top_n: int = 10  # candidates reported per step
 
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the engine is: for the model card and every byte count the page shows."""
-    name: str
-    cfg: ModelConfig
-    device: torch.device
-    dtype: torch.dtype  # the weights', and the KV cache's
-    decode_dtype: torch.dtype  # the weights' read by few-row (decode) matmuls
-    kv_pool_blocks: int  # the paged KV cache's size, in blocks of kv_pool.BLOCK_SIZE positions
-    # When decode_dtype differs from dtype: measured against float32 (see precision.py).
-    decode_error: PrecisionReport | None = None
+# The local engine computes everything: its numbers are the model's own.
+CAPABILITIES = Capabilities(internals=True, whole_distribution=True, measured_kv=True, server_load=False)
 
 
 class Engine:
@@ -105,8 +96,15 @@ class Engine:
         with self._describe_lock:
             if self._decode_error is None and self.model.decode_dtype != self.dtype:
                 self._decode_error = measure_decode_error(self)
-        return EngineInfo(self.name, self.cfg, self.device, self.dtype, self.model.decode_dtype,
-                          self.scheduler.pool.n_blocks, self._decode_error)
+        b = self.dtype.itemsize
+        return EngineInfo(self.name, self.cfg.max_seq_len, self.cfg, CAPABILITIES, str(self.device),
+                          b, f"{b} bytes per value at {str(self.dtype).removeprefix('torch.')}",
+                          self.dtype, self.model.decode_dtype, self.scheduler.pool.n_blocks,
+                          self._decode_error)
+
+    def server_load(self):
+        """A server's whole load: the local engine's is its pool, in every step's event."""
+        raise NotAvailable("the local engine reports its pool with every step")
 
     @property
     def device(self) -> torch.device:

@@ -1,0 +1,117 @@
+"""The contract every engine keeps: the local engine (serving/engine.py) and a model server's
+(remote/engine.py). The page and the CLI use only what is here, and ask `capabilities` what an
+engine can do, never which engine it is."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
+    from inference.model.anatomy import StepCapture
+    from inference.model.config import ModelConfig
+    from inference.sampling.replay import StageStat
+    from inference.sampling.stages import SamplingParams
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can compute, so that the page shows exactly that and says why not the rest."""
+    # The model's weights and activations are here: replay from a step's whole logit vector,
+    # the path through the layers, attention and the logit lens.
+    internals: bool
+    # Every token's probability at every step: both the raw and the final distribution per
+    # candidate, the entropy, the chosen token's rank over the whole vocabulary.
+    whole_distribution: bool
+    # This run's KV-cache bytes and the paged pool are measured; otherwise counted by the formula.
+    measured_kv: bool
+    # The whole server's load (its KV cache and queue), beside this run's numbers.
+    server_load: bool
+    # Which distribution the per-candidate numbers are when not both: "raw" or "processed".
+    logprobs: str = "both"
+    # Times are measured where the model runs (True) or at the page, network and queue included.
+    local_timing: bool = True
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine is: for the model card and every byte count the page shows. Fields an
+    engine cannot know are None, never made up."""
+    name: str
+    max_seq_len: int  # the context window
+    cfg: "ModelConfig | None"  # the model's shapes (None: a server whose config is not given)
+    capabilities: Capabilities
+    where: str  # the device ("cpu", "cuda:0") or the server's URL
+    # Bytes per KV-cache value, and how that was found out.
+    kv_value_bytes: int | None
+    kv_value_bytes_source: str = ""
+    dtype: "torch.dtype | None" = None  # the weights' and the KV cache's, where known here
+    decode_dtype: "torch.dtype | None" = None  # the weights' read by few-row (decode) matmuls
+    kv_pool_blocks: int | None = None  # the paged KV cache's size, in blocks
+    decode_error: object = None  # serving.precision.PrecisionReport when decode_dtype != dtype
+    # In front of a server: which distribution its log-probabilities are, how that was found
+    # out, and where the model's config.json was read.
+    logprobs_source: str = ""
+    config_source: str | None = None
+    config_dtype: str | None = None
+
+    @property
+    def kv_bytes_per_position(self) -> int | None:
+        """2 × layers × KV heads × head dim × bytes per value, where both are known."""
+        if self.cfg is None or self.kv_value_bytes is None:
+            return None
+        return self.cfg.kv_bytes_per_token(self.kv_value_bytes)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """The methods the page and the CLI call. Input a user can get wrong raises InputError (one
+    line); what an engine cannot do raises NotAvailable, and `capabilities` says so beforehand."""
+    name: str
+    tokenizer: object  # encode, decode, piece, char_groups, is_control
+    generation_defaults: dict  # sampling defaults from the model's generation_config.json
+
+    def describe(self) -> EngineInfo: ...
+
+    @property
+    def active_runs(self) -> int: ...
+
+    @property
+    def default_system_prompt(self) -> str: ...
+
+    # -- prompt -> ids
+    def check_prompt_size(self, prompt: str, chat: bool = False, system: str | None = None,
+                          history: list[dict] | None = None) -> None: ...
+
+    def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None,
+                    history: list[dict] | None = None) -> str: ...
+
+    def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None,
+                   history: list[dict] | None = None) -> list[int]: ...
+
+    # -- generation and scoring
+    def generate_ids(self, ids: list[int], params: "SamplingParams", top_n: int = 10,
+                     cancel: threading.Event | None = None
+                     ) -> "Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]": ...
+
+    def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]: ...
+
+    # -- what needs the model's insides (capabilities.internals)
+    def step_logits(self, context_ids: list[int]) -> "torch.Tensor": ...
+
+    def replay(self, logits: "torch.Tensor", params: "SamplingParams", seen_ids: list[int],
+               chosen: int) -> "tuple[list[StageStat], torch.Tensor]": ...
+
+    def capture(self, context_ids: list[int], layer: int) -> "StepCapture": ...
+
+    def attention_pattern(self, context_ids: list[int], layer: int) -> "torch.Tensor": ...
+
+    # -- the whole server (capabilities.server_load)
+    def server_load(self): ...
+
+    # -- shutdown
+    def close(self) -> None: ...

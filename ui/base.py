@@ -1,0 +1,159 @@
+"""What every section's handlers share: the engine and what it is, the run registry, the limits
+of a shared page, and how a page event names its arguments and holds the engine."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import secrets
+import tempfile
+import threading
+from collections import deque
+from contextlib import contextmanager
+from pathlib import Path
+
+import gradio as gr
+
+from inference.errors import TokenLabError
+from ui.controls import NAMES, Controls, parse_seed
+from ui.format import bars_html
+from ui.public import Admission, Limits, Refused, client_key
+from ui.run.render import bars_note
+from ui.run_state import RunRecord
+from ui.streaming import RunRegistry, update_interval_for
+
+
+def named_args(*names: str):
+    """The method takes a value for each of `names` (the last ones as *values), then gradio's
+    request; the signature names them all, so that gradio passes the request (it finds it only
+    among named parameters)."""
+    def wrap(fn):
+        n = len(names)
+
+        def method(self, *args):
+            return fn(self, *args[:n], request=args[n] if len(args) > n else None)
+        functools.update_wrapper(method, fn)
+        del method.__wrapped__
+        method.__annotations__ = {"request": gr.Request}  # how gradio finds where to pass it
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        method.__signature__ = inspect.Signature(
+            [inspect.Parameter(p, kind) for p in ("self", *names)]
+            + [inspect.Parameter("request", kind, default=None, annotation=gr.Request)])
+        return method
+    return wrap
+
+
+def takes_controls(*extra: str, after: tuple[str, ...] = ()):
+    """The page passes each control as one argument, in Controls order, then `extra` values,
+    gradio's request, then `after` values (session state a script does not pass: gradio puts
+    the request where the signature has it); the method receives the controls as one Controls
+    and the `after` values by keyword. The signature names every argument: gradio takes
+    /generate's parameter names from it."""
+    def wrap(fn):
+        n, m = len(NAMES), len(extra)
+
+        def split(args):
+            request = args[n + m] if len(args) > n + m else None
+            return Controls(*args[:n]), args[n:n + m], request, dict(zip(after, args[n + m + 1:]))
+
+        if inspect.isgeneratorfunction(fn):  # gradio streams only from generator functions
+            def method(self, *args):
+                c, more, request, late = split(args)
+                yield from fn(self, c, *more, request=request, **late)
+        else:
+            def method(self, *args):
+                c, more, request, late = split(args)
+                return fn(self, c, *more, request=request, **late)
+        functools.update_wrapper(method, fn)
+        del method.__wrapped__  # gradio must see the signature below, not fn's
+        method.__annotations__ = {"request": gr.Request}  # how gradio finds where to pass it
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        method.__signature__ = inspect.Signature(
+            [inspect.Parameter(p, kind) for p in ("self", *NAMES, *extra)]
+            + [inspect.Parameter("request", kind, default=None, annotation=gr.Request)]
+            + [inspect.Parameter(p, kind, default=None) for p in after])
+        return method
+    return wrap
+
+
+def page_error(e: TokenLabError) -> gr.Error:
+    return gr.Error(str(e), print_exception=False)
+
+
+def seed_or_random(text) -> int:
+    """The seed typed, or a random one: either way the run knows, and shows, its seed."""
+    seed = parse_seed(text)
+    return secrets.randbelow(2**31) if seed is None else seed
+
+
+def session_of(request: gr.Request | None) -> str:
+    return getattr(request, "session_hash", None) or "local"
+
+
+def who(request: gr.Request | None) -> tuple[str, str]:
+    """(session, client) of a page event; client as ui.public.client_key names it."""
+    return session_of(request), client_key(request)
+
+
+def step_index(rec: RunRecord, step) -> int:
+    """The step asked for, within the run (anything that is not a number: step 0)."""
+    try:
+        i = int(float(step or 0))
+    except (TypeError, ValueError, OverflowError):
+        i = 0
+    return min(max(i, 0), len(rec.steps) - 1)
+
+
+class PageBase:
+    """The engine and the run registry, passed in; each section's handler class (a mixin of
+    ui.handlers.Handlers) adds its page events. The engine keeps inference.contract's Engine
+    contract; what it can do is `self.caps`. Events that run outside the queue (queue=False)
+    never raise: gradio answers those with an HTTP 500, so they return their message in the
+    panel instead. Multi-output events return {component name: value}; a name left out keeps
+    its component as it is."""
+
+    def __init__(self, engine, registry: RunRegistry | None = None, top_n: int = 10,
+                 update_interval_s: float | None = None, limits: Limits | None = None,
+                 files_dir: str | None = None):
+        """limits: what one visitor may cost (ui/public.py); none by default."""
+        self.engine, self.registry, self.top_n = engine, registry or RunRegistry(), top_n
+        self.limits = limits or Limits()
+        self.admission = Admission(self.registry, self.limits)
+        self.info = engine.describe()
+        self.caps = self.info.capabilities
+        self.context = self.info.max_seq_len
+        # The line under each step's bars: where the numbers come from, or how approximate they are.
+        self.bars_note = bars_note(self.info, top_n)
+        self.defaults = Controls.for_model(engine.generation_defaults)
+        cap = self.limits.max_new_tokens
+        if cap is not None and self.defaults.max_new_tokens > cap:
+            self.defaults.max_new_tokens = cap
+        self.update_interval_s = update_interval_s or update_interval_for(self.info)
+        self.default_system = engine.default_system_prompt or ""
+        # Sessions whose run was clicked but not yet taken by the engine (their click time),
+        # and those of them whose Stop came before the engine did.
+        self._waiting: dict[str, float] = {}
+        self._stopped_waiting: set[str] = set()
+        self._lock = threading.Lock()
+        # Downloads the page offers (ui/run/handlers.py): written here, the oldest deleted once
+        # there are more than KEEP_FILES.
+        self._files_dir = Path(files_dir or tempfile.mkdtemp(prefix="tokenlab-downloads-"))
+        self._files: deque[str] = deque()  # tokens, oldest first
+        self._file_paths: dict[str, Path] = {}
+
+    @contextmanager
+    def _job(self, request: gr.Request | None):
+        """Hold the session's one engine job while the body runs; yields its cancel flag. A
+        session with a job going, or a client at its share, is refused with a page error."""
+        session, client = who(request)
+        try:
+            cancel = self.registry.start(session, client, self.limits.runs_per_client)
+        except Refused as e:
+            raise gr.Error(str(e), print_exception=False) from None
+        try:
+            yield cancel
+        finally:
+            self.registry.finish(session, cancel)
+
+    def _bars(self, step, title: str = "") -> str:
+        return bars_html(step, title, self.bars_note)

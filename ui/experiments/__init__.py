@@ -1,0 +1,1 @@
+"""The sampling experiments: replay of a step, compare A/B, how likely was X."""

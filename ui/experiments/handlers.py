@@ -1,0 +1,76 @@
+"""The sampling experiments' events: replay of a step under other settings, compare A/B, and
+"how likely was X?"."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from inference.errors import TokenLabError
+from inference.sampling.settings import FILTER_SETTINGS
+from ui.base import PageBase, named_args, page_error, seed_or_random, step_index, takes_controls
+from ui.controls import Controls, sampling_params
+from ui.experiments import render
+from ui.format import visible
+from ui.run_state import RunRecord, divergence
+
+
+class ExperimentHandlers(PageBase):
+    @named_args("rec", "step", *FILTER_SETTINGS)
+    def replay_step(self, rec: RunRecord | None, step, *values, request: gr.Request = None) -> dict:
+        """The step's sampling pipeline as it ran and under new settings (values: one per
+        settings.FILTER_SETTINGS), on the step's logits recomputed by one forward pass (kept
+        for the next replay of the same step, so moving a replay control is cheap)."""
+        if rec is None or not rec.steps:
+            return {"replay_md": "Generate first, then pick a step to replay.", "replay_bars": ""}
+        i = step_index(rec, step)
+        ev = rec.steps[i]
+        try:
+            new = sampling_params(self.defaults, None, **dict(zip(FILTER_SETTINGS, values)))
+        except TokenLabError as e:
+            return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
+        seen = rec.seen_before(i)
+        with self._job(request):  # one forward pass, unless this step's logits are kept
+            try:
+                logits = rec.logits_at(i, self.engine.step_logits)
+            except TokenLabError as e:  # an engine without the whole logit vector
+                return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
+        ran, final_ran = self.engine.replay(logits, rec.params, seen, ev.token_id)
+        again, final_again = self.engine.replay(logits, new, seen, ev.token_id)
+        tok = self.engine.tokenizer
+        return {"replay_md": (f"**Step {i}**, every token of the vocabulary through each stage; the step's "
+                              "logits recomputed by one forward pass over its context.\n\n"
+                              + render.stages_table(ran, again, tok, ev.token_id)),
+                "replay_bars": render.replay_bars(ev, final_ran, final_again, tok)}
+
+    def _collect(self, rec: RunRecord, cancel) -> RunRecord:
+        for ev in self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
+            rec.add(ev)
+        return rec
+
+    @takes_controls(*(f"{name}_b" for name in FILTER_SETTINGS))
+    def compare(self, c: Controls, *b_values, request: gr.Request = None) -> dict:
+        """Run A (the page's settings) and B (the compare settings) with the same prompt and seed."""
+        try:
+            chosen = seed_or_random(c.seed)
+            ra, rb = self._prepare(c, chosen), self._prepare(c, chosen, **dict(zip(FILTER_SETTINGS, b_values)))
+            with self._job(request) as cancel:
+                ra, rb = self._collect(ra, cancel), self._collect(rb, cancel)
+        except TokenLabError as e:
+            raise page_error(e) from None
+        at = divergence(ra, rb)
+        return {"out_a": render.highlighted_with_marker(ra, at), "out_b": render.highlighted_with_marker(rb, at),
+                "compare_md": render.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both.",
+                "bars_a": self._bars(ra.steps[at], f"A at step {at}") if at is not None and at < len(ra.steps) else "",
+                "bars_b": self._bars(rb.steps[at], f"B at step {at}") if at is not None and at < len(rb.steps) else ""}
+
+    def likelihood(self, rec: RunRecord | None, step, text: str, request: gr.Request = None) -> str:
+        """How likely was this text? Teacher-forced at the selected step's position."""
+        if rec is None or not rec.steps:
+            return "Generate first, then pick the position to score from."
+        i = step_index(rec, step)
+        try:
+            with self._job(request):
+                scores = self.engine.score(rec.seen_before(i), text or "")
+        except TokenLabError as e:
+            raise page_error(e) from None
+        return f"After the prompt and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)

@@ -1,0 +1,106 @@
+"""What the sampling experiments show: the per-step charts of a whole run, replay's stage table
+and bars, compare A/B and "how likely was X?". Pure functions, no Gradio."""
+
+from __future__ import annotations
+
+import html
+import math
+
+import pandas as pd
+
+from ui.format import bucket, fmt_p, known, named_prob_html, prob_html, shown_prob, visible
+from ui.run_state import RunRecord, run_summary
+
+# Where an engine lacks a capability (contract.Capabilities), the section says why in its place.
+NOT_HERE = "not available when the page is in front of a server"
+REPLAY_NOTE = (f"**Replay** recomputes a step from its whole logit vector: {NOT_HERE}, which "
+               "returns only the top candidates' log-probabilities (outside them nothing is known). "
+               "Compare A/B and \"how likely was X?\" below ask the server again and work.")
+CHARTS_NOTE = ("In front of a server: the raw entropy needs the whole distribution, and a rank is "
+               "known only among the returned candidates; steps without them are left out of these "
+               "charts, not drawn as zeros.")
+
+
+def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
+    rows = []
+    for s in rec.steps:  # a number the engine does not know (None) is left out, not drawn as 0
+        if shown_prob(s) is not None:
+            rows.append({"step": s.step, "value": shown_prob(s), "metric": "chosen-token probability"})
+        if s.entropy is not None:
+            rows.append({"step": s.step, "value": s.entropy, "metric": "raw entropy (nats)"})
+    ranks = pd.DataFrame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None],
+                         columns=["step", "rank"])
+    return pd.DataFrame(rows, columns=["step", "value", "metric"]), ranks
+
+
+def stages_table(original, replayed, tokenizer, chosen: int) -> str:
+    lines = [f"Chosen token: **{html.escape(visible(tokenizer.piece(chosen)))}** (id {chosen}).", "",
+             "| stage | kept (run) | mass removed (run) | chosen rank, p (run) | kept (replay) | "
+             "mass removed (replay) | chosen rank, p (replay) |", "|---|---|---|---|---|---|---|"]
+
+    def rank(st):
+        return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {prob_html(st.chosen_prob)}"
+
+    for a, b in zip(original, replayed):
+        lines.append(f"| {a.name} | {a.kept:,} | {fmt_p(a.mass_removed)} | {rank(a)} | {b.kept:,} | "
+                     f"{fmt_p(b.mass_removed)} | {rank(b)} |")
+    return "\n".join(lines)
+
+
+def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10) -> str:
+    """The step's candidates: raw, final in the run, final under the replayed settings."""
+    ids = {c.id for c in step.top}
+    values, top = final_replay.topk(n)
+    ids |= {i for i, v in zip(top.tolist(), values.tolist()) if v > 0}
+    ids = sorted(ids, key=lambda i: (-float(final_replay[i]), -float(final_run[i])))[: n + 2]
+    rows = []
+    for i in ids:
+        chosen = i == step.token_id
+        rows.append(
+            f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
+            f"<span class='tl-tok'>{'▶ ' if chosen else ''}{html.escape(visible(tokenizer.piece(i)))}</span>"
+            f"<span class='tl-bar'><span class='tl-raw' style='width:{100 * float(final_run[i]):.2f}%'></span></span>"
+            f"<span class='tl-num'>{prob_html(float(final_run[i]))}</span>"
+            f"<span class='tl-bar'><span class='tl-final' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
+            f"<span class='tl-num'>{prob_html(float(final_replay[i]))}</span></div>")
+    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-h2'>final in the run</span>"
+            "<span class='tl-h2'>final, replayed</span></div>")
+    return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
+
+
+def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
+    sa, sb = run_summary(a), run_summary(b)
+    lines = []
+    if at is None:
+        lines.append("**A and B produced the same tokens.**")
+    elif at < min(len(a.steps), len(b.steps)):
+        x, y = a.steps[at], b.steps[at]
+        lines.append(f"**First divergence at step {at}**: A chose **{html.escape(visible(x.piece))}** "
+                     f"({named_prob_html(shown_prob(x))}), B chose **{html.escape(visible(y.piece))}** "
+                     f"({named_prob_html(shown_prob(y))}).")
+    else:
+        lines.append(f"**Same tokens until step {at}, where one run stopped.**")
+    lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
+              "|---|---|---|---|---|"]
+    for name, s in (("A", sa), ("B", sb)):
+        entropy, ppl = (f"{x:.3f}" if known(x) else "–" for x in (s["mean_entropy"], s["perplexity"]))
+        lines.append(f"| {name} | {s['tokens']} | {fmt_p(s['mean_p'])} | {entropy} | {ppl} |")
+    return "\n".join(lines)
+
+
+def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, str | None]]:
+    out = [(s.text, "diverges here" if i == at else bucket(shown_prob(s))) for i, s in enumerate(rec.steps)]
+    if rec.done and rec.done.tail:
+        out.append((rec.done.tail, None))
+    return out
+
+
+def likelihood_table(scores) -> str:
+    if not scores:
+        return ""
+    total = sum(lp for _, _, lp in scores)
+    lines = ["| token | id | p | log p |", "|---|---|---|---|"]
+    for i, piece, lp in scores:
+        lines.append(f"| {html.escape(visible(piece))} | {i} | {fmt_p(math.exp(lp))} | {lp:.3f} |")
+    lines.append(f"| **all {len(scores)} tokens** | | {fmt_p(math.exp(total))} | {total:.3f} |")
+    return "\n".join(lines)

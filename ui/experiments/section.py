@@ -1,0 +1,86 @@
+"""The sampling experiments' components and events: per-step charts of the run, replay of the
+selected step, compare A/B and "how likely was X?"."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
+from ui.controls import NAMES
+from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, run_chart_frames
+from ui.format import COMPARE_COLOR_MAP, step_axis
+from ui.handlers import Handlers
+from ui.public import ENGINE
+from ui.run_state import RunRecord
+from ui.widgets import setting_control
+
+B_DEFAULTS = {"temperature": 1.5}  # compare A/B starts from a visible difference
+
+
+def build(page, h: Handlers) -> None:
+    d, add, internals = h.defaults, page.add, h.caps.internals
+    with gr.Accordion("Sampling experiments: the pipeline of a step, replay, compare A/B, "
+                      "how likely was X?", open=False):
+        if not h.caps.whole_distribution:
+            gr.Markdown(CHARTS_NOTE, elem_id="charts-note")
+        run_frame, rank_frame = run_chart_frames(RunRecord())
+        with gr.Row():
+            add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric",
+                                         title="Per step: chosen-token probability and raw entropy",
+                                         elem_id="run-chart", min_width=320))
+            add("rank_chart", gr.LinePlot(rank_frame, **step_axis(), y="rank",
+                                          title="Rank of the chosen token in the raw distribution",
+                                          elem_id="rank-chart", min_width=320))
+        # Without the whole logit vector there is no replay: its parts exist, hidden, so that a
+        # run's end still has them to set.
+        if not internals:
+            gr.Markdown(REPLAY_NOTE, elem_id="replay-note")
+        gr.Markdown("**Replay the selected step** under other settings: recomputed from the step's "
+                    "logits, no sampling. The controls start at the run's settings and the replay "
+                    "follows them as they move.", visible=internals)
+        with gr.Row(visible=internals):
+            for n in FILTER_SETTINGS:
+                add(f"replay_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "Replay ", "replay-"))
+        add("replay_button", gr.Button("Replay the selected step", elem_id="replay" if internals else None,
+                                       visible=internals))
+        add("replay_md", gr.Markdown("", elem_id="replay-stages", visible=internals))
+        add("replay_bars", gr.HTML("", elem_id="replay-bars", visible=internals))
+        gr.Markdown("**Compare A/B**: A uses the settings above, B these; same prompt, same seed.")
+        with gr.Row():
+            for n in FILTER_SETTINGS:
+                add(f"b_{n}", setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), h.context, "B ", "b-"))
+        add("compare_button", gr.Button("Run A and B", elem_id="compare"))
+        add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
+        with gr.Row():
+            for name, label in (("out_a", "A"), ("out_b", "B")):
+                add(name, gr.HighlightedText(label=label, color_map=COMPARE_COLOR_MAP, show_legend=True,
+                                             show_inline_category=False, elem_id=f"compare-{label.lower()}",
+                                             min_width=300))
+        with gr.Row():
+            for name, label in (("bars_a", "A"), ("bars_b", "B")):
+                add(name, gr.HTML("", label=f"{label}'s candidates at the divergence",
+                                  elem_id=f"compare-bars-{label.lower()}", min_width=320))
+        gr.Markdown("**How likely was X?** Any continuation, scored token by token at the selected "
+                    "step's position (teacher-forced).")
+        with gr.Row():
+            add("x_text", gr.Textbox(" Paris", label="Continuation", elem_id="likely-text"))
+            add("x_button", gr.Button("Score it", elem_id="likely"))
+        add("x_md", gr.Markdown("", elem_id="likely-table"))
+
+
+def wire(page, h: Handlers) -> None:
+    replay_inputs = [f"replay_{n}" for n in FILTER_SETTINGS]
+    if h.caps.internals:
+        # The replay follows its controls (a typed value, a drag, arrow keys); one forward pass
+        # per step, kept, so that moving them is cheap.
+        args = dict(inputs=("record", "step", *replay_inputs), outputs=("replay_md", "replay_bars"),
+                    api_visibility="private", concurrency_id=ENGINE, show_progress="hidden")
+        page.on(page["replay_button"].click, h.replay_step, **args)
+        triggers = [e for n in replay_inputs for e in ((page[n].input, page[n].release)
+                                                      if isinstance(page[n], gr.Slider) else (page[n].input,))]
+        page.on(lambda fn, **kw: gr.on(triggers, fn, trigger_mode="always_last", **kw), h.replay_step, **args)
+    page.on(page["compare_button"].click, h.compare, inputs=(*NAMES, *(f"b_{n}" for n in FILTER_SETTINGS)),
+            outputs=("out_a", "out_b", "compare_md", "bars_a", "bars_b"), api_name="compare",
+            concurrency_id=ENGINE)
+    page.on(page["x_button"].click, h.likelihood, inputs=("record", "step", "x_text"), outputs=("x_md",),
+            api_visibility="private", concurrency_id=ENGINE)

@@ -1,0 +1,159 @@
+"""Formatting shared by every section of the page: numbers, probabilities, token labels and the
+candidate bars. Pure functions, no Gradio."""
+
+from __future__ import annotations
+
+import html
+import math
+
+from inference.device import dtype_name
+from inference.events import DoneEvent, StepEvent
+
+# Probability buckets for colouring generated tokens (HighlightedText categories).
+BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
+
+
+COLOR_MAP = {"p ≥ 0.9": "#2e7d32", "0.5 ≤ p < 0.9": "#9ccc65", "0.1 ≤ p < 0.5": "#ffb300",
+             "p < 0.1": "#e53935"}
+
+
+# Compare A/B marks the first step where A and B differ; only its outputs have that entry.
+COMPARE_COLOR_MAP = {**COLOR_MAP, "diverges here": "#8e24aa"}
+
+
+# Why a run ended, as the page says it after "Run ended:".
+REASONS = {"eos": "the model emitted its end-of-sequence token", "length": "max new tokens reached",
+           "stop": "a stop string was found", "context": "the context window is full",
+           "cancelled": "stopped on request (Stop, or a new run in this tab)"}
+
+
+def si(n: float, unit: str = "") -> str:
+    """1234567 -> '1.23 M'."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g} {prefix}{unit}"
+    return f"{n:.3g} {unit}".rstrip()
+
+
+def bucket(p: float | None) -> str | None:
+    if p is None:
+        return None
+    return next(name for threshold, name in BUCKETS if p >= threshold)
+
+
+def shown_prob(s: StepEvent) -> float | None:
+    """The probability a token is coloured by: the one it was sampled with, else (in front of
+    a server that gives only the raw distribution) the model's own."""
+    return s.prob if s.prob is not None else s.raw_prob
+
+
+def known(x) -> bool:
+    """A number the engine knows: not None (in front of a server) and not NaN (no steps)."""
+    return x is not None and x == x
+
+
+def visible(text: str) -> str:
+    """Whitespace made visible for token labels: ␣ space, ↵ newline, ⇥ tab, ∅ no text."""
+    return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥") if text else "∅"
+
+
+def fmt_p(p: float | None) -> str:
+    """A probability as shown everywhere: 4 decimals, or 3 significant digits below 1e-4 so that
+    small numbers stay visible; a dash where the engine does not know it."""
+    if not known(p):
+        return "–"
+    return f"{p:.4f}" if p >= 1e-4 or p == 0 else f"{p:.3g}"
+
+
+def fmt_logp(p: float | None) -> str:
+    if not known(p):
+        return "–"
+    return f"{math.log(p):.3f}" if p > 0 else "−∞"
+
+
+def prob_html(p: float) -> str:
+    """p and log p, one shown at a time by the page's switch (PROB_CSS)."""
+    return f"<span class='tl-p'>{fmt_p(p)}</span><span class='tl-lp'>{fmt_logp(p)}</span>"
+
+
+def named_prob_html(p: float | None, prefix: str = "") -> str:
+    """"p = 0.8800" or "log p = -0.128": the "log " is switched with the number (PROB_CSS), so log
+    mode never shows a log value called p. `prefix` goes before either ("raw ")."""
+    return f"{prefix}<span class='tl-lp'>log </span>p = {prob_html(p)}"
+
+
+def chosen_prob_html(prob: float | None, raw_prob: float | None) -> str:
+    """The chosen token's probability and the model's own: "p = 0.8800 (raw p = 0.5000)"."""
+    return f"{named_prob_html(prob)} ({named_prob_html(raw_prob, 'raw ')})"
+
+
+def bucket_class(p: float | None) -> str:
+    """The colour class of a probability; tl-bu (uncoloured) where the engine does not know it."""
+    if not known(p):
+        return "tl-bu"
+    return f"tl-b{next(i for i, (threshold, _) in enumerate(BUCKETS) if p >= threshold)}"
+
+
+def _bar(kind: str, p: float | None) -> str:
+    width = 100 * p if known(p) else 0.0
+    return (f"<span class='tl-bar'><span class='{kind}' style='width:{width:.2f}%'></span></span>"
+            f"<span class='tl-num'>{prob_html(p)}</span>")
+
+
+def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
+    """Horizontal bars: raw model probability and final sampling probability per candidate;
+    `approx` says how approximate the numbers are, or where they come from (empty when they are
+    the model's). A column the engine cannot give (in front of a server) says so in its header
+    and shows dashes, never zeros."""
+    if step is None:
+        return "<div class='tl-bars tl-empty'>Generate to see each step's candidates.</div>"
+    rows = []
+    for c in step.top:
+        chosen = c.id == step.token_id
+        label = html.escape(visible(c.piece))
+        rows.append(
+            f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
+            f"<span class='tl-tok' title='id {c.id}'>{'▶ ' if chosen else ''}{label}</span>"
+            f"{_bar('tl-raw', c.raw_prob)}{_bar('tl-final', c.prob)}</div>")
+    missing = " (not given by the server)"
+    raw_head = "raw model probability" + ("" if any(known(c.raw_prob) for c in step.top) else missing)
+    final_head = "final (sampled from)" + ("" if any(known(c.prob) for c in step.top) else missing)
+    rank = (f", rank {step.rank}" if step.rank is not None
+            else ", rank not known (below the returned candidates)")
+    head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
+            f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with "
+            f"{chosen_prob_html(step.prob, step.raw_prob)}{rank}</div>"
+            + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
+            + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
+            f"<span class='tl-h2'>{raw_head}</span>"
+            f"<span class='tl-h2'>{final_head}</span></div>")
+    return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
+
+
+def approx_note(info) -> str:
+    """What the page says beside its numbers when decoding is not at the model's dtype."""
+    r = info.decode_error
+    if r is None:
+        return ""
+    return (f"Approximate: decode steps read {dtype_name(info.decode_dtype)} copies of the weights. "
+            f"Measured at start-up against {dtype_name(info.dtype)} over {r.steps} steps: "
+            f"probabilities differ by up to {r.max_prob_diff:.4f}; the most likely token agreed on "
+            f"{100 * r.top1_agreement:.0f}% of steps. Start with --decode-dtype same for exact numbers.")
+
+
+def step_axis(first: int = 0) -> dict:
+    """gr.LinePlot settings for a per-step x axis: from the first step, never below it (Vega-Lite
+    pads a short domain into negative steps otherwise). Ticks stay Vega-Lite's: Gradio's LinePlot
+    passes no tickMinStep, so with few steps they may still fall between whole steps."""
+    return {"x": "step", "x_lim": [first, None]}
+
+
+def ordinal(n: int) -> str:
+    return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
+
+
+def ended_markdown(done: DoneEvent, window: str, context: int) -> str:
+    """Why the run ended, under its statistics (the local engine's and a server's alike)."""
+    return (f"\nRun ended: **{REASONS.get(done.reason, done.reason)}**."
+            + (f" Max new tokens was capped at {done.max_new_tokens} to fit {window} of {context}."
+               if done.capped else ""))

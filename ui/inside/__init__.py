@@ -1,0 +1,1 @@
+"""Inside one token: the path through the model, attention, the logit lens."""

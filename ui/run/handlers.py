@@ -1,0 +1,343 @@
+"""The run section's events: a run from the click to its end (also the /generate API), the
+status line while it waits, the step shown in the bars, the context counter, and the downloads."""
+
+from __future__ import annotations
+
+import html
+import inspect
+import json
+import secrets
+import shutil
+import time
+from pathlib import Path
+from typing import Iterator
+
+import gradio as gr
+
+from inference.errors import TokenLabError, shown
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
+from ui.base import PageBase, page_error, seed_or_random, session_of, step_index, takes_controls, who
+from ui.chat import conversation_html, turn_if_answered
+from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
+from ui.experiments.render import run_chart_frames
+from ui.public import tokens_message
+from ui.run import kv, render
+from ui.run_state import RunRecord, run_jsonl
+from ui.streaming import EventPump, paced_interval
+
+# What a run streams, in /generate's output order: output, bars, statistics, KV formula,
+# notice, status, step slider, the tokens (for API clients, complete in the last update), the
+# run's record.
+RUN_OUTPUTS = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "api_tokens", "record")
+# Panels that show results about the previous run; a new run clears them.
+STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
+KEEP_FILES = 200
+DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
+
+
+class RunHandlers(PageBase):
+    @takes_controls(after=("history",))
+    def begin(self, c: Controls, request: gr.Request = None, history=None) -> dict:
+        """At the click, before the run is queued.
+
+        Valid input: the prompt as fed and its tokens, every panel of the previous run cleared
+        (output, bars, statistics, charts, replay, likelihood, inside one token) and its
+        downloads, whole-run charts and seed reset, Generate disabled and Stop enabled, the
+        step slider spanning the steps to come, the chart timer on, and a waiting record (the
+        status line says what the run waits for). Bad input: the error in the status line and
+        every panel kept as it was; `generate` refuses it too. A session with a job going, or a
+        client at its share, is refused here with a page error (begin runs in the queue,
+        unlimited, so that this is no HTTP 500), and the run is not queued."""
+        session, client = who(request)
+        self.registry.settle(session)  # a run just stopped ends within a step
+        refusal = self.admission.refusal(session, client)
+        if refusal is not None:
+            raise gr.Error(refusal, print_exception=False)
+        try:
+            parse_seed(c.seed)
+            rec = self._prepare(c, 0, history)
+        except TokenLabError as e:
+            return {"status": f"⚠ Not started: {e}"}
+        rec.seed, rec.queued_at = None, time.monotonic()
+        with self._lock:
+            self._waiting[session] = rec.queued_at
+            self._stopped_waiting.discard(session)
+        empty = RunRecord()
+        run_chart, rank_chart = run_chart_frames(empty)
+        return {
+            "prompt_view": rec.prompt_text, "tokens": render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids),
+            "kv_chart": kv.kv_frame(empty), "latency": kv.latency_frame(empty), "live": gr.Timer(active=True),
+            "generate": gr.update(interactive=False), "regenerate": gr.update(interactive=False),
+            "stop_button": gr.update(interactive=True, variant="stop"),
+            "step": gr.update(minimum=0, maximum=max(rec.max_steps - 1, 1), value=0, interactive=False),
+            "status": self._status(rec, session),
+            "output": render.output_html(None, None, empty="Waiting for the engine…"),
+            "bars": self._bars(None), "stats": "Waiting for the engine…", "notice": "",
+            **{name: "" for name in STALE_PANELS},
+            # What the previous run left: its downloads, its whole-run charts, and its seed
+            # (which a link made during the new run would otherwise carry).
+            "downloads": render.downloads_html(None, None), "run_chart": run_chart, "rank_chart": rank_chart,
+            "run_seed": "", "record": rec}
+
+    @takes_controls(after=("history",))
+    def generate(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[dict]:
+        """Stream a run: RUN_OUTPUTS' values, as `outputs` gives them."""
+        session = session_of(request)
+        with self._lock:
+            queued_at = self._waiting.pop(session, None)
+            stopped = session in self._stopped_waiting
+            self._stopped_waiting.discard(session)
+        try:
+            rec = self._prepare(c, seed_or_random(c.seed), history)
+        except TokenLabError as e:
+            raise page_error(e) from None
+        rec.queued_at, rec.started_at = queued_at, time.monotonic()
+        with self._job(request) as cancel:
+            if stopped:  # Stop was pressed while the run waited: it ends before its first token
+                cancel.set()
+            yield from self._stream(rec, cancel)
+
+    def _stream(self, rec: RunRecord, cancel) -> Iterator[dict]:
+        notice = ""
+        n, room = len(rec.prompt_ids), self.context - len(rec.prompt_ids)
+        if rec.params.max_new_tokens > room:
+            notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
+                      f"uses {n} of the {self.context}-token context window.")
+        stream = EventPump(self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel), cancel)
+        try:
+            yield self.outputs(rec, notice)
+            for batch in stream.batches(lambda: paced_interval(self.update_interval_s, self.engine.active_runs)):
+                for ev in batch:
+                    rec.add(ev)
+                yield self.outputs(rec, notice)  # the last one carries the complete text
+        finally:
+            stream.close()
+
+    @takes_controls(after=("history",))
+    def generate_on_page(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[dict]:
+        """`generate` for the page's own buttons. Input that `begin` refused (and said so in the
+        status line) is not raised again, since gradio would mark every output "Error": it is
+        repeated in a toast and every panel is kept. Scripts call /generate, which raises."""
+        try:
+            parse_seed(c.seed)
+            self._prepare(c, 0, history)
+        except TokenLabError as e:
+            gr.Warning(f"Not started: {e}")
+            yield {}
+            return
+        yield from self.generate(*c.values(), request, history)
+
+    def outputs(self, rec: RunRecord, notice: str = "") -> dict:
+        """RUN_OUTPUTS' values for the run so far.
+
+        Only what changes with every token streams here, and every value is sent: a gr.skip()
+        costs more than a small value, as Gradio rebuilds the component on the server. The
+        prompt's view and the charts, larger and slower to change, come from `begin`,
+        `live_tick` (twice a second while the run streams) and `after_run`. The output's
+        popovers (each token's alternatives) come with the last update only.
+
+        The values are sent as they are (the run's events have postprocess=False): Gradio's
+        own postprocessing, one thread hop per component per update, cost ~0.9 ms of CPU an
+        update and took the GIL from the engine's thread. The Markdown ones are dedented here,
+        as Gradio's Markdown would.
+        """
+        last = rec.steps[-1] if rec.steps else None
+        tok = self.engine.tokenizer
+        waiting = ("Waiting for the server…" if rec.waiting is not None else
+                   f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…")
+        return {
+            "output": render.output_html(rec, tok, empty=waiting),
+            "bars": self._bars(last),
+            "stats": inspect.cleandoc(render.stats_markdown(self.info, rec)),
+            "kv_text": inspect.cleandoc(self._kv_text(rec)),
+            "notice": inspect.cleandoc(notice),  # the wait, if any, is on the status line
+            "status": inspect.cleandoc(render.status_text(rec, self.context, time.monotonic())),
+            "step": last.step if last else 0,
+            "api_tokens": render.output_tokens(rec, tok) if rec.done is not None else [],
+            "record": rec,
+        }
+
+    def _kv_text(self, rec: RunRecord) -> str:
+        """The KV-cache formula with this run's positions held (the prompt and every token but
+        the newest): measured where the engine measures them, else counted by the formula."""
+        last = rec.steps[-1] if rec.steps else None
+        positions = len(rec.prompt_ids) + len(rec.steps) - 1 if last else None
+        return (kv.kv_formula(self.info, positions, last.kv_cache_bytes if last else None)
+                + kv.pool_markdown(last))
+
+    def _status(self, rec: RunRecord, session: str) -> str:
+        with self._lock:
+            mine = self._waiting.get(session)
+            before = sum(1 for s, t in self._waiting.items() if s != session and mine is not None and t < mine)
+        return render.status_text(rec, self.context, time.monotonic(), (self.engine.active_runs, before))
+
+    def live_tick(self, rec: RunRecord | None, request: gr.Request = None) -> dict:
+        """Twice a second while a run is on: its KV-cache and latency charts, and while no token
+        has come yet the status line (waiting for the engine, or the prefill of a long prompt,
+        with the time)."""
+        if rec is None or rec.done is not None:  # waiting for its click to be taken, or over
+            return {}
+        if rec.steps:
+            return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec)}
+        return {"status": self._status(rec, session_of(request))}
+
+    def after_run(self, rec: RunRecord | None, history=None, request: gr.Request = None) -> dict:
+        """Once a run has ended (or was refused): the chart timer off, Generate enabled and Stop
+        inactive; for a run that ended, the final charts, the step slider spanning its steps,
+        the whole-run charts, the replay controls at the run's settings (an untouched replay is
+        the run), the tokens of prompt and output, the downloads, the seed it used, and in chat
+        mode the turn added to the conversation."""
+        with self._lock:
+            self._waiting.pop(session_of(request), None)
+        history = list(history or [])
+        idle = {"live": gr.Timer(active=False), "generate": gr.update(interactive=True),
+                "regenerate": gr.update(interactive=bool(history)),
+                "stop_button": gr.update(interactive=False, variant="secondary")}
+        if rec is None or rec.finished or rec.started_at is None:
+            # Refused before it ran (bad input, a full queue) or already drawn: nothing to draw.
+            if rec is not None and not rec.finished:
+                idle["status"] = "The run did not start: see the message."
+            return idle
+        rec.finished = True
+        n = len(rec.steps)
+        # The turn is added once, to the conversation it continued.
+        turn = turn_if_answered(rec) if history == list(rec.history) else []
+        new_history = history + turn
+        run_chart, rank_chart = run_chart_frames(rec)
+        out = {**idle, "regenerate": gr.update(interactive=bool(new_history)),
+               "kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
+               "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
+               "run_chart": run_chart, "rank_chart": rank_chart,
+               **{f"replay_{name}": getattr(rec.params, name) for name in FILTER_SETTINGS},
+               "tokens": render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids,
+                                                [s.token_id for s in rec.steps]),
+               "downloads": render.downloads_html(
+                   self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
+                   self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec))),
+               "run_seed": "" if rec.seed is None else str(rec.seed),
+               "history": new_history, "conversation": conversation_html(new_history),
+               "status": (render.status_text(rec, self.context, time.monotonic()) if rec.done is not None
+                          else "The run failed: see the message.")}
+        if turn:  # a chat turn was sent: the box is ready for the next
+            out["prompt"] = ""
+        return out
+
+    def _settings_json(self, rec: RunRecord) -> str:
+        """The run's settings, as the page's controls (and the link's query) name them, with the
+        seed it used; in chat mode also the earlier turns it continued."""
+        c = rec.controls or Controls()
+        data = {**dict(zip(NAMES, c.values())), "seed": "" if rec.seed is None else str(rec.seed)}
+        if rec.mode == "chat":
+            data["history"] = list(rec.history)
+        return json.dumps(data, ensure_ascii=False, indent=1) + "\n"
+
+    def _write_file(self, name: str, text: str) -> str:
+        """Write a download and return its address, relative to the page: DOWNLOAD_ROUTE, a
+        random token and the name. Only files written here are served (download_path); the
+        oldest are deleted once there are more than KEEP_FILES."""
+        token = secrets.token_hex(16)
+        d = self._files_dir / token
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / name
+        path.write_text(text, encoding="utf-8")
+        with self._lock:
+            self._files.append(token)
+            self._file_paths[token] = path
+            old = [self._files.popleft() for _ in range(max(0, len(self._files) - KEEP_FILES))]
+            for t in old:
+                self._file_paths.pop(t, None)
+        for t in old:
+            shutil.rmtree(self._files_dir / t, ignore_errors=True)
+        return f"{DOWNLOAD_ROUTE}/{token}/{name}"
+
+    def download_path(self, token: str, name: str) -> Path | None:
+        """The file a download address names, if this page wrote it (and still keeps it)."""
+        with self._lock:
+            path = self._file_paths.get(token)
+        return path if path is not None and path.name == name and path.exists() else None
+
+    def count_context(self, prompt, mode, system, max_new_tokens, history=None) -> str:
+        """The context counter while typing: the prompt's tokens (in chat mode with the template
+        and the earlier turns) + the most new tokens / the context window."""
+        chat = mode == "chat"
+        turns = list(history or []) if chat else []
+        try:
+            ids = self.engine.prompt_ids(prompt, chat, system, turns)
+        except TokenLabError as e:
+            if isinstance(prompt, str) and not prompt.strip():
+                if turns:
+                    return f"Context: {len(turns) // 2} earlier turn(s) kept · type your next message"
+                return "Context: the prompt is empty"
+            return f"Context: {html.escape(str(e))}"
+        try:
+            max_new = BY_NAME["max_new_tokens"].parse(max_new_tokens)
+        except TokenLabError:
+            max_new = None
+        return render.context_text(len(ids), None, max_new, self.context)
+
+    # -------------------------------------------------------- selecting a step after the run
+
+    def select_step(self, rec: RunRecord | None, step) -> str:
+        if rec is None or not rec.steps:
+            return self._bars(None)
+        return self._bars(rec.steps[step_index(rec, step)])
+
+    def select_token(self, rec: RunRecord | None, evt: gr.SelectData) -> dict:
+        """Clicking a generated token (or character) shows its (first) step's bars and moves the
+        slider there."""
+        if rec is None or not rec.steps or evt is None or evt.index is None:
+            return {}
+        index = evt.index
+        if isinstance(index, (list, tuple)):
+            index = index[0] if index else None
+        chips = render.output_chips(rec, self.engine.tokenizer)
+        try:
+            i = chips[min(max(int(index), 0), len(chips) - 1)].steps[0]
+        except (TypeError, ValueError, OverflowError):
+            return {}
+        return {"bars": self._bars(rec.steps[i]), "step": gr.update(value=i)}
+
+    def _prepare(self, c: Controls, seed: int, history=None, **override) -> RunRecord:
+        """Validate the controls and tokenize the prompt: an empty record ready to run."""
+        if c.mode not in MODES:
+            raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
+        params = sampling_params(c, seed, **override)
+        cap = self.limits.max_new_tokens
+        if cap is not None and params.max_new_tokens > cap:
+            raise TokenLabError(tokens_message(cap, params.max_new_tokens))
+        chat = c.mode == "chat"
+        turns = list(history or []) if chat else []
+        ids = self.engine.prompt_ids(c.prompt, chat, c.system, turns)
+        return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
+                         params=params, mode=c.mode, user_message=c.prompt, system=c.system or "",
+                         history=turns, max_steps=min(params.max_new_tokens, self.context - len(ids)),
+                         controls=c, kv_bytes_per_token=self.info.kv_bytes_per_position)
+
+    # -------------------------------------------------------- the server's own load
+
+    def server_load(self) -> str:
+        """The whole server's KV-cache use and queue, where the engine has one: at load, twice
+        a second while a run streams, and after it."""
+        if not self.caps.server_load:
+            return ""
+        try:
+            return kv.server_load_markdown(self.engine.server_load())
+        except TokenLabError as e:
+            return kv.server_load_markdown(error=str(e))
+
+    # -------------------------------------------------------- stop, closed tabs
+
+    def stop(self, request: gr.Request | None = None) -> None:
+        session = session_of(request)
+        with self._lock:
+            if session in self._waiting:  # not yet running: it ends as soon as it starts
+                self._stopped_waiting.add(session)
+        self.registry.stop(session)
+
+    def closed(self, request: gr.Request | None = None) -> None:
+        """The tab was closed: its run ends, a run it still waited for no longer counts, and its
+        session no longer counts to its client."""
+        self.stop(request)
+        with self._lock:
+            self._waiting.pop(session_of(request), None)
+        self.admission.sessions.forget(session_of(request))

@@ -1,0 +1,97 @@
+"""The KV-cache panel: per-step memory, this run's blocks of the paged pool, the formula with
+this model's numbers, and in front of a server the whole server's load."""
+
+from __future__ import annotations
+
+import html
+import time
+
+import pandas as pd
+
+from inference.model.kv_cache import BLOCK_SIZE
+from ui.format import si
+from ui.run.render import NO_CONFIG
+from ui.run_state import RunRecord
+
+
+def kv_frame(rec: RunRecord) -> pd.DataFrame:
+    """KV-cache MiB per step: used (prefill jump, then one position per step) and allocated.
+    In front of a server, which does not say what one request holds: this run's positions times
+    the formula's bytes per position, where the model's config is known."""
+    rows = []
+    if rec.steps and rec.steps[0].kv_cache_bytes is None:
+        per, n = rec.kv_bytes_per_token, len(rec.prompt_ids)
+        if per:
+            series = "this run, by the formula"
+            rows.append({"step": -1, "MiB": 0.0, "series": series})
+            rows += [{"step": s.step, "MiB": per * (n + s.step) / 2**20, "series": series} for s in rec.steps]
+        return pd.DataFrame(rows, columns=["step", "MiB", "series"])
+    if rec.steps:  # before prefill the cache is empty: the first step shows the prefill's jump
+        rows.append({"step": -1, "MiB": 0.0, "series": "used"})
+        rows.append({"step": -1, "MiB": 0.0, "series": "allocated"})
+    for s in rec.steps:
+        rows.append({"step": s.step, "MiB": s.kv_cache_bytes / 2**20, "series": "used"})
+        rows.append({"step": s.step, "MiB": s.kv_cache_capacity_bytes / 2**20, "series": "allocated"})
+        if s.pool is not None:
+            rows.append({"step": s.step, "MiB": s.pool.bytes_used / 2**20, "series": "server pool, all runs"})
+    return pd.DataFrame(rows, columns=["step", "MiB", "series"])
+
+
+def latency_frame(rec: RunRecord) -> pd.DataFrame:
+    return pd.DataFrame([{"step": s.step, "ms": s.ms} for s in rec.steps[1:]], columns=["step", "ms"])
+
+
+def pool_markdown(step: StepEvent | None) -> str:
+    """This run's blocks of the paged KV cache, beside the server's whole pool."""
+    if step is None or step.pool is None:
+        return ""
+    p = step.pool
+    return (f"\n\n**Paged KV cache**: this run holds **{step.kv_blocks} block{'s' * (step.kv_blocks != 1)}** "
+            f"of {BLOCK_SIZE} positions "
+            f"({si(step.kv_cache_capacity_bytes, 'B')}). The server's pool (all runs): "
+            f"**{p.blocks_used:,} of {p.blocks_total:,} blocks** in use ({si(p.bytes_used, 'B')} of "
+            f"{si(p.blocks_total * p.bytes_per_block, 'B')}) by {p.active_runs} "
+            f"run{'s' if p.active_runs != 1 else ''}, {p.blocks_reserved:,} promised to them"
+            + (f", {p.waiting_runs} waiting" if p.waiting_runs else "")
+            + (f"; {p.blocks_cached:,} kept from finished runs for a prompt that starts the same way (a chat's "
+               "next turn), given back when a run needs them" if p.blocks_cached else "") + ".")
+
+
+def kv_formula(info, positions: int | None = None, measured_bytes: int | None = None) -> str:
+    """The cache's formula with this model's numbers. measured_bytes: a step's cache use as the
+    engine measured it (the positions it holds: the prompt and every token but the newest, not
+    yet fed back); else positions, counted here (a server does not say what one request holds).
+    Bytes per value are left as b where nothing says (remote/metrics.kv_bytes_per_value)."""
+    cfg, b = info.cfg, info.kv_value_bytes
+    if cfg is None:
+        return "**KV cache** = 2 × layers × KV heads × head dim × bytes per value × positions. " + NO_CONFIG
+    dims = f"2 × {cfg.n_layers} × {cfg.n_kv_heads} × {cfg.head_dim}"
+    if b is None:
+        return (f"**KV cache** = {dims} × b × positions = **{2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim:,} × b "
+                f"bytes per position**, b = bytes per value: {info.kv_value_bytes_source}.")
+    per = info.kv_bytes_per_position
+    text = (f"**KV cache** = 2 × layers × KV heads × head dim × bytes per value × positions = "
+            f"{dims} × {b} × positions = **{per:,} bytes per position**")
+    if not info.capabilities.measured_kv:
+        text += f" ({b} bytes per value: {info.kv_value_bytes_source})"
+    if measured_bytes:
+        text += f"; × {measured_bytes // per} positions held = {measured_bytes:,} bytes ({measured_bytes / 2**20:.2f} MiB)"
+    elif positions:
+        text += (f"; × {positions} positions this run holds = {per * positions / 2**20:.2f} MiB, by the "
+                 "formula (the server does not say what one request holds)")
+    return text
+
+
+def server_load_markdown(load=None, error: str | None = None) -> str:
+    """The whole server's numbers, from its /metrics: every request on it, not only this page's."""
+    at = time.strftime("%H:%M:%S")
+    if error is not None:
+        return f"**The whole server** ({at}): its /metrics did not answer: {html.escape(error)}"
+    usage = "not published" if load.kv_cache_usage is None else f"{100 * load.kv_cache_usage:.1f}% in use"
+    pool = ""
+    if load.pool_tokens:
+        pool = f" of {load.pool_tokens:,} positions" + (f" ({si(load.pool_bytes, 'B')})" if load.pool_bytes else "")
+    running = "–" if load.running is None else load.running
+    waiting = "–" if load.waiting is None else load.waiting
+    return (f"**The whole server** (every request on it, not only this page's; its /metrics at {at}): "
+            f"KV cache {usage}{pool} · {running} requests running · {waiting} waiting")

@@ -1,0 +1,309 @@
+"""What the run section shows: the generated text with its popovers, the tokenization view, the
+status and context lines, the run's statistics and the model card. Pure functions of the
+engine's EngineInfo and a run's record."""
+
+from __future__ import annotations
+
+import html
+import math
+from dataclasses import dataclass
+
+from inference.device import dtype_name
+from inference.model.anatomy import decode_cost
+from ui.format import (BUCKETS, REASONS, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
+                       approx_note, ordinal, prob_html, shown_prob, si, visible)
+from ui.run_state import RunRecord
+
+# Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
+LOGPROBS = {
+    "raw": "the model's own distribution (vLLM's default --logprobs-mode raw_logprobs)",
+    "processed": "the distribution after the sampling settings (--logprobs-mode processed_logprobs)",
+}
+NO_CONFIG = ("The served model's shapes are not known here: start the page with "
+             "`--engine-config PATH` (its config.json, or a local copy of the model) for them and "
+             "the KV-cache formula.")
+
+
+@dataclass
+class Chip:
+    """One piece of the generated text as the page shows it: a token, or the byte tokens that
+    make one character together."""
+    text: str
+    prob: float | None  # the probability the chip was sampled with: the product over its tokens
+    steps: range  # the steps it spans
+    cut: bool = False  # a character the end of the run cut off
+
+
+def output_chips(rec: RunRecord, tokenizer) -> list[Chip]:
+    chips = []
+    for steps, complete in tokenizer.char_groups([s.token_id for s in rec.steps]):
+        group = [rec.steps[i] for i in steps]
+        text = "".join(s.text for s in group)
+        if not complete:
+            held = "".join(s.piece for s in group)
+            text = f"{text}[cut off: {held}]" if rec.done is not None else text
+        probs = [shown_prob(s) for s in group]
+        chips.append(Chip(text, None if None in probs else math.prod(probs), steps, not complete))
+    return chips
+
+
+def highlighted_output(rec: RunRecord, tokenizer) -> list[tuple[str, str | None]]:
+    """One (text, bucket) entry per chip; output_chips maps a click's index to its steps."""
+    chips = output_chips(rec, tokenizer)
+    out = [(c.text, bucket(c.prob)) for c in chips]
+    tail = rec.done.tail if rec.done else ""
+    if chips and chips[-1].cut:  # shown as cut off above, not as U+FFFD
+        tail = tail.replace("\ufffd", "")
+    if tail:
+        out.append((tail, None))
+    return out
+
+
+def _shown(text: str) -> str:
+    """Generated text as HTML that shows every newline: a visible ↵, then the line break (the
+    output is white-space: pre-wrap)."""
+    return html.escape(text).replace("\n", "↵\n")
+
+
+def legend_html() -> str:
+    """What the output's colours mean; only shown under output that has them (output_html)."""
+    return ("<div class='tl-legend'>colour = probability the token was sampled with: "
+            + "".join(f"<span class='tl-key {bucket_class(t)}'>{html.escape(name)}</span>" for t, name in BUCKETS)
+            + "</div>")
+
+
+def _popover(rec: RunRecord, chip: "Chip", tokenizer) -> str:
+    """What hovering (or tapping) a generated token shows: its step, probabilities and the top
+    alternatives the model had there."""
+    first = rec.steps[chip.steps[0]]
+    shown = first.top[:5]
+    if all(c.id != first.token_id for c in shown):  # a sampled token further down: listed too, last
+        shown = shown + [c for c in first.top if c.id == first.token_id]
+    rows = "".join(
+        f"<span class='tl-alt{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
+        f"<span>{html.escape(visible(c.piece))}</span><span>{prob_html(c.prob)}</span></span>"
+        for c in shown)
+    span = f"steps {chip.steps[0]}–{chip.steps[-1]}" if len(chip.steps) > 1 else f"step {chip.steps[0]}"
+    return (f"<span class='tl-pop' role='tooltip'><span class='tl-pop-head'>{span} · id {first.token_id} · "
+            f"{chosen_prob_html(first.prob, first.raw_prob)}</span>{rows}</span>")
+
+
+def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, empty: str = "") -> str:
+    """The generated text as the page shows it: one span per chip, coloured by its probability,
+    newlines visible; data-i is the chip's index (a click selects its step). With detail (by
+    default once the run has ended) each chip carries a popover with the top alternatives;
+    while streaming only its probability, in the title, to keep updates small."""
+    if rec is None or (not rec.steps and rec.done is None):
+        return f"<div class='tl-out tl-empty'>{html.escape(empty or 'Generate to see the output here.')}</div>"
+    detail = rec.done is not None if detail is None else detail
+    chips = output_chips(rec, tokenizer)
+    parts = []
+    for i, c in enumerate(chips):
+        if detail:
+            parts.append(f"<span class='tl-t {bucket_class(c.prob)}' data-i='{i}' tabindex='0'>"
+                         f"{_shown(c.text) or '∅'}{_popover(rec, c, tokenizer)}</span>")
+        else:
+            parts.append(f"<span class='tl-t {bucket_class(c.prob)}' data-i='{i}' title='p {fmt_p(c.prob)}'>"
+                         f"{_shown(c.text) or '∅'}</span>")
+    tail = rec.done.tail if rec.done else ""
+    if chips and chips[-1].cut:
+        tail = tail.replace("\ufffd", "")
+    if tail:
+        parts.append(f"<span class='tl-tail' title='text held back until the end'>{_shown(tail)}</span>")
+    text = rec.done.text if rec.done is not None else "".join(s.text for s in rec.steps)
+    # No legend under a run that ended without a coloured token: there is nothing for it to explain.
+    return (f"<div class='tl-out' data-text='{html.escape(text, quote=True)}'>{''.join(parts)}</div>"
+            + (legend_html() if chips else ""))
+
+
+def output_tokens(rec: RunRecord | None, tokenizer) -> list[dict]:
+    """The generated text for API clients: one entry per chip (text, probability, first step)."""
+    if rec is None:
+        return []
+    out = [{"token": c.text, "prob": c.prob, "step": c.steps[0]} for c in output_chips(rec, tokenizer)]
+    tail = rec.done.tail if rec.done else ""
+    if out and rec.steps and output_chips(rec, tokenizer)[-1].cut:
+        tail = tail.replace("\ufffd", "")
+    if tail:  # text held back until the end: no step of its own
+        out.append({"token": tail, "prob": None, "step": None})
+    return out
+
+
+def _token_chips(tokenizer, ids: list[int]) -> str:
+    chips = []
+    for positions, complete in tokenizer.char_groups(ids):
+        group = [ids[i] for i in positions]
+        tokens = "".join(f"<span class='tl-tk{' tl-ctl' if tokenizer.is_control(i) else ''}'>"
+                         f"{html.escape(visible(tokenizer.piece(i)))}<sub>{i}</sub></span>" for i in group)
+        if len(group) == 1:
+            chips.append(f"<span class='tl-chip'>{tokens}</span>")
+        else:
+            char = tokenizer.decode(group) if complete else "[cut off]"
+            chips.append(f"<span class='tl-chip tl-char'><span class='tl-c'>{html.escape(visible(char))}"
+                         f"</span><span class='tl-bytes'>{tokens}</span></span>")
+    return "".join(chips)
+
+
+def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] | None = None) -> str:
+    """The tokenization view: the prompt's tokens, and once there are any the generated ones."""
+    out = prompt_tokens_html(tokenizer, prompt_ids)
+    if generated_ids:
+        out += (f"<div class='tl-tokens tl-gen-tokens'><div class='tl-title'>Generated: {len(generated_ids):,} tokens"
+                f"</div><div class='tl-chips'>{_token_chips(tokenizer, generated_ids)}</div></div>")
+    return out
+
+
+def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
+    """The prompt's tokens as chips: one per token, and one per character made of byte tokens
+    with those tokens beneath it; control tokens marked."""
+    control = sum(tokenizer.is_control(i) for i in ids)
+    return (f"<div class='tl-tokens'><div class='tl-title'>Prompt: {len(ids):,} tokens"
+            + (f", {control:,} of them control tokens (outlined)" if control else "")
+            + f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
+
+
+def downloads_html(run_url: str | None, settings_url: str | None) -> str:
+    """Links to a run's downloads (addresses relative to the page), or a note before any run."""
+    if not run_url:
+        return "<div class='tl-downloads tl-empty'>Downloads of the run's steps and settings come with its end.</div>"
+    return (f"<div class='tl-downloads'><a class='tl-dl' id='download-run' href='{html.escape(run_url, quote=True)}' "
+            f"download>Download run (JSONL)</a><a class='tl-dl' id='download-settings' "
+            f"href='{html.escape(settings_url, quote=True)}' download>Download settings (JSON)</a></div>")
+
+
+def context_text(n_prompt: int, n_generated: int | None, max_new: int | None, context: int) -> str:
+    """The context counter: prompt + generated (or the most that may be) / the context window."""
+    if n_generated is None:
+        room = context - n_prompt
+        most = min(max_new or 0, room)
+        return (f"Context: **{n_prompt:,}** prompt tokens + up to {most:,} new = {n_prompt + most:,} "
+                f"of {context:,}" + (f" (max new tokens will be lowered to {room:,})" if max_new and max_new > room else ""))
+    return f"Context: **{n_prompt:,}** prompt + **{n_generated:,}** generated = {n_prompt + n_generated:,} of {context:,}"
+
+
+def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[int, int] | None = None) -> str:
+    """One line on where the run is: waiting for the engine (with what is ahead and for how
+    long), prefill of a long prompt, generating, or ended."""
+    if rec is None:
+        return ""
+    n = len(rec.prompt_ids)
+    if rec.started_at is None:  # clicked, not yet taken by the engine
+        waited = now - rec.queued_at if rec.queued_at is not None else 0.0
+        running, before = ahead or (0, 0)
+        return (f"Waiting for the engine · {running} run{'s' * (running != 1)} in progress, "
+                f"{before} waiting before yours · {waited:.1f} s so far")
+    if rec.waiting is not None and rec.done is None:  # admitted by Gradio, queued for KV blocks
+        w, p = rec.waiting, rec.waiting.pool
+        return (f"Waiting for the server: {ordinal(w.position)} in line · {now - rec.started_at:.1f} s so far · "
+                f"this run may grow to {w.blocks_needed} KV blocks; {p.blocks_reserved:,} of the pool's "
+                f"{p.blocks_total:,} are promised to the {p.active_runs} run{'s' if p.active_runs != 1 else ''} "
+                "in progress")
+    if not rec.steps and rec.done is None:
+        read = f"{rec.prefilled:,} of {n:,} prompt tokens read" if rec.prefilled else f"{n:,} prompt tokens"
+        return f"Prefill of {read}… {now - rec.started_at:.1f} s so far (the first token comes after it)"
+    g = len(rec.steps)
+    ctx = context_text(n, g, None, context)
+    if rec.done is None:
+        return f"Generating: {g:,} of at most {rec.max_steps:,} tokens · {ctx}"
+    return f"Run ended: {REASONS.get(rec.done.reason, rec.done.reason)} · {g:,} tokens · {ctx}"
+
+
+def bars_note(info, top_n: int) -> str:
+    """The line under each step's bars: where its numbers come from, or how approximate they are."""
+    if not info.capabilities.whole_distribution:
+        return (f"From the server's log-probabilities of its top {top_n} candidates: "
+                f"{LOGPROBS[info.capabilities.logprobs]}.")
+    return approx_note(info)
+
+
+def model_card(info) -> str:
+    """The model's name, shapes, size and where it runs; in front of a server, which
+    distribution its log-probabilities are."""
+    return _local_card(info) if info.capabilities.internals else _served_card(info)
+
+
+def _local_card(info) -> str:
+    cfg = info.cfg
+    params = cfg.param_counts()
+    cost = decode_cost(cfg, 1, info.dtype.itemsize)
+    return (f"**{html.escape(info.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
+            f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
+            f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
+            f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
+            f" · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
+            f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
+            f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'} on "
+            f"{info.where} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
+            f"(2 × matmul parameters + attention) · every probability on this page is computed at "
+            f"{dtype_name(info.decode_dtype)}"
+            + (f"  \n⚠ {approx_note(info)}" if info.decode_error else ""))
+
+
+def _served_card(info) -> str:
+    head = (f"**{html.escape(info.name)}** served by vLLM at `{html.escape(info.where)}` · context "
+            f"{info.max_seq_len:,} tokens (the server's) · log-probabilities: {LOGPROBS[info.capabilities.logprobs]}, "
+            f"{info.logprobs_source}")
+    cfg = info.cfg
+    if cfg is None:
+        return head + "  \n" + NO_CONFIG
+    params = cfg.param_counts()
+    return (head + "  \n"
+            f"{cfg.n_layers} layers · hidden {cfg.hidden_size} · {cfg.n_heads} heads / {cfg.n_kv_heads} "
+            f"KV heads · head dim {cfg.head_dim} · FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · "
+            f"**{params['total'] / 1e6:.1f} M parameters** · ≈ {si(decode_cost(cfg, 1, 2).flops, 'FLOPs')} per "
+            f"token at a 1-token context (from `{html.escape(info.config_source)}`)")
+
+
+def stats_markdown(info, rec: RunRecord) -> str:
+    """The run's numbers: measured by the engine, or at this page in front of a server."""
+    return _engine_stats(info, rec) if info.capabilities.local_timing else _page_stats(info, rec)
+
+
+def _engine_stats(info, rec: RunRecord) -> str:
+    """The run's numbers as a two-column table (measure, value): it fits any width without
+    breaking a header or a number."""
+    if not rec.steps:
+        if rec.done is not None:
+            return f"Run ended: **{REASONS.get(rec.done.reason, rec.done.reason)}**, no token generated."
+        return "No run yet." if rec.started_at is None else "Running: the numbers come with the first token."
+    first = rec.steps[0]
+    n = len(rec.steps)
+    ctx = len(rec.prompt_ids) + n
+    cost = decode_cost(info.cfg, ctx, info.dtype.itemsize)
+    decode_ms = sum(s.ms for s in rec.steps[1:])
+    tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
+    ttft = f"{first.prefill_ms:.0f} ms" + (f" (+ {first.wait_ms / 1000:.1f} s queued)"
+                                            if first.wait_ms and first.wait_ms >= 50 else "")
+    reused = first.prompt_tokens_reused or 0
+    prompt = f"{len(rec.prompt_ids)}" + (f" ({reused} read from the KV cache of an earlier run)" if reused else "")
+    rows = [("prompt tokens", prompt), ("time to first token", ttft),
+            ("generated", f"{n}"), ("decode speed", f"{tps:.1f} tok/s"),
+            (f"FLOPs / token (at {ctx} ctx)", f"{si(cost.flops)} ({si(cost.attention_flops)} attention)"),
+            ("seed", f"{rec.seed}")]
+    lines = ["| measure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
+    if rec.done is not None:
+        lines.append(ended_markdown(rec.done, "the context window", info.max_seq_len))
+    return "\n".join(lines)
+
+
+def _page_stats(info, rec: RunRecord) -> str:
+    """Times measured at this page: the network and the server's queue included."""
+    if not rec.steps:
+        return "No run yet."
+    n = len(rec.steps)
+    ctx = len(rec.prompt_ids) + n
+    arrived = [s.ms for s in rec.steps[1:]]
+    decode_s = sum(arrived) / 1000
+    tps = (n - 1) / decode_s if decode_s > 0 else 0.0
+    flops = (f"{si(decode_cost(info.cfg, ctx, 2).flops)}" if info.cfg is not None else "– (no config)")
+    lines = [
+        f"| prompt tokens | time to first token (at the page) | generated | tokens/s (at the page) | "
+        f"FLOPs / token (at {ctx} ctx) | seed |",
+        "|---|---|---|---|---|---|",
+        f"| {len(rec.prompt_ids)} | {rec.steps[0].prefill_ms:.0f} ms | {n} | {tps:.1f} | {flops} | {rec.seed} |",
+        "",
+        "Times are measured at this page: they include the network and the server's queue.",
+    ]
+    if rec.done is not None:
+        lines.append(ended_markdown(rec.done, "the server's context window", info.max_seq_len))
+    return "\n".join(lines)

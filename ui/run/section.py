@@ -1,0 +1,173 @@
+"""The run section's components and events: prompt and settings, the streaming output with its
+bars, the status line, the KV-cache and latency charts, the statistics and the tokenization."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
+from ui import chat, share
+from ui.controls import NAMES
+from ui.format import bars_html, step_axis
+from ui.handlers import RUN_OUTPUTS, STALE_PANELS, Handlers
+from ui.public import ENGINE
+from ui.run import kv, render
+from ui.run_state import RunRecord
+from ui.streaming import CHART_INTERVAL_S
+from ui.widgets import setting_control
+
+EXAMPLES = [
+    ["The capital of France is", "completion"],
+    ["今天天气真", "completion"],
+    ["def fibonacci(n):\n    ", "completion"],
+    ["Once upon a time, a tiny language model", "completion"],
+    ["Explain in one sentence why the sky is blue.", "chat"],
+]
+OUTPUT_JS = (Path(__file__).parent.parent / "assets" / "output.js").read_text(encoding="utf-8")
+SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); return []; }"
+COPY_TEXT_JS = """() => {
+  const el = document.querySelector('#output .tl-out');
+  const text = el ? (el.dataset.text || '') : '';
+  if (navigator.clipboard) navigator.clipboard.writeText(text).catch(() => {});
+  return [];
+}"""
+OUTPUT_CAPTION = ("Generated text, coloured by the probability each token was sampled with: hover or tap a "
+                  "token for its alternatives; click it to inspect its step.")
+OUTPUT_CAPTION_RAW = ("Generated text, coloured by the probability each token was sampled with where the "
+                      "server's numbers give it (greedy, or temperature 1 with no filter), else the model's own "
+                      "probability: hover or tap a token for its alternatives; click it to inspect its step.")
+# What each run event reads: the controls, and in chat mode the conversation it continues.
+RUN_INPUTS = (*NAMES, "history")
+# after_run's outputs (it returns only those it changes).
+AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop_button", "kv_chart", "latency", "step", "run_chart",
+                 "rank_chart", *(f"replay_{n}" for n in FILTER_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
+                 "prompt", "status")
+BEGIN_OUTPUTS = ("prompt_view", "tokens", "kv_chart", "latency", "live", "generate", "regenerate",
+                 "stop_button", "step", "status", "output", "bars", "stats", "notice", *STALE_PANELS,
+                 "downloads", "run_chart", "rank_chart", "run_seed", "record")
+
+
+def build(page, h: Handlers, limits_md: str) -> None:
+    """The main grid (wide: prompt | settings over output | bars; narrow: prompt, output, bars,
+    then the settings: page.css), then the KV-cache and latency row."""
+    d, tok, add = h.defaults, h.engine.tokenizer, page.add
+    with gr.Row(elem_id="main-grid"):
+        with gr.Column(elem_id="input-col"):
+            add("prompt", gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt"))
+            add("context_count", gr.Markdown(h.count_context(d.prompt, d.mode, d.system, d.max_new_tokens),
+                                             label="Context", elem_id="context-count"))
+            with gr.Row():
+                add("mode", gr.Radio(["completion", "chat"], value=d.mode, label="Mode",
+                                     info="chat wraps the prompt in the model's chat template; "
+                                          "follow-ups continue the conversation", elem_id="mode"))
+                # min_width: on a narrow screen it goes under the mode, the whole column wide,
+                # so that the model's default (its placeholder) can be read.
+                add("system", gr.Textbox(
+                    d.system, label="System prompt (chat mode)", lines=2, elem_id="system", min_width=300,
+                    placeholder=h.default_system or "none",
+                    info=("empty = the model's default, shown here: its chat template adds it"
+                          if h.default_system else "empty = no system message")))
+            add("conversation", gr.HTML("", elem_id="conversation"))
+            with gr.Row():
+                add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
+                add("stop_button", gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop"))
+            chat.build_buttons(page, d.mode)
+            add("status", gr.Markdown("", label="Status", elem_id="status"))
+            add("notice", gr.Markdown("", label="Notice", elem_id="notice"))
+            if limits_md:
+                gr.Markdown(limits_md, elem_id="limits")
+            with gr.Accordion("Example prompts", open=False, elem_id="examples"):
+                gr.Examples(EXAMPLES, inputs=page.all(("prompt", "mode")), label=None)
+        with gr.Column(elem_id="output-col"):
+            add("prompt_view", gr.Textbox(label="Prompt as fed to the model", lines=2, max_lines=8,
+                                          interactive=False, elem_id="prompt-view"))
+            gr.Markdown(OUTPUT_CAPTION_RAW if h.caps.logprobs == "raw" else OUTPUT_CAPTION, elem_id="output-caption")
+            add("output", gr.HTML(render.output_html(None, tok), label="Generated text", elem_id="output",
+                                  js_on_load=OUTPUT_JS))
+            with gr.Row():
+                add("copy_text", gr.Button("Copy text", size="sm", elem_id="copy-text"))
+                add("downloads", gr.HTML(render.downloads_html(None, None), elem_id="downloads"))
+            add("tokens", gr.HTML(render.run_tokens_html(tok, []), label="Tokenization", elem_id="tokens"))
+        with gr.Column(elem_id="settings-col"):
+            with gr.Accordion("Sampling settings", open=True, elem_id="settings"):
+                for s in BY_NAME.values():
+                    if s.group == "main":
+                        add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits))
+                add("seed", gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed"))
+                more = [s for s in BY_NAME.values() if s.group == "more"]
+                with add("more", gr.Accordion(f"More settings: {', '.join(s.label.lower() for s in more)}, "
+                                              "stop strings", open=False, elem_id="more-settings")):
+                    for s in more:
+                        add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits))
+                    add("stop", gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
+                                           elem_id="stop-strings"))
+                share.build(page)
+        with gr.Column(elem_id="bars-col"):
+            add("step", gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step"))
+            add("show_logp", gr.Checkbox(False, label="Show log p instead of p", elem_id="show-logp"))
+            add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk"))
+    with gr.Row():
+        with gr.Column(min_width=320):
+            add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(-1), y="MiB", color="series",
+                                        title="KV-cache memory per step", elem_id="kv-chart"))
+            add("kv_text", gr.Markdown(kv.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula"))
+            add("server_md", gr.Markdown("", elem_id="server-load", visible=h.caps.server_load))
+        with gr.Column(min_width=320):
+            add("latency", gr.LinePlot(kv.latency_frame(RunRecord()), **step_axis(), y="ms",
+                                       title="Decode latency per token", elem_id="latency-chart"))
+            add("stats", gr.Markdown("No run yet.", label="Run statistics", elem_id="stats"))
+    add("record", gr.State(None))
+    add("history", gr.State([]))
+    add("live", gr.Timer(CHART_INTERVAL_S, active=False))
+    add("api_tokens", gr.JSON(visible=False, label="Tokens"))
+
+
+def wire(page, h: Handlers, demo: gr.Blocks) -> None:
+    def chain_run(started):
+        """begin -> generate -> after_run, from an event or a trigger. begin runs in the queue,
+        unlimited: its refusal (this tab has a run going, or its visitor their share) is a
+        page error, and an unqueued event's error would reach the page as an HTTP 500; only
+        if it succeeds is the run queued."""
+        b = page.on(started, h.begin, inputs=RUN_INPUTS, outputs=BEGIN_OUTPUTS, concurrency_limit=None,
+                    show_progress="hidden", api_visibility="private")
+        r = page.on(b.success, h.generate_on_page, inputs=RUN_INPUTS, outputs=RUN_OUTPUTS,
+                    show_progress="hidden", concurrency_id=ENGINE, api_visibility="private", postprocess=False)
+        page.on(r.then, h.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
+                show_progress="hidden", api_visibility="private")
+        return r
+
+    runs = [chain_run(page["generate"].click)]
+    regenerate = page.on(page["regenerate"].click, h.pop_last_turn, inputs=("history",),
+                         outputs=("history", "prompt", "mode", "conversation"), api_visibility="private",
+                         show_progress="hidden")
+    runs.append(chain_run(regenerate.success))
+    # /generate for scripts: the same run, refusing bad input with an error (gradio_client
+    # raises it). No button of the page triggers it.
+    api_generate = gr.Button(visible=False)
+    page.on(api_generate.click, h.generate, inputs=NAMES, outputs=RUN_OUTPUTS, api_name="generate",
+            show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
+    page.on(page["live"].tick, h.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
+            api_visibility="private", queue=False, show_progress="hidden")
+    page["stop_button"].click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
+    context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history")
+    gr.on([page[n].change for n in context_inputs], h.count_context, inputs=page.all(context_inputs),
+          outputs=page["context_count"], queue=False, show_progress="hidden", trigger_mode="always_last",
+          api_visibility="private")
+    # Arrow keys and a typed number (input), a drag's end (release): the bars follow.
+    gr.on([page["step"].input, page["step"].release], h.select_step, inputs=page.all(("record", "step")),
+          outputs=page["bars"], api_visibility="private", queue=False, show_progress="hidden",
+          trigger_mode="always_last")
+    page.on(page["output"].select, h.select_token, inputs=("record",), outputs=("bars", "step"),
+            api_visibility="private", queue=False)
+    if h.caps.server_load:  # the whole server's load: at load, while a run streams (the chart timer), after it
+        for event in (demo.load, page["live"].tick, *(r.then for r in runs)):
+            event(h.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
+                  queue=False, show_progress="hidden")
+    page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
+    # A display switch only: every number is rendered both ways and CSS shows one.
+    page["show_logp"].change(None, inputs=page["show_logp"], outputs=None, js=SHOW_LOGP_JS)
+    demo.unload(h.closed)
+
+

@@ -1,0 +1,47 @@
+"""The page's control for a sampling setting, made from its schema entry (inference/sampling/settings.py)."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from inference.sampling.settings import Setting
+from ui.public import Limits, tokens_message
+
+# Sliders of sampling settings send their value unchecked: the settings schema checks it, with
+# the setting's name in its message. Gradio's own check ("Value 7 is greater than maximum value
+# 1.") names no field and, for an event outside the queue, answers with an HTTP 500. The marker
+# is a CSS class because gradio rebuilds a component from its constructor arguments for each
+# session that updates it; a subclass would make gradio write a .pyi file next to this module.
+UNCHECKED = "tl-setting"
+_gradio_slider_preprocess = gr.Slider.preprocess
+
+
+def _slider_preprocess(self, payload):
+    if UNCHECKED in (self.elem_classes or []):
+        return payload
+    return _gradio_slider_preprocess(self, payload)
+
+
+gr.Slider.preprocess = _slider_preprocess
+
+
+def setting_control(s: Setting, value, context: int, label_prefix: str = "", elem_prefix: str = "",
+                    limits: Limits | None = None, visible: bool = True):
+    """The page's control for one sampling setting: a number box for top-k, a slider otherwise.
+    Neither checks its range itself: the settings schema does (a message naming the field). A
+    server cap on max new tokens is the slider's end, and its help says so; max new tokens
+    otherwise reaches the context."""
+    elem_id = elem_prefix + s.name.replace("_", "-")
+    label = label_prefix + s.label
+    info = None if label_prefix else s.help
+    if s.name == "top_k":
+        return gr.Number(value, label=f"{label} (0 = off)", precision=None, info=info, elem_id=elem_id,
+                         visible=visible)
+    lo = s.step if s.min_open else s.minimum
+    hi = s.maximum if s.maximum is not None else context - 1
+    cap = limits.max_new_tokens if limits is not None and s.name == "max_new_tokens" else None
+    if cap is not None:
+        hi, value = min(hi, cap), min(value, cap)
+        info = f"{info}; {tokens_message(cap)[:-1].lower()}" if info else tokens_message(cap)
+    return gr.Slider(lo, hi, value=value, step=s.step, label=label, info=info, elem_id=elem_id,
+                     elem_classes=[UNCHECKED], visible=visible)

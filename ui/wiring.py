@@ -1,0 +1,83 @@
+"""The page's components by name, and events wired by name.
+
+Each section adds its components under names; a handler returns {name: value} for the
+components it changes, and `Page.on` hands Gradio {component: value}, so that adding a panel
+never shifts anyone's positions. A name a handler leaves out keeps its component as it is."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from typing import Callable, Iterable, Sequence
+
+import gradio as gr
+
+
+class Page:
+    """Every component of the page, by name, as the sections lay them out."""
+
+    def __init__(self):
+        self._by_name: dict[str, gr.blocks.Block] = {}
+
+    def add(self, name: str, component):
+        if name in self._by_name:
+            raise ValueError(f"two components named {name!r}")
+        self._by_name[name] = component
+        return component
+
+    def __getitem__(self, name: str):
+        return self._by_name[name]
+
+    def names(self) -> list[str]:
+        return list(self._by_name)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._by_name
+
+    def all(self, names: Iterable[str]) -> list:
+        return [self._by_name[n] for n in names]
+
+    def on(self, trigger: Callable, fn: Callable | None, inputs: Sequence[str] = (),
+           outputs: Sequence[str] = (), **kwargs):
+        """trigger(fn, inputs, outputs, **kwargs) with components named: a multi-output fn
+        returns (or yields) {name: value}; a single-output one its value."""
+        outs = self.all(outputs)
+        if fn is not None and len(outs) > 1:
+            fn = keyed(fn, dict(zip(outputs, outs)))
+        return trigger(fn, inputs=self.all(inputs), outputs=outs, **kwargs)
+
+
+def keyed(fn: Callable, components: dict[str, object]) -> Callable:
+    """fn, its {name: value} results handed to Gradio as {component: value}. The signature is
+    fn's: Gradio reads parameter names (the API's) and where to pass the request from it."""
+    first = next(iter(components.values()))
+
+    def convert(values: dict) -> dict:
+        unknown = set(values) - set(components)
+        if unknown:
+            raise KeyError(f"{fn.__name__} returned values for {sorted(unknown)}, not among its outputs")
+        # An empty dict changes nothing: one skip says so (Gradio needs at least one entry).
+        return {components[n]: v for n, v in values.items()} or {first: gr.skip()}
+
+    if inspect.isgeneratorfunction(fn) or inspect.isgeneratorfunction(getattr(fn, "__func__", None)):
+        def wrapper(*args, **kwargs):
+            for values in fn(*args, **kwargs):
+                yield convert(values)
+    else:
+        def wrapper(*args, **kwargs):
+            return convert(fn(*args, **kwargs))
+    functools.update_wrapper(wrapper, fn)
+    del wrapper.__wrapped__
+    wrapper.__signature__ = sig = inspect.signature(fn)
+    # Gradio finds the request by type hint; the hints are resolved here, in fn's own module
+    # (the wrapper's would not know fn's names).
+    try:
+        hints = typing.get_type_hints(fn)
+    except (NameError, TypeError):
+        hints = {}
+    hints.update({p.name: p.annotation for p in sig.parameters.values()
+                  if p.annotation is not sig.empty and not isinstance(p.annotation, str)})
+    hints.pop("return", None)
+    wrapper.__annotations__ = hints
+    return wrapper
