@@ -324,9 +324,10 @@ def main(argv=None) -> int:
         finally:
             proc.terminate()
             proc.wait(60)
+    from inference.device import resolve_device
     from inference.loading.default_model import resolve_model
     result = {"model": f"{args.random} (random weights)" if args.random else Path(resolve_model(args.model)).name,
-              "device": args.device, "step_ms": args.step_ms, **result}
+              "device": str(resolve_device(args.device)), "step_ms": args.step_ms, **result}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"adversarial-{args.random}" if args.random else "adversarial"
