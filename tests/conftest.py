@@ -43,6 +43,14 @@ def hold(monkeypatch):
         h.open()
 
 
+@pytest.fixture(scope="module")
+def browser():
+    """Chromium under Playwright (tests/browser.py), one per test module that asks for it."""
+    from browser import chromium
+    with chromium() as b:
+        yield b
+
+
 def no_early_end(engine) -> None:
     """Random weights give the end-of-sequence token a few percent at every step, so a run with a
     random seed could end at any step; the page's tests count steps: runs go to max new tokens."""

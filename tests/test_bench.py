@@ -13,9 +13,13 @@ def test_bench_reports_ratios_table_and_json(tmp_path):
     result = json.loads((tmp_path / "bench-tiny.json").read_text())
     ours = result["systems"]["token-lab"]
     assert ours["decode_tok_s"] > 0 and ours["p95_ms"] >= ours["p50_ms"] > 0
-    assert 0 < ours["roofline_fraction"] < 1.5 and result["copy_bandwidth_gb_s"] > 0
-    # Bytes read at the read bandwidth cannot take longer than the step that reads them.
-    assert result["read_bandwidth_gb_s"] > 0 and ours["times_read_bound"] > 1
+    # The bandwidth figures are measured (numbers, no bounds: they are the machine's) and the
+    # ones derived from them follow from them and the bytes a step reads.
+    assert result["copy_bandwidth_gb_s"] > 0 and result["read_bandwidth_gb_s"] > 0
+    assert ours["achieved_gb_s"] == pytest.approx(result["bytes_read_per_token"] * ours["decode_tok_s"] / 1e9)
+    assert ours["roofline_fraction"] == pytest.approx(ours["achieved_gb_s"] / result["copy_bandwidth_gb_s"])
+    assert ours["read_bound_ms"] == pytest.approx(1000 * result["bytes_read_per_token"] / (result["read_bandwidth_gb_s"] * 1e9))
+    assert ours["times_read_bound"] == pytest.approx(1000 / ours["decode_tok_s"] / ours["read_bound_ms"])
     assert "instrumentation_overhead_pct" in ours and result["peak_rss_mib"] > 0
     # A decode step of the tiny shape (hidden 64, FFN 128, 2 layers, 4 heads of 16, 2 KV heads,
     # 512 tokens, untied) at the run's middle position 32 + 8 / 2, float32: every weight but the
@@ -83,3 +87,23 @@ def test_users_bench_reports_the_median_round():
     assert median_round(runs) == {"aggregate_tok_s": 20.0, "same_as_alone": 7, "ttft_s_median": 2.0,
                                   "rounds_tok_s": [30.0, 10.0, 20.0]}
     assert median_round(runs[:2])["aggregate_tok_s"] == 10.0  # even: the lower middle
+
+
+def test_adversarial_bench_reports_ttft_alone_and_under_attack(tmp_path):
+    """bench.adversarial end to end on random weights of the tiny shape: its fields, numbers
+    that agree with each other, and the visitor's every request made (no bound on any time:
+    tests/test_adversarial.py checks what does not depend on speed)."""
+    from bench import adversarial
+    assert adversarial.main(["--random", "tiny", "--device", "cpu", "--step-ms", "5", "--runs", "2",
+                             "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "adversarial-tiny.json").read_text())
+    assert result["model"] == "tiny (random weights)" and result["step_ms"] == 5
+    assert result["ttft_alone_ms"] > 0 and result["ttft_attacked_ms"] > 0
+    assert result["ttft_ratio"] == pytest.approx(result["ttft_attacked_ms"] / result["ttft_alone_ms"])
+    assert result["runs_alone"] == 4 and result["runs_attacked"] >= 2
+    assert 0 <= result["same_text_attacked"] <= result["runs_attacked"] and result["same_text_alone"] >= 1
+    assert result["refused_8mb_cpu_ms"] >= 0 and result["refused_empty_cpu_ms"] >= 0
+    assert result["refused_8mb_round_trip_ms"] > 0
+    assert result["visitor_requests"] == adversarial.VISITOR_REQUESTS
+    md = (tmp_path / "adversarial-tiny.md").read_text()
+    assert md == adversarial.to_markdown(result) and "TTFT under attack / alone" in md

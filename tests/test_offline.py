@@ -25,7 +25,7 @@ def wait_until_served(proc, port: int, limit_s: float = 300) -> None:
     end = time.monotonic() + limit_s
     while time.monotonic() < end:
         if proc.poll() is not None:
-            raise AssertionError(f"app exited: {proc.stdout.read()}")
+            raise AssertionError(f"app exited: {proc.stdout.read() if proc.stdout else proc.returncode}")
         with socket.socket() as s:
             if s.connect_ex(("127.0.0.1", port)) == 0:
                 return

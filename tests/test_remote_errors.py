@@ -17,7 +17,9 @@ from inference.errors import (ContextTooLong, InputError, ModelNotServed, Server
 from inference.remote.engine import RemoteEngine
 from inference.sampling.stages import SamplingParams
 
-TIMEOUT_S = 0.5  # the client's; the fake never answers in the hanging cases, whatever the speed
+# The client's timeout: generous while the fake answers (a busy machine may answer slowly), and
+# TIMEOUT_S only for the exchange in which it never answers, whatever the speed.
+ANSWERS_S, TIMEOUT_S = 60.0, 0.5
 
 
 def free_port() -> int:
@@ -36,7 +38,23 @@ def tokenizing(routes: dict) -> dict:
 
 
 def engine(server: FakeServer) -> RemoteEngine:
-    return RemoteEngine.connect(server.url, logprobs="raw", timeout_s=TIMEOUT_S)
+    return RemoteEngine.connect(server.url, logprobs="raw", timeout_s=ANSWERS_S)
+
+
+def sockets(monkeypatch) -> list:
+    """The sockets the client connects from now on, newest last."""
+    made, create = [], socket.create_connection
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: made.append(create(*a, **k)) or made[-1])
+    return made
+
+
+def silence_times_out(e: RemoteEngine, open_sockets=()) -> None:
+    """From here on the client gives up after TIMEOUT_S of silence: on requests it makes from
+    now, and on the sockets given (a stream already open)."""
+    e.http.timeout_s = TIMEOUT_S
+    for sock in open_sockets:
+        if sock.fileno() >= 0:  # still open
+            sock.settimeout(TIMEOUT_S)
 
 
 def run(e: RemoteEngine) -> list:
@@ -79,12 +97,13 @@ def test_a_server_that_does_not_answer_times_out():
     with FakeServer({}) as server:
         server.routes.update(tokenizing({"/v1/completions": lambda h, body: server.release.wait(30)}))
         e = engine(server)
+        silence_times_out(e)
         with pytest.raises(ServerTimeout, match=f"did not answer within {TIMEOUT_S:g} s"):
             run(e)
         assert e.active_runs == 0
 
 
-def test_a_stream_that_stalls_times_out_after_its_tokens():
+def test_a_stream_that_stalls_times_out_after_its_tokens(monkeypatch):
     def one_then_hang(h, body):
         h.start_stream()
         h.event(chunk(120, "x"))
@@ -92,8 +111,11 @@ def test_a_stream_that_stalls_times_out_after_its_tokens():
 
     with FakeServer({}) as server:
         server.routes.update(tokenizing({"/v1/completions": one_then_hang}))
-        events = engine(server).generate_ids([104], SamplingParams(temperature=0, max_new_tokens=4), top_n=1)
+        e = engine(server)
+        opened = sockets(monkeypatch)
+        events = e.generate_ids([104], SamplingParams(temperature=0, max_new_tokens=4), top_n=1)
         assert next(events).token_id == 120  # the token that came is delivered first
+        silence_times_out(e, opened)
         with pytest.raises(ServerTimeout, match="sent nothing for 0.5 s in the middle"):
             next(events)
 

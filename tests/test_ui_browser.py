@@ -1,36 +1,7 @@
 """The page in a real browser: Playwright driving Debian's chromium."""
 
-import os
-import shutil
-
-import pytest
-
+from browser import open_page
 from engine_hold import wait_until
-
-playwright = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-WAIT_MS = 60_000  # generous upper bounds: only a broken test waits this long
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def open_page(browser, **kwargs):
-    page = browser.new_page(**kwargs)
-    page.set_default_timeout(WAIT_MS)
-    return page
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (scripts/test.sh installs it with apt)")
-        pytest.skip("chromium is not installed")
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch, hold):

@@ -6,7 +6,6 @@ users at once, every HTTP response recorded. Runs that must be caught mid-way ar
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import time
@@ -15,16 +14,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
+from browser import WAIT_MS
 from conftest import no_early_end
 from engine_hold import wait_until
 
-playwright = pytest.importorskip("playwright.sync_api")
-
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 SHOTS = Path(__file__).resolve().parents[1] / "test-results" / "ui-page"
-WAIT_MS = 60000  # an upper bound only: every wait ends as soon as its condition holds
 SEED = "#seed input, #seed textarea"
 
 # A chat template that, like SmolLM2's, adds a system prompt of its own when none is given.
@@ -34,19 +28,6 @@ SMOL_LIKE_TEMPLATE = (
     "{{ '<|im_start|>system\n" + DEFAULT_SYSTEM + "<|im_end|>\n' }}{% endif %}"
     "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        if os.environ.get("CI"):
-            pytest.fail("chromium is not installed (scripts/test.sh installs it with apt)")
-        pytest.skip("chromium is not installed")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    with playwright.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 def bias_token(monkeypatch, engine, token_id: int, every: int = 3, by: float = 1e4) -> None:
@@ -141,6 +122,7 @@ def pages(browser):
 
 
 def shot(page, name: str) -> Path:
+    SHOTS.mkdir(parents=True, exist_ok=True)
     path = SHOTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path

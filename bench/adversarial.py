@@ -1,0 +1,342 @@
+"""A hostile visitor beside a well-behaved user on a page with a shared page's limits: the
+well-behaved user's time to first token alone and while the visitor attacks, in one run.
+
+    python -m bench.adversarial                              # the default model
+    python -m bench.adversarial --random tiny --step-ms 15   # random weights of a tiny shape,
+                                                             # each forward pass 15 ms longer
+
+The page runs in a process of its own on loopback (one run and 4 sessions per visitor, at most 40
+new tokens a run); the visitor in another, as on another machine: uploads, 8 MB prompts, a
+20 MiB body, sessions past its share, Generate and Stop at once, capped runs back to back, a
+fixed number of requests of each (VISITOR_REQUESTS). The well-behaved user runs one greedy prompt
+alone, then again and again for as long as the visitor lasts, then alone again. Reported: the
+median TTFT alone and under attack and their ratio, how many of the user's texts under attack
+equal its text alone, the server's CPU time for a refused 8 MB prompt against a refused empty
+one, and the visitor's requests by kind. Writes bench/results/adversarial[-SHAPE].{md,json}.
+tests/test_adversarial.py runs the same visitor and checks what does not depend on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CAP_TOKENS, SESSIONS = 40, 4  # the page's limits: new tokens a run, sessions a visitor
+# Visitors' addresses as a share tunnel forwards them; the hostile visitor has two.
+GOOD, BAD, BAD2 = "198.51.100.10", "203.0.113.66", "203.0.113.67"
+GOOD_ARGS = ["The quick", "completion", "", 0.0, 0, 1.0, 0.0, 1.0, 20, "5", ""]  # /generate's inputs
+BIG_PROMPT = "fox " * 2_000_000  # 8 MB
+# The visitor's requests, by kind, every one made whatever the speed of either side.
+VISITOR_REQUESTS = {"long": 13, "generate/stop": 25, "too many tokens": 25, "upload": 8, "file": 8,
+                    "8mb": 4, "20mib": 4, "session": 2 * SESSIONS}
+
+
+def good_run(client) -> tuple[float, str]:
+    """(seconds from submit to the first update holding a token, the final text)."""
+    t0 = time.perf_counter()
+    job = client.submit(*GOOD_ARGS, api_name="/generate")
+    ttft = None
+    for update in job:
+        if ttft is None and re.search(r"^\| generated \| [1-9]", update[2], re.M):  # a token shown
+            ttft = time.perf_counter() - t0
+    final = job.outputs()[-1]
+    return ttft, "".join(t["token"] for t in final[7])  # the tokens, complete in the last update
+
+
+# ------------------------------------------------------------------ the hostile visitor
+
+
+def _client(url, address):
+    from gradio_client import Client
+    return Client(url, verbose=False, headers={"X-Forwarded-For": address})
+
+
+def uploads(url, log):
+    import httpx
+    payload = os.urandom(5 * 1024 * 1024)
+    with httpx.Client(base_url=url, headers={"X-Forwarded-For": BAD}, timeout=60) as http:
+        for _ in range(VISITOR_REQUESTS["upload"]):
+            r = http.post("/gradio_api/upload", files={"files": ("x.bin", payload)})
+            log.append(["upload", r.status_code])
+            r = http.get("/gradio_api/file=/etc/hostname")
+            log.append(["file", r.status_code])
+
+
+def oversized(url, log):
+    """8 MB prompts (the message and the round trip's seconds), and 20 MiB bodies announced."""
+    client = _client(url, BAD2)
+    try:
+        for _ in range(VISITOR_REQUESTS["8mb"]):
+            t = time.perf_counter()
+            try:
+                client.predict(BIG_PROMPT, *GOOD_ARGS[1:], api_name="/generate")
+                log.append(["8mb", "accepted", time.perf_counter() - t])
+            except Exception as e:  # noqa: BLE001 - the refusal is the point
+                log.append(["8mb", str(e), time.perf_counter() - t])
+            host, port = url.removeprefix("http://").rstrip("/").split(":")
+            with socket.create_connection((host, int(port)), timeout=30) as s:
+                s.sendall(b"POST /gradio_api/queue/join HTTP/1.1\r\nHost: x\r\nX-Forwarded-For: " + BAD.encode()
+                          + b"\r\nContent-Length: 20971520\r\n\r\n{")
+                log.append(["20mib", s.recv(64).decode(errors="replace")])
+    finally:
+        client.close()
+
+
+def many_sessions(url, log):
+    """New sessions, one after another (a Client each), past the visitor's share."""
+    for _ in range(VISITOR_REQUESTS["session"]):
+        try:
+            client = _client(url, BAD)
+        except Exception as e:  # noqa: BLE001
+            log.append(["session", f"connect: {e}"])
+            continue
+        try:
+            client.predict(api_name="/stop")
+            log.append(["session", "opened"])
+        except Exception as e:  # noqa: BLE001
+            log.append(["session", str(e)])
+        finally:
+            client.close()
+
+
+def generate_stop(url, log):
+    client = _client(url, BAD)
+    try:
+        for i in range(VISITOR_REQUESTS["generate/stop"]):
+            job = client.submit(f"Spam {i}", *GOOD_ARGS[1:8], CAP_TOKENS, "", "", api_name="/generate")
+            time.sleep(0.05 * (i % 4))  # Stop at once, or a little later
+            client.predict(api_name="/stop")
+            try:
+                job.result(timeout=60)
+                log.append(["generate/stop", "ended"])
+            except Exception as e:  # noqa: BLE001
+                log.append(["generate/stop", str(e)])
+            try:
+                client.predict(*GOOD_ARGS[:8], 10_000, "", "", api_name="/generate")
+                log.append(["too many tokens", "accepted"])
+            except Exception as e:  # noqa: BLE001
+                log.append(["too many tokens", str(e)])
+    finally:
+        client.close()
+
+
+def long_runs(url, log, count):
+    """Runs of the most tokens allowed, back to back: the visitor's share of the engine, full."""
+    client = _client(url, BAD)
+    try:
+        for i in range(count):
+            try:
+                client.predict(f"Long {i}", *GOOD_ARGS[1:8], CAP_TOKENS, "", "", api_name="/generate")
+                log.append(["long", "ran"])
+            except Exception as e:  # noqa: BLE001
+                log.append(["long", str(e)])
+    finally:
+        client.close()
+
+
+def hostile_visitor(url: str, started, log_path: str) -> None:
+    """One capped run first (the visitor's share, which it gets), then all the attacks at once,
+    each a fixed number of requests (VISITOR_REQUESTS); the log, one JSON list a line."""
+    log: list = []
+    started.set()
+    long_runs(url, log, 1)
+    with ThreadPoolExecutor(5) as pool:
+        for f in [pool.submit(long_runs, url, log, VISITOR_REQUESTS["long"] - 1),
+                  *(pool.submit(f, url, log) for f in (generate_stop, uploads, oversized, many_sessions))]:
+            f.result()
+    with open(log_path, "w", encoding="utf-8") as out:
+        for entry in log:
+            out.write(json.dumps(entry) + "\n")
+
+
+def start_visitor(url: str, log_path: Path):
+    """The visitor in a process of its own, as on another machine: its threads do not take the
+    well-behaved client's interpreter lock. Returns the process once the visitor has begun."""
+    spawn = multiprocessing.get_context("spawn")
+    started = spawn.Event()
+    visitor = spawn.Process(target=hostile_visitor, args=(url, started, str(log_path)))
+    visitor.start()
+    if not started.wait(120):
+        visitor.kill()
+        raise RuntimeError("the visitor did not start")
+    return visitor
+
+
+def visitor_log(log_path: Path) -> dict[str, list]:
+    """The visitor's log: each kind's entries, the kind left off."""
+    kinds: dict[str, list] = {}
+    for line in log_path.read_text().splitlines():
+        entry = json.loads(line)
+        kinds.setdefault(entry[0], []).append(entry[1:])
+    return kinds
+
+
+# ------------------------------------------------------------------ the page, served
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_served(proc, port: int, limit_s: float = 300) -> None:
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the page exited with status {proc.returncode}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the page did not start within {limit_s:.0f} s")
+
+
+def cpu_s(pid: int) -> float:
+    """The process's user + system CPU time, seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def serve(args) -> None:
+    """The page, with a shared page's limits, on args.serve_port (the benchmark's server process)."""
+    from bench.run import random_engine
+    from inference.serving.engine import Engine
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+    from ui.public import Limits
+
+    engine = (random_engine(args.random, args.device, args.dtype) if args.random else
+              Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib))
+    if args.step_ms:  # a sleep holds no core: a tiny model's runs last as long as a real one's
+        for name in ("forward", "forward_paged"):
+            forward = getattr(engine.model, name)
+            setattr(engine.model, name, lambda *a, _f=forward, **k: time.sleep(args.step_ms / 1000) or _f(*a, **k))
+    limits = Limits.shared(max_new_tokens=CAP_TOKENS, runs_per_client=1, sessions_per_client=SESSIONS)
+    launch(build_ui(engine, Handlers(engine, limits=limits)), engine, port=args.serve_port)
+
+
+# ------------------------------------------------------------------ the measurement
+
+
+def measure(url: str, server_pid: int, runs: int, work: Path) -> dict:
+    from gradio_client import Client
+
+    good = Client(url, verbose=False, headers={"X-Forwarded-For": GOOD})
+    try:
+        good_run(good)  # unmeasured: the first run pays one-time costs
+        alone = [good_run(good) for _ in range(runs)]
+        # The server's CPU time for one refused 8 MB prompt, all of it (reading and parsing the
+        # request included), against one refused empty prompt, each the better of two.
+        other = Client(url, verbose=False, headers={"X-Forwarded-For": "192.0.2.9"})
+        cost: dict[str, list[float]] = {"empty": [], "8 MB": []}
+        for name, prompt in (("empty", ""), ("8 MB", BIG_PROMPT)) * 2:
+            before = cpu_s(server_pid)
+            try:
+                other.predict(prompt, *GOOD_ARGS[1:], api_name="/generate")
+                raise RuntimeError(f"the {name} prompt was not refused")
+            except Exception as e:  # noqa: BLE001 - the refusal is what is timed
+                if "not refused" in str(e):
+                    raise
+            cost[name].append(1000 * (cpu_s(server_pid) - before))
+        other.close()
+        visitor = start_visitor(url, work / "visitor.jsonl")
+        attacked = []
+        while visitor.is_alive() or len(attacked) < runs:  # the whole attack, and at least `runs`
+            attacked.append(good_run(good))
+        visitor.join()
+        after = [good_run(good) for _ in range(runs)]
+    finally:
+        good.close()
+    if visitor.exitcode != 0:
+        raise RuntimeError(f"the visitor failed (exit status {visitor.exitcode})")
+    kinds = visitor_log(work / "visitor.jsonl")
+    t_alone = statistics.median(t for t, _ in alone + after)
+    t_attacked = statistics.median(t for t, _ in attacked)
+    text = alone[0][1]
+    return {"ttft_alone_ms": 1000 * t_alone, "ttft_attacked_ms": 1000 * t_attacked,
+            "ttft_ratio": t_attacked / t_alone, "runs_alone": len(alone + after), "runs_attacked": len(attacked),
+            "same_text_alone": sum(t == text for _, t in alone + after),
+            "same_text_attacked": sum(t == text for _, t in attacked),
+            "refused_empty_cpu_ms": min(cost["empty"]), "refused_8mb_cpu_ms": min(cost["8 MB"]),
+            "refused_8mb_round_trip_ms": 1000 * statistics.median(e[-1] for e in kinds["8mb"]),
+            "visitor_requests": {k: len(v) for k, v in kinds.items()}}
+
+
+def to_markdown(r: dict) -> str:
+    lines = [f"# A hostile visitor beside a well-behaved user: {r['model']} on {r['device']}"
+             + (f", each forward pass {r['step_ms']:g} ms longer" if r["step_ms"] else ""), "",
+             f"- **TTFT under attack / alone**: {r['ttft_ratio']:.2f}× ({r['ttft_attacked_ms']:.0f} ms against "
+             f"{r['ttft_alone_ms']:.0f} ms; medians of {r['runs_attacked']} and {r['runs_alone']} runs)",
+             f"- the user's text equals its text alone in {r['same_text_attacked']}/{r['runs_attacked']} runs under "
+             f"attack and {r['same_text_alone']}/{r['runs_alone']} alone",
+             f"- server CPU for a refused 8 MB prompt: {r['refused_8mb_cpu_ms']:.0f} ms (a refused empty one: "
+             f"{r['refused_empty_cpu_ms']:.0f} ms); the visitor's round trip {r['refused_8mb_round_trip_ms']:.0f} ms",
+             "- the visitor's requests: " + ", ".join(f"{k} {v}" for k, v in r["visitor_requests"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    from inference.cli import add_model_args
+    from bench.run import RANDOM_SHAPES
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_args(p)
+    p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
+                   help="random weights of a published shape instead of a checkpoint")
+    p.add_argument("--step-ms", type=float, default=0.0,
+                   help="make each forward pass this much longer (a sleep): a tiny model's runs then overlap")
+    p.add_argument("--runs", type=int, default=4, help="the user's runs alone, before and after the attack")
+    p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)  # the page's process
+    args = p.parse_args(argv)
+    if args.serve_port:
+        serve(args)
+        return 0
+    port = free_port()
+    forwarded = list(argv if argv is not None else sys.argv[1:])
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        with open(work / "server.log", "w") as server_log:
+            proc = subprocess.Popen([sys.executable, "-m", "bench.adversarial", "--serve-port", str(port), *forwarded],
+                                    cwd=ROOT, stdout=server_log, stderr=subprocess.STDOUT)
+        try:
+            try:
+                wait_until_served(proc, port)
+            except RuntimeError:
+                print((work / "server.log").read_text()[-3000:], file=sys.stderr)
+                raise
+            result = measure(f"http://127.0.0.1:{port}/", proc.pid, args.runs, work)
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    from inference.device import resolve_device
+    from inference.loading.default_model import resolve_model
+    result = {"model": f"{args.random} (random weights)" if args.random else Path(resolve_model(args.model)).name,
+              "device": str(resolve_device(args.device)), "step_ms": args.step_ms, **result}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"adversarial-{args.random}" if args.random else "adversarial"
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    md = to_markdown(result)
+    (out / f"{stem}.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

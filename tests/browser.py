@@ -1,0 +1,40 @@
+"""The browser the page tests drive: Playwright and Debian's chromium, set up once here for
+test_ui_browser.py and test_ui_page.py (the `browser` fixture of conftest.py, one per module).
+Importing this module skips the importing test module where Playwright is not installed."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from contextlib import contextmanager
+
+import pytest
+
+sync_api = pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+WAIT_MS = 60_000  # an upper bound only: every wait ends as soon as its condition holds
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+@contextmanager
+def chromium():
+    """A headless chromium; the test is skipped where it is not installed (and fails in CI)."""
+    if not os.path.exists(CHROMIUM):
+        if os.environ.get("CI"):
+            pytest.fail("chromium is not installed (scripts/test.sh installs it with apt)")
+        pytest.skip("chromium is not installed")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def open_page(browser, **kwargs):
+    """A new page whose waits give up only after WAIT_MS."""
+    page = browser.new_page(**kwargs)
+    page.set_default_timeout(WAIT_MS)
+    return page
