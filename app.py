@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 from inference.cli import add_engine_args, add_model_args
 
@@ -91,8 +94,42 @@ def limits_for(args):
     return Limits.shared(**values) if args.share else Limits.local(**values)
 
 
+@contextmanager
+def stop_on_signals():
+    """SIGTERM (a service manager, `kill`) stops the page as Ctrl-C does: as a KeyboardInterrupt
+    in the main thread, which ends Gradio's wait. Only the first signal does: later ones come
+    while the page and the engine close, and a close cut short could leave a thread computing
+    while the interpreter finalizes (which aborts the process)."""
+    if threading.current_thread() is not threading.main_thread():  # only there can they be caught
+        yield
+        return
+    stopping = threading.Event()
+
+    def stop(signum, frame):
+        if not stopping.is_set():
+            stopping.set()
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def main(argv=None) -> int:
+    """Serve the page until Ctrl-C or SIGTERM, then close it and the engine: exit status 0; 2 for
+    bad arguments, 1 for a model that cannot be loaded."""
     args = parse_args(argv)
+    with stop_on_signals():
+        try:
+            return _serve(args)
+        except KeyboardInterrupt:  # stopped before the page was up (the engine is closed)
+            return 0
+
+
+def _serve(args) -> int:
     from inference.cli import open_engine
     from inference.errors import InputError, TokenLabError
 
@@ -104,26 +141,32 @@ def main(argv=None) -> int:
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch, limits_markdown
 
-    if getattr(engine, "is_remote", False):
-        info = engine.describe()
-        print(f"Using {info.name} served at {info.url} (context {info.max_seq_len}, "
-              f"{info.logprobs} log-probabilities)", file=sys.stderr)
-    else:
-        print(f"Loaded {engine.name}: {engine.cfg.n_layers} layers, {engine.dtype} on {engine.device}",
-              file=sys.stderr)
-    if args.auth is not None:
-        print(f"note: a password given with --auth shows in the process list; ${AUTH_ENV} or "
-              "--auth-file keep it out", file=sys.stderr)
-    if args.share:
-        print("WARNING: --share creates a PUBLIC link. Anyone who has it can use this playground "
-              "and your machine's compute" + ("" if args.logins else "; consider --auth-file PATH")
-              + ".", file=sys.stderr)
-    limits = limits_for(args)
-    if limits.any:
-        print("Limits: " + limits_markdown(limits).removeprefix("**Shared page:** "), file=sys.stderr)
-    handlers = Handlers(engine, limits=limits)
-    launch(build_ui(engine, handlers), engine, host=args.host, port=args.port, share=args.share,
-           auth=args.logins or None)
+    with engine:
+        if getattr(engine, "is_remote", False):
+            info = engine.describe()
+            print(f"Using {info.name} served at {info.url} (context {info.max_seq_len}, "
+                  f"{info.logprobs} log-probabilities)", file=sys.stderr)
+        else:
+            print(f"Loaded {engine.name}: {engine.cfg.n_layers} layers, {engine.dtype} on {engine.device}",
+                  file=sys.stderr)
+        if args.auth is not None:
+            print(f"note: a password given with --auth shows in the process list; ${AUTH_ENV} or "
+                  "--auth-file keep it out", file=sys.stderr)
+        if args.share:
+            print("WARNING: --share creates a PUBLIC link. Anyone who has it can use this playground "
+                  "and your machine's compute" + ("" if args.logins else "; consider --auth-file PATH")
+                  + ".", file=sys.stderr)
+        limits = limits_for(args)
+        if limits.any:
+            print("Limits: " + limits_markdown(limits).removeprefix("**Shared page:** "), file=sys.stderr)
+        handlers = Handlers(engine, limits=limits)
+        demo = build_ui(engine, handlers)
+        try:  # launch returns when Gradio's wait ends (Ctrl-C, SIGTERM)
+            launch(demo, engine, host=args.host, port=args.port, share=args.share,
+                   auth=args.logins or None)
+        finally:
+            demo.close(verbose=False)
+    print("Token Lab stopped", file=sys.stderr)
     return 0
 
 
