@@ -97,22 +97,25 @@ def limits_for(args):
 @contextmanager
 def stop_on_signals():
     """SIGTERM (a service manager, `kill`) stops the page as Ctrl-C does: as a KeyboardInterrupt
-    in the main thread, which ends Gradio's wait. Only the first signal does: later ones come
-    while the page and the engine close, and a close cut short could leave a thread computing
-    while the interpreter finalizes (which aborts the process)."""
+    in the main thread, which ends Gradio's wait. Yields a list of callables the first signal
+    runs before that. Later signals are ignored: they come while the page and the engine close,
+    and a close cut short could leave a thread computing while the interpreter finalizes."""
+    before_stop: list = []
     if threading.current_thread() is not threading.main_thread():  # only there can they be caught
-        yield
+        yield before_stop
         return
     stopping = threading.Event()
 
     def stop(signum, frame):
         if not stopping.is_set():
             stopping.set()
+            for f in before_stop:
+                f()
             raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield before_stop
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -122,14 +125,24 @@ def main(argv=None) -> int:
     """Serve the page until Ctrl-C or SIGTERM, then close it and the engine: exit status 0; 2 for
     bad arguments, 1 for a model that cannot be loaded."""
     args = parse_args(argv)
-    with stop_on_signals():
+    with stop_on_signals() as before_stop:
         try:
-            return _serve(args)
+            return _serve(args, before_stop)
         except KeyboardInterrupt:  # stopped before the page was up (the engine is closed)
             return 0
 
 
-def _serve(args) -> int:
+def _end_streams(demo, engine) -> None:
+    """End what keeps connections open, before Gradio stops its web server, which waits for
+    them (up to 5 s, twice): the runs (their streams end with them) and the sessions' heartbeat
+    streams (which end when the app's stop event is set, as demo.close() does)."""
+    engine.close()
+    app = getattr(demo, "server_app", None) or getattr(demo, "app", None)
+    if getattr(app, "stop_event", None) is not None:
+        app.stop_event.set()
+
+
+def _serve(args, before_stop: list) -> int:
     from inference.cli import open_engine
     from inference.errors import InputError, TokenLabError
 
@@ -161,6 +174,7 @@ def _serve(args) -> int:
             print("Limits: " + limits_markdown(limits).removeprefix("**Shared page:** "), file=sys.stderr)
         handlers = Handlers(engine, limits=limits)
         demo = build_ui(engine, handlers)
+        before_stop.append(lambda: _end_streams(demo, engine))
         try:  # launch returns when Gradio's wait ends (Ctrl-C, SIGTERM)
             launch(demo, engine, host=args.host, port=args.port, share=args.share,
                    auth=args.logins or None)
