@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 from inference.cli import add_engine_args, add_model_args
 
@@ -91,8 +94,55 @@ def limits_for(args):
     return Limits.shared(**values) if args.share else Limits.local(**values)
 
 
+@contextmanager
+def stop_on_signals():
+    """SIGTERM (a service manager, `kill`) stops the page as Ctrl-C does: as a KeyboardInterrupt
+    in the main thread, which ends Gradio's wait. Yields a list of callables the first signal
+    runs before that. Later signals are ignored: they come while the page and the engine close,
+    and a close cut short could leave a thread computing while the interpreter finalizes."""
+    before_stop: list = []
+    if threading.current_thread() is not threading.main_thread():  # only there can they be caught
+        yield before_stop
+        return
+    stopping = threading.Event()
+
+    def stop(signum, frame):
+        if not stopping.is_set():
+            stopping.set()
+            for f in before_stop:
+                f()
+            raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield before_stop
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 def main(argv=None) -> int:
+    """Serve the page until Ctrl-C or SIGTERM, then close it and the engine: exit status 0; 2 for
+    bad arguments, 1 for a model that cannot be loaded."""
     args = parse_args(argv)
+    with stop_on_signals() as before_stop:
+        try:
+            return _serve(args, before_stop)
+        except KeyboardInterrupt:  # stopped before the page was up (the engine is closed)
+            return 0
+
+
+def _end_streams(demo, engine) -> None:
+    """End what keeps connections open, before Gradio stops its web server, which waits for
+    them (up to 5 s, twice): the runs (their streams end with them) and the sessions' heartbeat
+    streams (which end when the app's stop event is set, as demo.close() does)."""
+    engine.close()
+    app = getattr(demo, "server_app", None) or getattr(demo, "app", None)
+    if getattr(app, "stop_event", None) is not None:
+        app.stop_event.set()
+
+
+def _serve(args, before_stop: list) -> int:
     from inference.cli import open_engine
     from inference.errors import InputError, TokenLabError
 
@@ -104,23 +154,30 @@ def main(argv=None) -> int:
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch, limits_markdown
 
-    info = engine.describe()
-    print(f"Using {info.name} on {info.where} (context {info.max_seq_len:,} tokens"
-          + ("" if info.capabilities.whole_distribution else
-             f", the server's {info.capabilities.logprobs} log-probabilities") + ")", file=sys.stderr)
-    if args.auth is not None:
-        print(f"note: a password given with --auth shows in the process list; ${AUTH_ENV} or "
-              "--auth-file keep it out", file=sys.stderr)
-    if args.share:
-        print("WARNING: --share creates a PUBLIC link. Anyone who has it can use this playground "
-              "and your machine's compute" + ("" if args.logins else "; consider --auth-file PATH")
-              + ".", file=sys.stderr)
-    limits = limits_for(args)
-    if limits.any:
-        print("Limits: " + limits_markdown(limits).removeprefix("**Shared page:** "), file=sys.stderr)
-    handlers = Handlers(engine, limits=limits)
-    launch(build_ui(engine, handlers), engine, host=args.host, port=args.port, share=args.share,
-           auth=args.logins or None)
+    with engine:
+        info = engine.describe()
+        print(f"Using {info.name} on {info.where} (context {info.max_seq_len:,} tokens"
+              + ("" if info.capabilities.whole_distribution else
+                 f", the server's {info.capabilities.logprobs} log-probabilities") + ")", file=sys.stderr)
+        if args.auth is not None:
+            print(f"note: a password given with --auth shows in the process list; ${AUTH_ENV} or "
+                  "--auth-file keep it out", file=sys.stderr)
+        if args.share:
+            print("WARNING: --share creates a PUBLIC link. Anyone who has it can use this playground "
+                  "and your machine's compute" + ("" if args.logins else "; consider --auth-file PATH")
+                  + ".", file=sys.stderr)
+        limits = limits_for(args)
+        if limits.any:
+            print("Limits: " + limits_markdown(limits).removeprefix("**Shared page:** "), file=sys.stderr)
+        handlers = Handlers(engine, limits=limits)
+        demo = build_ui(engine, handlers)
+        before_stop.append(lambda: _end_streams(demo, engine))
+        try:  # launch returns when Gradio's wait ends (Ctrl-C, SIGTERM)
+            launch(demo, engine, host=args.host, port=args.port, share=args.share,
+                   auth=args.logins or None)
+        finally:
+            demo.close(verbose=False)
+    print("Token Lab stopped", file=sys.stderr)
     return 0
 
 

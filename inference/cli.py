@@ -1,10 +1,18 @@
-"""`python -m inference`: generate and tokenize from the command line, for people and scripts."""
+"""`python -m inference`: generate and tokenize from the command line, for people and scripts.
+
+Exit status: 0 after a complete run, 2 for bad arguments or input, 1 for a model that cannot be
+loaded (or a server that fails), 130 on Ctrl-C. The engine is closed before the program exits:
+its scheduler thread must not be inside torch while the interpreter finalizes (that aborts)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import signal
 import sys
+import threading
+from contextlib import contextmanager
 
 from inference.errors import InputError, TokenLabError
 from inference.sampling.settings import SETTINGS, defaults
@@ -75,7 +83,10 @@ def open_engine(args):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m inference", description="Token Lab inference engine")
+    parser = _Parser(prog="python -m inference", description="Token Lab inference engine",
+                     epilog="exit status: 0 after a complete run, 2 for bad arguments, 1 for a "
+                            "model that cannot be loaded or a server that fails, 130 on Ctrl-C "
+                            "(the run's summary then says \"interrupted\")")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     g = sub.add_parser("generate", help="generate a continuation, streaming")
@@ -116,9 +127,28 @@ def _sampling_params(args, model_defaults: dict):
     return SamplingParams(**values, seed=args.seed, stop=tuple(args.stop))
 
 
+@contextmanager
+def _ctrl_c_cancels(cancel: threading.Event):
+    """Ctrl-C ends the run at its next step, as the page's Stop does, so that what it made and
+    its summary are still printed; a second Ctrl-C interrupts at once."""
+    if threading.current_thread() is not threading.main_thread():  # only there can it be caught
+        yield
+        return
+
+    def interrupt(signum, frame):
+        if cancel.is_set():
+            raise KeyboardInterrupt
+        cancel.set()
+
+    previous = signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def _cmd_generate(args) -> int:
     from inference.serving.engine import Request
-    from inference.events import DoneEvent, StepEvent
 
     _sampling_params(args, {})  # bad values fail before the model loads
     if args.top < 1:
@@ -126,14 +156,26 @@ def _cmd_generate(args) -> int:
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
     engine = open_engine(args)
-    params = _sampling_params(args, engine.generation_defaults)
-    events = engine.generate(Request(args.prompt, params, chat=args.chat, system=args.system,
-                                     top_n=args.top))
+    cancel = threading.Event()
+    # Ctrl-C is caught until the engine is closed: a close cut short could leave its thread
+    # computing while the interpreter finalizes.
+    with _ctrl_c_cancels(cancel), engine:
+        params = _sampling_params(args, engine.generation_defaults)
+        request = Request(args.prompt, params, chat=args.chat, system=args.system, top_n=args.top)
+        return _print_run(engine.generate(request, cancel), args.jsonl, cancel)
+
+
+def _print_run(events, jsonl: bool, cancel: threading.Event) -> int:
+    """Print a run's steps and its summary; 130 if Ctrl-C ended it ("interrupted"), else 0."""
+    from inference.events import DoneEvent, StepEvent
+
     shown = []
     for ev in events:
         if not isinstance(ev, (StepEvent, DoneEvent)):  # the run's progress before its tokens
             continue
-        if args.jsonl:
+        if isinstance(ev, DoneEvent) and ev.reason == "cancelled" and cancel.is_set():
+            ev = dataclasses.replace(ev, reason="interrupted")
+        if jsonl:
             print(json.dumps(ev.to_json(), ensure_ascii=False), flush=True)
         elif isinstance(ev, DoneEvent):
             printed = "".join(shown)
@@ -146,22 +188,24 @@ def _cmd_generate(args) -> int:
             shown.append(ev.text)
             sys.stdout.write(ev.text)
             sys.stdout.flush()
+        if isinstance(ev, DoneEvent):
+            return 130 if ev.reason == "interrupted" else 0
     return 0
 
 
 def _cmd_tokenize(args) -> int:
-    engine = open_engine(args)
-    tok = engine.tokenizer
-    ids = tok.encode(args.text)
-    print(json.dumps([{"id": i, "piece": tok.piece(i)} for i in ids], ensure_ascii=False))
+    with open_engine(args) as engine:
+        tok = engine.tokenizer
+        ids = tok.encode(args.text)
+        print(json.dumps([{"id": i, "piece": tok.piece(i)} for i in ids], ensure_ascii=False))
     return 0
 
 
 def _cmd_score(args) -> int:
     import math
 
-    engine = open_engine(args)
-    scores = engine.score(engine.prompt_ids(args.prompt, args.chat), args.continuation)
+    with open_engine(args) as engine:
+        scores = engine.score(engine.prompt_ids(args.prompt, args.chat), args.continuation)
     total = sum(lp for _, _, lp in scores)
     for i, piece, lp in scores:
         if args.jsonl:

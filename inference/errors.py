@@ -17,6 +17,10 @@ class ResourceError(TokenLabError):
     """The device ran out of memory during a run; the run ended, the engine keeps serving."""
 
 
+class EngineClosed(TokenLabError):
+    """The engine was closed (the program is stopping): it starts no more work."""
+
+
 def shown(value, limit: int = 40) -> str:
     """repr(value) for a message, cut to about `limit` characters: a value a visitor sent can be
     megabytes long, and the message must stay one short line (only the head is converted)."""

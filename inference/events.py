@@ -85,7 +85,7 @@ class PrefillEvent:
 
 @dataclass
 class DoneEvent:
-    reason: str  # "eos", "length", "stop", "context", "cancelled"
+    reason: str  # "eos", "length", "stop", "context", "cancelled" ("interrupted": the CLI's, Ctrl-C)
     text: str  # the whole generated text: every step's text, then `tail`
     tail: str  # text held back until the end (an incomplete character, a possible stop string)
     prompt_tokens: int

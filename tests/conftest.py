@@ -26,7 +26,8 @@ def tiny_dirs(tmp_path_factory, sp_model_bytes) -> dict[str, Path]:
 @pytest.fixture(scope="session")
 def tiny_engine(tiny_dirs):
     from inference.serving.engine import Engine
-    return Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+    with Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32") as engine:
+        yield engine
 
 
 @pytest.fixture
@@ -71,3 +72,4 @@ def live_app(tiny_dirs):
     _, url, _ = launch(demo, engine, port=None, block=False)
     yield url.rstrip("/"), engine, handlers
     demo.close()
+    engine.close()

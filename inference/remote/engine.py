@@ -24,7 +24,7 @@ from typing import Iterator
 from inference.loading.chat import chat_messages
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
-from inference.errors import InputError, ModelError, NotAvailable, ServerError
+from inference.errors import EngineClosed, InputError, ModelError, NotAvailable, ServerError
 from inference.events import DoneEvent, StepEvent
 from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
 from inference.remote.http import ServerHTTP
@@ -110,7 +110,8 @@ class RemoteTokenizer:
 class RemoteEngine:
     """The Engine's public methods (prompt_ids, prompt_text, generate, generate_ids, score,
     describe, capture, replay) in front of a vLLM server. Holds no model: each run is one
-    streamed request, and stopping a run closes its connection, which aborts it on the server."""
+    streamed request, and stopping a run closes its connection, which aborts it on the server.
+    close() (or a with block) aborts the open streams and joins the threads that watch them."""
 
     def __init__(self, http: ServerHTTP, model: str, max_seq_len: int, logprobs: str,
                  logprobs_source: str, cfg: ModelConfig | None = None,
@@ -125,6 +126,9 @@ class RemoteEngine:
         self._active = 0
         self._active_lock = threading.Lock()
         self._prompts: dict[tuple, list[int]] = {}  # a few recent prompts' ids
+        self._closed = threading.Event()
+        self._streams: set = set()  # open EventStreams, aborted by close()
+        self._watchers: set[threading.Thread] = set()  # each run's cancel watcher
 
     @classmethod
     def connect(cls, url: str, model: str | None = None, config: str | None = None,
@@ -156,6 +160,34 @@ class RemoteEngine:
         b, why = engine.kv_bytes_per_value(load)
         engine.info = replace(engine.info, kv_value_bytes=b, kv_value_bytes_source=why)
         return engine
+
+    # ------------------------------------------------------------ shutting down
+
+    def close(self) -> None:
+        """Refuse new runs and scores, abort every open stream (its run ends "cancelled", the
+        server aborts the request) and join the threads watching runs' cancel flags. Idempotent."""
+        self._closed.set()
+        with self._active_lock:
+            streams, watchers = list(self._streams), list(self._watchers)
+        for stream in streams:
+            stream.abort()
+        for t in watchers:
+            if t is not threading.current_thread():
+                t.join()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed.is_set()
+
+    def __enter__(self) -> "RemoteEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed.is_set():
+            raise EngineClosed("the engine is closed: it starts no more work")
 
     # ------------------------------------------------------------ what the engine is
 
@@ -213,6 +245,7 @@ class RemoteEngine:
     def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]:
         """Teacher-forced log-probabilities of continuation's tokens after context_ids: the
         server's prompt log-probabilities (the model's own distribution in every logprobs mode)."""
+        self._check_open()
         cont = self.tokenizer.encode_continuation(continuation) if continuation else []
         if not cont:
             raise InputError("the continuation is empty")
@@ -267,20 +300,31 @@ class RemoteEngine:
                          meaning(self.info.capabilities.logprobs, params), cancel)
 
     def _run(self, body, n_prompt, max_new, capped, seed, top_n, m, cancel):
+        self._check_open()
         with self._active_lock:
             self._active += 1
         t0 = time.perf_counter()
-        stream, ended = None, threading.Event()
+        stream, ended, watcher = None, threading.Event(), None
         parts: list[str] = []
         arrivals: list[float] = []
         step, tail, reason = 0, "", None
+
+        def stopped() -> bool:
+            return self._closed.is_set() or (cancel is not None and cancel.is_set())
+
         try:
             stream = self.http.stream("/completions", body)
-            if cancel is not None:
-                threading.Thread(target=_abort_on, args=(cancel, ended, stream), daemon=True,
-                                 name="tokenlab-remote-cancel").start()
+            with self._active_lock:
+                self._streams.add(stream)
+                if cancel is not None:
+                    watcher = threading.Thread(target=_abort_on, args=(cancel, ended, stream, self._closed),
+                                               daemon=True, name="tokenlab-remote-cancel")
+                    self._watchers.add(watcher)
+                    watcher.start()
+            if self._closed.is_set():  # closed while the request was being sent
+                stream.abort()
             for chunk in stream:
-                if cancel is not None and cancel.is_set():
+                if stopped():
                     break
                 choices = chunk.get("choices") or []
                 if not choices:
@@ -315,7 +359,7 @@ class RemoteEngine:
                         step += 1
                 if choice.get("finish_reason") is not None:
                     reason = _reason(choice, capped, step, max_new)
-            if cancel is not None and cancel.is_set():
+            if (cancel is not None and cancel.is_set()) or (reason is None and self._closed.is_set()):
                 reason = "cancelled"
             elif reason is None:
                 raise ServerError(f"the model server at {self.http.url} ended its answer without "
@@ -326,6 +370,8 @@ class RemoteEngine:
                 stream.abort()
             with self._active_lock:
                 self._active -= 1
+                self._streams.discard(stream)
+                self._watchers.discard(watcher)
         decode_s = (arrivals[-1] - arrivals[0]) if len(arrivals) > 1 else 0.0
         yield DoneEvent(
             reason=reason, text="".join(parts) + tail, tail=tail, prompt_tokens=n_prompt,
@@ -348,9 +394,10 @@ class RemoteEngine:
 
 # ---------------------------------------------------------------- helpers
 
-def _abort_on(cancel: threading.Event, ended: threading.Event, stream) -> None:
-    """Close the stream as soon as `cancel` is set; return once the run has ended."""
-    while not ended.is_set():
+def _abort_on(cancel: threading.Event, ended: threading.Event, stream, closed: threading.Event) -> None:
+    """Close the stream as soon as `cancel` is set; return once the run has ended or the engine
+    is closed (which aborts the stream itself)."""
+    while not ended.is_set() and not closed.is_set():
         if cancel.wait(0.25):
             stream.abort()
             return

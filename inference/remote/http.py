@@ -94,9 +94,12 @@ class ServerHTTP:
     def _connect(self, timeout_s: float | None) -> http.client.HTTPConnection:
         timeout = timeout_s or self.timeout_s
         if self.https:
-            return http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
+            conn = http.client.HTTPSConnection(self.host, self.port, timeout=timeout,
                                                context=ssl.create_default_context())
-        return http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        else:
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout)
+        conn.response_class = _Response
+        return conn
 
     def _send(self, conn, method, path, body, root) -> http.client.HTTPResponse:
         data = None if body is None else json.dumps(body).encode()
@@ -122,6 +125,15 @@ class ServerHTTP:
         except (OSError, http.client.HTTPException) as e:
             raise ServerUnreachable(f"the connection to the model server at {self.url} broke: "
                                     f"{_why(e)}") from None
+
+
+class _Response(http.client.HTTPResponse):
+    """Keeps its socket: for an answer with "Connection: close" getresponse() drops the
+    connection's, and EventStream.abort() must still be able to shut it down."""
+
+    def __init__(self, sock, *args, **kwargs):
+        super().__init__(sock, *args, **kwargs)
+        self.sock = sock
 
 
 class EventStream:
@@ -172,7 +184,7 @@ class EventStream:
         """Close the connection now (from any thread): the server aborts the request."""
         with self._lock:
             self.aborted = True
-            sock = self._conn.sock
+            sock = getattr(self._resp, "sock", None) or self._conn.sock
             if sock is not None:
                 try:
                     sock.shutdown(socket.SHUT_RDWR)

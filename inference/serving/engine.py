@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import secrets
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -14,7 +15,7 @@ from inference.model.anatomy import StepCapture, capture_pattern, capture_step
 from inference.loading.chat import chat_messages, default_system_prompt, render_chat_segments
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
-from inference.errors import InputError, ModelError, NotAvailable
+from inference.errors import EngineClosed, InputError, ModelError, NotAvailable
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
@@ -38,7 +39,8 @@ CAPABILITIES = Capabilities(internals=True, whole_distribution=True, measured_kv
 
 
 class Engine:
-    """A loaded model and its tokenizer. Stateless between runs: each run owns its KV cache."""
+    """A loaded model and its tokenizer. Stateless between runs: each run owns its KV cache.
+    close() (or a with block) ends its runs and its thread before the program exits."""
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, name: str = "model",
                  generation_defaults: dict | None = None, kv_pool_mib: float | None = None,
@@ -58,6 +60,46 @@ class Engine:
         self.scheduler = Scheduler(model, tokenizer, eos_ids, pool, prefill_chunk)
         self._describe_lock = threading.Lock()
         self._decode_error: PrecisionReport | None = None
+        self._work_cv = threading.Condition()
+        self._working = 0  # forward passes on callers' threads (score, capture, ...)
+        self._closed = False
+
+    # ------------------------------------------------------------ shutting down
+
+    def close(self) -> None:
+        """Stop computing: refuse new work, cancel every run (each ends "cancelled", its blocks
+        back in the pool), join the scheduler's thread, and wait for forward passes running on
+        other threads (a page's score or capture). Nothing of the engine's is inside torch once
+        it returns, so the interpreter can finalize safely. Idempotent."""
+        with self._work_cv:
+            self._closed = True
+        self.scheduler.close()
+        with self._work_cv:
+            self._work_cv.wait_for(lambda: self._working == 0)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @contextmanager
+    def _work(self):
+        """Around a forward pass on the caller's thread: close() waits for it to end."""
+        with self._work_cv:
+            if self._closed:
+                raise EngineClosed("the engine is closed: it starts no more work")
+            self._working += 1
+        try:
+            yield
+        finally:
+            with self._work_cv:
+                self._working -= 1
+                self._work_cv.notify_all()
 
     @property
     def eos_ids(self) -> set[int]:
@@ -95,7 +137,8 @@ class Engine:
         second) so that the page can say how approximate its numbers are."""
         with self._describe_lock:
             if self._decode_error is None and self.model.decode_dtype != self.dtype:
-                self._decode_error = measure_decode_error(self)
+                with self._work():
+                    self._decode_error = measure_decode_error(self)
         b = self.dtype.itemsize
         return EngineInfo(self.name, self.cfg.max_seq_len, self.cfg, CAPABILITIES, str(self.device),
                           b, f"{b} bytes per value at {str(self.dtype).removeprefix('torch.')}",
@@ -204,7 +247,7 @@ class Engine:
         if len(ids) > self.cfg.max_seq_len:
             raise InputError(f"context and continuation are {len(ids)} tokens but the context window "
                              f"is {self.cfg.max_seq_len}")
-        with torch.inference_mode():
+        with self._work(), torch.inference_mode():
             tokens = torch.tensor([ids], device=self.device)
             logits = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True)[0]
             # The logits at position i predict token i + 1.
@@ -249,20 +292,22 @@ class Engine:
     def capture(self, context_ids: list[int], layer: int) -> StepCapture:
         """Re-run the forward pass that predicted the token after context_ids, capturing the
         attention of `layer` and every layer's residual for the logit lens."""
-        return capture_step(self.model, context_ids, layer)
+        with self._work():
+            return capture_step(self.model, context_ids, layer)
 
     def attention_pattern(self, context_ids: list[int], layer: int) -> torch.Tensor:
         """The full causal attention pattern of `layer` over context_ids: (heads, T, T), row i
         the weights of query position i over positions 0..i. Computed on demand only."""
         if not context_ids:
             raise InputError("the context is empty")
-        return capture_pattern(self.model, context_ids, layer)
+        with self._work():
+            return capture_pattern(self.model, context_ids, layer)
 
     def step_logits(self, context_ids: list[int]) -> torch.Tensor:
         """The float32 logits (vocab,) a run computes after context_ids, by one forward pass."""
         if not context_ids:
             raise InputError("the context is empty")
-        with torch.inference_mode():
+        with self._work(), torch.inference_mode():
             tokens = torch.tensor([context_ids], device=self.device)  # (1, T)
             return self.model(tokens, self.model.new_cache(len(context_ids)), 0)[0].float().cpu()
 
@@ -270,4 +315,5 @@ class Engine:
                chosen: int) -> tuple[list[StageStat], torch.Tensor]:
         """A step's sampling pipeline under `params` on its logits (from step_logits): the
         stages, and the final distribution (vocab,)."""
-        return pipeline(logits, params, seen_mask(logits.shape[-1], seen_ids), chosen)
+        with self._work():
+            return pipeline(logits, params, seen_mask(logits.shape[-1], seen_ids), chosen)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.errors import ResourceError
+from inference.errors import EngineClosed, ResourceError
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
 from inference.model.transformer import PagedBatch, Transformer
@@ -78,6 +78,7 @@ class Scheduler:
         self.prefix_cache = PrefixCache(pool)
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     # ------------------------------------------------------------ the callers' side
 
@@ -90,6 +91,8 @@ class Scheduler:
                 f"the server's pool has {self.pool.n_blocks}; lower max new tokens or shorten the prompt")
         run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed)
         with self._cv:
+            if self._closed:
+                raise EngineClosed("the engine is closed: it takes no more runs")
             self._waiting.append(run)
             if self._reserved + sum(r.blocks_needed for r in self._waiting) > self.pool.n_blocks:
                 self._tell_waiting()  # at once: the page shows the wait from the click on
@@ -106,6 +109,27 @@ class Scheduler:
         with self._cv:
             self._cv.notify()
         run.released.wait()
+
+    def close(self) -> None:
+        """Cancel every run, queued or admitted (each ends with a "cancelled" DoneEvent and its
+        blocks go back), end the thread and wait for it, then empty the prefix cache. Once it
+        returns, the scheduler computes nothing: a daemon thread still inside torch when the
+        interpreter finalizes aborts the process. Runs submitted later raise EngineClosed.
+        Idempotent."""
+        with self._cv:
+            self._closed = True
+            for run in [*self._waiting, *self._active]:
+                run.cancel.set()
+            self._cv.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+        with self._cv:
+            self.prefix_cache.evict(self.prefix_cache.blocks)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def stats(self) -> PoolStats:
         with self._cv:
@@ -127,8 +151,10 @@ class Scheduler:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._active and not self._waiting:
+                while not self._active and not self._waiting and not self._closed:
                     self._cv.wait()
+                if not self._active and not self._waiting:  # closed, and every run has ended
+                    return
             self._iteration()  # its locals end with it: a finished run is not kept while idle
 
     def _iteration(self) -> None:
