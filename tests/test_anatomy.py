@@ -7,6 +7,7 @@ from inference.model.anatomy import capture_step, memory_table, stages
 from inference.model.config import ModelConfig
 from inference.serving.engine import Request
 from inference.sampling.stages import SamplingParams
+import ui.inside.render as inside_render
 
 LLAMA_7B = ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, n_layers=32,
                        n_heads=32, n_kv_heads=32, max_seq_len=4096)
@@ -116,17 +117,17 @@ def test_capture_does_not_change_the_sampled_tokens(tiny_engine):
 
 def test_inspect_handler_renders_all_parts(tiny_engine):
     from types import SimpleNamespace
-    from ui import render as fmt
     from ui.controls import Controls
     from ui.handlers import Handlers
     h = Handlers(tiny_engine)
     rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=6, seed="1").values(),
-                          SimpleNamespace(session_hash="i")))[-1][-1]
-    stages_md, att, lens, pattern = h.inspect_step(rec, 3, 1)
+                          SimpleNamespace(session_hash="i")))[-1]["record"]
+    inside = h.inspect_step(rec, 3, 1)
+    stages_md, att, lens, pattern = (inside[n] for n in ("stages_md", "attention", "lens", "pattern"))
     n = len(rec.prompt_ids)
     assert f"scores [4, 1, {n + 3}]" in stages_md and f"scores [4, {n}, {n}]" in stages_md
     assert att.count("<tr>") == n + 3 + 1 and "Layer 1" in att
     assert lens.count("after layer") == tiny_engine.cfg.n_layers
     # The full pattern: a row per position of the context, each with the positions it may see.
     assert pattern.count("<th class='tl-q'") == n + 3 and pattern.count("<td data-q=") == (n + 3) * (n + 4) // 2
-    assert "shares the embedding matrix" in fmt.memory_markdown(tiny_engine)
+    assert "shares the embedding matrix" in inside_render.memory_markdown(tiny_engine)

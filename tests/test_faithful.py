@@ -12,10 +12,13 @@ import torch
 
 from inference.events import Candidate, DoneEvent, StepEvent
 from inference.sampling.stages import SamplingParams
-from ui import render
 from ui.controls import Controls
 from ui.handlers import Handlers
 from ui.run_state import RunRecord
+import ui.format as formatting
+import ui.inside.render as inside_render
+import ui.run.kv as kv_panel
+import ui.run.render as run_render
 
 
 def numbers(html_text: str) -> list[str]:
@@ -44,7 +47,7 @@ def hf_reference():
 def test_the_apps_defaults_decode_in_float32(default_handlers):
     info = default_handlers.info
     assert info.dtype == torch.float32 and info.decode_dtype == torch.float32
-    assert info.decode_error is None and render.approx_note(info) == ""
+    assert info.decode_error is None and formatting.approx_note(info) == ""
 
 
 @pytest.mark.parametrize("prompt", ["Quantum tunnelling lets particles", "Mi color favorito es el",
@@ -52,11 +55,11 @@ def test_the_apps_defaults_decode_in_float32(default_handlers):
 def test_step_zero_bars_equal_transformers_for_new_prompts(default_handlers, hf_reference, prompt):
     """Prompts in no reference file: the bars (4 decimals) against transformers' float32."""
     c = Controls(prompt=prompt, temperature=0.0, max_new_tokens=2, seed="1")
-    rec = list(default_handlers.generate(*c.values(), SimpleNamespace(session_hash="f")))[-1][-1]
+    rec = list(default_handlers.generate(*c.values(), SimpleNamespace(session_hash="f")))[-1]["record"]
     ids = default_handlers.engine.prompt_ids(prompt)
     with torch.inference_mode():
         p = hf_reference(torch.tensor([ids])).logits[0, -1].softmax(-1)
-    bars = render.bars_html(rec.steps[0])
+    bars = formatting.bars_html(rec.steps[0])
     shown = numbers(bars)[2::2]  # title p, raw; then per candidate raw, final
     for c, raw_text in zip(rec.steps[0].top, shown):
         assert abs(float(raw_text) - p[c.id].item()) <= 1.5e-4, (c.piece, raw_text, p[c.id].item())
@@ -67,29 +70,29 @@ def test_every_panel_shows_the_same_probability(default_handlers, tiny_dirs, cap
     lens's last layer, "How likely was X?", compare A/B and the CLI's JSONL, to the digits shown."""
     h = default_handlers
     c = Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=1, seed="2")
-    rec = list(h.generate(*c.values(), SimpleNamespace(session_hash="p")))[-1][-1]
+    rec = list(h.generate(*c.values(), SimpleNamespace(session_hash="p")))[-1]["record"]
     step = rec.steps[0]
     paris = h.engine.tokenizer.encode(" Paris")[0]
     assert step.token_id == paris, "seed 2 samples ' Paris' (p 0.77)"
     shown = {}
-    bars = render.bars_html(step)
+    bars = formatting.bars_html(step)
     shown["title"] = numbers(bars)[1]
     shown["bars"] = numbers(bars)[2]
-    md, _ = h.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)
+    md = h.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"]
     raw_row = next(r for r in md.splitlines() if r.startswith("| raw |"))
     shown["replay"] = numbers(raw_row)[0]
-    _, _, lens, _ = h.inspect_step(rec, 0, 0)
+    lens = h.inspect_step(rec, 0, 0)["lens"]
     last = lens.split("<tr>")[-1]
     shown["lens"] = numbers(last)[0]
     table = h.likelihood(rec, 0, " Paris")
     shown["likely"] = next(r for r in table.splitlines() if "Paris" in r).split("|")[3].strip()
-    *_, bars_a, _ = h.compare(*Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=2,
-                                        seed="2").values(), 0.0, 0, 1.0, 0.0, 1.0, SimpleNamespace(session_hash="p"))
+    bars_a = h.compare(*Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=2,
+                                        seed="2").values(), 0.0, 0, 1.0, 0.0, 1.0, SimpleNamespace(session_hash="p"))["bars_a"]
     from inference.cli import main
     assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "1", "--seed", "2",
                  "--temperature", "1", "--jsonl", "--device", "cpu"]) == 0
     line = json.loads(capsys.readouterr().out.splitlines()[0])
-    shown["cli"] = render.fmt_p(line["raw_prob"])
+    shown["cli"] = formatting.fmt_p(line["raw_prob"])
     assert set(shown.values()) == {"0.7725"}, shown
 
 
@@ -114,10 +117,10 @@ def test_bfloat16_decode_is_measured_and_said(tiny_dirs):
     r = info.decode_error
     assert r is not None and 0 < r.max_prob_diff < 0.5 and 0 <= r.top1_agreement <= 1 and r.steps == 48
     h = Handlers(engine)
-    rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=2, seed="1").values(), None))[-1][-1]
+    rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=2, seed="1").values(), None))[-1]["record"]
     bars = h.select_step(rec, 0)
     assert "Approximate" in bars and f"{r.max_prob_diff:.4f}" in bars
-    assert "Approximate" in render.model_card(info)
+    assert "Approximate" in run_render.model_card(info)
 
 
 # ---------------------------------------------------------------- small numbers
@@ -125,15 +128,15 @@ def test_bfloat16_decode_is_measured_and_said(tiny_dirs):
 @pytest.mark.parametrize("p, text", [(0.77251, "0.7725"), (1e-4, "0.0001"), (3.14159e-5, "3.14e-05"),
                                      (2.5e-13, "2.5e-13"), (0.0, "0.0000")])
 def test_small_probabilities_stay_visible(p, text):
-    assert render.fmt_p(p) == text
-    assert render.fmt_logp(p) == ("−∞" if p == 0 else f"{math.log(p):.3f}")
+    assert formatting.fmt_p(p) == text
+    assert formatting.fmt_logp(p) == ("−∞" if p == 0 else f"{math.log(p):.3f}")
 
 
 def test_a_tail_pick_shows_its_probability():
     ev = StepEvent(step=0, token_id=7, piece="x", text="x", prob=3.2e-6, raw_prob=1.1e-6,
                    top=[Candidate(1, "a", 0.9, 0.8), Candidate(7, "x", 3.2e-6, 1.1e-6)], entropy=1.0, rank=900,
                    kv_cache_bytes=0, kv_cache_capacity_bytes=0, ms=1.0)
-    bars = render.bars_html(ev)
+    bars = formatting.bars_html(ev)
     assert numbers(bars)[:2] == ["3.2e-06", "1.1e-06"] and "0.0000" not in bars
 
 
@@ -161,25 +164,26 @@ def test_byte_tokens_of_a_character_are_one_chip(tiny_engine):
     tok = tiny_engine.tokenizer
     run = byte_run(tok, "a望b")  # 望 is not in the tiny vocabulary: three byte tokens
     assert [tok.piece(i) for i in run.ids].count("<0xE6>") == 1
-    chips = render.output_chips(run.rec, tok)
+    chips = run_render.output_chips(run.rec, tok)
     texts = [c.text for c in chips]
     assert "望" in texts and len(chips) == len(run.ids) - 2
     char = chips[texts.index("望")]
     assert len(char.steps) == 3 and char.prob == pytest.approx(0.5 ** 3)
-    out = render.highlighted_output(run.rec, tok)
+    out = run_render.highlighted_output(run.rec, tok)
     assert [t for t, _ in out] == texts
     # A click on the character selects its first byte's step; each step stays reachable by the slider.
     h = Handlers(tiny_engine)
-    bars, slider = h.select_token(run.rec, SimpleNamespace(index=texts.index("望")))
+    picked = h.select_token(run.rec, SimpleNamespace(index=texts.index("望")))
+    bars, slider = picked["bars"], picked["step"]
     assert slider["value"] == char.steps[0]
-    view = render.prompt_tokens_html(tok, run.ids)
+    view = run_render.prompt_tokens_html(tok, run.ids)
     assert "tl-char" in view and "望" in view and "&lt;0xE6&gt;" in view
 
 
 def test_a_character_cut_by_the_end_is_shown_as_cut(tiny_engine):
     tok = tiny_engine.tokenizer
     run = byte_run(tok, "a望", cut=1)  # the run ends after two of the character's three bytes
-    out = render.highlighted_output(run.rec, tok)
+    out = run_render.highlighted_output(run.rec, tok)
     text = "".join(t for t, _ in out)
     assert "\ufffd" not in text and "[cut off: <0xE6><0x9C>]" in text
 
@@ -189,12 +193,12 @@ def test_a_character_cut_by_the_end_is_shown_as_cut(tiny_engine):
 def test_kv_formula_counts_the_positions_the_cache_holds(tiny_engine):
     h = Handlers(tiny_engine)
     rec = list(h.generate(*Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=5,
-                                    seed="1").values(), None))[-1][-1]
+                                    seed="1").values(), None))[-1]["record"]
     cfg = tiny_engine.cfg
     held = len(rec.prompt_ids) + len(rec.steps) - 1  # the newest token is not fed back yet
     per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4  # float32
     assert rec.steps[-1].kv_cache_bytes == held * per_position
-    assert f"× {held} positions held = {held * per_position:,} bytes" in render.kv_formula(h.info, rec.steps[-1].kv_cache_bytes)
+    assert f"× {held} positions held = {held * per_position:,} bytes" in kv_panel.kv_formula(h.info, measured_bytes=rec.steps[-1].kv_cache_bytes)
 
 
 def test_inside_one_token_counts_decode_bytes_at_the_decode_dtype(tiny_dirs):
@@ -202,11 +206,11 @@ def test_inside_one_token_counts_decode_bytes_at_the_decode_dtype(tiny_dirs):
     engine = Engine.from_hf_dir(tiny_dirs["mha"], "cpu", "float32", decode_dtype="bfloat16")
     info = engine.describe()
     cfg = info.cfg
-    md = render.stages_markdown(info, n_prompt=4, step=2)
+    md = inside_render.stages_markdown(info, n_prompt=4, step=2)
     ffn_row = next(r for r in md.splitlines() if r.startswith("| SwiGLU"))
-    assert ffn_row.split("|")[6].strip() == render.si(3 * cfg.hidden_size * cfg.intermediate_size * 2, "B")
+    assert ffn_row.split("|")[6].strip() == formatting.si(3 * cfg.hidden_size * cfg.intermediate_size * 2, "B")
     attn_row = next(r for r in md.splitlines() if r.startswith("| attention softmax"))
-    assert attn_row.split("|")[6].strip() == render.si(2 * 6 * cfg.kv_dim * 4, "B")  # 6 positions at float32
+    assert attn_row.split("|")[6].strip() == formatting.si(2 * 6 * cfg.kv_dim * 4, "B")  # 6 positions at float32
     assert "bfloat16" in md
 
 

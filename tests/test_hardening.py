@@ -69,7 +69,7 @@ def test_closing_the_stream_mid_run_cancels_the_engine_thread(tiny_engine, hold)
     gen = h.generate(*c.values(), SimpleNamespace(session_hash="tab"))
     next(gen)
     held.step(2)  # the run has made 2 tokens and is held before the 3rd
-    assert len(next(gen)[-1].steps) >= 1
+    assert len(next(gen)["record"].steps) >= 1
     gen.close()  # what gradio does when the client disconnects
     assert held.started == 3  # no token after the one being made at the close
     assert tiny_engine.active_runs == 0 and len(h.registry) == 0
@@ -82,7 +82,7 @@ def test_eight_sessions_at_once_each_get_their_own_tokens(tiny_engine):
                 for i in range(8)]
 
     def run(i):
-        return list(h.generate(*settings[i].values(), SimpleNamespace(session_hash=f"user{i}")))[-1][-1]
+        return list(h.generate(*settings[i].values(), SimpleNamespace(session_hash=f"user{i}")))[-1]["record"]
 
     alone = [[s.token_id for s in run(i).steps] for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
@@ -114,15 +114,15 @@ def test_nothing_outlives_its_run(tiny_engine, hold, monkeypatch):
         gen = h.generate(*c.values(), SimpleNamespace(session_hash=session))
         if kind == "end":
             held.open()
-            rec = list(gen)[-1][-1]
+            rec = list(gen)[-1]["record"]
             held.close()
             return rec
         next(gen)
         held.step(3)  # mid-run
         if kind == "stop":
             h.stop(SimpleNamespace(session_hash=session))
-            return list(gen)[-1][-1]
-        rec = next(gen)[-1]  # the page has part of the run, then goes away
+            return list(gen)[-1]["record"]
+        rec = next(gen)["record"]  # the page has part of the run, then goes away
         gen.close()
         return rec
 

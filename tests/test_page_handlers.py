@@ -17,10 +17,14 @@ from inference.loading.chat import default_system_prompt, render_chat
 from inference.events import PrefillEvent
 from inference.serving.kv_pool import BLOCK_SIZE
 from tiny_models import CHATML
-from ui import render as fmt
 from ui.controls import Controls, controls_from_query, query_value, share_url
-from ui.handlers import AFTER_OUTPUTS, STALE_PANELS, Handlers
+from ui.handlers import STALE_PANELS, Handlers
 from ui.run_state import RunRecord, run_jsonl
+import ui.experiments.render as exp_render
+import ui.format as formatting
+import ui.inside.render as inside_render
+import ui.run.kv as kv_panel
+import ui.run.render as run_render
 
 SMOL_LIKE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
              "{{ '<|im_start|>system\nYou are SmolTest<|im_end|>\n' }}{% endif %}"
@@ -39,11 +43,11 @@ def session(name):
 
 def run(h, name="u", history=None, **kw):
     c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
-    return list(h.generate(*c.values(), session(name), history))[-1][-1]
+    return list(h.generate(*c.values(), session(name), history))[-1]["record"]
 
 
 def after(h, rec, history=None, name="u"):
-    return dict(zip(AFTER_OUTPUTS, h.after_run(rec, history, session(name))))
+    return h.after_run(rec, history, session(name))
 
 
 # ---------------------------------------------------------------- chat
@@ -60,7 +64,7 @@ def test_follow_ups_continue_the_conversation_and_regenerate_replaces_the_answer
     history = a["history"]
     assert history == [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": first.done.text}]
     assert a["prompt"] == "" and a["regenerate"]["interactive"] and "1 turn" in a["conversation"]
-    assert first.finished and after(h, first, history)["history"] == gr.skip()  # drawn once, added once
+    assert first.finished and "history" not in after(h, first, history)  # drawn once, added once
     second = run(h, mode="chat", prompt="And then?", history=history)
     # The model saw the earlier turn: the template over all three messages.
     messages = history + [{"role": "user", "content": "And then?"}]
@@ -70,11 +74,13 @@ def test_follow_ups_continue_the_conversation_and_regenerate_replaces_the_answer
     history2 = after(h, second, history)["history"]
     assert [m["content"] for m in history2] == ["Hello", first.done.text, "And then?", second.done.text]
     # Regenerate: the last answer dropped, its question back in the box, then a normal run.
-    rest, prompt, mode, conversation = h.pop_last_turn(history2)
+    popped = h.pop_last_turn(history2)
+    rest, prompt, mode, conversation = (popped[n] for n in ("history", "prompt", "mode", "conversation"))
     assert rest == history and prompt == "And then?" and mode == "chat" and "1 turn" in conversation
     with pytest.raises(gr.Error, match="no answer to regenerate"):
         h.pop_last_turn([])
-    assert h.new_conversation()[:2] == ([], "")
+    new = h.new_conversation()
+    assert (new["history"], new["conversation"]) == ([], "")
 
 
 def test_a_follow_up_reads_the_earlier_turns_from_the_kv_cache(h, tiny_engine):
@@ -87,7 +93,7 @@ def test_a_follow_up_reads_the_earlier_turns_from_the_kv_cache(h, tiny_engine):
     reused = second.steps[0].prompt_tokens_reused
     assert reused >= BLOCK_SIZE and reused % BLOCK_SIZE == 0 and reused < len(second.prompt_ids)
     assert second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids
-    assert f"({reused} read from the KV cache of an earlier run)" in fmt.stats_markdown(h.info, second)
+    assert f"({reused} read from the KV cache of an earlier run)" in run_render.stats_markdown(h.info, second)
 
 
 def test_typed_control_tokens_in_earlier_turns_stay_text(tiny_engine):
@@ -126,13 +132,13 @@ def test_the_full_pattern_equals_transformers_eager_attention(tiny_dirs, tiny_en
 def test_pattern_html_is_causal_and_capped(tiny_engine):
     ids = tiny_engine.prompt_ids("The quick brown fox")
     pattern = tiny_engine.attention_pattern(ids, 0)
-    out = fmt.pattern_html(pattern, ids, tiny_engine.tokenizer, 0, 2)
+    out = inside_render.pattern_html(pattern, ids, tiny_engine.tokenizer, 0, 2)
     n = len(ids)
     assert out.count("<td data-q=") == n * (n + 1) // 2 and "head 2" in out
     w = float(re.search(r"<td data-q='3' data-k='1' data-w='([\d.]+)'", out).group(1))
     assert w == pytest.approx(float(pattern[2, 3, 1]), abs=1e-4)
     big = torch.rand(1, 100, 100)
-    assert "last 64 of 100 positions" in fmt.pattern_html(big, list(range(100)), tiny_engine.tokenizer, 0, 0, 64)
+    assert "last 64 of 100 positions" in inside_render.pattern_html(big, list(range(100)), tiny_engine.tokenizer, 0, 0, 64)
 
 
 # ---------------------------------------------------------------- links
@@ -162,10 +168,10 @@ def test_link_values_the_page_cannot_hold_are_ignored_by_name(h, tiny_engine):
                                       h.defaults, {"max_new_tokens": tiny_engine.cfg.max_seq_len - 1})
     assert c.prompt == "Hi" and c.top_p == h.defaults.top_p and c.max_new_tokens == h.defaults.max_new_tokens
     assert [p.split("`")[1] for p in problems] == ["top_p", "max_new_tokens"]
-    notice = h.restore(SimpleNamespace(query_params={"top_p": "7", "max_new_tokens": "99999"}))[-1]
+    notice = h.restore(SimpleNamespace(query_params={"top_p": "7", "max_new_tokens": "99999"}))["notice"]
     assert notice.count("\n- ") == 2  # one Markdown list item each
     # A link that sets one of the "More settings" opens them.
-    assert h.restore(SimpleNamespace(query_params={"min_p": "0.1"}))[-2]["open"] is True
+    assert h.restore(SimpleNamespace(query_params={"min_p": "0.1"}))["more"]["open"] is True
 
 
 # ---------------------------------------------------------------- downloads
@@ -197,8 +203,8 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
 
 
 def test_old_downloads_are_deleted(h, monkeypatch):
-    import ui.handlers as handlers_module
-    monkeypatch.setattr(handlers_module, "KEEP_FILES", 3)
+    import ui.run.handlers as run_handlers
+    monkeypatch.setattr(run_handlers, "KEEP_FILES", 3)
     urls = [h._write_file(f"f{i}.txt", "x") for i in range(5)]
     found = [h.download_path(*u.rsplit("/", 2)[1:]) for u in urls]
     assert [f is not None for f in found] == [False, False, True, True, True]
@@ -214,14 +220,14 @@ def test_a_waiting_run_says_what_is_ahead_and_stop_ends_it_before_it_starts(h):
     c = Controls(prompt="The quick", max_new_tokens=5)
     out_a = h.begin(*c.values(), session("a"), [])
     out_b = h.begin(*c.values(), session("b"), [])
-    status_b = out_b[9]
+    status_b = out_b["status"]
     assert "Waiting for the engine" in status_b and "1 waiting before yours" in status_b
-    assert "0 waiting before yours" in out_a[9]
-    assert out_b[5]["interactive"] is False and out_b[7]["interactive"] is True  # Generate off, Stop on
-    assert out_b[8]["maximum"] == 4  # the slider spans the steps to come
-    assert all(v == "" for v in out_b[14:14 + len(STALE_PANELS)])  # the old run's panels cleared
+    assert "0 waiting before yours" in out_a["status"]
+    assert out_b["generate"]["interactive"] is False and out_b["stop_button"]["interactive"] is True  # Generate off, Stop on
+    assert out_b["step"]["maximum"] == 4  # the slider spans the steps to come
+    assert all(out_b[name] == "" for name in STALE_PANELS)  # the old run's panels cleared
     h.stop(session("b"))  # Stop before the engine took it
-    rec = list(h.generate(*c.values(), session("b"), []))[-1][-1]
+    rec = list(h.generate(*c.values(), session("b"), []))[-1]["record"]
     assert rec.done.reason == "cancelled" and rec.steps == []
     h.closed(session("a"))
     assert h._waiting == {}
@@ -230,16 +236,16 @@ def test_a_waiting_run_says_what_is_ahead_and_stop_ends_it_before_it_starts(h):
 def test_the_status_line_through_a_runs_life(h, tiny_engine):
     ctx = tiny_engine.cfg.max_seq_len
     rec = RunRecord(prompt_ids=[1] * 30, queued_at=10.0, max_steps=8)
-    assert fmt.status_text(rec, ctx, 13.5, (1, 2)).startswith(
+    assert run_render.status_text(rec, ctx, 13.5, (1, 2)).startswith(
         "Waiting for the engine · 1 run in progress, 2 waiting before yours · 3.5 s so far")
     rec.started_at = 14.0
-    assert fmt.status_text(rec, ctx, 16.0).startswith("Prefill of 30 prompt tokens… 2.0 s so far")
+    assert run_render.status_text(rec, ctx, 16.0).startswith("Prefill of 30 prompt tokens… 2.0 s so far")
     rec.add(PrefillEvent(16, 30))  # a long prompt read a chunk a step
-    assert fmt.status_text(rec, ctx, 16.5).startswith("Prefill of 16 of 30 prompt tokens read… 2.5 s so far")
+    assert run_render.status_text(rec, ctx, 16.5).startswith("Prefill of 16 of 30 prompt tokens read… 2.5 s so far")
     done = run(h)
-    assert "Run ended: max new tokens reached · 8 tokens" in fmt.status_text(done, ctx, 0)
-    assert h.live_tick(rec, session("x"))[2].startswith("Prefill of 16 of 30")
-    assert h.live_tick(done, session("x")) == (gr.skip(), gr.skip(), gr.skip())
+    assert "Run ended: max new tokens reached · 8 tokens" in run_render.status_text(done, ctx, 0)
+    assert h.live_tick(rec, session("x"))["status"].startswith("Prefill of 16 of 30")
+    assert h.live_tick(done, session("x")) == {}
 
 
 def test_the_context_counter(h, tiny_engine):
@@ -261,7 +267,7 @@ def test_replay_controls_start_at_the_runs_settings_and_an_untouched_replay_is_t
     a = after(h, rec, [])
     values = [a[f"replay_{n}"] for n in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")]
     assert values == [0.6, 9, 0.8, 0.02, 1.1]
-    md, bars = h.replay_step(rec, 4, *values)
+    md, bars = (lambda r: (r["replay_md"], r["replay_bars"]))(h.replay_step(rec, 4, *values))
     rows = [r for r in md.splitlines() if r.startswith("| ") and "kept (run)" not in r]
     assert len(rows) == 7
     for row in rows:
@@ -279,38 +285,35 @@ def test_events_outside_the_queue_never_raise(h):
     for v in junk:
         assert isinstance(h.select_step(rec, v), str)
         assert h.select_token(rec, SimpleNamespace(index=v)) is not None
-        assert isinstance(h.replay_step(rec, 0, v, v, v, v, v)[0], str)
+        assert isinstance(h.replay_step(rec, 0, v, v, v, v, v)["replay_md"], str)
         assert isinstance(h.count_context(v, v, v, v), str)
         assert isinstance(h.select_head(rec, 0, 0, v), str)
         try:  # a link is made, or refused with a message naming the field (in the queue)
             assert isinstance(h.share_link(*([v] * 11), v, v), str)
         except gr.Error as e:
             assert re.search(r"prompt|seed|stop|mode", str(e)), e
-        assert len(h.begin(*([v] * 11), session("j"), v)) == 26
-        assert len(h.begin(*Controls(mode="chat").values(), session("j"), [v])) == 26
-    assert h.replay_step(None, 0, 1.0, 0, 1.0, 0.0, 1.0)[0].startswith("Generate first")
-    assert h.inspect_step(None, 0, 0)[0].startswith("Generate first")
+        assert "status" in h.begin(*([v] * 11), session("j"), v)
+        assert "status" in h.begin(*Controls(mode="chat").values(), session("j"), [v])
+    assert h.replay_step(None, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"].startswith("Generate first")
+    assert h.inspect_step(None, 0, 0)["stages_md"].startswith("Generate first")
     assert h.likelihood(None, 0, "x").startswith("Generate first")
-    assert h.live_tick(None) == (gr.skip(), gr.skip(), gr.skip())
-    assert len(h.after_run(None, None, session("j"))) == len(AFTER_OUTPUTS)
-    assert len(h.restore(SimpleNamespace(query_params={"top_k": "-1", "bogus": "x", "mode": "?"}))) == 13
+    assert h.live_tick(None) == {}
+    assert "generate" in h.after_run(None, None, session("j"))
+    assert len(h.restore(SimpleNamespace(query_params={"top_k": "-1", "bogus": "x", "mode": "?"}))) == 13 - 1  # "more" stays as it is
 
 
 def test_labels(h, tiny_engine):
-    assert "diverges here" not in fmt.COLOR_MAP and "diverges here" in fmt.COMPARE_COLOR_MAP
+    assert "diverges here" not in formatting.COLOR_MAP and "diverges here" in formatting.COMPARE_COLOR_MAP
     rec = run(h)
-    assert "diverges" not in fmt.output_html(rec, tiny_engine.tokenizer)
-    stats = fmt.stats_markdown(h.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done))
+    assert "diverges" not in run_render.output_html(rec, tiny_engine.tokenizer)
+    stats = run_render.stats_markdown(h.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done))
     assert "Run ended: **max new tokens reached**." in stats and "Stopped:" not in stats
-    assert fmt.REASONS["cancelled"].startswith("stopped on request")
-    assert fmt._shown("a\nb") == "a↵\nb"  # a newline is seen, then breaks the line
+    assert formatting.REASONS["cancelled"].startswith("stopped on request")
+    assert run_render._shown("a\nb") == "a↵\nb"  # a newline is seen, then breaks the line
 
 
 def test_a_new_run_resets_the_last_runs_downloads_charts_and_seed(h):
-    from ui.handlers import RESET_AT_BEGIN
-    out = h.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("r"), [])
-    reset = dict(zip(RESET_AT_BEGIN, out[14 + len(STALE_PANELS):-1]))
-    assert set(reset) == {"downloads", "run_chart", "rank_chart", "run_seed"}
+    reset = h.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("r"), [])
     assert "come with its end" in reset["downloads"] and reset["run_seed"] == ""
     assert reset["run_chart"].empty and reset["rank_chart"].empty
     h.closed(session("r"))
@@ -330,36 +333,37 @@ def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):
     step = StepEvent(step=3, token_id=7, piece=" Paris", text=" Paris", prob=0.88, raw_prob=0.5,
                      top=[Candidate(7, " Paris", 0.88, 0.5)], entropy=1.0, rank=1, kv_cache_bytes=0,
                      kv_cache_capacity_bytes=0, ms=1.0)
-    title = re.search("<div class='tl-title'>(.*?)</div>", fmt.bars_html(step)).group(1)
+    title = re.search("<div class='tl-title'>(.*?)</div>", formatting.bars_html(step)).group(1)
     assert "with p = 0.8800 (raw p = 0.5000), rank 1" in as_seen(title, logp=False)
     assert "with log p = -0.128 (raw log p = -0.693), rank 1" in as_seen(title, logp=True)
     rec = run(h)
     first = rec.steps[0]
     head = re.search("<span class='tl-pop-head'>(.*?)</span><span class='tl-alt",
-                     fmt.output_html(rec, tiny_engine.tokenizer)).group(1)
-    assert as_seen(head, logp=False).endswith(f"p = {fmt.fmt_p(first.prob)} (raw p = {fmt.fmt_p(first.raw_prob)})")
-    assert as_seen(head, logp=True).endswith(f"log p = {fmt.fmt_logp(first.prob)} "
-                                             f"(raw log p = {fmt.fmt_logp(first.raw_prob)})")
-    summary = as_seen(fmt.compare_summary(rec, rec, 0), logp=True)
-    assert f"(log p = {fmt.fmt_logp(first.prob)})" in summary
+                     run_render.output_html(rec, tiny_engine.tokenizer)).group(1)
+    assert as_seen(head, logp=False).endswith(f"p = {formatting.fmt_p(first.prob)} (raw p = {formatting.fmt_p(first.raw_prob)})")
+    assert as_seen(head, logp=True).endswith(f"log p = {formatting.fmt_logp(first.prob)} "
+                                             f"(raw log p = {formatting.fmt_logp(first.raw_prob)})")
+    summary = as_seen(exp_render.compare_summary(rec, rec, 0), logp=True)
+    assert f"(log p = {formatting.fmt_logp(first.prob)})" in summary
 
 
 def test_token_counts_have_a_thousands_separator(tiny_engine):
     tok = tiny_engine.tokenizer
     plain = next(i for i in range(tok.vocab_size) if not tok.is_control(i))
-    view = fmt.run_tokens_html(tok, [plain] * 1441, [plain] * 1203)
+    view = run_render.run_tokens_html(tok, [plain] * 1441, [plain] * 1203)
     assert "Prompt: 1,441 tokens" in view and "Generated: 1,203 tokens" in view
 
 
 def test_the_colour_legend_shows_only_under_output(h, tiny_engine):
     tok = tiny_engine.tokenizer
-    assert "tl-legend" not in fmt.output_html(None, tok)  # the page before any run
-    assert "tl-legend" not in fmt.output_html(RunRecord(prompt_ids=[1]), tok)  # running, no token yet
+    assert "tl-legend" not in run_render.output_html(None, tok)  # the page before any run
+    assert "tl-legend" not in run_render.output_html(RunRecord(prompt_ids=[1]), tok)  # running, no token yet
     out = h.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("l"), [])
-    waiting = next(x for x in out if isinstance(x, str) and "Waiting for the engine" in x)
+    waiting = out["output"]
+    assert "Waiting for the engine" in waiting
     assert "tl-legend" not in waiting
     h.closed(session("l"))
-    assert "tl-legend" in fmt.output_html(run(h), tok)
+    assert "tl-legend" in run_render.output_html(run(h), tok)
 
 
 def test_step_axes_start_at_the_first_step(tiny_engine):
@@ -376,7 +380,7 @@ def test_the_pool_line_counts_blocks_in_words():
     for held, words in ((1, "**1 block** of 16 positions"), (3, "**3 blocks** of 16 positions")):
         step = StepEvent(0, 5, "a", "a", 1.0, 1.0, [], 0.0, 1, 100, held * 8192, 10.0, kv_blocks=held,
                          pool=PoolStats(64, held, held, 1, 0, 8192, 2))
-        text = fmt.pool_markdown(step)
+        text = kv_panel.pool_markdown(step)
         assert words in text and f"{held:,} of 64 blocks" in text and "2 kept from finished runs" in text
 
 
@@ -390,7 +394,7 @@ def test_a_token_drawn_below_the_top_five_is_in_its_popover(h, tiny_engine):
     chosen = next(c for c in first.top if c.id == first.token_id)
     assert len(others) >= 5
     rec.steps[0] = dataclasses.replace(first, top=others[:7] + [chosen])  # drawn at rank 8
-    out = fmt.output_html(rec, tiny_engine.tokenizer)
+    out = run_render.output_html(rec, tiny_engine.tokenizer)
     start = out.index("<span class='tl-pop'")  # the first token's popover, up to the next one's
     end = out.find("<span class='tl-pop'", start + 1)
     pop = out[start:end if end > 0 else len(out)]

@@ -127,12 +127,12 @@ def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_eng
             with pytest.raises(gr.Error) as e:
                 attempt()
             assert e.value.message == RUN_GOING
-        assert h.begin(*c.values(), req("other tab"))[0] == "Another"  # other sessions may
+        assert h.begin(*c.values(), req("other tab"))["prompt_view"] == "Another"  # other sessions may
         held.open()
-        rec = done.result(timeout=60)[-1][-1]
+        rec = done.result(timeout=60)[-1]["record"]
     assert rec.done.reason == "length" and len(rec.steps) == 12  # the first ran to its end
     assert len(h.registry) == 0
-    assert len(list(h.generate(*c.values(), req("tab")))[-1][-1].steps) == 5  # and then the next
+    assert len(list(h.generate(*c.values(), req("tab")))[-1]["record"].steps) == 5  # and then the next
 
 
 def test_generate_right_after_stop_waits_for_the_stopped_run(tiny_engine, hold, monkeypatch):
@@ -144,8 +144,8 @@ def test_generate_right_after_stop_waits_for_the_stopped_run(tiny_engine, hold, 
         done = pool.submit(list, gen)
         held.step(1)
         h.stop(req("tab"))  # the held run ends within its step
-        assert h.begin(*Controls(prompt="Next").values(), req("tab"))[0] == "Next"  # not refused
-        assert done.result(timeout=60)[-1][-1].done.reason == "cancelled"
+        assert h.begin(*Controls(prompt="Next").values(), req("tab"))["prompt_view"] == "Next"  # not refused
+        assert done.result(timeout=60)[-1]["record"].done.reason == "cancelled"
 
 
 def test_runs_per_client(tiny_engine, hold):
@@ -161,9 +161,9 @@ def test_runs_per_client(tiny_engine, hold):
             h.begin(*c.values(), req("a3", host="203.0.113.1"))
         b = pool.submit(lambda: list(h.generate(*c.values(), req("b1", host="203.0.113.2"))))
         # With --auth a visitor is their login: the same address, another user, is another visitor.
-        assert h.begin(*c.values(), req("u1", host="203.0.113.1", user="ann"))[0] == "The quick"
+        assert h.begin(*c.values(), req("u1", host="203.0.113.1", user="ann"))["prompt_view"] == "The quick"
         held.open()
-        assert len(a.result(60)[-1][-1].steps) == len(b.result(60)[-1][-1].steps) == 6
+        assert len(a.result(60)[-1]["record"].steps) == len(b.result(60)[-1]["record"].steps) == 6
 
 
 def test_the_new_tokens_cap_is_on_the_page_and_enforced(tiny_engine, monkeypatch):
@@ -172,10 +172,10 @@ def test_the_new_tokens_cap_is_on_the_page_and_enforced(tiny_engine, monkeypatch
     h = Handlers(tiny_engine, limits=Limits(max_new_tokens=5))
     with pytest.raises(gr.Error, match=r"The server allows at most 5 new tokens; got 6\."):
         list(h.generate(*Controls(max_new_tokens=6).values(), req("t")))
-    assert len(list(h.generate(*Controls(max_new_tokens=5).values(), req("t")))[-1][-1].steps) == 5
+    assert len(list(h.generate(*Controls(max_new_tokens=5).values(), req("t")))[-1]["record"].steps) == 5
     values = h.restore(SimpleNamespace(query_params={"max_new_tokens": "99"}))
-    assert values[Controls.names().index("max_new_tokens")] == 5
-    assert "lowered from 99 to 5: The server allows at most 5 new tokens" in values[-1]
+    assert values["max_new_tokens"] == 5
+    assert "lowered from 99 to 5: The server allows at most 5 new tokens" in values["notice"]
     config = build_ui(tiny_engine, h).get_config_file()
     slider = next(c for c in config["components"] if c["props"].get("elem_id") == "max-new-tokens")
     assert slider["props"]["maximum"] == 5 and "the server allows at most 5 new tokens" in slider["props"]["info"]

@@ -201,7 +201,7 @@ def test_which_distribution_the_server_returns_is_probed(top, expected):
     answer = {"choices": [{"text": "x", "logprobs": {"top_logprobs": [top]}}]}
     with FakeServer({"/v1/models": (200, MODELS), "/v1/completions": (200, answer)}) as server:
         if expected in ("raw", "processed"):
-            assert RemoteEngine.connect(server.url).describe().logprobs == expected
+            assert RemoteEngine.connect(server.url).describe().capabilities.logprobs == expected
         else:
             with pytest.raises(ServerError, match=f"returns {expected}, not log-probabilities"):
                 RemoteEngine.connect(server.url)

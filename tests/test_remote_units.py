@@ -8,12 +8,15 @@ import pytest
 
 from inference.model.config import ModelConfig
 from inference.events import Candidate, StepEvent
-from inference.remote.engine import RemoteInfo
+from inference.remote.engine import server_info
 from inference.remote.steps import meaning, split_text, token_numbers
 from inference.sampling.stages import SamplingParams
 from inference.remote.metrics import kv_bytes_per_value, parse_load
-from ui import render, render_remote
 from ui.run_state import RunRecord, run_summary
+import ui.experiments.render as exp_render
+import ui.format as formatting
+import ui.run.kv as kv_panel
+import ui.run.render as run_render
 
 # Lines of vLLM 0.32's /metrics (the model's path shortened to M).
 METRICS = """\
@@ -91,7 +94,7 @@ def remote_step(**kw) -> StepEvent:
 
 
 def test_bars_say_what_the_server_does_not_give():
-    html = render.bars_html(remote_step(), approx="From the server's log-probabilities")
+    html = formatting.bars_html(remote_step(), approx="From the server's log-probabilities")
     assert "final (sampled from) (not given by the server)" in html
     assert "raw model probability</span>" in html and "0.7725" in html
     assert "p = <span class='tl-p'>–</span>" in html and "rank not known" in html and "From the server" in html
@@ -101,37 +104,37 @@ def test_bars_say_what_the_server_does_not_give():
 def test_charts_and_summaries_leave_out_what_is_not_known():
     rec = RunRecord(prompt_ids=[1, 2, 3, 4, 5], steps=[remote_step(), remote_step(step=1, rank=1)],
                     kv_bytes_per_token=46080)
-    probs, ranks = render.run_chart_frames(rec)
+    probs, ranks = exp_render.run_chart_frames(rec)
     assert set(probs["metric"]) == {"chosen-token probability"} and list(ranks["step"]) == [1]
-    kv = render.kv_frame(rec)
+    kv = kv_panel.kv_frame(rec)
     assert set(kv["series"]) == {"this run, by the formula"}
     assert kv["MiB"].tolist() == [0.0, 46080 * 5 / 2**20, 46080 * 6 / 2**20]
-    assert render.kv_frame(RunRecord(prompt_ids=[1], steps=[remote_step()])).empty  # no config
+    assert kv_panel.kv_frame(RunRecord(prompt_ids=[1], steps=[remote_step()])).empty  # no config
     s = run_summary(rec)
     assert s["mean_p"] == pytest.approx(0.7725) and math.isnan(s["mean_entropy"])
-    assert "| – |" in render.compare_summary(rec, rec, None)
+    assert "| – |" in exp_render.compare_summary(rec, rec, None)
     from inference.remote.engine import RemoteTokenizer
-    assert render.highlighted_output(rec, RemoteTokenizer(None, "M"))[0] == (" Paris", "0.5 ≤ p < 0.9")
+    assert run_render.highlighted_output(rec, RemoteTokenizer(None, "M"))[0] == (" Paris", "0.5 ≤ p < 0.9")
 
 
-def info(cfg=SMOL, kv_bytes=4) -> RemoteInfo:
-    return RemoteInfo("M", "http://127.0.0.1:8000/v1", 2048, "raw", "probed at start", cfg,
+def info(cfg=SMOL, kv_bytes=4):
+    return server_info("M", "http://127.0.0.1:8000/v1", 2048, "raw", "probed at start", cfg,
                       "/models/M/config.json" if cfg else None, None, kv_bytes, "the server's pool")
 
 
 def test_remote_card_formula_and_stats():
-    assert "context 2,048 tokens (the server's)" in render_remote.model_card(info())
-    assert "--engine-config" in render_remote.model_card(info(cfg=None))
-    text = render_remote.kv_formula(info(), 13)
+    assert "context 2,048 tokens (the server's)" in run_render.model_card(info())
+    assert "--engine-config" in run_render.model_card(info(cfg=None))
+    text = kv_panel.kv_formula(info(), 13)
     assert "2 × 30 × 3 × 64 × 4" in text and "46,080 bytes per position" in text
     assert "13 positions this run holds" in text and "by the formula" in text
-    assert "11,520 × b bytes per position" in render_remote.kv_formula(info(kv_bytes=None))
-    assert "--engine-config" in render_remote.kv_formula(info(cfg=None))
-    assert render_remote.kv_bytes_per_token(info()) == 46080
+    assert "11,520 × b bytes per position" in kv_panel.kv_formula(info(kv_bytes=None))
+    assert "--engine-config" in kv_panel.kv_formula(info(cfg=None))
+    assert info().kv_bytes_per_position == 46080
     rec = RunRecord(prompt_ids=[1] * 5, steps=[remote_step(), remote_step(step=1, ms=100.0)], seed=3)
-    stats = render_remote.stats_markdown(info(), rec)
+    stats = run_render.stats_markdown(info(), rec)
     assert "| 5 | 80 ms | 2 | 10.0 |" in stats and "at the page" in stats
-    line = render_remote.server_load_markdown(parse_load(METRICS, "M"))
+    line = kv_panel.server_load_markdown(parse_load(METRICS, "M"))
     assert "1.5% in use of 46,592 positions" in line and "2 requests running" in line and "whole server" in line
 
 

@@ -85,11 +85,11 @@ def page_run(h, session="s", **kw):
 
 def test_the_server_is_described(engine):
     info = engine.describe()
-    assert info.logprobs == "raw" and info.logprobs_source == "probed at start"  # vLLM's default mode
+    assert info.capabilities.logprobs == "raw" and info.logprobs_source == "probed at start"  # vLLM's default mode
     assert info.max_seq_len == 2048  # the server's --max-model-len, not the config's 8192
     # The server loaded the model from a path on this machine: its config.json is read there.
     assert info.cfg is not None and info.cfg.n_layers == 30 and info.cfg.n_kv_heads == 3
-    assert info.kv_bytes == 4  # --dtype float32, found from the server's KV-cache pool
+    assert info.kv_value_bytes == 4  # --dtype float32, found from the server's KV-cache pool
 
 
 @pytest.mark.parametrize("mode, prompt", [("completion", PROMPT), ("chat", CHAT)])
@@ -184,13 +184,13 @@ def test_stop_cancels_the_request_on_the_server(handlers, engine, how):
     before = metric("vllm:generation_tokens_total")
     c = Controls(prompt="Once upon a time", temperature=1.0, max_new_tokens=2000, seed="1")
     gen = handlers.generate(*c.values(), SimpleNamespace(session_hash="stop-" + how))
-    rec = next(gen)[-1]  # the empty first update
+    rec = next(gen)["record"]  # the empty first update
     while not rec.steps:  # updates come every interval, with or without tokens: until the first
-        rec = next(gen)[-1]
+        rec = next(gen)["record"]
     if how == "stop":
         handlers.stop(SimpleNamespace(session_hash="stop-" + how))
         rest = list(gen)
-        assert rest[-1][-1].done.reason == "cancelled"
+        assert rest[-1]["record"].done.reason == "cancelled"
     else:
         gen.close()
     assert engine.active_runs == 0
@@ -222,7 +222,7 @@ def test_the_servers_refusals_are_one_line(engine, handlers, capsys):
 
 def test_what_needs_the_models_insides_says_so(handlers):
     rec = page_run(handlers, max_new_tokens=2)[-1]
-    for panel in (handlers.inspect_step(rec, 0, 0)[0], handlers.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)[0]):
+    for panel in (handlers.inspect_step(rec, 0, 0)["stages_md"], handlers.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"]):
         assert panel.startswith("⚠") and "not available when the page is in front of a server" in panel
 
 

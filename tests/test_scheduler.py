@@ -186,7 +186,7 @@ def test_churn_of_32_clients_leaves_nothing_behind(tiny_engine):
     h = Handlers(tiny_engine, top_n=3, update_interval_s=0.01)
     settings = [Controls(prompt=PROMPTS[i % 8], temperature=1.0, top_k=30, max_new_tokens=20, seed=str(i))
                 for i in range(8)]
-    alone = [list(h.generate(*c.values(), SimpleNamespace(session_hash="alone")))[-1][-1].done.text
+    alone = [list(h.generate(*c.values(), SimpleNamespace(session_hash="alone")))[-1]["record"].done.text
              for c in settings]
     rng = random.Random(0)
     plans = [[(rng.randrange(8), rng.choice(["run", "stop", "disconnect"])) for _ in range(3)] for _ in range(32)]
@@ -197,7 +197,7 @@ def test_churn_of_32_clients_leaves_nothing_behind(tiny_engine):
         for which, action in plans[k]:
             gen = h.generate(*settings[which].values(), session)
             if action == "run":
-                texts.append((which, list(gen)[-1][-1].done.text))
+                texts.append((which, list(gen)[-1]["record"].done.text))
             elif action == "stop":
                 next(gen)
                 h.stop(session)

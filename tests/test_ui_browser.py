@@ -2,6 +2,7 @@
 
 from browser import open_page
 from engine_hold import wait_until
+import ui.run.kv as kv_panel
 
 
 def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch, hold):
@@ -36,10 +37,9 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
 
     # A long run, stopped from the page. The tiny model is too fast to catch: hold it.
     held = hold(engine)
-    from ui import render as fmt
     live_frames = []  # the chart timer draws the running run's KV cache while it streams
-    kv_frame = fmt.kv_frame
-    monkeypatch.setattr(fmt, "kv_frame", lambda rec: live_frames.append(
+    kv_frame = kv_panel.kv_frame
+    monkeypatch.setattr(kv_panel, "kv_frame", lambda rec: live_frames.append(
         (len(rec.steps), rec.done is None)) or kv_frame(rec))
     page.fill("#max-new-tokens input[type=number]", "200")
     page.locator("#max-new-tokens input[type=number]").press("Enter")

@@ -6,9 +6,10 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from ui import render as fmt
 from ui.controls import Controls, controls_from_query, parse_stop, share_url
-from ui.handlers import Handlers
+from ui.handlers import RUN_OUTPUTS, Handlers
+import ui.format as formatting
+import ui.run.render as run_render
 
 ARGS = {"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 12}
 
@@ -26,32 +27,33 @@ def handlers(tiny_engine):
 def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
     updates = run(handlers)
     assert len(updates) >= 2
-    output, bars, stats, kv_text, notice, status, step, tokens, rec = updates[-1]
+    output, bars, stats, kv_text, notice, status, step, tokens, rec = (updates[-1][n] for n in RUN_OUTPUTS)
     assert len(rec.steps) == 12 and rec.done.reason == "length"
     assert "".join(t["token"] for t in tokens) == rec.done.text
-    assert [fmt.bucket(t["prob"]) for t in tokens[:12]] == ["p ≥ 0.9"] * 12  # greedy: every token had p = 1
-    assert output.count("class='tl-t ") == len(fmt.output_chips(rec, tiny_engine.tokenizer))
+    assert [formatting.bucket(t["prob"]) for t in tokens[:12]] == ["p ≥ 0.9"] * 12  # greedy: every token had p = 1
+    assert output.count("class='tl-t ") == len(run_render.output_chips(rec, tiny_engine.tokenizer))
     assert "Step 11" in bars and "tl-chosen" in bars and step == 11
     assert "Run ended" in status and "max new tokens" in status
-    assert all(u[7] == [] for u in updates[:-1])  # the token list comes with the last update
+    assert all(u["api_tokens"] == [] for u in updates[:-1])  # the token list comes with the last update
     assert "| 5 |" not in stats and "tok/s" in stats
     assert len(handlers.registry) == 0  # the run is no longer registered
     # A gr.skip() rebuilds the component on the server: streaming updates send values.
-    assert not any(isinstance(v, dict) for u in updates for v in u)
+    assert not any(isinstance(v, dict) for u in updates for v in u.values())
+    assert all(set(u) == set(RUN_OUTPUTS) for u in updates)
 
 
 def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
-    prompt_view, tokens, kv, latency, timer = handlers.begin(*Controls(**ARGS).values())[:5]
+    begun = handlers.begin(*Controls(**ARGS).values())
+    prompt_view, tokens, kv, latency, timer = (begun[n] for n in ("prompt_view", "tokens", "kv_chart", "latency", "live"))
     assert prompt_view == "The quick brown fox" and timer.active
     import re
     assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", tokens)] == tiny_engine.prompt_ids("The quick brown fox")
     assert len(kv) == 0 and len(latency) == 0
     refused = handlers.begin(*Controls(**{**ARGS, "prompt": " "}).values())
-    assert refused[0] == gr.skip() and "empty" in refused[9]  # every panel kept, the error said
-    rec = run(handlers)[-1][-1]
-    assert handlers.live_charts(rec) == (gr.skip(), gr.skip())  # over: after_run draws the end
-    from ui.handlers import AFTER_OUTPUTS
-    after = dict(zip(AFTER_OUTPUTS, handlers.after_run(rec)))
+    assert set(refused) == {"status"} and "empty" in refused["status"]  # every panel kept, the error said
+    rec = run(handlers)[-1]["record"]
+    assert handlers.live_tick(rec) == {}  # over: after_run draws the end
+    after = handlers.after_run(rec)
     timer, kv, latency, slider = after["live"], after["kv_chart"], after["latency"], after["step"]
     rank_chart = after["rank_chart"]
     assert not timer.active
@@ -68,20 +70,21 @@ def test_live_charts_draw_the_running_run(tiny_engine, hold):
     h = Handlers(tiny_engine, top_n=5, update_interval_s=0.01)
     gen = h.generate(*Controls(**{**ARGS, "max_new_tokens": 30}).values())
     for n in range(6):  # the held run: each update carries one more token
-        rec = next(gen)[-1]
+        rec = next(gen)["record"]
         assert len(rec.steps) == n and rec.done is None
         if n:
-            kv, latency = h.live_charts(rec)
+            live = h.live_tick(rec)
+            kv, latency = live["kv_chart"], live["latency"]
             assert len(kv) == 2 + 3 * n and len(latency) == n - 1
     gen.close()
 
 
 def test_seed_used_is_reported_and_reproduces(handlers):
-    a = run(handlers, temperature=1.2, seed="")[-1][-1]
+    a = run(handlers, temperature=1.2, seed="")[-1]["record"]
     assert isinstance(a.seed, int)
-    b = run(handlers, temperature=1.2, seed=str(a.seed))[-1][-1]
+    b = run(handlers, temperature=1.2, seed=str(a.seed))[-1]["record"]
     assert [s.token_id for s in a.steps] == [s.token_id for s in b.steps]
-    assert f"| {a.seed} |" in fmt.stats_markdown(handlers.engine, a)
+    assert f"| {a.seed} |" in run_render.stats_markdown(handlers.info, a)
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -99,15 +102,16 @@ def test_capped_max_new_tokens_is_said(handlers, tiny_engine):
     prompt = " ".join(["fox"] * 60)
     n = len(tiny_engine.prompt_ids(prompt))
     updates = run(handlers, prompt=prompt, max_new_tokens=500)
-    notice = updates[-1][4]
+    notice = updates[-1]["notice"]
     assert f"lowered from 500 to {tiny_engine.cfg.max_seq_len - n}" in notice
 
 
 def test_select_step_and_token(handlers):
-    rec = run(handlers)[-1][-1]
+    rec = run(handlers)[-1]["record"]
     assert "Step 3" in handlers.select_step(rec, 3)
     assert "Step 11" in handlers.select_step(rec, 99)
-    bars, slider = handlers.select_token(rec, SimpleNamespace(index=4))
+    picked = handlers.select_token(rec, SimpleNamespace(index=4))
+    bars, slider = picked["bars"], picked["step"]
     assert "Step 4" in bars and slider["value"] == 4
 
 
@@ -120,7 +124,7 @@ def test_stop_ends_the_sessions_run(handlers, hold):
     handlers.stop(SimpleNamespace(session_hash="other"))  # another session's Stop does nothing
     held.step(2)
     handlers.stop(SimpleNamespace(session_hash="s2"))
-    rec = list(gen)[-1][-1]
+    rec = list(gen)[-1]["record"]
     # The token being made at the Stop is the last one.
     assert rec.done.reason == "cancelled" and len(rec.steps) == 6
     assert handlers.engine.active_runs == 0
@@ -137,7 +141,8 @@ def test_share_link_round_trips_through_the_query(handlers):
     restored, problems = controls_from_query(query, Controls.for_model(handlers.engine.generation_defaults))
     assert restored == c and problems == []
     values = handlers.restore(SimpleNamespace(query_params=query))
-    assert list(values[:-2]) == c.values() and values[-1] == ""
+    from ui.controls import NAMES
+    assert [values[n] for n in NAMES] == c.values() and values["notice"] == ""
 
 
 def test_bad_query_values_are_named_not_dropped():
@@ -162,18 +167,18 @@ def update_counts(engine, monkeypatch, tick: float, max_new: int) -> list[int]:
     monkeypatch.setattr(ui.streaming, "time", SimpleNamespace(
         perf_counter=lambda: now.__setitem__(0, now[0] + tick) or now[0]))
     gen = Handlers(engine).generate(*Controls(**{**ARGS, "max_new_tokens": max_new}).values())
-    counts = [len(next(gen)[-1].steps)]  # starts the run
+    counts = [len(next(gen)["record"].steps)]  # starts the run
     for t in threading.enumerate():
         if t.name == "tokenlab-run":
             t.join()  # the run is over: its every token is waiting
-    return counts + [len(u[-1].steps) for u in gen]
+    return counts + [len(u["record"].steps) for u in gen]
 
 
 def test_updates_are_paced_by_the_interval(tiny_engine, monkeypatch):
     """When no time passes every token after the first goes in one update; when an interval
     passes at every look at the clock, each token has an update of its own."""
     from ui.streaming import update_interval_for
-    interval = update_interval_for(tiny_engine)
+    interval = update_interval_for(tiny_engine.describe())
     assert interval == 0.2  # a CPU engine: 5 updates a second
     assert update_counts(tiny_engine, monkeypatch, 0.0, 60) == [0, 1, 60]  # the first token at once
     counts = update_counts(tiny_engine, monkeypatch, interval, 60)
@@ -185,7 +190,7 @@ def test_many_runs_at_once_space_each_runs_updates(tiny_engine, monkeypatch):
     together stay at 4 / interval updates a second): with a clock that moves 1.1 intervals at
     every look, each update carries two tokens instead of one."""
     from ui.streaming import paced_interval, update_interval_for
-    interval = update_interval_for(tiny_engine)
+    interval = update_interval_for(tiny_engine.describe())
     assert [paced_interval(interval, n) for n in (0, 1, 4, 8, 20)] == [interval] * 3 + [2 * interval, 5 * interval]
     monkeypatch.setattr(type(tiny_engine), "active_runs", property(lambda self: 8))
     counts = update_counts(tiny_engine, monkeypatch, 1.1 * interval, 20)

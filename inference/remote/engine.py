@@ -195,6 +195,16 @@ class RemoteEngine:
         return self.info
 
     @property
+    def default_system_prompt(self) -> str:
+        """The server applies its own chat template: no default is known here."""
+        return ""
+
+    @property
+    def max_seq_len(self) -> int:
+        """The server's context window."""
+        return self.info.max_seq_len
+
+    @property
     def active_runs(self) -> int:
         return self._active
 
