@@ -29,12 +29,6 @@ class Page:
     def __getitem__(self, name: str):
         return self._by_name[name]
 
-    def names(self) -> list[str]:
-        return list(self._by_name)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self._by_name
-
     def all(self, names: Iterable[str]) -> list:
         return [self._by_name[n] for n in names]
 
