@@ -77,7 +77,8 @@ def local():
     return Engine.load(None, device="cpu", dtype="float32", decode_dtype="same")
 
 
-def page_run(h, session="s", **kw):
+def page_run(h, session="s", **kw) -> dict:
+    """The run's last update, keyed by component name."""
     c = Controls(**{"prompt": PROMPT, "temperature": 0.0, "max_new_tokens": N, "seed": "7", **kw})
     updates = list(h.generate(*c.values(), SimpleNamespace(session_hash=session)))
     return updates[-1]
@@ -101,7 +102,8 @@ def test_greedy_text_on_the_page_is_vllms_own(handlers, model, mode, prompt):
     else:
         answer = vllm("/completions", {"model": model, "prompt": prompt, "temperature": 0, "max_tokens": N})
         expected = answer["choices"][0]["text"]
-    output, bars, stats, kv_text, notice, status, step, tokens, rec = page_run(handlers, prompt=prompt, mode=mode)
+    last = page_run(handlers, prompt=prompt, mode=mode)
+    rec, tokens, stats, kv_text = (last[n] for n in ("record", "api_tokens", "stats", "kv_text"))
     assert rec.done.text == expected and "".join(t["token"] for t in tokens) == expected
     assert rec.done.reason == ("length" if answer["choices"][0]["finish_reason"] == "length" else "eos")
     assert rec.done.generated_tokens == answer["usage"]["completion_tokens"]
@@ -127,7 +129,7 @@ def test_greedy_text_in_the_cli_is_vllms_own(model, capsys):
 
 def test_bars_show_the_servers_log_probabilities(handlers, model):
     """Each step's candidates are vLLM's own top-10 log-probabilities for the same request."""
-    rec = page_run(handlers)[-1]
+    rec = page_run(handlers)["record"]
     ids = rec.prompt_ids
     answer = vllm("/completions", {"model": model, "prompt": ids, "temperature": 0, "max_tokens": N,
                                    "logprobs": TOP, "return_tokens_as_token_ids": True})
@@ -164,7 +166,7 @@ def test_probabilities_agree_with_our_engine(engine, local):
 
 
 def test_how_likely_uses_the_servers_prompt_logprobs(handlers, engine, model):
-    rec = page_run(handlers, max_new_tokens=2)[-1]
+    rec = page_run(handlers, max_new_tokens=2)["record"]
     table = handlers.likelihood(rec, 0, " Paris")
     answer = vllm("/completions", {"model": model, "prompt": rec.prompt_ids + [7042], "max_tokens": 1,
                                    "prompt_logprobs": 0})
@@ -221,7 +223,7 @@ def test_the_servers_refusals_are_one_line(engine, handlers, capsys):
 
 
 def test_what_needs_the_models_insides_says_so(handlers):
-    rec = page_run(handlers, max_new_tokens=2)[-1]
+    rec = page_run(handlers, max_new_tokens=2)["record"]
     for panel in (handlers.inspect_step(rec, 0, 0)["stages_md"], handlers.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"]):
         assert panel.startswith("⚠") and "not available when the page is in front of a server" in panel
 
