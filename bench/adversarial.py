@@ -35,10 +35,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from ui.controls import Controls  # noqa: E402
+from ui.run.handlers import RUN_OUTPUTS  # noqa: E402
+
+STATS, TOKENS = RUN_OUTPUTS.index("stats"), RUN_OUTPUTS.index("api_tokens")  # /generate's outputs
+
 CAP_TOKENS, SESSIONS = 40, 4  # the page's limits: new tokens a run, sessions a visitor
 # Visitors' addresses as a share tunnel forwards them; the hostile visitor has two.
 GOOD, BAD, BAD2 = "198.51.100.10", "203.0.113.66", "203.0.113.67"
-GOOD_ARGS = ["The quick", "completion", "", 0.0, 0, 1.0, 0.0, 1.0, 20, "5", ""]  # /generate's inputs
+# /generate's inputs, in the order the page passes them (from the settings schema).
+GOOD_ARGS = Controls(prompt="The quick", temperature=0.0, max_new_tokens=20, seed="5").values()
 BIG_PROMPT = "fox " * 2_000_000  # 8 MB
 # The visitor's requests, by kind, every one made whatever the speed of either side.
 VISITOR_REQUESTS = {"long": 13, "generate/stop": 25, "too many tokens": 25, "upload": 8, "file": 8,
@@ -51,10 +57,10 @@ def good_run(client) -> tuple[float, str]:
     job = client.submit(*GOOD_ARGS, api_name="/generate")
     ttft = None
     for update in job:
-        if ttft is None and re.search(r"^\| generated \| [1-9]", update[2], re.M):  # a token shown
+        if ttft is None and re.search(r"^\| generated \| [1-9]", update[STATS], re.M):  # a token shown
             ttft = time.perf_counter() - t0
     final = job.outputs()[-1]
-    return ttft, "".join(t["token"] for t in final[7])  # the tokens, complete in the last update
+    return ttft, "".join(t["token"] for t in final[TOKENS])  # the tokens, complete in the last update
 
 
 # ------------------------------------------------------------------ the hostile visitor

@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 from inference.cli import add_model_args  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
 from inference.events import DoneEvent, StepEvent  # noqa: E402
-from inference.sampling.stages import SamplingParams  # noqa: E402
+from inference.sampling.params import SamplingParams  # noqa: E402
 from bench.run import RANDOM_SHAPES, random_engine  # noqa: E402
 
 TOPICS = ["the history of the printing press", "how bees find flowers", "the water cycle",

@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _sampling_params(args, model_defaults: dict):
-    from inference.sampling.stages import SamplingParams
+    from inference.sampling.params import SamplingParams
 
     values = {k: getattr(args, k) if getattr(args, k) is not None else v
               for k, v in defaults(model_defaults).items()}

@@ -8,6 +8,8 @@ import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 
+from inference.sampling.settings import SETTINGS
+
 if TYPE_CHECKING:
     import torch
 
@@ -15,7 +17,7 @@ if TYPE_CHECKING:
     from inference.model.anatomy import StepCapture
     from inference.model.config import ModelConfig
     from inference.sampling.replay import StageStat
-    from inference.sampling.stages import SamplingParams
+    from inference.sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,8 @@ class Capabilities:
     logprobs: str = "both"
     # Times are measured where the model runs (True) or at the page, network and queue included.
     local_timing: bool = True
+    # The sampling settings (settings.SETTINGS names) it honours; the page offers only these.
+    settings: frozenset = frozenset(s.name for s in SETTINGS)
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import torch
 from inference.model.anatomy import capture_step, memory_table, stages
 from inference.model.config import ModelConfig
 from inference.serving.engine import Request
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 import ui.inside.render as inside_render
 
 LLAMA_7B = ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, n_layers=32,

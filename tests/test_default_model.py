@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inference.serving.engine import Engine, Request
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "smollm2_next_token.json"  # see data/README.md
 

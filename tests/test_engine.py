@@ -9,7 +9,7 @@ import torch
 from inference.serving.engine import Request
 from inference.errors import InputError
 from inference.events import DoneEvent, PrefillEvent, StepEvent
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 
 
 def run(engine, prompt="The quick brown fox", cancel=None, **kw):

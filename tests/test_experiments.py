@@ -8,7 +8,7 @@ import torch
 
 from inference.serving.engine import Request
 from inference.sampling.replay import pipeline
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from ui.run_state import RunRecord, run_summary
 from ui.controls import Controls
 from ui.handlers import Handlers

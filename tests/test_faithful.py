@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inference.events import Candidate, DoneEvent, StepEvent
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
 from ui.run_state import RunRecord

@@ -12,7 +12,7 @@ import torch
 
 from inference.serving.engine import Engine, Request
 from inference.errors import ResourceError
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
 

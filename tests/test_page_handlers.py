@@ -106,7 +106,7 @@ def test_typed_control_tokens_in_earlier_turns_stay_text(tiny_engine):
 
 def test_a_stopped_answer_with_no_text_adds_no_turn(h):
     from inference.events import DoneEvent
-    from inference.sampling.stages import SamplingParams
+    from inference.sampling.params import SamplingParams
     rec = RunRecord(mode="chat", user_message="Hi", started_at=1.0, params=SamplingParams(),
                     done=DoneEvent("cancelled", "", "", 5, 0, 0.0, 0.0, 1, 8, False))
     assert after(h, rec, [])["history"] == []

@@ -13,19 +13,15 @@ import httpx
 import pytest
 
 from engine_hold import wait_until
+from page_api import call, output
 from ui.controls import Controls
 from ui.handlers import Handlers
 from ui.public import RUN_GOING, UNREAD_REFUSALS, Limits, Sessions, served
 
 gradio_client = pytest.importorskip("gradio_client")
 
-ARGS = dict(prompt="The quick", mode="completion", system="", temperature=0.0, top_k=0, top_p=1.0,
-            min_p=0.0, repetition_penalty=1.0, max_new_tokens=20, seed="5", stop="")
 LIMITS = Limits(max_new_tokens=40, runs_per_client=1, sessions_per_client=3)
 
-
-def call(**kw):
-    return list({**ARGS, **kw}.values())
 
 
 def req(session, host="198.51.100.1", user=None):
@@ -206,8 +202,8 @@ def test_the_queue_refuses_a_second_job_and_a_clients_extra_runs(shared_app, hol
             bob.predict(*call(max_new_tokens=41), api_name="/generate")
         bobs = bob.submit(*call(prompt="Bob's"), api_name="/generate")  # another visitor may
         held.open()
-        assert len(first.result(timeout=60)[7]) == 20 and len(bobs.result(timeout=60)[7]) >= 1
-        assert len(ann.predict(*call(max_new_tokens=3), api_name="/generate")[7]) == 3  # then again
+        assert len(output(first.result(timeout=60), "api_tokens")) == 20 and len(output(bobs.result(timeout=60), "api_tokens")) >= 1
+        assert len(output(ann.predict(*call(max_new_tokens=3), api_name="/generate"), "api_tokens")) == 3  # then again
     finally:
         held.open()
         for c in (ann, ann2, bob):
@@ -311,7 +307,7 @@ def test_login_from_a_file_guards_the_page_and_names_the_visitor(tiny_dirs, tmp_
         # One session each: ann and bob, from the same address, are two visitors.
         for who in (("ann", "apple-pie"), ("bob", "banana-split")):
             client = gradio_client.Client(url, verbose=False, auth=who)
-            assert len(client.predict(*call(max_new_tokens=2), api_name="/generate")[7]) == 2  # the tokens
+            assert len(output(client.predict(*call(max_new_tokens=2), api_name="/generate"), "api_tokens")) == 2  # the tokens
             client.close()
         assert h.admission.sessions.count("user ann") == 1 and h.admission.sessions.count("user bob") == 1
     finally:

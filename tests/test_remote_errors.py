@@ -15,7 +15,7 @@ from inference.cli import main
 from inference.errors import (ContextTooLong, InputError, ModelNotServed, ServerError,
                               ServerRefused, ServerTimeout, ServerUnreachable)
 from inference.remote.engine import RemoteEngine
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 
 # The client's timeout: generous while the fake answers (a busy machine may answer slowly), and
 # TIMEOUT_S only for the exchange in which it never answers, whatever the speed.

@@ -10,7 +10,7 @@ from inference.model.config import ModelConfig
 from inference.events import Candidate, StepEvent
 from inference.remote.engine import server_info
 from inference.remote.steps import meaning, split_text, token_numbers
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from inference.remote.metrics import kv_bytes_per_value, parse_load
 from ui.run_state import RunRecord, run_summary
 import ui.experiments.render as exp_render

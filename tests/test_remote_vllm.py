@@ -26,9 +26,10 @@ if not URL:
 
 from inference.cli import main  # noqa: E402
 from inference.errors import ContextTooLong, ModelNotServed, ServerRefused  # noqa: E402
-from inference.sampling.stages import SamplingParams  # noqa: E402
+from inference.sampling.params import SamplingParams  # noqa: E402
 from ui.controls import Controls  # noqa: E402
 from ui.handlers import Handlers  # noqa: E402
+from page_api import call, output  # noqa: E402
 
 ROOT_URL = URL[:-3] if URL.endswith("/v1") else URL
 PROMPT = "The capital of France is"
@@ -237,12 +238,12 @@ def test_the_page_over_its_api(engine, model):
     demo = build_ui(engine)
     _, url, _ = launch(demo, engine, block=False)
     try:
-        result = Client(url, verbose=False).predict(PROMPT, "completion", "", 0.0, 0, 1.0, 0.0, 1.0, N, "1", "",
+        result = Client(url, verbose=False).predict(*call(prompt=PROMPT, max_new_tokens=N, seed="1"),
                                                     api_name="/generate")
     finally:
         demo.close()
-    assert "".join(t["token"] for t in result[7]) == expected
-    assert "From the server&#x27;s log-probabilities" in result[1]
+    assert "".join(t["token"] for t in output(result, "api_tokens")) == expected
+    assert "From the server&#x27;s log-probabilities" in output(result, "bars")
 
 
 def test_the_benchmark_measures_the_server_on_the_same_prompt_ids(local):

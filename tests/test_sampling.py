@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from inference.errors import InputError
-from inference.sampling.stages import (TOP_P_FIRST, SamplingParams, apply_min_p, apply_repetition_penalty,
-                                apply_temperature, apply_top_k, apply_top_p, final_logits, sample)
+from inference.sampling.params import SamplingParams
+from inference.sampling.stages import (TOP_P_FIRST, apply_min_p, apply_repetition_penalty, apply_temperature,
+                                       apply_top_k, apply_top_p, final_logits, sample)
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 LOGITS = PROBS.log()
@@ -55,7 +56,7 @@ def test_min_p_keeps_tokens_above_fraction_of_top(m, expected):
 def test_repetition_penalty_convention():
     logits = torch.tensor([2.0, -2.0, 1.0, -1.0])
     seen = torch.tensor([True, True, False, False])
-    out = apply_repetition_penalty(logits, seen, 2.0)
+    out = apply_repetition_penalty(logits, 2.0, seen)
     assert out.tolist() == [1.0, -4.0, 1.0, -1.0]
 
 
@@ -68,7 +69,7 @@ def test_against_transformers_processors():
         seen = torch.zeros(500, dtype=torch.bool)
         seen[ids[0]] = True
         ref = tf.RepetitionPenaltyLogitsProcessor(1.3)(ids, logits.clone())
-        assert torch.allclose(apply_repetition_penalty(logits[0], seen, 1.3), ref[0])
+        assert torch.allclose(apply_repetition_penalty(logits[0], 1.3, seen), ref[0])
         assert kept(apply_top_k(logits[0], 17)) == kept(tf.TopKLogitsWarper(17)(ids, logits.clone())[0])
         assert kept(apply_top_p(logits[0], 0.9)) == kept(tf.TopPLogitsWarper(0.9)(ids, logits.clone())[0])
         assert kept(apply_min_p(logits[0], 0.05)) == kept(tf.MinPLogitsWarper(0.05)(ids, logits.clone())[0])

@@ -12,7 +12,7 @@ from inference.serving.engine import Engine
 from inference.errors import ResourceError
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
 

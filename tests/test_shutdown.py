@@ -23,7 +23,7 @@ from inference.cli import main
 from inference.errors import EngineClosed
 from inference.events import DoneEvent, StepEvent, WaitEvent
 from inference.remote.engine import RemoteEngine
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from inference.serving.engine import Engine
 from inference.serving.kv_pool import BLOCK_SIZE
 

@@ -3,7 +3,7 @@
 import sentencepiece as spm
 
 from inference.serving.engine import Request
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from inference.loading.tokenizer import StreamDecoder, load_tokenizer
 
 TEXTS = ["今天天气真冷，量子力学很难。", "Emoji 😀🎉🚀 mixed with 中文 and text", "plain ascii\nnew line"]

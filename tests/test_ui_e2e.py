@@ -3,15 +3,9 @@
 import pytest
 
 from engine_hold import wait_until
+from page_api import call, output
 
 gradio_client = pytest.importorskip("gradio_client")
-
-ARGS = dict(prompt="The quick", mode="completion", system="", temperature=0.0, top_k=0, top_p=1.0,
-            min_p=0.0, repetition_penalty=1.0, max_new_tokens=20, seed="5", stop="")
-
-
-def call(**kw):
-    return list({**ARGS, **kw}.values())
 
 
 def test_generate_streams_over_the_api(live_app):
@@ -21,14 +15,14 @@ def test_generate_streams_over_the_api(live_app):
     updates = list(job)
     assert len(updates) >= 2  # the first update (an empty output) arrives before generation ends
     final = updates[-1]
-    output = final[7]  # the tokens: text, probability and step of each
-    assert len(output) == 20 and all({"token", "prob", "step"} <= set(t) for t in output)
-    assert "Step 19" in final[1] and "20 |" in final[2]
+    tokens = output(final, "api_tokens")  # the tokens: text, probability and step of each
+    assert len(tokens) == 20 and all({"token", "prob", "step"} <= set(t) for t in tokens)
+    assert "Step 19" in output(final, "bars") and "20 |" in output(final, "stats")
     # The same seed over the API gives the same tokens as the engine alone.
     from inference.serving.engine import Request
-    from inference.sampling.stages import SamplingParams
+    from inference.sampling.params import SamplingParams
     direct = list(engine.generate(Request("The quick", SamplingParams(temperature=0.0, max_new_tokens=20, seed=5))))
-    assert "".join(t["token"] for t in output) == direct[-1].text
+    assert "".join(t["token"] for t in tokens) == direct[-1].text
 
 
 def test_stop_over_the_api_ends_the_run_and_frees_it(live_app, hold):
@@ -39,8 +33,8 @@ def test_stop_over_the_api_ends_the_run_and_frees_it(live_app, hold):
     held.step(3)  # the run has made 3 tokens and is held before the 4th
     client.predict(api_name="/stop")
     final = job.result()
-    assert "**stopped on request" in final[2]
-    generated = next(r for r in final[2].splitlines() if r.startswith("| generated |")).split("|")[2]
+    assert "**stopped on request" in output(final, "stats")
+    generated = next(r for r in output(final, "stats").splitlines() if r.startswith("| generated |")).split("|")[2]
     assert int(generated) == 4  # 3 + the one at the Stop (the output groups bytes into characters)
     wait_until(lambda: engine.active_runs == 0 and len(handlers.registry) == 0, "the run's end")
 
@@ -53,7 +47,7 @@ def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(live_app):
                         (dict(top_k=-2), "top_k must be in"), (dict(top_k=2.5), "top_k must be a whole number")]:
         with pytest.raises(Exception, match=message):
             client.predict(*call(**kw), api_name="/generate")
-    assert len(client.predict(*call(max_new_tokens=3), api_name="/generate")[7]) == 3
+    assert len(output(client.predict(*call(max_new_tokens=3), api_name="/generate"), "api_tokens")) == 3
 
 
 def test_eight_clients_at_once_match_their_solo_runs(live_app):
@@ -64,7 +58,7 @@ def test_eight_clients_at_once_match_their_solo_runs(live_app):
         client = gradio_client.Client(url, verbose=False)
         out = client.predict(*call(prompt=f"Story {i}:", temperature=1.0, top_k=20, max_new_tokens=15,
                                    seed=str(10 + i)), api_name="/generate")
-        return "".join(t["token"] for t in out[7])
+        return "".join(t["token"] for t in output(out, "api_tokens"))
 
     solo = [run(i) for i in range(8)]
     with ThreadPoolExecutor(8) as pool:

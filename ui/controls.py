@@ -11,7 +11,7 @@ from dataclasses import field, fields, make_dataclass
 from urllib.parse import urlencode
 
 from inference.errors import InputError, TokenLabError, shown
-from inference.sampling.stages import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
+from inference.sampling.params import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
 from inference.sampling.settings import BY_NAME, SETTINGS, defaults
 
 MODES = ("completion", "chat")

@@ -26,17 +26,20 @@ gr.Slider.preprocess = _slider_preprocess
 
 
 def setting_control(s: Setting, value, context: int, label_prefix: str = "", elem_prefix: str = "",
-                    limits: Limits | None = None, visible: bool = True):
-    """The page's control for one sampling setting: a number box for top-k, a slider otherwise.
-    Neither checks its range itself: the settings schema does (a message naming the field). A
-    server cap on max new tokens is the slider's end, and its help says so; max new tokens
-    otherwise reaches the context."""
+                    limits: Limits | None = None, visible: bool = True, available: bool = True):
+    """The page's control for one sampling setting, of the schema's kind (a number box or a
+    slider). Neither checks its range itself: the settings schema does (a message naming the
+    field). A server cap on max new tokens is the slider's end, and its help says so; max new
+    tokens otherwise reaches the context. A setting the engine does not take (`available`
+    False) is shown at its neutral value, fixed, and says why."""
     elem_id = elem_prefix + s.name.replace("_", "-")
     label = label_prefix + s.label
     info = None if label_prefix else s.help
-    if s.name == "top_k":
-        return gr.Number(value, label=f"{label} (0 = off)", precision=None, info=info, elem_id=elem_id,
-                         visible=visible)
+    if not available:
+        value, info = s.neutral, "not available with this engine"
+    if s.control == "number":
+        return gr.Number(value, label=f"{label} ({s.neutral} = off)", precision=None, info=info,
+                         elem_id=elem_id, visible=visible, interactive=None if available else False)
     lo = s.step if s.min_open else s.minimum
     hi = s.maximum if s.maximum is not None else context - 1
     cap = limits.max_new_tokens if limits is not None and s.name == "max_new_tokens" else None
@@ -44,4 +47,4 @@ def setting_control(s: Setting, value, context: int, label_prefix: str = "", ele
         hi, value = min(hi, cap), min(value, cap)
         info = f"{info}; {tokens_message(cap)[:-1].lower()}" if info else tokens_message(cap)
     return gr.Slider(lo, hi, value=value, step=s.step, label=label, info=info, elem_id=elem_id,
-                     elem_classes=[UNCHECKED], visible=visible)
+                     elem_classes=[UNCHECKED], visible=visible, interactive=None if available else False)

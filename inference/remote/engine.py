@@ -29,6 +29,7 @@ from inference.events import DoneEvent, StepEvent
 from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
 from inference.remote.http import ServerHTTP
 from inference.remote.metrics import ServerLoad, kv_bytes_per_value, parse_load
+from inference.sampling.settings import SETTINGS
 
 INSIDES = "not available when the page is in front of a server"
 REPLAY = ("replay recomputes a step from its whole logit vector; the server returns only the top "
@@ -42,6 +43,7 @@ def server_info(name: str, url: str, max_seq_len: int, logprobs: str, logprobs_s
     """A served model's EngineInfo. logprobs: "raw" or "processed", which distribution the
     server's numbers are; kv_bytes: bytes per KV-cache value on the server, where known."""
     caps = Capabilities(internals=False, whole_distribution=False, measured_kv=False, server_load=True,
+                        settings=frozenset(s.name for s in SETTINGS if s.server_key is not None),
                         logprobs=logprobs, local_timing=False)
     return EngineInfo(name, max_seq_len, cfg, caps, url, kv_bytes, kv_bytes_source,
                       logprobs_source=logprobs_source, config_source=config_source, config_dtype=config_dtype)
@@ -296,10 +298,8 @@ class RemoteEngine:
                              f"{self.max_seq_len}")
         capped = max_new < params.max_new_tokens
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
-        body = {"model": self.name, "prompt": list(ids), "max_tokens": max_new, "stream": True,
-                "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
-                "min_p": params.min_p, "repetition_penalty": params.repetition_penalty,
-                "seed": seed, "stop": list(params.stop),
+        body = {"model": self.name, "prompt": list(ids), **server_settings(params, max_new_tokens=max_new),
+                "stream": True, "seed": seed, "stop": list(params.stop),
                 # Token ids, not strings: two tokens may spell the same text.
                 "return_token_ids": True, "return_tokens_as_token_ids": True,
                 # Special tokens' text is output, as the local engine does (EOS never is).
@@ -403,6 +403,20 @@ class RemoteEngine:
 
 
 # ---------------------------------------------------------------- helpers
+
+def server_settings(params, **given) -> dict:
+    """The request's sampling fields, each under the key the schema gives for a server (values
+    in `given` by setting name replace the run's). A setting no server takes is refused unless
+    it is at its neutral value: the run would otherwise not be the one asked for."""
+    out = {}
+    for s in SETTINGS:
+        value = given.get(s.name, getattr(params, s.name))
+        if s.server_key is not None:
+            out[s.server_key] = value
+        elif value != s.neutral:
+            raise NotAvailable(f"{s.label.lower()} is not available in front of a model server")
+    return out
+
 
 def _abort_on(cancel: threading.Event, ended: threading.Event, stream, closed: threading.Event) -> None:
     """Close the stream as soon as `cancel` is set; return once the run has ended or the engine

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from inference.errors import ServerError
 from inference.events import Candidate
+from inference.sampling.settings import BY_NAME
 
 MODES = ("raw", "processed")
 _ID_PREFIX = "token_id:"
@@ -36,10 +37,9 @@ class Meaning:
 
 def meaning(mode: str, params) -> Meaning:
     greedy = params.temperature == 0
-    no_penalty = params.repetition_penalty == 1
-    # With these settings the distribution sampled from is the model's own.
-    plain = (params.temperature == 1 and params.top_k == 0 and params.top_p == 1
-             and params.min_p == 0 and no_penalty)
+    # No stage that reorders tokens (the repetition penalty) moves them.
+    no_penalty = all(BY_NAME[n].keeps_order for n in params.changed)
+    plain = params.plain  # the distribution sampled from is the model's own
     if mode == "raw":
         return Meaning(raw=True, final=plain, one_hot=greedy, ranked=True)
     if greedy:  # processed, greedy: the penalised logits, no temperature applied

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.sampling.stages import SamplingParams, stages
+from inference.sampling.params import SamplingParams
+from inference.sampling.stages import stages
 
 
 @dataclass

@@ -1,8 +1,9 @@
-"""The sampling settings, defined once: name, default, range, label and help.
+"""The sampling settings, defined once: name, default, range, label, help and where each goes.
 
-The page's controls, the CLI's flags, the share link's query parameters, the keys read from a
-model's generation_config.json and SamplingParams' defaults and checks are all derived from
-SETTINGS, so a new knob is one entry here plus its stage in sampling.py.
+SamplingParams' fields, defaults and checks, the CLI's flags, the page's controls and where they
+sit, the share link's query parameters, the keys read from a model's generation_config.json, the
+replay and compare controls, and the key a model server's request carries are all derived from
+SETTINGS, so a new knob is one entry here plus its stage function in stages.py and its test.
 """
 
 from __future__ import annotations
@@ -25,6 +26,16 @@ class Setting:
     step: float = 0.01  # the page's slider step
     min_open: bool = False  # the minimum itself is not allowed (top_p > 0, penalty > 0)
     group: str = "main"  # where the page shows its control: "main", or "more" (folded away)
+    # The value at which its stage leaves the distribution as it is; None: not a sampling stage.
+    neutral: float | int | None = None
+    # What a model server's (vLLM's OpenAI) request calls it; None: no server takes it.
+    server_key: str | None = None
+    keeps_order: bool = True  # its stage never reorders the tokens it keeps
+    control: str = "slider"  # the page's control: "slider" or "number" (no natural upper end)
+
+    @property
+    def is_stage(self) -> bool:
+        return self.neutral is not None
 
     @property
     def flag(self) -> str:
@@ -58,21 +69,23 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     Setting("temperature", float, 1.0, 0.0, 2.0, "Temperature", "0 = greedy, 1 = the model's own "
-            "distribution", step=0.05),
-    Setting("top_k", int, 0, 0, None, "Top-k", "keep the k most likely tokens; 0 = off", step=1),
+            "distribution", step=0.05, neutral=1.0, server_key="temperature"),
+    Setting("top_k", int, 0, 0, None, "Top-k", "keep the k most likely tokens; 0 = off", step=1,
+            neutral=0, server_key="top_k", control="number"),
     Setting("top_p", float, 1.0, 0.0, 1.0, "Top-p", "keep the smallest set whose probability "
-            "reaches p; 1 = off", min_open=True),
+            "reaches p; 1 = off", min_open=True, neutral=1.0, server_key="top_p"),
     Setting("min_p", float, 0.0, 0.0, 1.0, "Min-p", "keep tokens at least min_p times as likely "
-            "as the top one; 0 = off", group="more"),
+            "as the top one; 0 = off", group="more", neutral=0.0, server_key="min_p"),
     Setting("repetition_penalty", float, 1.0, 0.0, 2.0, "Repetition penalty", "divide the "
-            "logits of tokens already seen; 1 = off", step=0.05, min_open=True, group="more"),
+            "logits of tokens already seen; 1 = off", step=0.05, min_open=True, group="more",
+            neutral=1.0, server_key="repetition_penalty", keeps_order=False),
     Setting("max_new_tokens", int, 128, 1, None, "Max new tokens", "at most this many tokens "
-            "are generated", step=1),
+            "are generated", step=1, server_key="max_tokens"),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
-# The settings that shape the distribution sampled from (each a stage of sampling.final_logits),
+# The settings that shape the distribution sampled from (each a stage of stages.final_logits),
 # in the page's order; max_new_tokens is not one.
-FILTER_SETTINGS = tuple(s.name for s in SETTINGS if s.name != "max_new_tokens")
+FILTER_SETTINGS = tuple(s.name for s in SETTINGS if s.is_stage)
 
 
 def defaults(generation_defaults: dict | None = None) -> dict:

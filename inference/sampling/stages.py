@@ -7,68 +7,44 @@ Filters set removed logits to -inf; the final distribution is softmax of what is
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-from inference.errors import InputError, shown
-from inference.sampling.settings import BY_NAME, FILTER_SETTINGS, SETTINGS
+from inference.sampling.params import SamplingParams
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
 
-MAX_STOP_STRINGS = 16
-MAX_STOP_LENGTH = 256
 TOP_P_FIRST = 1024  # candidates searched for top-p's set before sorting the whole vocabulary
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Defaults and ranges come from settings.SETTINGS."""
-    temperature: float = BY_NAME["temperature"].default  # 0 = greedy
-    top_k: int = BY_NAME["top_k"].default  # 0 = off
-    top_p: float = BY_NAME["top_p"].default  # 1 = off
-    min_p: float = BY_NAME["min_p"].default  # 0 = off
-    repetition_penalty: float = BY_NAME["repetition_penalty"].default  # 1 = off
-    max_new_tokens: int = BY_NAME["max_new_tokens"].default
-    seed: int | None = None  # None = random; the seed used is reported
-    stop: tuple[str, ...] = ()
-
-    def __post_init__(self):
-        validate(self)
+# setting name -> (label, stage function (logits, value, seen) -> logits), in the order applied.
+STAGES: dict[str, tuple[str, Callable]] = {}
 
 
-def validate(p: SamplingParams) -> None:
-    """Raise InputError with a one-line message for any setting that cannot be used."""
-    for s in SETTINGS:
-        value = getattr(p, s.name)
-        if s.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InputError(f"{s.name} must be an integer, got {shown(value)}")
-        s.parse(value)
-    if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
-                               or not 0 <= p.seed < 2**63):
-        raise InputError(f"seed must be an integer in [0, 2^63), got {shown(p.seed)}")
-    if len(p.stop) > MAX_STOP_STRINGS:
-        raise InputError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(p.stop)}")
-    for s in p.stop:
-        if not isinstance(s, str) or not s:
-            raise InputError("stop strings must be non-empty text")
-        if len(s) > MAX_STOP_LENGTH:
-            raise InputError(f"stop strings must be at most {MAX_STOP_LENGTH} characters, "
-                             f"got one of {len(s)}")
+def stage(name: str):
+    """Register the stage function of the setting `name` (labelled as the schema labels it);
+    stages run in the order registered."""
+    def register(fn):
+        STAGES[name] = (BY_NAME[name].label.lower(), fn)
+        return fn
+    return register
 
 
 # ---------------------------------------------------------------- the stages
 
-def apply_repetition_penalty(logits: torch.Tensor, seen: torch.Tensor, penalty: float) -> torch.Tensor:
+@stage("repetition_penalty")
+def apply_repetition_penalty(logits: torch.Tensor, penalty: float, seen: torch.Tensor | None) -> torch.Tensor:
     """Divide positive logits and multiply negative ones of every seen token by `penalty`.
 
-    `seen` is a bool mask over the vocabulary: the prompt's and generated tokens.
+    `seen` is a bool mask over the vocabulary: the prompt's and generated tokens (None: none known).
     """
-    if penalty == 1.0:
+    if penalty == 1.0 or seen is None:
         return logits
     penalized = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(seen, penalized, logits)
 
 
-def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+@stage("temperature")
+def apply_temperature(logits: torch.Tensor, temperature: float, seen=None) -> torch.Tensor:
     """Divide by the temperature; 0 keeps only the argmax (greedy)."""
     if temperature == 0:
         keep = torch.zeros_like(logits, dtype=torch.bool)
@@ -77,7 +53,8 @@ def apply_temperature(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return logits if temperature == 1.0 else logits / temperature
 
 
-def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
+@stage("top_k")
+def apply_top_k(logits: torch.Tensor, k: int, seen=None) -> torch.Tensor:
     """Keep the k largest logits (ties at the k-th value are kept too); 0 = off."""
     if k <= 0 or k >= logits.shape[-1]:
         return logits
@@ -85,7 +62,8 @@ def apply_top_k(logits: torch.Tensor, k: int) -> torch.Tensor:
     return logits.masked_fill(logits < kth, -math.inf)
 
 
-def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
+@stage("top_p")
+def apply_top_p(logits: torch.Tensor, p: float, seen=None) -> torch.Tensor:
     """Keep the smallest set of most likely tokens whose probability reaches p (at least one)."""
     if p >= 1.0:
         return logits
@@ -103,7 +81,8 @@ def apply_top_p(logits: torch.Tensor, p: float) -> torch.Tensor:
     return logits.masked_fill(~keep, -math.inf)
 
 
-def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
+@stage("min_p")
+def apply_min_p(logits: torch.Tensor, min_p: float, seen=None) -> torch.Tensor:
     """Keep tokens whose probability is at least min_p times the top token's."""
     if min_p <= 0.0:
         return logits
@@ -112,16 +91,7 @@ def apply_min_p(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(probs < threshold, -math.inf)
 
 
-# setting -> (label, stage function (logits, value, seen) -> logits), in the order applied.
-STAGES = {
-    "repetition_penalty": ("repetition penalty",
-                           lambda x, v, seen: apply_repetition_penalty(x, seen, v) if seen is not None else x),
-    "temperature": ("temperature", lambda x, v, seen: apply_temperature(x, v)),
-    "top_k": ("top-k", lambda x, v, seen: apply_top_k(x, v)),
-    "top_p": ("top-p", lambda x, v, seen: apply_top_p(x, v)),
-    "min_p": ("min-p", lambda x, v, seen: apply_min_p(x, v)),
-}
-assert set(STAGES) == set(FILTER_SETTINGS)
+assert set(STAGES) == set(FILTER_SETTINGS), "every sampling setting of the schema has its stage"
 
 
 def stages(params: SamplingParams, seen: torch.Tensor | None):
@@ -132,8 +102,8 @@ def stages(params: SamplingParams, seen: torch.Tensor | None):
 
 def final_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None) -> torch.Tensor:
     """All stages in order; softmax of the result is the distribution sampled from."""
-    for _, stage in stages(params, seen):
-        logits = stage(logits)
+    for _, fn in stages(params, seen):
+        logits = fn(logits)
     return logits
 
 
@@ -150,7 +120,7 @@ def greedy_logits(logits: torch.Tensor, params: SamplingParams, seen: torch.Tens
     """What greedy decoding takes the argmax of (the first of equal maxima): the logits after
     the repetition penalty, the one stage that can move it (temperature 0 keeps one token,
     which no later filter removes)."""
-    return STAGES["repetition_penalty"][1](logits, params.repetition_penalty, seen)
+    return apply_repetition_penalty(logits, params.repetition_penalty, seen)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

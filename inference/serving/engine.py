@@ -21,7 +21,7 @@ from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
 from inference.sampling.replay import StageStat, pipeline, seen_mask
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from inference.serving.scheduler import Scheduler
 from inference.loading.tokenizer import Tokenizer
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 
 # Prompts of different kinds; their greedy continuations are the positions compared.
 PROBE_PROMPTS = ("The capital of France is", "def fibonacci(n):\n    ", "Once upon a time, a tiny")

@@ -24,7 +24,7 @@ from inference.errors import EngineClosed, ResourceError
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
 from inference.model.transformer import PagedBatch, Transformer
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from inference.serving.step_stats import RowSampling, StepInfo, candidates, pick_rows
 from inference.serving.stop import StopMatcher
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from inference.events import Candidate
-from inference.sampling.stages import SamplingParams, final_probs, greedy_logits, sample
+from inference.sampling.params import SamplingParams
+from inference.sampling.stages import final_probs, greedy_logits, sample
 
 
 @dataclass

@@ -48,7 +48,8 @@ def build(page, h: Handlers) -> None:
         gr.Markdown("**Compare A/B**: A uses the settings above, B these; same prompt, same seed.")
         with gr.Row():
             for n in FILTER_SETTINGS:
-                add(f"b_{n}", setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), h.context, "B ", "b-"))
+                add(f"b_{n}", setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), h.context, "B ", "b-",
+                                              available=n in h.caps.settings))
         add("compare_button", gr.Button("Run A and B", elem_id="compare"))
         add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
         with gr.Row():

@@ -94,13 +94,15 @@ def build(page, h: Handlers, limits_md: str) -> None:
             with gr.Accordion("Sampling settings", open=True, elem_id="settings"):
                 for s in BY_NAME.values():
                     if s.group == "main":
-                        add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits))
+                        add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
+                                                    available=s.name in h.caps.settings))
                 add("seed", gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed"))
                 more = [s for s in BY_NAME.values() if s.group == "more"]
                 with add("more", gr.Accordion(f"More settings: {', '.join(s.label.lower() for s in more)}, "
                                               "stop strings", open=False, elem_id="more-settings")):
                     for s in more:
-                        add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits))
+                        add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
+                                                    available=s.name in h.caps.settings))
                     add("stop", gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
                                            elem_id="stop-strings"))
                 share.build(page)

@@ -1,0 +1,99 @@
+"""Everything a sampling setting reaches is derived from its one schema entry
+(inference/sampling/settings.py): SamplingParams, the stages, the CLI, the page's controls, the
+share link and a model server's request. Each test walks every entry of the schema, so a new
+setting is checked by them without a line added here."""
+
+from dataclasses import fields, replace
+from urllib.parse import parse_qsl, urlsplit
+
+import pytest
+import torch
+
+from inference.cli import _sampling_params, build_parser
+from inference.errors import NotAvailable
+from inference.remote import engine as remote_engine
+from inference.sampling.params import SamplingParams
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS, SETTINGS
+from inference.sampling.stages import STAGES, final_logits
+from ui.controls import Controls, controls_from_query, sampling_params, share_url
+
+
+def off_default(s):
+    """A value of the setting's range other than its default (and other than neutral)."""
+    for v in (0.5, 0.9, 2, 3, 1.3, 0.05):
+        v = s.kind(v)
+        if v not in (s.default, s.neutral):
+            try:
+                return s.parse(v)
+            except Exception:  # noqa: BLE001 - out of this setting's range: try the next
+                continue
+    raise AssertionError(s.name)
+
+
+def test_sampling_params_has_one_field_per_setting_with_its_default():
+    assert [f.name for f in fields(SamplingParams)] == [s.name for s in SETTINGS] + ["seed", "stop"]
+    p = SamplingParams()
+    assert all(getattr(p, s.name) == s.default for s in SETTINGS)
+    assert p.plain and p.changed == ()
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
+def test_each_setting_is_checked_with_its_name(s):
+    bad = (s.maximum + 1) if s.maximum is not None else (s.minimum - 1)
+    with pytest.raises(Exception, match=s.name):
+        SamplingParams(**{s.name: s.kind(bad)})
+
+
+@pytest.mark.parametrize("name", FILTER_SETTINGS)
+def test_each_stage_at_its_neutral_value_changes_nothing(name):
+    """The neutral value is what remote.steps relies on to say the numbers are the model's own."""
+    s, (_, fn) = BY_NAME[name], STAGES[name]
+    logits = torch.randn(2, 257, generator=torch.Generator().manual_seed(0))
+    seen = torch.rand(2, 257, generator=torch.Generator().manual_seed(1)) < 0.3
+    assert torch.equal(fn(logits, s.neutral, seen), logits)
+    moved = fn(logits, off_default(s), seen)
+    assert not torch.equal(moved, logits)  # and another value does change something
+    # final_logits runs exactly the registered stages: one moved, the others neutral.
+    params = SamplingParams(**{name: off_default(s)})
+    assert params.changed == (name,) and not params.plain
+    assert torch.equal(final_logits(logits, params, seen), moved)
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
+def test_each_setting_is_a_cli_flag(s):
+    value = off_default(s)
+    args = build_parser().parse_args(["generate", "--prompt", "x", s.flag, str(value)])
+    assert getattr(_sampling_params(args, {}), s.name) == value
+
+
+@pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
+def test_each_setting_goes_through_the_share_link_and_the_page(s):
+    c = Controls(**{s.name: off_default(s)})
+    query = dict(parse_qsl(urlsplit(share_url("http://x/", c)).query))
+    assert s.name in query
+    back, problems = controls_from_query(query)
+    assert problems == [] and getattr(back, s.name) == off_default(s)
+    assert getattr(sampling_params(back, None), s.name) == off_default(s)
+
+
+def test_a_servers_request_carries_each_setting_under_the_schemas_key():
+    p = SamplingParams(**{s.name: off_default(s) for s in SETTINGS})
+    body = remote_engine.server_settings(p, max_new_tokens=7)
+    assert body == {s.server_key: (7 if s.name == "max_new_tokens" else off_default(s)) for s in SETTINGS}
+
+
+def test_a_setting_no_server_takes_is_refused_unless_neutral(monkeypatch):
+    min_p = replace(BY_NAME["min_p"], server_key=None)
+    monkeypatch.setattr(remote_engine, "SETTINGS", tuple(min_p if s.name == "min_p" else s for s in SETTINGS))
+    assert "min_p" not in remote_engine.server_settings(SamplingParams())
+    with pytest.raises(NotAvailable, match="min-p is not available in front of a model server"):
+        remote_engine.server_settings(SamplingParams(min_p=0.1))
+
+
+def test_a_control_the_engine_does_not_take_is_fixed_at_neutral():
+    from ui.widgets import setting_control
+    for s in (BY_NAME["top_k"], BY_NAME["min_p"]):
+        control = setting_control(s, off_default(s), 100, available=False)
+        assert control.value == s.neutral and control.interactive is False
+        assert "not available" in control.info
+    assert setting_control(BY_NAME["min_p"], 0.2, 100).interactive is None  # gradio's default
