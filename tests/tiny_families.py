@@ -44,12 +44,13 @@ def randomize(model: torch.nn.Module, seed: int, norms_around: float) -> None:
                 p.copy_(noise * (0.3 if "embed" in name else 0.08))
 
 
-def make_family_model(root: Path, family: str, sp_model: bytes, seed: int = 0):
-    """Write family's tiny checkpoint under root/family; return (directory, the HF model)."""
+def make_family_model(root: Path, family: str, sp_model: bytes, seed: int = 0, **changes):
+    """Write family's tiny checkpoint under root/family; return (directory, the HF model).
+    changes: config fields over the family's tiny ones."""
     import transformers
 
     config_cls, model_cls, overrides = FAMILIES[family]
-    cfg = getattr(transformers, config_cls)(**COMMON, **overrides)
+    cfg = getattr(transformers, config_cls)(**{**COMMON, **overrides, **changes})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg).eval()
     randomize(model, seed, 0.0 if family.startswith("gemma") else 1.0)

@@ -203,10 +203,15 @@ def hf_config(c) -> dict:
         out.pop("rope_scaling", None)
         full = {"rope_type": "default", **(scaling or {}), "rope_theta": c.rope_theta}
         out.update(
-            hidden_activation=out.pop("hidden_act"), query_pre_attn_scalar=c.query_pre_attn_scalar,
+            hidden_activation=out.pop("hidden_act"), query_pre_attn_scalar=_int_if_whole(c.query_pre_attn_scalar),
             sliding_window=c.sliding_window or c.max_seq_len,
             layer_types=types or ["full_attention"] * c.n_layers,
             final_logit_softcapping=c.final_logit_softcap, attn_logit_softcapping=None,
             rope_parameters={"full_attention": full, "sliding_attention": {
                 "rope_type": "default", "rope_theta": c.local_rope_theta or 10_000.0}})
     return out
+
+
+def _int_if_whole(x: float) -> int | float:
+    """transformers' Gemma 3 config insists on an int where the value is whole."""
+    return int(x) if float(x).is_integer() else x
