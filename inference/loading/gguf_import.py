@@ -372,11 +372,11 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
             if tid is not None and 0 <= tid < len(tokens):
                 tok_cfg[key] = tokens[tid]
         types = meta.array("tokenizer.ggml.token_type", int, len(tokens)) or []
-        # Control tokens, and a BPE's user-defined ones; sentencepiece matches its own
-        # user-defined pieces (Gemma's runs of spaces and newlines) inside the text itself.
+        # Control and user-defined tokens, but for sentencepiece's pieces of whitespace alone
+        # (Gemma's runs of spaces, newlines, tabs): sentencepiece matches those inside the text.
         tok_cfg["added_tokens_decoder"] = {
             str(i): {"content": tokens[i], "special": ty == 3} for i, ty in enumerate(types)
-            if ty == 3 or ty == 4 and tok_model == "gpt2"}
+            if ty == 3 or ty == 4 and (tok_model == "gpt2" or tokens[i].strip())}
         template = meta.get("tokenizer.chat_template", None, str)
         if template:
             tok_cfg["chat_template"] = template
