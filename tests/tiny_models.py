@@ -89,17 +89,24 @@ def make_tiny_model(root: Path, name: str = "mha", seed: int = 0, sp_model: byte
     d.mkdir(parents=True, exist_ok=True)
     if tokenizer_json:
         cfg["vocab_size"] = len(json.loads(tokenizer_json)["model"]["vocab"])
-        (d / "tokenizer.json").write_text(tokenizer_json)
-        tok_cfg = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False}
-    else:
-        (d / "tokenizer.model").write_bytes(sp_model or train_sentencepiece(cfg["vocab_size"]))
-        tok_cfg = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
-                   "added_tokens_decoder": {"3": {"content": "<|im_start|>", "special": True},
-                                            "4": {"content": "<|im_end|>", "special": True}}}
+    write_tokenizer(d, sp_model or (None if tokenizer_json else train_sentencepiece(cfg["vocab_size"])),
+                    tokenizer_json)
     (d / "config.json").write_text(json.dumps(cfg))
     save_file({k: t.contiguous() for k, t in random_hf_weights(cfg, seed).items()},
               str(d / "model.safetensors"), metadata={"format": "pt"})
+    return d
+
+
+def write_tokenizer(d: Path, sp_model: bytes | None, tokenizer_json: str | None = None) -> None:
+    """A tokenizer (sentencepiece, or a byte-level BPE's tokenizer.json), its config and sampling defaults."""
+    if tokenizer_json:
+        (d / "tokenizer.json").write_text(tokenizer_json)
+        tok_cfg = {"bos_token": "<|im_start|>", "eos_token": "<|im_end|>", "add_bos_token": False}
+    else:
+        (d / "tokenizer.model").write_bytes(sp_model)
+        tok_cfg = {"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True,
+                   "added_tokens_decoder": {"3": {"content": "<|im_start|>", "special": True},
+                                            "4": {"content": "<|im_end|>", "special": True}}}
     (d / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "chat_template": CHATML}))
     (d / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.9}))
-    return d
 

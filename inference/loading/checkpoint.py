@@ -1,4 +1,4 @@
-"""Loading Hugging Face LLaMA checkpoints from safetensors, with every tensor checked first."""
+"""Loading Hugging Face checkpoints of the families we run from safetensors, every tensor checked first."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
 def expected_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor a Hugging Face LlamaForCausalLM checkpoint must hold, with its shape."""
-    h, f = cfg.hidden_size, cfg.intermediate_size
+    """Every tensor a Hugging Face checkpoint of cfg's family must hold, with its shape."""
+    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
     shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
@@ -31,9 +31,35 @@ def expected_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "mlp.up_proj.weight": (f, h),
             p + "mlp.down_proj.weight": (h, f),
         })
+        if cfg.qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (cfg.q_dim,), p + "self_attn.k_proj.bias": (cfg.kv_dim,),
+                           p + "self_attn.v_proj.bias": (cfg.kv_dim,)})
+        if cfg.qk_norm:
+            shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+        if cfg.sandwich_norms:
+            shapes.update({p + "pre_feedforward_layernorm.weight": (h,),
+                           p + "post_feedforward_layernorm.weight": (h,)})
     if not cfg.tie_word_embeddings:
         shapes["lm_head.weight"] = (cfg.vocab_size, h)
     return shapes
+
+
+# A gemma3 (multimodal) checkpoint: its language model's tensors under these prefixes, as
+# transformers >= 5 and earlier versions write them, and the vision tower's, which are skipped.
+TEXT_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                 ("language_model.lm_head.", "lm_head."))
+VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.",
+                   "model.multi_modal_projector.")
+
+
+def text_model_name(name: str) -> str | None:
+    """A multimodal checkpoint's tensor name as the text model's, or None for a vision tensor."""
+    if name.startswith(VISION_PREFIXES):
+        return None
+    for prefix, ours in TEXT_PREFIXES:
+        if name.startswith(prefix):
+            return ours + name[len(prefix):]
+    return name
 
 
 # Tensors some exporters write that carry nothing the model needs.
@@ -78,19 +104,20 @@ def read_hf_weights(model_dir: Path, cfg: ModelConfig) -> dict[str, torch.Tensor
     for path in safetensors_files(model_dir):
         try:
             with safe_open(str(path), framework="pt") as f:
-                for name in f.keys():
-                    if name.endswith(IGNORABLE_SUFFIXES):
+                for stored in f.keys():
+                    name = text_model_name(stored)
+                    if name is None or name.endswith(IGNORABLE_SUFFIXES):
                         continue
                     if name == "lm_head.weight" and cfg.tie_word_embeddings:
                         continue  # tied: the head is the embedding matrix by definition
                     if name not in expected:
                         raise ModelError(f"{path.name}: unexpected tensor {name!r} "
-                                         "for a LLaMA model with this config")
-                    shape = tuple(f.get_slice(name).get_shape())
+                                         f"for a {cfg.family} model with this config")
+                    shape = tuple(f.get_slice(stored).get_shape())
                     if shape != expected[name]:
                         raise ModelError(f"{path.name}: tensor {name} has shape {list(shape)}, "
                                          f"config.json implies {list(expected[name])}")
-                    tensors[name] = f.get_tensor(name)
+                    tensors[name] = f.get_tensor(stored)
         except SafetensorError as e:
             raise ModelError(f"{path.name}: corrupt or truncated safetensors file ({e})") from None
         except OSError as e:
@@ -106,17 +133,35 @@ def read_hf_weights(model_dir: Path, cfg: ModelConfig) -> dict[str, torch.Tensor
 
 
 def to_model_names(cfg: ModelConfig, hf: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Rename to our modules' names, fusing Q/K/V and gate/up into single matrices."""
+    """Rename to our modules' names, fusing Q/K/V and gate/up into single matrices.
+
+    Gemma's RMSNorm scales by (1 + w): the 1 is added here, once, so every norm runs as LLaMA's.
+    Its post_attention_layernorm norms the attention output; the MLP's input norm is
+    pre_feedforward_layernorm (LLaMA calls that one post_attention_layernorm)."""
+    def norm(name: str) -> torch.Tensor:
+        w = hf[name].to(torch.float32)
+        return (w + 1 if cfg.norm_unit_offset else w).to(dtype)
+
     out = {"tok_embeddings.weight": hf["model.embed_tokens.weight"].to(dtype),
-           "norm.weight": hf["model.norm.weight"].to(dtype)}
+           "norm.weight": norm("model.norm.weight")}
     if not cfg.tie_word_embeddings:
         out["output.weight"] = hf["lm_head.weight"].to(dtype)
     for i in range(cfg.n_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
-        out[q + "attention_norm.weight"] = hf[p + "input_layernorm.weight"].to(dtype)
-        out[q + "ffn_norm.weight"] = hf[p + "post_attention_layernorm.weight"].to(dtype)
+        out[q + "attention_norm.weight"] = norm(p + "input_layernorm.weight")
+        if cfg.sandwich_norms:
+            out[q + "post_attention_norm.weight"] = norm(p + "post_attention_layernorm.weight")
+            out[q + "ffn_norm.weight"] = norm(p + "pre_feedforward_layernorm.weight")
+            out[q + "post_ffn_norm.weight"] = norm(p + "post_feedforward_layernorm.weight")
+        else:
+            out[q + "ffn_norm.weight"] = norm(p + "post_attention_layernorm.weight")
         out[q + "attention.wqkv.weight"] = torch.cat(
             [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).to(dtype)  # (q_dim + 2*kv_dim, hidden)
+        if cfg.qkv_bias:
+            out[q + "attention.bqkv"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]).to(dtype)
+        if cfg.qk_norm:
+            out[q + "attention.q_norm.weight"] = norm(p + "self_attn.q_norm.weight")
+            out[q + "attention.k_norm.weight"] = norm(p + "self_attn.k_norm.weight")
         out[q + "attention.wo.weight"] = hf[p + "self_attn.o_proj.weight"].to(dtype)
         out[q + "feed_forward.w13.weight"] = torch.cat(
             [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]).to(dtype)  # (2*ffn, hidden)

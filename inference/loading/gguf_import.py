@@ -1,4 +1,5 @@
-"""GGUF import: validate a llama-architecture GGUF file, dequantize it and write a HF directory.
+"""GGUF import: validate a GGUF file of a family we run (llama, qwen2, qwen3, gemma3), dequantize
+it and write a Hugging Face directory transformers reads as the same family.
 
 The file is read with the gguf package, but nothing in it is trusted before it is checked:
 counts, dims, types and every tensor's byte range are validated first, so a malformed file
@@ -25,6 +26,7 @@ MAX_DIMS = 4
 SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
 
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 GGUF_TO_HF = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -34,8 +36,11 @@ GGUF_BLOCK_TO_HF = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
+    "ffn_down": "mlp.down_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
+# Gemma 3 norms both sides of each branch; its MLP's input norm is llama.cpp's ffn_norm.
+GEMMA_BLOCK_TO_HF = {**GGUF_BLOCK_TO_HF, "post_attention_norm": "post_attention_layernorm",
+                     "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
 
 
 def _checked_reader(path: Path):
@@ -147,35 +152,47 @@ class _Meta:
 
 def config_from_gguf(meta: _Meta, has_output: bool, vocab_size: int) -> ModelConfig:
     arch = meta.require("general.architecture", str)
-    if arch != "llama":
-        raise ModelError(f"{meta.file_name}: architecture {arch!r} is not supported (only llama)")
-    n_heads = meta.require("llama.attention.head_count", int)
-    hidden = meta.require("llama.embedding_length", int)
-    head_dim = meta.get("llama.attention.key_length", None, int) or meta.get(
-        "llama.rope.dimension_count", None, int)
+    if arch not in ARCHITECTURES:
+        raise ModelError(f"{meta.file_name}: architecture {arch!r} is not supported "
+                         f"(supported: {', '.join(ARCHITECTURES)})")
+    n_heads = meta.require(f"{arch}.attention.head_count", int)
+    hidden = meta.require(f"{arch}.embedding_length", int)
+    n_layers = meta.require(f"{arch}.block_count", int)
+    head_dim = meta.get(f"{arch}.attention.key_length", None, int) or meta.get(
+        f"{arch}.rope.dimension_count", None, int)
     rope_scaling = None
-    scaling_type = meta.get("llama.rope.scaling.type", None, str)
+    scaling_type = meta.get(f"{arch}.rope.scaling.type", None, str)
     if scaling_type not in (None, "none"):
         if scaling_type != "linear":
             raise ModelError(f"{meta.file_name}: rope scaling {scaling_type!r} is not supported")
-        rope_scaling = {"rope_type": "linear", "factor": float(meta.require("llama.rope.scaling.factor", float))}
+        rope_scaling = {"rope_type": "linear", "factor": float(meta.require(f"{arch}.rope.scaling.factor", float))}
     bos, eos = meta.get("tokenizer.ggml.bos_token_id", None, int), meta.get("tokenizer.ggml.eos_token_id", None, int)
-    return ModelConfig.from_hf_dict({
-        "vocab_size": meta.get("llama.vocab_size", vocab_size, int),
+    cfg = {
+        "model_type": arch,
+        "vocab_size": meta.get(f"{arch}.vocab_size", vocab_size, int),
         "hidden_size": hidden,
-        "intermediate_size": meta.require("llama.feed_forward_length", int),
-        "num_hidden_layers": meta.require("llama.block_count", int),
+        "intermediate_size": meta.require(f"{arch}.feed_forward_length", int),
+        "num_hidden_layers": n_layers,
         "num_attention_heads": n_heads,
-        "num_key_value_heads": meta.get("llama.attention.head_count_kv", n_heads, int),
+        "num_key_value_heads": meta.get(f"{arch}.attention.head_count_kv", n_heads, int),
         "head_dim": head_dim if head_dim and head_dim != hidden // n_heads else None,
-        "max_position_embeddings": meta.get("llama.context_length", 2048, int),
-        "rms_norm_eps": float(meta.get("llama.attention.layer_norm_rms_epsilon", 1e-5, float)),
-        "rope_theta": float(meta.get("llama.rope.freq_base", 10000.0, float)),
+        "max_position_embeddings": meta.get(f"{arch}.context_length", 2048, int),
+        "rms_norm_eps": float(meta.get(f"{arch}.attention.layer_norm_rms_epsilon", 1e-5, float)),
+        "rope_theta": float(meta.get(f"{arch}.rope.freq_base", 10000.0, float)),
         "rope_scaling": rope_scaling,
         "tie_word_embeddings": not has_output,
         "bos_token_id": bos,
         "eos_token_id": eos,
-    })
+    }
+    if arch == "gemma3":  # what llama.cpp assumes of every Gemma 3 file
+        cfg.update(
+            model_type="gemma3_text", head_dim=head_dim or hidden // n_heads,
+            # 1/sqrt(head_dim), but the 27B's (62 layers) is 1/sqrt(hidden / heads)
+            query_pre_attn_scalar=hidden // n_heads if n_layers == 62 else (head_dim or hidden // n_heads),
+            sliding_window=meta.require("gemma3.attention.sliding_window", int),
+            sliding_window_pattern=6, rope_local_base_freq=10000.0,
+            final_logit_softcapping=meta.get("gemma3.final_logit_softcapping", None, float))
+    return ModelConfig.from_hf_dict(cfg)
 
 
 # ---------------------------------------------------------------- tensors
@@ -188,13 +205,14 @@ def unpermute_rope(w: np.ndarray, n_heads: int) -> np.ndarray:
             .reshape(w.shape))
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     if gguf_name in GGUF_TO_HF:
         return GGUF_TO_HF[gguf_name]
+    blocks = GEMMA_BLOCK_TO_HF if arch == "gemma3" else GGUF_BLOCK_TO_HF
     parts = gguf_name.split(".")
-    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[3] == "weight" \
-            and parts[2] in GGUF_BLOCK_TO_HF:
-        return f"model.layers.{parts[1]}.{GGUF_BLOCK_TO_HF[parts[2]]}.weight"
+    if len(parts) == 4 and parts[0] == "blk" and parts[1].isdigit() and parts[3] in ("weight", "bias") \
+            and parts[2] in blocks:
+        return f"model.layers.{parts[1]}.{blocks[parts[2]]}.{parts[3]}"
     return None
 
 
@@ -205,11 +223,12 @@ def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None)
     from inference.loading.checkpoint import expected_hf_shapes
 
     expected = expected_hf_shapes(cfg)
+    arch = "gemma3" if cfg.family == "gemma3_text" else cfg.family
     out = {}
     for t in reader.tensors:
-        name = hf_name(t.name)
-        if name is None:
-            raise ModelError(f"{file_name}: unexpected tensor {t.name!r} for a llama model")
+        name = hf_name(t.name, arch)
+        if name is None or name not in expected and name != "lm_head.weight":
+            raise ModelError(f"{file_name}: unexpected tensor {t.name!r} for a {arch} model")
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         shape = tuple(int(d) for d in reversed(t.shape.tolist()))  # GGUF lists ne0 (columns) first
@@ -220,10 +239,12 @@ def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None)
             w = np.array(t.data, dtype=np.float32).reshape(shape)  # a copy: the memmap is read-only
         else:
             w = dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32, copy=False)
-        if name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith("q_proj.weight"):  # llama.cpp permutes llama's only
             w = unpermute_rope(w, cfg.n_heads)
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             w = unpermute_rope(w, cfg.n_kv_heads)
+        elif cfg.norm_unit_offset and name.endswith("norm.weight"):
+            w = w - 1  # llama.cpp stores Gemma's norms as 1 + w; Hugging Face's hold w
         out[name] = torch.from_numpy(np.ascontiguousarray(w))
         if progress is not None:
             progress.update(1)
@@ -301,6 +322,10 @@ def write_sentencepiece_tokenizer(meta: _Meta, out_dir: Path) -> None:
     m.normalizer_spec.remove_extra_whitespaces = False
     m.normalizer_spec.escape_whitespaces = True
     for piece, score, ty in zip(tokens, scores, types):
+        if " " in piece and not piece.strip():
+            # Gemma's pieces of spaces are stored as real spaces; sentencepiece matches pieces
+            # against text whose spaces are already escaped to U+2581, so they are respelled.
+            piece = "\u2581" * len(piece)
         p = m.pieces.add()
         p.piece, p.score = piece, float(score)
         p.type = ty if ty in (1, 2, 3, 4, 5, 6) else 1
@@ -347,8 +372,11 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
             if tid is not None and 0 <= tid < len(tokens):
                 tok_cfg[key] = tokens[tid]
         types = meta.array("tokenizer.ggml.token_type", int, len(tokens)) or []
-        tok_cfg["added_tokens_decoder"] = {  # control and user-defined tokens
-            str(i): {"content": tokens[i], "special": ty == 3} for i, ty in enumerate(types) if ty in (3, 4)}
+        # Control and user-defined tokens, but for sentencepiece's pieces of whitespace alone
+        # (Gemma's runs of spaces, newlines, tabs): sentencepiece matches those inside the text.
+        tok_cfg["added_tokens_decoder"] = {
+            str(i): {"content": tokens[i], "special": ty == 3} for i, ty in enumerate(types)
+            if ty == 3 or ty == 4 and (tok_model == "gpt2" or tokens[i].strip())}
         template = meta.get("tokenizer.chat_template", None, str)
         if template:
             tok_cfg["chat_template"] = template

@@ -35,9 +35,11 @@ def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int,
                    2 * 2 * cfg.n_heads * T * T_ctx * cfg.head_dim, 2 * T_ctx * cfg.kv_dim * kv_b)
     out = Stage("attention output projection (per layer)", f"[{T}, {h}]", 2 * T * cfg.q_dim * h,
                 cfg.q_dim * h * b)
-    ffn = Stage("SwiGLU feed-forward (per layer)", f"gate, up [{T}, {cfg.intermediate_size}] → [{T}, {h}]",
+    glu = "SwiGLU" if cfg.activation == "silu" else "GeGLU"
+    ffn = Stage(f"{glu} feed-forward (per layer)", f"gate, up [{T}, {cfg.intermediate_size}] → [{T}, {h}]",
                 2 * T * 3 * h * cfg.intermediate_size, 3 * h * cfg.intermediate_size * b)
-    norms = Stage("2 × RMSNorm + residuals (per layer)", f"[{T}, {h}]", 2 * 4 * T * h, 2 * h * b)
+    n = 4 if cfg.sandwich_norms else 2  # Gemma 3 norms each branch's input and output
+    norms = Stage(f"{n} × RMSNorm + residuals (per layer)", f"[{T}, {h}]", n * 4 * T * h, n * h * b)
     layer = [qkv, scores, out, ffn, norms]
     attn_layer = Stage("attention, one layer", "", qkv.flops + scores.flops + out.flops,
                        qkv.bytes + scores.bytes + out.bytes)

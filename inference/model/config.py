@@ -1,15 +1,16 @@
-"""One dataclass describing a LLaMA-architecture model, read from a Hugging Face config.json."""
+"""One dataclass describing a LLaMA-style model, read from a Hugging Face config.json.
+
+The families (families.py) differ by a few turns on one path; each is a field here, so the model
+code reads `cfg.qk_norm`, never the family's name."""
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.errors import ModelError
 
-ROPE_TYPES = ("default", "linear", "llama3")
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,19 @@ class ModelConfig:
     explicit_head_dim: int | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # ---- the turns a family takes (families.py reads them from its config)
+    family: str = "llama"  # the Hugging Face model_type the config named
+    qkv_bias: bool = False  # Qwen2: biases on the Q, K and V projections
+    qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each head's q and k, before RoPE
+    sandwich_norms: bool = False  # Gemma 3: norms after attention and after the MLP as well
+    norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), folded into w at load
+    activation: str = "silu"  # the gate's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
+    embed_scale: float = 1.0  # Gemma: embeddings are multiplied by sqrt(hidden_size)
+    query_pre_attn_scalar: float | None = None  # Gemma: scores scaled by its ** -0.5, not head_dim's
+    final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    sliding_window: int | None = None  # keys a sliding layer's query sees, itself included
+    layer_types: tuple[str, ...] = ()  # per layer "full" or "sliding"; () means all full
+    local_rope_theta: float | None = None  # Gemma 3: sliding layers' own RoPE base (unscaled)
 
     # Derived once, in __post_init__.
     head_dim: int = field(init=False)
@@ -59,6 +73,24 @@ class ModelConfig:
             raise ModelError(f"config: head_dim must be even for RoPE, got {head_dim}")
         object.__setattr__(self, "head_dim", head_dim)
         object.__setattr__(self, "n_rep", self.n_heads // self.n_kv_heads)
+        if self.activation not in ("silu", "gelu_tanh"):
+            raise ModelError(f"config: activation {self.activation!r} is not supported")
+        if self.layer_types and len(self.layer_types) != self.n_layers:
+            raise ModelError(f"config: layer_types has {len(self.layer_types)} entries for "
+                             f"{self.n_layers} layers")
+        if any(t not in ("full", "sliding") for t in self.layer_types):
+            raise ModelError(f"config: layer types must be full or sliding, got {self.layer_types}")
+        if "sliding" in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
+            raise ModelError("config: sliding layers need a positive sliding_window")
+
+    def is_sliding(self, layer: int) -> bool:
+        """Whether `layer`'s queries see only the last sliding_window positions."""
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding"
+
+    @property
+    def attn_scale(self) -> float:
+        """The factor on q.k: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar)."""
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
     def q_dim(self) -> int:
@@ -70,38 +102,9 @@ class ModelConfig:
 
     @classmethod
     def from_hf_dict(cls, cfg: dict) -> "ModelConfig":
-        arch = cfg.get("model_type", "llama")
-        if arch not in ("llama", "mistral", "smollm", "smollm2"):
-            raise ModelError(f"config: model_type {arch!r} is not a LLaMA-architecture model")
-        if cfg.get("attention_bias") or cfg.get("mlp_bias"):
-            raise ModelError("config: attention_bias / mlp_bias are not supported")
-        act = cfg.get("hidden_act", "silu")
-        if act != "silu":
-            raise ModelError(f"config: hidden_act {act!r} is not supported (SwiGLU needs 'silu')")
-        try:
-            eos = cfg.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            n_heads = int(cfg["num_attention_heads"])
-            return cls(
-                vocab_size=int(cfg["vocab_size"]),
-                hidden_size=int(cfg["hidden_size"]),
-                intermediate_size=int(cfg["intermediate_size"]),
-                n_layers=int(cfg["num_hidden_layers"]),
-                n_heads=n_heads,
-                n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-                max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-                rope_theta=float(_rope_theta(cfg)),
-                rope_scaling=_rope_scaling(cfg),
-                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                explicit_head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else None,
-                bos_token_id=cfg.get("bos_token_id"),
-                eos_token_ids=eos_ids,
-            )
-        except KeyError as e:
-            raise ModelError(f"config: missing required field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise ModelError(f"config: bad value ({e})") from None
+        """The config of a family families.py knows; any other is refused."""
+        from inference.model.families import config_fields
+        return cls(**config_fields(cfg))
 
     @classmethod
     def from_json(cls, path: str | Path) -> "ModelConfig":
@@ -114,33 +117,9 @@ class ModelConfig:
         return cls.from_hf_dict(data)
 
     def to_hf_dict(self) -> dict:
-        rs = self.rope_scaling
-        out = {
-            "architectures": ["LlamaForCausalLM"],
-            "model_type": "llama",
-            "vocab_size": self.vocab_size,
-            "hidden_size": self.hidden_size,
-            "intermediate_size": self.intermediate_size,
-            "num_hidden_layers": self.n_layers,
-            "num_attention_heads": self.n_heads,
-            "num_key_value_heads": self.n_kv_heads,
-            "head_dim": self.head_dim,
-            "max_position_embeddings": self.max_seq_len,
-            "rms_norm_eps": self.rms_norm_eps,
-            "rope_theta": self.rope_theta,
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "hidden_act": "silu",
-            "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) != 1
-            else self.eos_token_ids[0],
-        }
-        if rs.rope_type != "default":
-            out["rope_scaling"] = {"rope_type": rs.rope_type, "factor": rs.factor}
-            if rs.rope_type == "llama3":
-                out["rope_scaling"].update(
-                    low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor,
-                    original_max_position_embeddings=rs.original_max_position_embeddings)
-        return out
+        """A config.json transformers reads as this family (families.py)."""
+        from inference.model.families import hf_config
+        return hf_config(self)
 
     # ---- sizes used by the UI, the FLOP counter and the KV cache ----
 
@@ -152,36 +131,10 @@ class ModelConfig:
         h, L = self.hidden_size, self.n_layers
         embed = self.vocab_size * h
         attn = L * (h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h)
+        attn += L * (self.q_dim + 2 * self.kv_dim) * self.qkv_bias
         ffn = L * 3 * h * self.intermediate_size
-        norms = L * 2 * h + h
+        norms = L * (4 if self.sandwich_norms else 2) * h + h + L * 2 * self.head_dim * self.qk_norm
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return {"embedding": embed, "attention": attn, "ffn": ffn, "norms": norms,
                 "lm_head": head, "total": embed + attn + ffn + norms + head}
 
-
-def _rope_theta(cfg: dict) -> float:
-    params = cfg.get("rope_parameters") or {}
-    return params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-
-
-def _rope_scaling(cfg: dict) -> RopeScaling:
-    # Older configs say rope_scaling; transformers >= 5 writes rope_parameters.
-    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
-    if not isinstance(rs, dict):
-        raise ModelError(f"config: rope_scaling must be an object, got {rs!r}")
-    rope_type = rs.get("rope_type", rs.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ModelError(f"config: rope type {rope_type!r} is not supported "
-                         f"(supported: {', '.join(ROPE_TYPES)})")
-    if rope_type == "default":
-        return RopeScaling()
-    factor = float(rs.get("factor", 1.0))
-    if not math.isfinite(factor) or factor <= 0:
-        raise ModelError(f"config: rope scaling factor must be positive, got {factor}")
-    return RopeScaling(
-        rope_type=rope_type,
-        factor=factor,
-        low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
-    )

@@ -6,14 +6,16 @@ import math
 
 import torch
 
-from inference.model.config import ModelConfig
+from inference.model.config import ModelConfig, RopeScaling
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies, (head_dim // 2,), float32, with the config's scaling applied."""
+def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
+    """Inverse frequencies, (head_dim // 2,), float32, with the config's scaling applied; local:
+    those of sliding layers with a base of their own (Gemma 3's local_rope_theta, unscaled)."""
     dim = cfg.head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    rs = cfg.rope_scaling
+    theta = cfg.local_rope_theta if local else cfg.rope_theta
+    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
+    rs = RopeScaling() if local else cfg.rope_scaling
     if rs.rope_type == "linear":
         inv_freq = inv_freq / rs.factor
     elif rs.rope_type == "llama3":
@@ -30,14 +32,14 @@ def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     return inv_freq.float()
 
 
-def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device,
-                dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device, dtype: torch.dtype,
+                local: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and signed sin tables, each (max_len, head_dim), in the rotate-half layout: halves
     repeated, and the sin's first half negated (see apply_rope).
 
     Computed in float32 and then cast, as the reference implementation does.
     """
-    inv_freq = rope_inv_freq(cfg).to(device)
+    inv_freq = rope_inv_freq(cfg, local).to(device)
     pos = torch.arange(max_len, dtype=torch.float32, device=device)
     freqs = torch.outer(pos, inv_freq)  # (max_len, head_dim // 2)
     emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, head_dim)

@@ -1,0 +1,191 @@
+"""Grouped-query attention over a static cache or the paged pool, with the turns of each family:
+q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), a scale of its own (Gemma 3) and a
+sliding window (Mistral, Gemma 3's local layers, Qwen's upper layers)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.model.config import ModelConfig
+from inference.model.kv_cache import BLOCK_SIZE
+from inference.model.layers import Linear, RMSNorm
+from inference.model.rope import apply_rope
+
+
+@dataclass
+class Probe:
+    """What to capture during one forward pass, and where the captures land.
+
+    Capture costs an extra softmax(QK^T) per chosen layer and a norm + LM head per layer for the
+    lens, so plain generation passes no probe and pays nothing.
+    """
+    attention_layers: tuple[int, ...] = ()
+    logit_lens: bool = False
+    # Layers whose full causal pattern (every query position, not only the last) is captured:
+    # heads x T x T floats per layer, so only on request.
+    pattern_layers: tuple[int, ...] = ()
+    attention: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (heads, T_ctx)
+    patterns: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (heads, T, T_ctx)
+    residuals: list[torch.Tensor] = field(default_factory=list)  # per layer, (hidden,)
+
+
+@dataclass
+class PagedBatch:
+    """One scheduler step's rows over the paged KV pool (kv_pool.py): N rows of tokens from
+    several runs, each at its own position. Runs decoding one token are attended together;
+    each run's prompt chunk on its own, after its cached positions."""
+    positions: torch.Tensor  # (N,) position of each row
+    write_slots: torch.Tensor  # (N,) pool slot where each row's keys and values go
+    decode_rows: torch.Tensor | None  # (B,) rows that are one run's single new token
+    # The decoding runs' contexts: (B, nb) each run's blocks in position order, padded; or, for
+    # one run whose blocks are consecutive in the pool, a slice of its slots (read in place).
+    decode_blocks: torch.Tensor | slice | None
+    decode_mask: torch.Tensor | None  # (B, 1, 1, nb * BLOCK_SIZE) True where a position is the run's; None: all are
+    prefills: list[tuple[int, int, torch.Tensor, int]]  # (first row, rows, context slots, start position)
+    logit_rows: torch.Tensor  # (R,) rows whose next-token logits are wanted
+    # Sliding layers' decode mask, (B, 1, 1, context): the run's last `window` positions. Set by
+    # the model (Transformer.forward_paged) when a window bites; None: decode_mask serves.
+    window_mask: torch.Tensor | None = None
+
+
+# ---------------------------------------------------------------- which keys a query sees
+def visible_keys(start: int, n: int, end: int, window: int | None,
+                 device: torch.device) -> tuple[torch.Tensor | None, bool]:
+    """(mask, is_causal) for queries at positions start .. start+n-1 over keys 0 .. end-1.
+
+    Query p sees keys p - window < j <= p (transformers' sliding_window_overlay); with no window,
+    or none that reaches back past key 0, SDPA's causal flag or no mask at all does the same.
+    """
+    if window is None or end <= window:
+        if n == 1:
+            return None, False
+        if start == 0:
+            return None, True
+        return torch.ones(n, end, dtype=torch.bool, device=device).tril(start), False
+    q = torch.arange(start, start + n, device=device)[:, None]  # (n, 1)
+    k = torch.arange(end, device=device)[None]  # (1, end)
+    return (k <= q) & (k > q - window), False  # (n, end)
+
+
+def window_decode_mask(positions: torch.Tensor, context: int, window: int) -> torch.Tensor:
+    """(B, 1, 1, context): for decode rows at `positions` (B,), the keys of their window; key j
+    of a run's gathered context is its position j."""
+    k = torch.arange(context, device=positions.device)[None]  # (1, context)
+    p = positions[:, None]  # (B, 1)
+    return ((k <= p) & (k > p - window)).view(len(positions), 1, 1, context)
+
+
+def attention_weights(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor | None = None,
+                      scale: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) in float32 (scale: 1/sqrt(d) unless given), for queries that see
+    every key given or, with `visible` (Tq, T_ctx) bool, only the keys marked True.
+
+    q: (bsz, n_heads, Tq, head_dim); keys: (bsz, n_kv_heads, T_ctx, head_dim).
+    """
+    n_rep = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(n_rep, dim=1)  # (bsz, n_heads, T_ctx, head_dim)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    scores = q.float() @ keys.float().transpose(-1, -2) * scale  # (bsz, n_heads, Tq, T_ctx)
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return scores.softmax(dim=-1)
+
+
+# ---------------------------------------------------------------- grouped-query attention
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, layer: int):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.q_dim, self.kv_dim = cfg.q_dim, cfg.kv_dim
+        self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
+        # None: SDPA's own 1/sqrt(head_dim), so families without a scale of their own run as before.
+        self.scale = cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None
+        self.gqa = cfg.n_heads != cfg.n_kv_heads
+        # Q, K and V projections fused into one matmul: rows are [q; k; v].
+        self.wqkv = Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
+        self.bqkv = nn.Parameter(torch.zeros(cfg.q_dim + 2 * cfg.kv_dim)) if cfg.qkv_bias else None
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.wo = Linear(cfg.q_dim, cfg.hidden_size, bias=False)
+
+    def project(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (bsz, T, hidden) -> q (bsz, T, n_heads, head_dim), k and v (bsz, T, n_kv_heads,
+        head_dim): projected, q and k normed per head where the family does, then rotated."""
+        bsz, T, _ = x.shape
+        n_qk = self.n_heads + self.n_kv_heads
+        qkv = self.wqkv(x)  # (bsz, T, q_dim + 2 kv_dim)
+        if self.bqkv is not None:
+            qkv = qkv + self.bqkv
+        qkv = qkv.view(bsz, T, n_qk + self.n_kv_heads, self.head_dim)  # (bsz, T, heads + 2 kv_heads, head_dim)
+        qk = qkv[:, :, :n_qk]
+        if self.q_norm is not None:  # each head's vector normed on its own, before RoPE
+            qk = torch.cat([self.q_norm(qk[:, :, :self.n_heads]), self.k_norm(qk[:, :, self.n_heads:])], dim=2)
+        qk = apply_rope(qk, cos, sin)  # Q and K rotated together: half the ops
+        return qk[:, :, :self.n_heads], qk[:, :, self.n_heads:], qkv[:, :, n_qk:]
+
+    def forward(self, x, cos, sin, k_cache, v_cache, start_pos: int,
+                probe: Probe | None, layer: int) -> torch.Tensor:
+        bsz, T, _ = x.shape
+        q, k, v = (t.transpose(1, 2) for t in self.project(x, cos, sin))  # (bsz, heads | kv_heads, T, head_dim)
+        end = start_pos + T
+        k_cache[:, :, start_pos:end] = k
+        v_cache[:, :, start_pos:end] = v
+        keys, values = k_cache[:, :, :end], v_cache[:, :, :end]  # (bsz, n_kv_heads, end, head_dim)
+        mask, causal = visible_keys(start_pos, T, end, self.window, x.device)
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
+                                             scale=self.scale, enable_gqa=self.gqa)
+        if probe is not None and (layer in probe.attention_layers or layer in probe.pattern_layers):
+            # Query i (position start_pos + i) sees keys 0 .. start_pos + i, within its window.
+            visible = mask if mask is not None else torch.ones(
+                T, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)  # (T, end)
+            if layer in probe.attention_layers:  # the last query's row only
+                probe.attention[layer] = attention_weights(q[:, :, -1:], keys, visible[-1:], self.scale)[0, :, 0]  # (n_heads, end)
+            if layer in probe.pattern_layers:
+                probe.patterns[layer] = attention_weights(q, keys, visible, self.scale)[0]  # (n_heads, T, end)
+        out = out.transpose(1, 2).reshape(bsz, T, self.q_dim)  # (bsz, T, n_heads * head_dim)
+        return self.wo(out)
+
+    def forward_paged(self, x: torch.Tensor, cos, sin, k_pool: torch.Tensor, v_pool: torch.Tensor,
+                      batch: PagedBatch) -> torch.Tensor:
+        """x (1, N, hidden): rows of several runs (see PagedBatch); k_pool, v_pool: this
+        layer's (slots, n_kv_heads, head_dim)."""
+        _, N, _ = x.shape
+        q, k, v = (t[0] for t in self.project(x, cos, sin))  # (N, heads | kv_heads, head_dim)
+        k_pool.index_copy_(0, batch.write_slots, k)
+        v_pool.index_copy_(0, batch.write_slots, v)
+        if not batch.prefills:  # every row is a decoding run's new token, in order
+            out = self._decode(q, k_pool, v_pool, batch)
+            return self.wo(out.view(1, N, self.q_dim))
+        out = torch.empty_like(q)  # (N, n_heads, head_dim)
+        if batch.decode_rows is not None:
+            out[batch.decode_rows] = self._decode(q[batch.decode_rows], k_pool, v_pool, batch)
+        for row, n, slots, start in batch.prefills:
+            qp = q[row:row + n].transpose(0, 1).unsqueeze(0)  # (1, n_heads, n, head_dim)
+            kp = k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # (1, n_kv_heads, start + n, head_dim)
+            vp = v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)
+            mask, causal = visible_keys(start, n, start + n, self.window, x.device)
+            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal,
+                                                scale=self.scale, enable_gqa=self.gqa)
+            out[row:row + n] = op[0].transpose(0, 1)  # (n, n_heads, head_dim)
+        return self.wo(out.reshape(1, N, self.q_dim))
+
+    def _decode(self, q: torch.Tensor, k_pool, v_pool, batch: PagedBatch) -> torch.Tensor:
+        """Attention of B decode rows q (B, n_heads, head_dim), each over its own run's context
+        (batch.decode_blocks): gathered a block at a time, or one run's slots read in place."""
+        B, ctx = q.shape[0], batch.decode_blocks
+        if isinstance(ctx, slice):
+            kd, vd = k_pool[ctx].unsqueeze(0), v_pool[ctx].unsqueeze(0)  # (1, L, n_kv_heads, head_dim)
+        else:
+            # (n_blocks, BLOCK_SIZE, n_kv_heads, head_dim) -> (B, nb * BLOCK_SIZE, n_kv_heads, head_dim);
+            # index_select copies whole blocks ~10x faster than indexing with a 2-D tensor.
+            blocks = ctx.view(-1)  # (B * nb,)
+            kd = k_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
+            vd = v_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
+        mask = batch.window_mask if self.window is not None and batch.window_mask is not None else batch.decode_mask
+        od = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),
+                                            attn_mask=mask, scale=self.scale, enable_gqa=self.gqa)
+        return od.squeeze(2)  # (B, n_heads, head_dim)

@@ -1,0 +1,217 @@
+"""The families Token Lab computes, as the turns each takes on one LLaMA-style path.
+
+A Hugging Face config.json names its family (model_type); config_fields reads it into
+ModelConfig's flags, and hf_config writes a config.json transformers reads as the same family.
+Anything a family's config sets that the path cannot compute exactly is refused here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from inference.errors import ModelError
+
+LLAMA_NAMES = ("llama", "smollm", "smollm2")
+FAMILIES = LLAMA_NAMES + ("mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")
+ROPE_TYPES = ("default", "linear", "llama3")
+LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
+
+
+def config_fields(cfg: dict) -> dict:
+    """ModelConfig's keyword arguments for a Hugging Face config dict."""
+    from inference.model.config import RopeScaling  # noqa: F401 (the type _rope_scaling returns)
+
+    arch = cfg.get("model_type", "llama")
+    if arch == "gemma3":  # a multimodal checkpoint: Token Lab runs its language model
+        text = cfg.get("text_config")
+        if not isinstance(text, dict):
+            raise ModelError("config: a gemma3 config needs its text_config")
+        if text.get("final_logit_softcapping"):  # Gemma3ForConditionalGeneration never applies it
+            raise ModelError("config: a gemma3 checkpoint with final_logit_softcapping is ambiguous "
+                             "(transformers' multimodal class ignores it); refusing it")
+        cfg = {"bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id"),
+               "tie_word_embeddings": cfg.get("tie_word_embeddings", True), **text}
+        arch = "gemma3_text"
+    if arch not in FAMILIES:
+        raise ModelError(f"config: model_type {arch!r} is not supported "
+                         f"(supported: {', '.join(FAMILIES)})")
+    gemma = arch == "gemma3_text"
+    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+        raise ModelError("config: attention_bias / mlp_bias are not supported")
+    if cfg.get("attn_logit_softcapping") or cfg.get("use_bidirectional_attention"):
+        raise ModelError("config: attention soft-capping and bidirectional attention are not supported")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")
+    if act not in ("silu", "gelu_pytorch_tanh"):
+        raise ModelError(f"config: hidden_act {act!r} is not supported (silu or gelu_pytorch_tanh)")
+    try:
+        eos = cfg.get("eos_token_id")
+        n_heads = int(cfg["num_attention_heads"])
+        n_layers = int(cfg["num_hidden_layers"])
+        hidden = int(cfg["hidden_size"])
+        window, layer_types = _sliding(cfg, arch, n_layers)
+        theta, scaling, local_theta = _rope(cfg, gemma)
+        cap = cfg.get("final_logit_softcapping")
+        return dict(
+            vocab_size=int(cfg["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(cfg["intermediate_size"]),
+            n_layers=n_layers,
+            n_heads=n_heads,
+            n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
+            max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6 if gemma else 1e-5)),
+            rope_theta=float(theta),
+            rope_scaling=scaling,
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
+            explicit_head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else (256 if gemma else None),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
+            family=arch if arch not in LLAMA_NAMES else "llama",
+            qkv_bias=arch == "qwen2",
+            qk_norm=arch in ("qwen3", "gemma3_text"),
+            sandwich_norms=gemma,
+            norm_unit_offset=gemma,
+            activation="gelu_tanh" if act == "gelu_pytorch_tanh" else "silu",
+            embed_scale=hidden ** 0.5 if gemma else 1.0,
+            query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)) if gemma else None,
+            final_logit_softcap=float(cap) if cap else None,
+            sliding_window=window,
+            layer_types=layer_types,
+            local_rope_theta=local_theta,
+        )
+    except KeyError as e:
+        raise ModelError(f"config: missing required field {e.args[0]!r}") from None
+    except (TypeError, ValueError) as e:
+        raise ModelError(f"config: bad value ({e})") from None
+
+
+def _sliding(cfg: dict, arch: str, n_layers: int) -> tuple[int | None, tuple[str, ...]]:
+    """(window, per-layer types) as transformers sets them for the family; () when all are full."""
+    if arch in LLAMA_NAMES:
+        return None, ()
+    window = cfg.get("sliding_window", 4096 if arch == "gemma3_text" else None)
+    if arch in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+        window = None
+    if window is None:
+        return None, ()
+    if arch == "mistral":  # every layer slides (Mistral's layer_types, if any, are not read)
+        types = ["sliding_attention"] * n_layers
+    elif cfg.get("layer_types"):
+        types = list(cfg["layer_types"])
+    elif arch == "gemma3_text":  # every sliding_window_pattern-th layer is global
+        pattern = int(cfg.get("sliding_window_pattern", 6))
+        types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+    else:  # Qwen: the layers from max_window_layers on
+        first = int(cfg.get("max_window_layers", 28))
+        types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
+    unknown = sorted(set(types) - set(LAYER_TYPES))
+    if unknown:
+        raise ModelError(f"config: layer type {unknown[0]!r} is not supported")
+    ours = tuple(LAYER_TYPES[t] for t in types)
+    return (int(window), ours) if "sliding" in ours else (None, ())
+
+
+def _rope(cfg: dict, gemma: bool):
+    """(global theta, global scaling, sliding layers' theta or None)."""
+    if not gemma:
+        return _rope_theta(cfg, 10000.0), _rope_scaling(cfg), None
+    params = cfg.get("rope_parameters") or {}
+    if "full_attention" in params:  # transformers >= 5: one set per layer type
+        full, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
+    else:
+        full = {**(cfg.get("rope_scaling") or {}), "rope_theta": cfg.get("rope_theta", 1_000_000.0)}
+        local = {"rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
+    if local.get("rope_type", local.get("type", "default")) != "default":
+        raise ModelError("config: scaled RoPE on sliding layers is not supported")
+    return (float(full.get("rope_theta", 1_000_000.0)), _rope_scaling({"rope_scaling": full}),
+            float(local.get("rope_theta", 10_000.0)))
+
+
+def _rope_theta(cfg: dict, default: float) -> float:
+    params = cfg.get("rope_parameters") or {}
+    return params.get("rope_theta", cfg.get("rope_theta", default))
+
+
+def _rope_scaling(cfg: dict):
+    from inference.model.config import RopeScaling
+
+    # Older configs say rope_scaling; transformers >= 5 writes rope_parameters.
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if not isinstance(rs, dict):
+        raise ModelError(f"config: rope_scaling must be an object, got {rs!r}")
+    rope_type = rs.get("rope_type", rs.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ModelError(f"config: rope type {rope_type!r} is not supported "
+                         f"(supported: {', '.join(ROPE_TYPES)})")
+    if rope_type == "default":
+        return RopeScaling()
+    factor = float(rs.get("factor", 1.0))
+    if not math.isfinite(factor) or factor <= 0:
+        raise ModelError(f"config: rope scaling factor must be positive, got {factor}")
+    return RopeScaling(
+        rope_type=rope_type,
+        factor=factor,
+        low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
+    )
+
+
+# ---------------------------------------------------------------- writing a config.json
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+
+
+def hf_config(c) -> dict:
+    """A config.json for ModelConfig c that transformers reads as c's family."""
+    rs = c.rope_scaling
+    scaling = None
+    if rs.rope_type != "default":
+        scaling = {"rope_type": rs.rope_type, "factor": rs.factor}
+        if rs.rope_type == "llama3":
+            scaling.update(low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor,
+                           original_max_position_embeddings=rs.original_max_position_embeddings)
+    out = {
+        "architectures": [ARCHITECTURES[c.family]],
+        "model_type": c.family,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": c.n_layers,
+        "num_attention_heads": c.n_heads,
+        "num_key_value_heads": c.n_kv_heads,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.max_seq_len,
+        "rms_norm_eps": c.rms_norm_eps,
+        "rope_theta": c.rope_theta,
+        "tie_word_embeddings": c.tie_word_embeddings,
+        "hidden_act": "silu" if c.activation == "silu" else "gelu_pytorch_tanh",
+        "bos_token_id": c.bos_token_id,
+        "eos_token_id": list(c.eos_token_ids) if len(c.eos_token_ids) != 1 else c.eos_token_ids[0],
+    }
+    if scaling:
+        out["rope_scaling"] = scaling
+    types = [{"full": "full_attention", "sliding": "sliding_attention"}[t] for t in c.layer_types]
+    if c.family == "mistral":
+        out["sliding_window"] = c.sliding_window
+    elif c.family in ("qwen2", "qwen3"):
+        out.update(use_sliding_window=bool(types), sliding_window=c.sliding_window,
+                   max_window_layers=c.n_layers, layer_types=types or ["full_attention"] * c.n_layers)
+    elif c.family == "gemma3_text":
+        del out["rope_theta"]
+        out.pop("rope_scaling", None)
+        full = {"rope_type": "default", **(scaling or {}), "rope_theta": c.rope_theta}
+        out.update(
+            hidden_activation=out.pop("hidden_act"), query_pre_attn_scalar=_int_if_whole(c.query_pre_attn_scalar),
+            sliding_window=c.sliding_window or c.max_seq_len,
+            layer_types=types or ["full_attention"] * c.n_layers,
+            final_logit_softcapping=c.final_logit_softcap, attn_logit_softcapping=None,
+            rope_parameters={"full_attention": full, "sliding_attention": {
+                "rope_type": "default", "rope_theta": c.local_rope_theta or 10_000.0}})
+    return out
+
+
+def _int_if_whole(x: float) -> int | float:
+    """transformers' Gemma 3 config insists on an int where the value is whole."""
+    return int(x) if float(x).is_integer() else x

@@ -1,0 +1,75 @@
+"""The layers every family shares: linear layers that keep per-phase copies of their weight,
+RMSNorm, and the gated feed-forward."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inference.model.config import ModelConfig
+
+
+# ---------------------------------------------------------------- linear layers, per phase
+DECODE_ROWS = 16  # inputs of at most this many rows are bound by the bytes of weight read
+ROWS_HINT = 8  # the row count oneDNN's blocked layout is chosen for (any count runs on it)
+
+
+class Linear(nn.Linear):
+    """A bias-free linear layer that may keep a second copy of its weight: a low-precision one
+    for few rows, or one laid out for several rows.
+
+    A few rows times every weight matrix (decode steps, the LM head) are bound by the bytes of
+    weight read; many rows (a prefill) by arithmetic, which is fastest in float32 on CPUs
+    without bf16 units. With `decode_weight` set, inputs of at most DECODE_ROWS rows use it.
+    With `rows_weight` set (oneDNN's layout, Transformer.keep_rows_copies), inputs of two rows
+    or more use it; one row always reads `weight`.
+    """
+
+    decode_weight: torch.Tensor | None = None
+    rows_weight: torch.Tensor | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // x.shape[-1]
+        if rows <= DECODE_ROWS:
+            w = self.decode_weight
+            if w is not None:
+                return F.linear(x.to(w.dtype), w).to(x.dtype)
+            if rows == 1:  # one token: a matrix-vector product, whose kernel reads the weight fastest
+                return torch.mv(self.weight, x.reshape(-1)).view(*x.shape[:-1], -1)  # (..., out_features)
+        if self.rows_weight is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.rows_weight, None, "none", [], "")
+        return F.linear(x, self.weight)
+
+
+# ---------------------------------------------------------------- RMSNorm
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        # Normalize in float32 whatever the weight dtype, then scale in the model dtype.
+        return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
+
+
+# ---------------------------------------------------------------- gated feed-forward
+class FeedForward(nn.Module):
+    """down(act(gate(x)) * up(x)): SwiGLU with SiLU, GeGLU (Gemma) with tanh-approximated GELU."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ffn_dim = cfg.intermediate_size
+        self.act = F.silu if cfg.activation == "silu" else partial(F.gelu, approximate="tanh")
+        # Gate and up projections fused: rows are [gate; up].
+        self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).split(self.ffn_dim, dim=-1)  # each (bsz, T, ffn_dim)
+        return self.w2(self.act(gate).mul_(up))
