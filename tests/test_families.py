@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from inference.events import StepEvent
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from inference.serving.engine import Engine
 from tiny_families import FAMILIES, make_family_model, make_gemma3_multimodal
 

@@ -8,7 +8,7 @@ runs use the cache under $XDG_CACHE_HOME/token-lab.
 import pytest
 import torch
 
-from inference.sampling.stages import SamplingParams
+from inference.sampling.params import SamplingParams
 from inference.serving.engine import Engine, Request
 
 transformers = pytest.importorskip("transformers")
