@@ -8,7 +8,7 @@ import pytest
 
 from inference.model.config import ModelConfig
 from inference.events import Candidate, StepEvent
-from inference.remote.engine import server_info
+from inference.remote.discovery import server_info
 from inference.remote.steps import meaning, split_text, token_numbers
 from inference.sampling.params import SamplingParams
 from inference.remote.metrics import kv_bytes_per_value, parse_load
@@ -113,7 +113,7 @@ def test_charts_and_summaries_leave_out_what_is_not_known():
     s = run_summary(rec)
     assert s["mean_p"] == pytest.approx(0.7725) and math.isnan(s["mean_entropy"])
     assert "| – |" in exp_render.compare_summary(rec, rec, None)
-    from inference.remote.engine import RemoteTokenizer
+    from inference.remote.tokenizer import RemoteTokenizer
     assert run_render.highlighted_output(rec, RemoteTokenizer(None, "M"))[0] == (" Paris", "0.5 ≤ p < 0.9")
 
 

@@ -10,16 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from inference.errors import ModelError
+from inference.model.families import RopeScaling, config_fields, hf_config
 
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    rope_type: str = "default"
-    factor: float = 1.0
-    low_freq_factor: float = 1.0
-    high_freq_factor: float = 4.0
-    original_max_position_embeddings: int = 8192
 
 
 @dataclass(frozen=True)
@@ -103,7 +95,6 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict) -> "ModelConfig":
         """The config of a family families.py knows; any other is refused."""
-        from inference.model.families import config_fields
         return cls(**config_fields(cfg))
 
     @classmethod
@@ -118,7 +109,6 @@ class ModelConfig:
 
     def to_hf_dict(self) -> dict:
         """A config.json transformers reads as this family (families.py)."""
-        from inference.model.families import hf_config
         return hf_config(self)
 
     # ---- sizes used by the UI, the FLOP counter and the KV cache ----

@@ -8,6 +8,7 @@ Anything a family's config sets that the path cannot compute exactly is refused 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from inference.errors import ModelError
 
@@ -17,10 +18,18 @@ ROPE_TYPES = ("default", "linear", "llama3")
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 
 
+@dataclass(frozen=True)
+class RopeScaling:
+    """A config's RoPE scaling (rope_scaling, or rope_parameters in transformers >= 5)."""
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
 def config_fields(cfg: dict) -> dict:
     """ModelConfig's keyword arguments for a Hugging Face config dict."""
-    from inference.model.config import RopeScaling  # noqa: F401 (the type _rope_scaling returns)
-
     arch = cfg.get("model_type", "llama")
     if arch == "gemma3":  # a multimodal checkpoint: Token Lab runs its language model
         text = cfg.get("text_config")
@@ -133,8 +142,6 @@ def _rope_theta(cfg: dict, default: float) -> float:
 
 
 def _rope_scaling(cfg: dict):
-    from inference.model.config import RopeScaling
-
     # Older configs say rope_scaling; transformers >= 5 writes rope_parameters.
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if not isinstance(rs, dict):

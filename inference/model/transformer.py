@@ -10,10 +10,10 @@ import torch
 from torch import nn
 
 from inference.device import available_memory_bytes
-from inference.model.attention import Attention, PagedBatch, Probe, attention_weights, window_decode_mask  # noqa: F401
+from inference.model.attention import Attention, PagedBatch, Probe, window_decode_mask  # noqa: F401 (Probe, PagedBatch: the model's API)
 from inference.model.config import ModelConfig
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
-from inference.model.layers import DECODE_ROWS, ROWS_HINT, FeedForward, Linear, RMSNorm  # noqa: F401
+from inference.model.layers import ROWS_HINT, FeedForward, Linear, RMSNorm  # noqa: F401 (Linear: the model's API)
 from inference.model.rope import rope_tables
 
 

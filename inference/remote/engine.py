@@ -12,101 +12,27 @@ what needs the model's insides (attention, logit lens, replay) raises NotAvailab
 
 from __future__ import annotations
 
-import math
 import secrets
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Iterator
 
 from inference.loading.chat import chat_messages
 from inference.model.config import ModelConfig
-from inference.contract import Capabilities, EngineInfo
-from inference.errors import EngineClosed, InputError, ModelError, NotAvailable, ServerError
+from inference.contract import EngineInfo
+from inference.errors import EngineClosed, InputError, NotAvailable, ServerError
 from inference.events import DoneEvent, StepEvent
 from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
+from inference.remote.discovery import pick_model, probe_logprobs_mode, read_config, server_info
 from inference.remote.http import ServerHTTP
+from inference.remote.tokenizer import RemoteTokenizer, token_ids
 from inference.remote.metrics import ServerLoad, kv_bytes_per_value, parse_load
 from inference.sampling.settings import SETTINGS
 
 INSIDES = "not available when the page is in front of a server"
 REPLAY = ("replay recomputes a step from its whole logit vector; the server returns only the top "
           f"candidates: {INSIDES}")
-
-
-def server_info(name: str, url: str, max_seq_len: int, logprobs: str, logprobs_source: str,
-                cfg: ModelConfig | None = None, config_source: str | None = None,
-                config_dtype: str | None = None, kv_bytes: int | None = None,
-                kv_bytes_source: str = "") -> EngineInfo:
-    """A served model's EngineInfo. logprobs: "raw" or "processed", which distribution the
-    server's numbers are; kv_bytes: bytes per KV-cache value on the server, where known."""
-    caps = Capabilities(internals=False, whole_distribution=False, measured_kv=False, server_load=True,
-                        settings=frozenset(s.name for s in SETTINGS if s.server_key is not None),
-                        logprobs=logprobs, local_timing=False)
-    return EngineInfo(name, max_seq_len, cfg, caps, url, kv_bytes, kv_bytes_source,
-                      logprobs_source=logprobs_source, config_source=config_source, config_dtype=config_dtype)
-
-
-class RemoteTokenizer:
-    """The served model's tokenizer, through the server: /tokenize, and each token's piece from
-    /detokenize (cached: a piece never changes)."""
-
-    def __init__(self, http: ServerHTTP, model: str):
-        self._http, self._model = http, model
-        self._pieces: dict[int, str] = {}
-        self._lock = threading.Lock()
-        self._prefix: tuple[int, str] | None = None
-
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Ids as the server feeds the model (add_bos=False: no special tokens added)."""
-        body = {"model": self._model, "prompt": text, "add_special_tokens": add_bos is not False}
-        return _ids(self._http.post_json("/tokenize", body, root=True))
-
-    def encode_continuation(self, text: str) -> list[int]:
-        return self.encode(text, add_bos=False)
-
-    def decode(self, ids: list[int]) -> str:
-        return _text(self._http.post_json("/detokenize", {"model": self._model, "tokens": list(ids)},
-                                          root=True))
-
-    def piece(self, token_id: int) -> str:
-        return self.pieces([token_id])[token_id]
-
-    def char_groups(self, ids: list[int]) -> list[tuple[range, bool]]:
-        """Each token on its own: the server does not give a token's bytes, so byte tokens of
-        one character are not grouped (their text arrives whole with the last of them)."""
-        return [(range(i, i + 1), True) for i in range(len(ids))]
-
-    def is_control(self, token_id: int) -> bool:
-        """Not known: the server does not say which tokens are control tokens."""
-        return False
-
-    def pieces(self, ids) -> dict[int, str]:
-        """{id: piece} for ids, fetching the ones not seen yet (a few requests at a time)."""
-        missing = [i for i in dict.fromkeys(ids) if i not in self._pieces]
-        if len(missing) > 4:
-            with ThreadPoolExecutor(4) as pool:
-                found = list(pool.map(self._fetch_piece, missing))
-        else:
-            found = [self._fetch_piece(i) for i in missing]
-        with self._lock:
-            self._pieces.update(zip(missing, found))
-            return {i: self._pieces[i] for i in ids}
-
-    def _fetch_piece(self, token_id: int) -> str:
-        # Decoded after a fixed token and cut after that token's text: a sentencepiece decoder
-        # drops the leading space of the first token only, so " Paris" keeps its space.
-        if self._prefix is None:
-            first = self.encode("a", add_bos=False)[:1]
-            self._prefix = (first[0], self.decode(first)) if first else (-1, "")
-        pid, ptext = self._prefix
-        if pid >= 0:
-            text = self.decode([pid, token_id])
-            if text.startswith(ptext):
-                return text[len(ptext):]
-        return self.decode([token_id])
 
 
 class RemoteEngine:
@@ -141,10 +67,10 @@ class RemoteEngine:
         if logprobs not in ("auto", *MODES):
             raise InputError(f"--engine-logprobs must be auto, raw or processed, got {logprobs!r}")
         http = ServerHTTP(url, timeout_s)
-        entry = _pick_model(http.get_json("/models"), model, http.url)
+        entry = pick_model(http.get_json("/models"), model, http.url)
         served = entry["id"]
         max_len = entry.get("max_model_len")
-        cfg, source, dtype, gen = _read_config(config, entry.get("root"))
+        cfg, source, dtype, gen = read_config(config, entry.get("root"))
         if not isinstance(max_len, int) or max_len <= 0:
             if cfg is None:
                 raise ServerError(f"the model server at {http.url} does not say its context "
@@ -240,7 +166,7 @@ class RemoteEngine:
         if ids is None:
             if chat:
                 body = {"model": self.name, "messages": messages, "add_generation_prompt": True}
-                ids = _ids(self.http.post_json("/tokenize", body, root=True))
+                ids = token_ids(self.http.post_json("/tokenize", body, root=True))
             else:
                 ids = self.tokenizer.encode(prompt)
             if len(self._prompts) > 32:
@@ -439,88 +365,3 @@ def _reason(choice: dict, capped: bool, steps: int, max_new: int) -> str:
         raise ServerError("the model server aborted the request (it may be shutting down or out "
                           "of KV-cache memory)")
     raise ServerError(f"the model server ended the run with finish_reason {finish!r}")
-
-
-def _ids(answer) -> list[int]:
-    try:
-        ids = answer["tokens"]
-        return [int(i) for i in ids]
-    except (KeyError, TypeError, ValueError):
-        raise ServerError("the model server's /tokenize answer has no token ids") from None
-
-
-def _text(answer) -> str:
-    if not isinstance(answer, dict) or not isinstance(answer.get("prompt"), str):
-        raise ServerError("the model server's /detokenize answer has no text")
-    return answer["prompt"]
-
-
-def _pick_model(models, wanted: str | None, url: str) -> dict:
-    entries = models.get("data") if isinstance(models, dict) else None
-    if not isinstance(entries, list) or not all(isinstance(e, dict) and "id" in e for e in entries):
-        raise ServerError(f"{url}/models is not an OpenAI model list")
-    ids = [e["id"] for e in entries]
-    if wanted is not None:
-        for e in entries:
-            if wanted in (e["id"], e.get("root")):
-                return e
-        from inference.errors import ModelNotServed
-        raise ModelNotServed(f"the model server at {url} does not serve {wanted!r}; it serves "
-                             f"{', '.join(map(repr, ids)) or 'nothing'}")
-    if len(entries) != 1:
-        raise InputError(f"the model server at {url} serves {len(entries)} models "
-                         f"({', '.join(map(repr, ids))}); choose one with --engine-model NAME")
-    return entries[0]
-
-
-def _read_config(given: str | None, served_root: str | None):
-    """(cfg, where it was read, its dtype, sampling defaults) from a config.json or a model
-    directory: the one given, else the path the server loaded the model from when this machine
-    has it. A config that is given but unreadable is an error; a served path that is not here is
-    no config."""
-    from inference.loading.load import generation_defaults
-
-    path = Path(given).expanduser() if given else None
-    if path is None and served_root and Path(served_root).is_dir():
-        path = Path(served_root)
-    if path is None:
-        return None, None, None, {}
-    config = path / "config.json" if path.is_dir() else path
-    if not config.is_file():
-        if given:
-            raise ModelError(f"--engine-config {given}: no config.json there")
-        return None, None, None, {}
-    cfg = ModelConfig.from_json(config)
-    import json
-    data = json.loads(config.read_text(encoding="utf-8"))
-    dtype = data.get("torch_dtype") or data.get("dtype")
-    gen = generation_defaults(config.parent)
-    return cfg, str(config), dtype if isinstance(dtype, str) else None, gen
-
-
-def probe_logprobs_mode(http: ServerHTTP, model: str) -> str:
-    """Which distribution the server's log-probabilities are: one greedy-free request for one
-    token with top-k 1. With processed log-probabilities only that token is left (log p = 0,
-    the rest -inf, which vLLM writes as -9999); raw ones are the model's distribution (log p < 0
-    for both). Logits instead of log-probabilities (raw_logits, processed_logits) are refused."""
-    body = {"model": model, "prompt": "The", "max_tokens": 1, "temperature": 1.0, "top_k": 1,
-            "seed": 0, "logprobs": 2, "return_tokens_as_token_ids": True}
-    answer = http.post_json("/completions", body)
-    try:
-        top = answer["choices"][0]["logprobs"]["top_logprobs"][0]
-        values = sorted((float(v) for v in top.values()), reverse=True)
-    except (KeyError, IndexError, TypeError, ValueError):
-        raise ServerError("the model server returned no log-probabilities; Token Lab needs an "
-                          "OpenAI completions API with logprobs (vLLM)") from None
-    if len(values) < 2:
-        raise ServerError("the model server returned fewer log-probabilities than asked for")
-    v1, v2 = values[:2]
-    restart = ("; restart it with --logprobs-mode raw_logprobs (vLLM's default) or "
-               "processed_logprobs, or say which with --engine-logprobs")
-    if v2 <= -9000 or math.isinf(v2):  # top-k 1 removed the rest: processed numbers
-        if abs(v1) < 1e-4:
-            return "processed"
-        raise ServerError(f"the model server returns processed logits, not log-probabilities{restart}")
-    if v1 > 1e-4 or math.exp(v1) + math.exp(v2) > 1 + 1e-3:
-        raise ServerError(f"the model server returns raw logits, not log-probabilities{restart}")
-    return "raw"
