@@ -144,7 +144,7 @@ def set_number(page, selector: str, value) -> None:
     box.press("Enter")
 
 
-QUIET_JS = """() => ['#output', '#topk', '#stats', '#status'].every(
+QUIET_JS = """() => ['#output', '#topk', '#stats', '#status', '#tokens', '#prompt-view'].every(
     (s) => !/(processing|\\b\\d+\\.\\ds\\b)/.test(document.querySelector(s)?.innerText || ''))"""
 
 
