@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tests of the page and the CLI in front of a real vLLM server (tests/test_remote_vllm.py):
+# Tests of the page and the CLI in front of a real vLLM server (tests/remote/test_remote_vllm.py):
 # installs vLLM's CPU build into its own venv (kept between runs), starts its
 # OpenAI-compatible server on the default model on a free loopback port, waits for /health,
 # runs the tests with TOKENLAB_VLLM_URL set, and stops the server.
@@ -101,7 +101,7 @@ export TOKENLAB_VLLM_URL="$URL/v1"
 if [ -n "${VLLM_RUN:-}" ]; then  # another command against the server, e.g. a benchmark
   bash -c "$VLLM_RUN" || status=$?
 else
-  "$PY" -m pytest -q tests/test_remote_vllm.py "$@" || status=$?
+  "$PY" -m pytest -q tests/remote/test_remote_vllm.py "$@" || status=$?
 fi
 t3=$(now)
 echo "vLLM ${VLLM_RUN:+command}${VLLM_RUN:-tests} took $((t3 - t2)) s; install $((t1 - t0)) s, server start $((t2 - t1)) s, total $((t3 - t0)) s" >&2

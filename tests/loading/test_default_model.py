@@ -13,7 +13,7 @@ import torch
 from inference.serving.engine import Engine, Request
 from inference.sampling.params import SamplingParams
 
-REFERENCE = Path(__file__).resolve().parent / "data" / "smollm2_next_token.json"  # see data/README.md
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "smollm2_next_token.json"  # see data/README.md
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 
 from inference.cli import main
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 
 def test_generate_jsonl_keys(tiny_dirs, capsys):

@@ -40,7 +40,7 @@ def test_app_makes_no_outside_lookup(tiny_dirs, tmp_path):
     env = {k: v for k, v in os.environ.items()
            if k not in ("GRADIO_ANALYTICS_ENABLED", "HF_HUB_OFFLINE", "HF_HUB_DISABLE_TELEMETRY", "DO_NOT_TRACK")}
     env["NETLOG"] = str(log)
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "net_probe.py"),
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve().parents[1] / "net_probe.py"),
                              "--model", str(tiny_dirs["gqa_tied"]), "--port", str(port)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -27,8 +27,8 @@ from inference.sampling.params import SamplingParams
 from inference.serving.engine import Engine
 from inference.serving.kv_pool import BLOCK_SIZE
 
-ROOT = Path(__file__).resolve().parents[1]
-HOOKED = Path(__file__).parent / "hooked.py"
+ROOT = Path(__file__).resolve().parents[2]
+HOOKED = Path(__file__).resolve().parents[1] / "hooked.py"
 EXIT_RUNS = 6  # each is held at the moment of exit: before the fix every one aborted
 ABORT = "terminate called"
 

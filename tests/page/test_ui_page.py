@@ -18,7 +18,7 @@ from browser import WAIT_MS
 from conftest import no_early_end
 from engine_hold import wait_until
 
-SHOTS = Path(__file__).resolve().parents[1] / "test-results" / "ui-page"
+SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "ui-page"
 SEED = "#seed input, #seed textarea"
 
 # A chat template that, like SmolLM2's, adds a system prompt of its own when none is given.

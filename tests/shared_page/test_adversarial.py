@@ -59,7 +59,7 @@ def test_a_hostile_visitor_does_not_hurt_a_well_behaved_one(tiny_dirs, tmp_path)
 
     with open(server_log, "w") as out:  # a file, not a pipe nobody reads while the app runs
         proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).parent / "slow_app.py"), "--model", str(tiny_dirs["gqa_tied"]),
+            [sys.executable, str(Path(__file__).resolve().parents[1] / "slow_app.py"), "--model", str(tiny_dirs["gqa_tied"]),
              "--port", str(port), "--max-new-tokens-cap", str(CAP_TOKENS), "--runs-per-client", "1",
              "--sessions-per-client", str(SESSIONS)],
             env=env, stdout=out, stderr=subprocess.STDOUT, text=True)

@@ -92,7 +92,7 @@ def test_users_bench_reports_the_median_round():
 def test_adversarial_bench_reports_ttft_alone_and_under_attack(tmp_path):
     """bench.adversarial end to end on random weights of the tiny shape: its fields, numbers
     that agree with each other, and the visitor's every request made (no bound on any time:
-    tests/test_adversarial.py checks what does not depend on speed)."""
+    tests/shared_page/test_adversarial.py checks what does not depend on speed)."""
     from bench import adversarial
     assert adversarial.main(["--random", "tiny", "--device", "cpu", "--step-ms", "5", "--runs", "2",
                              "--out", str(tmp_path)]) == 0
