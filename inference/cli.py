@@ -15,7 +15,7 @@ import threading
 from contextlib import contextmanager
 
 from inference.errors import InputError, TokenLabError
-from inference.sampling.settings import SETTINGS, defaults
+from inference.sampling.settings import SETTINGS, defaults, how_made
 
 
 class _Parser(argparse.ArgumentParser):
@@ -165,14 +165,6 @@ def _cmd_generate(args) -> int:
         params = _sampling_params(args, engine.generation_defaults)
         request = Request(args.prompt, params, chat=args.chat, system=args.system, top_n=args.top)
         return _print_run(engine.generate(request, cancel), args.jsonl, cancel, params)
-
-
-def how_made(params) -> dict:
-    """What the summary line records of the settings: each one not at its default, and the order
-    the stages ran in."""
-    from inference.sampling.settings import order
-    return {"settings": {s.name: getattr(params, s.name) for s in SETTINGS if getattr(params, s.name) != s.default},
-            "sampler_order": list(order(params.sampler_order))}
 
 
 def _print_run(events, jsonl: bool, cancel: threading.Event, params=None) -> int:

@@ -234,6 +234,13 @@ def order(sampler_order: str) -> tuple[str, ...]:
     return first + tuple(n for n in DEFAULT_ORDER if n not in first)
 
 
+def how_made(params) -> dict:
+    """What a run's summary line records of its settings: each one not at its default, and the
+    order its stages ran in."""
+    return {"settings": {s.name: getattr(params, s.name) for s in SETTINGS if getattr(params, s.name) != s.default},
+            "sampler_order": list(order(params.sampler_order))}
+
+
 def defaults(generation_defaults: dict | None = None) -> dict:
     """Each setting's default, overridden by a model's generation_config.json values."""
     out = {s.name: s.default for s in SETTINGS}
