@@ -147,14 +147,14 @@ def pick_overhead_ms(engine: Engine, top_n: int, n: int = 300) -> float:
     same logits with and without it, alternating (end-to-end step times are too noisy here)."""
     g = torch.Generator(device=engine.device).manual_seed(0)
     logits = torch.randn(engine.cfg.vocab_size, device=engine.device, generator=g) * 3
-    seen = torch.zeros(engine.cfg.vocab_size, dtype=torch.bool, device=engine.device)
     params = SamplingParams(temperature=0.7)
+    state = RunState.at(params, [], [], engine.cfg.vocab_size, device=engine.device)
     times = {0: [], top_n: []}
     with torch.inference_mode():
         for i in range(2 * n):
             k = top_n if i % 2 else 0
             t = time.perf_counter()
-            pick(logits, params, seen, g, k)
+            pick(logits, params, state, g, k)
             _sync(engine.device)
             times[k].append(time.perf_counter() - t)
     return 1000 * (statistics.median(times[top_n]) - statistics.median(times[0]))

@@ -15,7 +15,7 @@ import threading
 from contextlib import contextmanager
 
 from inference.errors import InputError, TokenLabError
-from inference.sampling.settings import SETTINGS, defaults
+from inference.sampling.settings import SETTINGS, defaults, how_made
 
 
 class _Parser(argparse.ArgumentParser):
@@ -97,9 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
     g.add_argument("--system", default=None, help="system prompt for --chat")
     # Sampling defaults: the model's generation_config.json, else the settings' own.
-    for s in SETTINGS:
-        g.add_argument(s.flag, type=s.kind, default=None,
-                       help=f"{s.help}; in {s.range_text()}, default {s.default:g}")
+    for s in SETTINGS:  # a text setting takes its items as one argument or several
+        g.add_argument(s.flag, type=s.kind, default=None, nargs="+" if s.kind is str else None,
+                       help=f"{s.help}; {'' if s.kind is str else 'in '}{s.range_text()}, default {s.default_text()}")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
     g.add_argument("--top", type=int, default=5, help="candidates reported per step")
@@ -125,6 +125,7 @@ def _sampling_params(args, model_defaults: dict):
 
     values = {k: getattr(args, k) if getattr(args, k) is not None else v
               for k, v in defaults(model_defaults).items()}
+    values = {k: ", ".join(v) if isinstance(v, list) else v for k, v in values.items()}
     return SamplingParams(**values, seed=args.seed, stop=tuple(args.stop))
 
 
@@ -163,10 +164,10 @@ def _cmd_generate(args) -> int:
     with _ctrl_c_cancels(cancel), engine:
         params = _sampling_params(args, engine.generation_defaults)
         request = Request(args.prompt, params, chat=args.chat, system=args.system, top_n=args.top)
-        return _print_run(engine.generate(request, cancel), args.jsonl, cancel)
+        return _print_run(engine.generate(request, cancel), args.jsonl, cancel, params)
 
 
-def _print_run(events, jsonl: bool, cancel: threading.Event) -> int:
+def _print_run(events, jsonl: bool, cancel: threading.Event, params=None) -> int:
     """Print a run's steps and its summary; 130 if Ctrl-C ended it ("interrupted"), else 0."""
     from inference.events import DoneEvent, StepEvent
 
@@ -177,7 +178,8 @@ def _print_run(events, jsonl: bool, cancel: threading.Event) -> int:
         if isinstance(ev, DoneEvent) and ev.reason == "cancelled" and cancel.is_set():
             ev = dataclasses.replace(ev, reason="interrupted")
         if jsonl:
-            print(json.dumps(ev.to_json(), ensure_ascii=False), flush=True)
+            line = ev.to_json() if not isinstance(ev, DoneEvent) or params is None else {**ev.to_json(), **how_made(params)}
+            print(json.dumps(line, ensure_ascii=False), flush=True)
         elif isinstance(ev, DoneEvent):
             printed = "".join(shown)
             sys.stdout.write(ev.text[len(printed):] + "\n")

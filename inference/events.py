@@ -54,6 +54,9 @@ class StepEvent:
     prompt_tokens_reused: int | None = None  # step 0 only: prompt positions found in the prefix cache
     kv_blocks: int | None = 0  # this run's blocks of the server's KV pool
     pool: "PoolStats | None" = None  # the server's pool at this step (all runs)
+    # The run's sampling state this step was sampled in that replay cannot recompute from the
+    # ids (Mirostat's μ), or None.
+    sampler_state: dict | None = None
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "pool"}
@@ -61,7 +64,7 @@ class StepEvent:
         if self.pool is not None:
             d["pool_blocks_used"], d["pool_blocks_total"] = self.pool.blocks_used, self.pool.blocks_total
             d["pool_active_runs"] = self.pool.active_runs
-        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused"):
+        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused", "sampler_state"):
             if d[key] is None:
                 d.pop(key)
         return d

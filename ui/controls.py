@@ -12,7 +12,7 @@ from urllib.parse import urlencode
 
 from inference.errors import InputError, TokenLabError, shown
 from inference.sampling.params import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
-from inference.sampling.settings import BY_NAME, SETTINGS, defaults
+from inference.sampling.settings import BY_NAME, SETTINGS, SHAPING_SETTINGS, defaults
 
 MODES = ("completion", "chat")
 DEFAULT_PROMPT = "The capital of France is"
@@ -89,6 +89,12 @@ def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams
     """Validated settings; raises InputError naming the field, in one line."""
     values = {s.name: BY_NAME[s.name].parse(override.get(s.name, getattr(c, s.name))) for s in SETTINGS}
     return SamplingParams(**values, seed=seed, stop=parse_stop(c.stop))
+
+
+def shaping_values(**given) -> list:
+    """A value for each of settings.SHAPING_SETTINGS, in order (replay's and compare's B
+    controls): `given` by name, the rest at their defaults."""
+    return [given.get(n, BY_NAME[n].default) for n in SHAPING_SETTINGS]
 
 
 def controls_from_query(query: dict, base: Controls | None = None,

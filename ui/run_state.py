@@ -7,6 +7,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from inference.sampling.settings import how_made
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 
 
@@ -81,7 +82,8 @@ def run_jsonl(rec: RunRecord) -> str:
     DoneEvent."""
     lines = [json.dumps(s.to_json(), ensure_ascii=False) for s in rec.steps]
     if rec.done is not None:
-        lines.append(json.dumps(rec.done.to_json(), ensure_ascii=False))
+        made = {} if rec.params is None else how_made(rec.params)
+        lines.append(json.dumps({**rec.done.to_json(), **made}, ensure_ascii=False))
     return "\n".join(lines) + "\n"
 
 

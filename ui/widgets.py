@@ -36,9 +36,12 @@ def setting_control(s: Setting, value, context: int, label_prefix: str = "", ele
     label = label_prefix + s.label
     info = None if label_prefix else s.help
     if not available:
-        value, info = s.neutral, "not available with this engine"
+        value, info = s.off, "not available with this engine"
+    if s.control == "text":
+        return gr.Textbox(value, label=label, info=info, placeholder=f"e.g. {s.example}", elem_id=elem_id,
+                          visible=visible, interactive=None if available else False, max_length=2000)
     if s.control == "number":
-        return gr.Number(value, label=f"{label} ({s.neutral} = off)", precision=None, info=info,
+        return gr.Number(value, label=f"{label} ({s.off} = {'off' if s.neutral is not None else 'default'})", precision=None, info=info,
                          elem_id=elem_id, visible=visible, interactive=None if available else False)
     lo = s.step if s.min_open else s.minimum
     hi = s.maximum if s.maximum is not None else context - 1

@@ -28,7 +28,7 @@ from inference.remote.discovery import pick_model, probe_logprobs_mode, read_con
 from inference.remote.http import ServerHTTP
 from inference.remote.tokenizer import RemoteTokenizer, token_ids
 from inference.remote.metrics import ServerLoad, kv_bytes_per_value, parse_load
-from inference.sampling.settings import SETTINGS
+from inference.sampling.settings import BY_NAME, SETTINGS
 
 INSIDES = "not available when the page is in front of a server"
 REPLAY = ("replay recomputes a step from its whole logit vector; the server returns only the top "
@@ -324,7 +324,7 @@ class RemoteEngine:
     def step_logits(self, context_ids):
         raise NotAvailable(REPLAY)
 
-    def replay(self, logits, params, seen_ids, chosen):
+    def replay(self, logits, params, state, chosen, shown=None):
         raise NotAvailable(REPLAY)
 
 
@@ -333,14 +333,17 @@ class RemoteEngine:
 def server_settings(params, **given) -> dict:
     """The request's sampling fields, each under the key the schema gives for a server (values
     in `given` by setting name replace the run's). A setting no server takes is refused unless
-    it is at its neutral value: the run would otherwise not be the one asked for."""
+    it asks for nothing (its neutral value, or its default for the order and for the parameters
+    of a stage that is off): the run would otherwise not be the one asked for."""
     out = {}
+    values = {s.name: given.get(s.name, getattr(params, s.name)) for s in SETTINGS}
     for s in SETTINGS:
-        value = given.get(s.name, getattr(params, s.name))
+        value = values[s.name]
         if s.server_key is not None:
-            out[s.server_key] = value
-        elif value != s.neutral:
-            raise NotAvailable(f"{s.label.lower()} is not available in front of a model server")
+            if s.kind is not str or value != s.off:
+                out[s.server_key] = s.server_form(value) if s.server_form else value
+        elif value != s.off and not (s.part_of and values[s.part_of] == BY_NAME[s.part_of].neutral):
+            raise NotAvailable(f"{s.label.lower()} is not available in front of a model server ({s.flag})")
     return out
 
 

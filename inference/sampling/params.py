@@ -34,12 +34,15 @@ def validate(p) -> None:
 
 def _plain(self) -> bool:
     """Every stage at its neutral value: the distribution sampled from is the model's own."""
-    return all(getattr(self, s.name) == s.neutral for s in SETTINGS if s.is_stage)
+    return not _changed(self)
 
 
 def _changed(self) -> tuple[str, ...]:
-    """The stages this run moves away from their neutral value, in the schema's order."""
-    return tuple(s.name for s in SETTINGS if s.is_stage and getattr(self, s.name) != s.neutral)
+    """The stages this run moves away from their neutral value (a stage moves when one of its
+    settings with a neutral value is off it), in the schema's order."""
+    moved = {s.stage_name for s in SETTINGS
+             if s.stage_name and s.neutral is not None and getattr(self, s.name) != s.neutral}
+    return tuple(s.name for s in SETTINGS if s.is_stage and s.name in moved)
 
 
 SamplingParams = make_dataclass(

@@ -8,8 +8,12 @@ SETTINGS, so a new knob is one entry here plus its stage function in stages.py a
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
 
 from inference.errors import InputError, shown
 
@@ -17,7 +21,7 @@ from inference.errors import InputError, shown
 @dataclass(frozen=True)
 class Setting:
     name: str  # SamplingParams field, query parameter, generation_config.json key
-    kind: type  # float or int
+    kind: type  # float, int, or str (a list written as text: decode reads it)
     default: float | int
     minimum: float | int
     maximum: float | int | None  # None: no upper bound
@@ -31,24 +35,52 @@ class Setting:
     # What a model server's (vLLM's OpenAI) request calls it; None: no server takes it.
     server_key: str | None = None
     keeps_order: bool = True  # its stage never reorders the tokens it keeps
-    control: str = "slider"  # the page's control: "slider" or "number" (no natural upper end)
+    control: str = "slider"  # the page's control: "slider", "number" (no natural upper end) or "text"
+    # A parameter of another setting's stage (named here): it has no stage of its own.
+    part_of: str | None = None
+    shapes: bool = True  # it changes the distribution sampled from (replay and compare offer it)
+    # str settings: text -> the value the stage reads (raises InputError), and an example.
+    decode: Callable | None = None
+    example: str = ""
+    server_form: Callable | None = None  # the value as the server's request carries it (None: as is)
 
     @property
     def is_stage(self) -> bool:
-        return self.neutral is not None
+        return self.neutral is not None and self.part_of is None
+
+    @property
+    def stage_name(self) -> str | None:
+        """The stage this setting shapes: its own, or the one it is a parameter of."""
+        return self.part_of or (self.name if self.is_stage else None)
+
+    @property
+    def off(self):
+        """The value at which this setting asks for nothing: neutral where it has one, else its default."""
+        return self.neutral if self.neutral is not None else self.default
+
+    def default_text(self) -> str:
+        return repr(self.default) if self.kind is str else f"{self.default:g}"
 
     @property
     def flag(self) -> str:
         return "--" + self.name.replace("_", "-")
 
     def range_text(self) -> str:
+        if self.kind is str:
+            return f"text, e.g. {self.example}"
         lo = "(" if self.min_open else "["
         hi = f"{self.maximum:g}]" if self.maximum is not None else "∞)"
         return f"{lo}{self.minimum:g}, {hi}"
 
     def parse(self, raw) -> float | int:
         """The value as this setting's type, checked against its range; InputError names the
-        setting. Whole numbers written as 3.0 are accepted for integers, 2.5 is not."""
+        setting. Whole numbers written as 3.0 are accepted for integers, 2.5 is not. Text
+        settings are checked by decoding them, and kept as written (stripped)."""
+        if self.kind is str:
+            if not isinstance(raw, str) or len(raw) > MAX_TEXT:
+                raise InputError(f"{self.name} must be text of at most {MAX_TEXT} characters, e.g. {self.example}")
+            self.decode(raw.strip())
+            return raw.strip()
         if isinstance(raw, bool):
             raise InputError(f"{self.name} must be a number, got {shown(raw)}")
         try:
@@ -67,6 +99,60 @@ class Setting:
         return value
 
 
+MAX_TEXT = 2000  # characters of a text setting
+
+
+def _items(text: str) -> list[str]:
+    return [t for t in re.split(r"[\s,]+", text) if t]
+
+
+@lru_cache(maxsize=256)
+def decode_logit_bias(text: str) -> tuple[tuple[int, float], ...]:
+    """'ID:BIAS ID:BIAS' (commas or spaces between) -> ((id, bias), ...); a later entry for the
+    same id replaces an earlier one. A bias of -100 or less bans the token."""
+    out: dict[int, float] = {}
+    for item in _items(text):
+        tid, sep, bias = item.partition(":")
+        try:
+            tid, value = int(tid), float(bias)
+        except ValueError:
+            raise InputError(f"logit_bias entries are ID:BIAS (e.g. 15043:-100), got {shown(item)}") from None
+        if not sep or tid < 0 or not math.isfinite(value):
+            raise InputError(f"logit_bias entries are ID:BIAS with a token id >= 0 and a finite bias, got {shown(item)}")
+        out[tid] = value
+    return tuple(out.items())
+
+
+@lru_cache(maxsize=256)
+def decode_order(text: str) -> tuple[str, ...]:
+    """'a,b,c' -> the stage names listed, each a sampling stage's setting name, once."""
+    names = tuple(_items(text))
+    for n in names:
+        if n not in FILTER_SETTINGS:
+            raise InputError(f"sampler_order names stages by their setting's name ({', '.join(DEFAULT_ORDER)}), got {shown(n)}")
+    if len(set(names)) != len(names):
+        raise InputError(f"sampler_order lists a stage twice: {shown(text)}")
+    return names
+
+
+@lru_cache(maxsize=256)
+def decode_breakers(text: str) -> tuple[str, ...]:
+    """DRY's sequence breakers as text-generation-webui writes them: JSON strings separated by
+    commas, e.g. "\\n", ":", "*"."""
+    try:
+        items = json.loads(f"[{text}]")
+    except json.JSONDecodeError:
+        raise InputError('dry_sequence_breakers are JSON strings separated by commas, e.g. "\\n", ":", "*"') from None
+    if not all(isinstance(b, str) and b for b in items):
+        raise InputError("dry_sequence_breakers must be non-empty strings")
+    return tuple(items)
+
+
+def _server_bias(text: str) -> dict[str, float]:
+    """OpenAI's logit_bias: {"id": bias}, the bias within [-100, 100] (vLLM clamps to it)."""
+    return {str(i): max(-100.0, min(100.0, b)) for i, b in decode_logit_bias(text)}
+
+
 SETTINGS: tuple[Setting, ...] = (
     Setting("temperature", float, 1.0, 0.0, 2.0, "Temperature", "0 = greedy, 1 = the model's own "
             "distribution", step=0.05, neutral=1.0, server_key="temperature"),
@@ -79,13 +165,80 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("repetition_penalty", float, 1.0, 0.0, 2.0, "Repetition penalty", "divide the "
             "logits of tokens already seen; 1 = off", step=0.05, min_open=True, group="more",
             neutral=1.0, server_key="repetition_penalty", keeps_order=False),
+    Setting("presence_penalty", float, 0.0, -2.0, 2.0, "Presence penalty", "subtract from the "
+            "logit of every token generated so far; 0 = off", step=0.05, group="more", neutral=0.0,
+            server_key="presence_penalty", keeps_order=False),
+    Setting("frequency_penalty", float, 0.0, -2.0, 2.0, "Frequency penalty", "subtract this "
+            "times the number of times a token was generated; 0 = off", step=0.05, group="more",
+            neutral=0.0, server_key="frequency_penalty", keeps_order=False),
+    Setting("logit_bias", str, "", 0, None, "Logit bias", "ID:BIAS added to a token's logit; "
+            "-100 or less bans it; empty = off", group="more", neutral="", server_key="logit_bias",
+            keeps_order=False, control="text", decode=decode_logit_bias, example="42:-100, 7:2.5",
+            server_form=_server_bias),
+    Setting("typical_p", float, 1.0, 0.0, 1.0, "Typical-p", "keep the tokens whose surprise is "
+            "closest to the entropy, up to mass p; 1 = off", min_open=True, group="more", neutral=1.0),
+    Setting("epsilon_cutoff", float, 0.0, 0.0, 1.0, "Epsilon cutoff", "drop tokens of probability "
+            "below epsilon; 0 = off", step=0.0001, group="more", neutral=0.0),
+    Setting("eta_cutoff", float, 0.0, 0.0, 1.0, "Eta cutoff", "drop tokens below min(eta, "
+            "sqrt(eta) e^-entropy); 0 = off", step=0.0001, group="more", neutral=0.0),
+    Setting("top_n_sigma", float, 0.0, 0.0, 10.0, "Top-nσ", "keep logits within n standard "
+            "deviations of the top one; 0 = off", step=0.05, group="more", neutral=0.0),
+    Setting("dynatemp_range", float, 0.0, 0.0, 2.0, "Dynamic temperature range", "temperature "
+            "± range, scaled by the normalized entropy; 0 = off", step=0.05, group="more",
+            neutral=0.0, part_of="temperature"),
+    Setting("dynatemp_exponent", float, 1.0, 0.0, 5.0, "Dynamic temperature exponent",
+            "the normalized entropy is raised to it", step=0.05, group="more", part_of="temperature"),
+    Setting("xtc_probability", float, 0.0, 0.0, 1.0, "XTC probability", "chance per step that "
+            "XTC removes every top token above the threshold but the least likely; 0 = off",
+            group="more", neutral=0.0),
+    Setting("xtc_threshold", float, 0.1, 0.0, 1.0, "XTC threshold", "tokens at least this likely "
+            "are top tokens (above 0.5: XTC never acts)", group="more", part_of="xtc_probability"),
+    Setting("dry_multiplier", float, 0.0, 0.0, 5.0, "DRY multiplier", "penalize tokens that "
+            "extend a repeat of the context; 0 = off", step=0.05, group="more", neutral=0.0,
+            keeps_order=False),
+    Setting("dry_base", float, 1.75, 1.0, 4.0, "DRY base", "the penalty grows as base^(repeat "
+            "length - allowed length)", step=0.05, min_open=True, group="more", part_of="dry_multiplier"),
+    Setting("dry_allowed_length", int, 2, 1, 50, "DRY allowed length", "repeats this long are "
+            "not penalized", step=1, group="more", part_of="dry_multiplier"),
+    Setting("dry_penalty_last_n", int, 0, 0, None, "DRY range", "tokens of the context searched "
+            "for repeats; 0 = all", step=1, group="more", part_of="dry_multiplier", control="number"),
+    Setting("dry_sequence_breakers", str, '"\\n", ":", "\\"", "*"', 0, None, "DRY sequence breakers",
+            "JSON strings; a repeat does not continue across one", group="more",
+            part_of="dry_multiplier", control="text", decode=decode_breakers, example='"\\n", ":"'),
+    Setting("mirostat_tau", float, 0.0, 0.0, 20.0, "Mirostat τ", "Mirostat v2's target surprise "
+            "in bits; 0 = off", step=0.1, group="more", neutral=0.0),
+    Setting("mirostat_eta", float, 0.1, 0.0, 1.0, "Mirostat η", "how fast μ follows the surprise",
+            group="more", part_of="mirostat_tau"),
+    Setting("sampler_order", str, "", 0, None, "Sampler order", "setting names of the stages to "
+            "run first, in this order; the rest follow in the default order", group="more",
+            control="text", decode=decode_order, example="top_k,temperature"),
     Setting("max_new_tokens", int, 128, 1, None, "Max new tokens", "at most this many tokens "
-            "are generated", step=1, server_key="max_tokens"),
+            "are generated", step=1, server_key="max_tokens", shapes=False),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
-# The settings that shape the distribution sampled from (each a stage of stages.final_logits),
-# in the page's order; max_new_tokens is not one.
+# The settings that are a stage of the pipeline (each a stage of stages.final_logits), in the
+# page's order; max_new_tokens, the stages' parameters and the order are not.
 FILTER_SETTINGS = tuple(s.name for s in SETTINGS if s.is_stage)
+# The order the stages run in unless sampler_order says otherwise: written down here only.
+DEFAULT_ORDER = ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                 "dry_multiplier", "temperature", "top_k", "top_p", "min_p", "typical_p",
+                 "epsilon_cutoff", "eta_cutoff", "top_n_sigma", "xtc_probability", "mirostat_tau")
+assert sorted(DEFAULT_ORDER) == sorted(FILTER_SETTINGS)
+# Every setting that shapes the distribution sampled from: what replay and compare can change.
+SHAPING_SETTINGS = tuple(s.name for s in SETTINGS if s.shapes)
+
+
+def order(sampler_order: str) -> tuple[str, ...]:
+    """The stages in the order they run: those listed in sampler_order, then the rest in DEFAULT_ORDER."""
+    first = decode_order(sampler_order.strip())
+    return first + tuple(n for n in DEFAULT_ORDER if n not in first)
+
+
+def how_made(params) -> dict:
+    """What a run's summary line records of its settings: each one not at its default, and the
+    order its stages ran in."""
+    return {"settings": {s.name: getattr(params, s.name) for s in SETTINGS if getattr(params, s.name) != s.default},
+            "sampler_order": list(order(params.sampler_order))}
 
 
 def defaults(generation_defaults: dict | None = None) -> dict:

@@ -20,7 +20,8 @@ from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
-from inference.sampling.replay import StageStat, pipeline, seen_mask
+from inference.sampling.replay import StageStat, pipeline
+from inference.sampling.state import RunState, check_vocab
 from inference.sampling.params import SamplingParams
 from inference.serving.scheduler import Scheduler
 from inference.loading.tokenizer import Tokenizer
@@ -271,6 +272,7 @@ class Engine:
         Yields WaitEvents while the run is queued for KV blocks, a PrefillEvent after each chunk
         of a prompt longer than one (but the last), one StepEvent per new token, then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
         Closing the generator ends the run and gives its blocks back before it returns."""
+        check_vocab(params, self.cfg.vocab_size)
         max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
         run = self.scheduler.submit(ids, params, max(0, min(top_n, self.cfg.vocab_size)),
@@ -311,9 +313,10 @@ class Engine:
             tokens = torch.tensor([context_ids], device=self.device)  # (1, T)
             return self.model(tokens, self.model.new_cache(len(context_ids)), 0)[0].float().cpu()
 
-    def replay(self, logits: torch.Tensor, params: SamplingParams, seen_ids: list[int],
-               chosen: int) -> tuple[list[StageStat], torch.Tensor]:
-        """A step's sampling pipeline under `params` on its logits (from step_logits): the
-        stages, and the final distribution (vocab,)."""
+    def replay(self, logits: torch.Tensor, params: SamplingParams, state: RunState,
+               chosen: int, shown=None) -> tuple[list[StageStat], torch.Tensor]:
+        """A step's sampling pipeline under `params` on its logits (from step_logits) with the
+        run's state at that step (replay.replay_state): the stages, and the final distribution (vocab,)."""
+        check_vocab(params, logits.shape[-1])
         with self._work():
-            return pipeline(logits, params, seen_mask(logits.shape[-1], seen_ids), chosen)
+            return pipeline(logits, params, state, chosen, shown)

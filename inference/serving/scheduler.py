@@ -25,6 +25,7 @@ from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
 from inference.model.transformer import PagedBatch, Transformer
 from inference.sampling.params import SamplingParams
+from inference.sampling.state import RunState
 from inference.serving.step_stats import RowSampling, StepInfo, candidates, pick_rows
 from inference.serving.stop import StopMatcher
 
@@ -44,7 +45,7 @@ class Run:
     released: threading.Event = field(default_factory=threading.Event)
     table: BlockTable | None = None
     generator: torch.Generator | None = None
-    seen: torch.Tensor | None = None  # (vocab,) bool: tokens the repetition penalty sees
+    state: RunState | None = None  # what its sampling stages read; advanced after each token
     stream: object = None
     stops: StopMatcher | None = None
     prefilled: int = 0  # prompt positions in the cache
@@ -203,8 +204,8 @@ class Scheduler:
         run.prefilled = run.reused = run.table.length
         run.generator = torch.Generator(device=dev)
         run.generator.manual_seed(run.seed)
-        run.seen = torch.zeros(self.model.cfg.vocab_size, dtype=torch.bool, device=dev)
-        run.seen[torch.tensor(run.ids, device=dev)] = True
+        run.state = RunState.at(run.params, run.ids, [], self.model.cfg.vocab_size, run.seed,
+                                tokenizer=self.tokenizer, device=dev)
         run.stream, run.stops = self.tokenizer.stream(), StopMatcher(run.params.stop)
 
     def _step(self, active: list[Run]) -> None:
@@ -250,7 +251,7 @@ class Scheduler:
             with torch.inference_mode():
                 logits = self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k, self.pool.v)
                 runs = [run for _, run in sampling]
-                infos = pick_rows(logits, [RowSampling(r.params, r.seen, r.generator, r.top_n) for r in runs])
+                infos = pick_rows(logits, [RowSampling(r.params, r.state, r.generator, r.top_n) for r in runs])
             for run, info in zip(runs, infos):
                 self._emit(run, info)
             for run in reading:
@@ -289,7 +290,8 @@ class Scheduler:
     def _emit(self, run: Run, info: StepInfo) -> None:
         """The run's new token: its event, and the end of the run if it ends here."""
         token_id = info.token_id
-        run.seen[token_id] = True
+        recorded = run.state.recorded()  # the state this step was sampled in, for replay
+        run.state.advance(token_id, info.prob, run.params)
         run.next_token = token_id
         run.generated.append(token_id)
         is_eos = token_id in self.eos_ids
@@ -312,7 +314,7 @@ class Scheduler:
             ms=ms, prefill_ms=ms if first else None, prompt_tokens=run.n_prompt if first else None,
             wait_ms=(run.admitted - run.submitted) * 1000 if first else None,
             prompt_tokens_reused=run.reused if first else None,
-            kv_blocks=len(run.table.blocks), pool=pool))
+            kv_blocks=len(run.table.blocks), pool=pool, sampler_state=recorded))
         if is_eos:
             self._finish(run, "eos")
         elif run.stops.matched is not None:

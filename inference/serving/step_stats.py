@@ -13,6 +13,7 @@ import torch
 from inference.events import Candidate
 from inference.sampling.params import SamplingParams
 from inference.sampling.stages import final_probs, greedy_logits, sample
+from inference.sampling.state import RunState
 
 
 @dataclass
@@ -46,18 +47,18 @@ class _Packed:
 
 @dataclass
 class RowSampling:
-    """How one row of a step's logits is sampled: its run's settings, seen tokens and generator."""
+    """How one row of a step's logits is sampled: its run's settings, state and generator."""
     params: SamplingParams
-    seen: torch.Tensor | None  # (vocab,) bool
+    state: RunState | None  # what the run's stages read (None: no context known)
     generator: torch.Generator
     top_n: int  # candidates reported; 0 skips the instrumentation (the benchmark's baseline)
 
 
-def pick(logits: torch.Tensor, params: SamplingParams, seen: torch.Tensor | None,
+def pick(logits: torch.Tensor, params: SamplingParams, state: RunState | None,
          generator: torch.Generator, top_n: int) -> tuple[torch.Tensor, StepInfo]:
     """Sample from logits (vocab,) and gather what the step reports. Returns the next token as a
     (1, 1) tensor on the device, and the step's numbers, with one host sync."""
-    info = pick_rows(logits.unsqueeze(0), [RowSampling(params, seen, generator, top_n)])[0]
+    info = pick_rows(logits.unsqueeze(0), [RowSampling(params, state, generator, top_n)])[0]
     return torch.tensor([[info.token_id]], device=logits.device), info
 
 
@@ -71,17 +72,20 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     greedy = [i for i, row in enumerate(rows) if row.params.temperature == 0]
     next_id = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (R,)
     if greedy:
-        penalized = torch.stack([greedy_logits(logits[i], rows[i].params, rows[i].seen) for i in greedy])
+        penalized = torch.stack([greedy_logits(logits[i], rows[i].params, rows[i].state) for i in greedy])
         next_id[torch.tensor(greedy, device=logits.device)] = penalized.argmax(dim=-1)  # (greedy rows, vocab) -> ids
     finals = {}  # the distributions of the rows that draw, by row
     for i, row in enumerate(rows):
         if row.params.temperature != 0:
-            finals[i] = final_probs(logits[i], row.params, row.seen)
+            finals[i] = final_probs(logits[i], row.params, row.state)
             next_id[i] = sample(finals[i].unsqueeze(0), row.generator)[0, 0]
     top_n = min(max(row.top_n for row in rows), logits.shape[-1])
     if top_n == 0:
         nan = float("nan")
-        return [StepInfo(t, nan, nan, [], nan, 0) for t in next_id.tolist()]
+        # Mirostat's μ moves by the chosen token's final probability: read for its rows only.
+        return [StepInfo(t, (float(finals[i][t]) if i in finals else 1.0) if row.params.mirostat_tau > 0 else nan,
+                         nan, [], nan, 0)
+                for i, (t, row) in enumerate(zip(next_id.tolist(), rows))]
 
     # From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, sum(e * logits) / Z the mean
     # logit, hence the entropy log Z - E[logit]; sums in float64, so a tail of 1e-13 counts.

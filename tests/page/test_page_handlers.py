@@ -11,6 +11,9 @@ from urllib.parse import parse_qsl, urlsplit
 
 import gradio as gr
 import pytest
+
+from inference.sampling.settings import how_made
+from ui.controls import NAMES
 import torch
 
 from inference.loading.chat import default_system_prompt, render_chat
@@ -188,7 +191,7 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
     rec = run(h, seed="5", temperature=0.0, max_new_tokens=6)
     a = after(h, rec, [])
     lines = [json.loads(x) for x in downloaded(h, a["downloads"], 0).read_text(encoding="utf-8").splitlines()]
-    assert lines == [json.loads(json.dumps(s.to_json())) for s in rec.steps] + [rec.done.to_json()]
+    assert lines == [json.loads(json.dumps(s.to_json())) for s in rec.steps] + [{**rec.done.to_json(), **how_made(rec.params)}]
     # The same fields, tokens and text as `python -m inference generate --jsonl`.
     from inference.cli import main
     assert main(["generate", "--model", str(tiny_dirs["gqa_tied"]), "--prompt", "The quick brown fox",
@@ -289,17 +292,17 @@ def test_events_outside_the_queue_never_raise(h):
         assert isinstance(h.count_context(v, v, v, v), str)
         assert isinstance(h.select_head(rec, 0, 0, v), str)
         try:  # a link is made, or refused with a message naming the field (in the queue)
-            assert isinstance(h.share_link(*([v] * 11), v, v), str)
+            assert isinstance(h.share_link(*([v] * len(NAMES)), v, v), str)
         except gr.Error as e:
             assert re.search(r"prompt|seed|stop|mode", str(e)), e
-        assert "status" in h.begin(*([v] * 11), session("j"), v)
+        assert "status" in h.begin(*([v] * len(NAMES)), session("j"), v)
         assert "status" in h.begin(*Controls(mode="chat").values(), session("j"), [v])
     assert h.replay_step(None, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"].startswith("Generate first")
     assert h.inspect_step(None, 0, 0)["stages_md"].startswith("Generate first")
     assert h.likelihood(None, 0, "x").startswith("Generate first")
     assert h.live_tick(None) == {}
     assert "generate" in h.after_run(None, None, session("j"))
-    assert len(h.restore(SimpleNamespace(query_params={"top_k": "-1", "bogus": "x", "mode": "?"}))) == 13 - 1  # "more" stays as it is
+    assert len(h.restore(SimpleNamespace(query_params={"top_k": "-1", "bogus": "x", "mode": "?"}))) == len(NAMES) + 2 - 1  # "more" stays as it is
 
 
 def test_labels(h, tiny_engine):

@@ -6,19 +6,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from inference.sampling.state import RunState
+
 from inference.serving.engine import Request
 from inference.sampling.replay import pipeline
 from inference.sampling.params import SamplingParams
 from ui.run_state import RunRecord, run_summary
 from ui.controls import Controls
 from ui.handlers import Handlers
+from ui.controls import shaping_values  # noqa: E402
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 
 
 def test_stage_counts_and_masses_by_hand():
     params = SamplingParams(temperature=1.0, top_k=3, top_p=0.7, min_p=0.0)
-    stats, final = pipeline(PROBS.log(), params, torch.zeros(4, dtype=torch.bool), chosen=1)
+    stats, final = pipeline(PROBS.log(), params, RunState.from_seen(torch.zeros(4, dtype=torch.bool)), chosen=1)
     by = {s.name: s for s in stats}
     assert by["raw"].kept == 4 and by["raw"].chosen_rank == 2
     assert by["top-k"].kept == 3 and by["top-k"].mass_removed == pytest.approx(0.05)
@@ -59,7 +62,8 @@ def test_replay_equals_a_real_run_with_the_same_tokens_before(tiny_engine, setti
         context = prompt + [s.token_id for s in a[:k]]
         params = SamplingParams(**settings, max_new_tokens=1, seed=0)
         real = next(iter(tiny_engine.generate_ids(context, params, top_n=vocab)))
-        _, replayed = tiny_engine.replay(tiny_engine.step_logits(context), params, context, a[k].token_id)
+        _, replayed = tiny_engine.replay(tiny_engine.step_logits(context), params,
+                                          RunState.at(params, context, [], vocab), a[k].token_id)
         expected = torch.zeros(vocab, dtype=torch.float64)
         for c in real.top:
             expected[c.id] = c.prob
@@ -69,7 +73,7 @@ def test_replay_equals_a_real_run_with_the_same_tokens_before(tiny_engine, setti
 def test_compare_marks_the_first_divergence(tiny_engine):
     h = Handlers(tiny_engine)
     c = Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=15, seed="11")
-    cmp = h.compare(*c.values(), 1.5, 0, 1.0, 0.0, 1.0, SimpleNamespace(session_hash="cmp"))
+    cmp = h.compare(*c.values(), *shaping_values(temperature=1.5), SimpleNamespace(session_hash="cmp"))
     out_a, out_b, summary, bars_a, bars_b = (cmp[n] for n in ("out_a", "out_b", "compare_md", "bars_a", "bars_b"))
     a, _ = run(tiny_engine, temperature=0.0, max_new_tokens=15, seed=11)
     b, _ = run(tiny_engine, temperature=1.5, max_new_tokens=15, seed=11)
@@ -155,7 +159,7 @@ def test_step_statistics_are_exact_even_for_a_tiny_tail_or_a_tail_pick(tiny_engi
         for seed in seeds:
             seen = torch.zeros(vocab, dtype=torch.bool)
             gen = torch.Generator().manual_seed(seed)
-            _, info = pick(logits, SamplingParams(temperature=1.0), seen, gen, 10)
+            _, info = pick(logits, SamplingParams(temperature=1.0), RunState.from_seen(seen), gen, 10)
             i = info.token_id
             assert info.entropy == pytest.approx(-(p * p.log()).sum().item(), abs=1e-5)
             assert info.raw_prob == pytest.approx(p[i].item(), rel=1e-5)

@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 
+from inference.sampling.state import RunState
+
 from inference.errors import InputError
 from inference.sampling.params import SamplingParams
 from inference.sampling.stages import (TOP_P_FIRST, apply_min_p, apply_repetition_penalty, apply_temperature,
@@ -117,7 +119,7 @@ def test_final_distribution_sums_to_one_and_respects_all_filters():
     logits = torch.randn(1000, generator=g) * 2
     seen = torch.zeros(1000, dtype=torch.bool)
     params = SamplingParams(temperature=0.7, top_k=50, top_p=0.9, min_p=0.02, repetition_penalty=1.2)
-    probs = final_logits(logits, params, seen).softmax(-1)
+    probs = final_logits(logits, params, RunState.from_seen(seen)).softmax(-1)
     assert math.isclose(probs.sum().item(), 1.0, rel_tol=1e-5)
     assert 1 <= (probs > 0).sum().item() <= 50
 
@@ -143,8 +145,8 @@ def test_greedy_distribution_made_directly_is_the_stages_one_hot(penalty, filter
     seen = torch.zeros(300, dtype=torch.bool)
     seen[logits.topk(4).indices[:2]] = True  # the penalty can move the argmax
     params = SamplingParams(temperature=0.0, repetition_penalty=penalty, **filters)
-    expected = final_logits(logits, params, seen).softmax(dim=-1)
-    assert torch.equal(final_probs(logits, params, seen), expected)
+    expected = final_logits(logits, params, RunState.from_seen(seen)).softmax(dim=-1)
+    assert torch.equal(final_probs(logits, params, RunState.from_seen(seen)), expected)
     assert expected.max() == 1.0
 
 
@@ -161,7 +163,7 @@ def test_rows_picked_together_equal_rows_picked_alone():
               SamplingParams(temperature=1.0, top_k=5)]
 
     def rows():
-        return [RowSampling(p, seen, torch.Generator().manual_seed(i), 4) for i, p in enumerate(params)]
+        return [RowSampling(p, RunState.from_seen(seen), torch.Generator().manual_seed(i), 4) for i, p in enumerate(params)]
     together = pick_rows(logits, rows())
     alone = [pick_rows(logits[i:i + 1], [r])[0] for i, r in enumerate(rows())]
     assert together == alone

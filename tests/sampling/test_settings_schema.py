@@ -9,17 +9,21 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 import torch
 
+
 from inference.cli import _sampling_params, build_parser
 from inference.errors import NotAvailable
 from inference.remote import engine as remote_engine
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS, SETTINGS
 from inference.sampling.stages import STAGES, final_logits
+from inference.sampling.state import RunState
 from ui.controls import Controls, controls_from_query, sampling_params, share_url
 
 
 def off_default(s):
     """A value of the setting's range other than its default (and other than neutral)."""
+    if s.kind is str:
+        return s.example
     for v in (0.5, 0.9, 2, 3, 1.3, 0.05):
         v = s.kind(v)
         if v not in (s.default, s.neutral):
@@ -39,24 +43,33 @@ def test_sampling_params_has_one_field_per_setting_with_its_default():
 
 @pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
 def test_each_setting_is_checked_with_its_name(s):
-    bad = (s.maximum + 1) if s.maximum is not None else (s.minimum - 1)
+    bad = "@@nope" if s.kind is str else (s.maximum + 1) if s.maximum is not None else (s.minimum - 1)
     with pytest.raises(Exception, match=s.name):
         SamplingParams(**{s.name: s.kind(bad)})
+
+
+def moving(name):
+    """Settings that move stage `name` off neutral: its switch (and a DRY whose breakers miss)."""
+    s = BY_NAME[name]
+    return {name: off_default(s), **({"dry_sequence_breakers": '"@"'} if name == "dry_multiplier" else {})}
 
 
 @pytest.mark.parametrize("name", FILTER_SETTINGS)
 def test_each_stage_at_its_neutral_value_changes_nothing(name):
     """The neutral value is what remote.steps relies on to say the numbers are the model's own."""
-    s, (_, fn) = BY_NAME[name], STAGES[name]
-    logits = torch.randn(2, 257, generator=torch.Generator().manual_seed(0))
-    seen = torch.rand(2, 257, generator=torch.Generator().manual_seed(1)) < 0.3
-    assert torch.equal(fn(logits, s.neutral, seen), logits)
-    moved = fn(logits, off_default(s), seen)
+    _, fn = STAGES[name]
+    logits = torch.randn(257, generator=torch.Generator().manual_seed(0)) * 3
+    logits[:3] = torch.tensor([9.0, 8.8, 8.5])  # three likely tokens: XTC has top choices to cut
+    params = SamplingParams(**moving(name))
+    # A context with a repeat ending in its last token, generated tokens, μ and a coin that acts.
+    state = RunState.at(params, [1, 2, 3, 4, 5, 1, 2], [3, 4, 1, 2, 3], 257)
+    state.coin = 0.0 if state.coin is not None else None
+    assert torch.equal(fn(logits, SamplingParams(), state), logits)
+    moved = fn(logits, params, state)
     assert not torch.equal(moved, logits)  # and another value does change something
     # final_logits runs exactly the registered stages: one moved, the others neutral.
-    params = SamplingParams(**{name: off_default(s)})
     assert params.changed == (name,) and not params.plain
-    assert torch.equal(final_logits(logits, params, seen), moved)
+    assert torch.equal(final_logits(logits, params, state), moved)
 
 
 @pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
@@ -80,7 +93,8 @@ def test_a_servers_request_carries_each_setting_under_the_schemas_key():
     taken = [s for s in SETTINGS if s.server_key is not None]
     p = SamplingParams(**{s.name: off_default(s) for s in taken})
     body = remote_engine.server_settings(p, max_new_tokens=7)
-    assert body == {s.server_key: (7 if s.name == "max_new_tokens" else off_default(s)) for s in taken}
+    assert body == {s.server_key: (7 if s.name == "max_new_tokens" else s.server_form(off_default(s)) if s.server_form
+                                   else off_default(s)) for s in taken}
 
 
 def test_a_setting_no_server_takes_is_refused_unless_neutral(monkeypatch):

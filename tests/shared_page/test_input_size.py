@@ -12,6 +12,7 @@ from inference.errors import InputError
 from tiny_models import make_tiny_model
 from ui.controls import MAX_STOP_TEXT, Controls, parse_seed, parse_stop
 from ui.handlers import Handlers
+from ui.controls import shaping_values  # noqa: E402
 
 BIG = "fox " * 2_000_000  # 8 MB
 
@@ -105,7 +106,7 @@ def test_every_page_input_is_refused_cheaply(tiny_engine, no_tokenizing):
     for name, kw in cases.items():
         c = Controls(**{"prompt": "The quick", **kw})
         for call in (lambda: list(h.generate(*c.values(), req)),
-                     lambda: h.compare(*c.values(), *[1.0, 0, 1.0, 0.0, 1.0], req),
+                     lambda: h.compare(*c.values(), *shaping_values(), req),
                      lambda: h.share_link(*c.values(), "http://x/", req)):
             peak, err = peak_bytes(call)
             assert isinstance(err, gr.Error), (name, err)

@@ -17,6 +17,7 @@ from page_api import call, output
 from ui.controls import Controls
 from ui.handlers import Handlers
 from ui.public import RUN_GOING, UNREAD_REFUSALS, Limits, Sessions, served
+from ui.controls import shaping_values  # noqa: E402
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -119,7 +120,7 @@ def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_eng
         c = Controls(prompt="Another", max_new_tokens=5)
         for attempt in (lambda: list(h.generate(*c.values(), req("tab"))),
                         lambda: h.begin(*c.values(), req("tab")),
-                        lambda: h.compare(*c.values(), 1.0, 0, 1.0, 0.0, 1.0, req("tab"))):
+                        lambda: h.compare(*c.values(), *shaping_values(), req("tab"))):
             with pytest.raises(gr.Error) as e:
                 attempt()
             assert e.value.message == RUN_GOING

@@ -6,7 +6,8 @@ from __future__ import annotations
 import gradio as gr
 
 from inference.errors import TokenLabError
-from inference.sampling.settings import FILTER_SETTINGS
+from inference.sampling.replay import replay_state
+from inference.sampling.settings import SHAPING_SETTINGS
 from ui.base import PageBase, named_args, page_error, seed_or_random, step_index, takes_controls
 from ui.controls import Controls, sampling_params
 from ui.experiments import render
@@ -15,28 +16,34 @@ from ui.run_state import RunRecord, divergence
 
 
 class ExperimentHandlers(PageBase):
-    @named_args("rec", "step", *FILTER_SETTINGS)
+    @named_args("rec", "step", *SHAPING_SETTINGS)
     def replay_step(self, rec: RunRecord | None, step, *values, request: gr.Request = None) -> dict:
         """The step's sampling pipeline as it ran and under new settings (values: one per
-        settings.FILTER_SETTINGS), on the step's logits recomputed by one forward pass (kept
+        settings.SHAPING_SETTINGS), on the step's logits recomputed by one forward pass (kept
         for the next replay of the same step, so moving a replay control is cheap)."""
         if rec is None or not rec.steps:
             return {"replay_md": "Generate first, then pick a step to replay.", "replay_bars": ""}
         i = step_index(rec, step)
         ev = rec.steps[i]
         try:
-            new = sampling_params(self.defaults, None, **dict(zip(FILTER_SETTINGS, values)))
+            new = sampling_params(self.defaults, None, **dict(zip(SHAPING_SETTINGS, values)))
         except TokenLabError as e:
             return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
-        seen = rec.seen_before(i)
         with self._job(request):  # one forward pass, unless this step's logits are kept
             try:
                 logits = rec.logits_at(i, self.engine.step_logits)
             except TokenLabError as e:  # an engine without the whole logit vector
                 return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
-        ran, final_ran = self.engine.replay(logits, rec.params, seen, ev.token_id)
-        again, final_again = self.engine.replay(logits, new, seen, ev.token_id)
-        tok = self.engine.tokenizer
+        generated = [s.token_id for s in rec.steps[:i]]
+        vocab, tok = logits.shape[-1], self.engine.tokenizer
+        shown = set(rec.params.changed) | set(new.changed)
+        try:
+            states = [replay_state(p, rec.params, rec.prompt_ids, generated, vocab, rec.seed or 0,
+                                   ev.sampler_state, tok) for p in (rec.params, new)]
+            ran, final_ran = self.engine.replay(logits, rec.params, states[0], ev.token_id, shown)
+            again, final_again = self.engine.replay(logits, new, states[1], ev.token_id, shown)
+        except TokenLabError as e:
+            return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
         return {"replay_md": (f"**Step {i}**, every token of the vocabulary through each stage; the step's "
                               "logits recomputed by one forward pass over its context.\n\n"
                               + render.stages_table(ran, again, tok, ev.token_id)),
@@ -47,12 +54,12 @@ class ExperimentHandlers(PageBase):
             rec.add(ev)
         return rec
 
-    @takes_controls(*(f"{name}_b" for name in FILTER_SETTINGS))
+    @takes_controls(*(f"{name}_b" for name in SHAPING_SETTINGS))
     def compare(self, c: Controls, *b_values, request: gr.Request = None) -> dict:
         """Run A (the page's settings) and B (the compare settings) with the same prompt and seed."""
         try:
             chosen = seed_or_random(c.seed)
-            ra, rb = self._prepare(c, chosen), self._prepare(c, chosen, **dict(zip(FILTER_SETTINGS, b_values)))
+            ra, rb = self._prepare(c, chosen), self._prepare(c, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
             with self._job(request) as cancel:
                 ra, rb = self._collect(ra, cancel), self._collect(rb, cancel)
         except TokenLabError as e:

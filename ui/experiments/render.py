@@ -41,8 +41,11 @@ def stages_table(original, replayed, tokenizer, chosen: int) -> str:
     def rank(st):
         return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {prob_html(st.chosen_prob)}"
 
-    for a, b in zip(original, replayed):
-        lines.append(f"| {a.name} | {a.kept:,} | {fmt_p(a.mass_removed)} | {rank(a)} | {b.kept:,} | "
+    ran = {st.key: st for st in original}  # rows in the replay's order, matched by stage
+    for b in replayed:
+        a = ran.get(b.key, b)
+        note = f" ({b.note})" if b.note else ""
+        lines.append(f"| {b.name}{note} | {a.kept:,} | {fmt_p(a.mass_removed)} | {rank(a)} | {b.kept:,} | "
                      f"{fmt_p(b.mass_removed)} | {rank(b)} |")
     return "\n".join(lines)
 

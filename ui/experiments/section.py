@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
+from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
 from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, run_chart_frames
 from ui.format import COMPARE_COLOR_MAP, step_axis
@@ -39,17 +39,30 @@ def build(page, h: Handlers) -> None:
                     "logits, no sampling. The controls start at the run's settings and the replay "
                     "follows them as they move.", visible=internals)
         with gr.Row(visible=internals):
-            for n in FILTER_SETTINGS:
-                add(f"replay_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "Replay ", "replay-"))
+            for n in SHAPING_SETTINGS:
+                if BY_NAME[n].group == "main":
+                    add(f"replay_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "Replay ", "replay-"))
+        with gr.Accordion("More replay settings", open=False, visible=internals, elem_id="replay-more"):
+            with gr.Row():
+                for n in SHAPING_SETTINGS:
+                    if BY_NAME[n].group != "main":
+                        add(f"replay_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "Replay ", "replay-"))
         add("replay_button", gr.Button("Replay the selected step", elem_id="replay" if internals else None,
                                        visible=internals))
         add("replay_md", gr.Markdown("", elem_id="replay-stages", visible=internals))
         add("replay_bars", gr.HTML("", elem_id="replay-bars", visible=internals))
         gr.Markdown("**Compare A/B**: A uses the settings above, B these; same prompt, same seed.")
         with gr.Row():
-            for n in FILTER_SETTINGS:
-                add(f"b_{n}", setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), h.context, "B ", "b-",
-                                              available=n in h.caps.settings))
+            for n in SHAPING_SETTINGS:
+                if BY_NAME[n].group == "main":
+                    add(f"b_{n}", setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), h.context, "B ", "b-",
+                                                  available=n in h.caps.settings))
+        with gr.Accordion("More B settings", open=False, elem_id="b-more"):
+            with gr.Row():
+                for n in SHAPING_SETTINGS:
+                    if BY_NAME[n].group != "main":
+                        add(f"b_{n}", setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), h.context, "B ",
+                                                      "b-", available=n in h.caps.settings))
         add("compare_button", gr.Button("Run A and B", elem_id="compare"))
         add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
         with gr.Row():
@@ -70,7 +83,7 @@ def build(page, h: Handlers) -> None:
 
 
 def wire(page, h: Handlers) -> None:
-    replay_inputs = [f"replay_{n}" for n in FILTER_SETTINGS]
+    replay_inputs = [f"replay_{n}" for n in SHAPING_SETTINGS]
     if h.caps.internals:
         # The replay follows its controls (a typed value, a drag, arrow keys); one forward pass
         # per step, kept, so that moving them is cheap.
@@ -78,9 +91,11 @@ def wire(page, h: Handlers) -> None:
                     api_visibility="private", concurrency_id=ENGINE, show_progress="hidden")
         page.on(page["replay_button"].click, h.replay_step, **args)
         triggers = [e for n in replay_inputs for e in ((page[n].input, page[n].release)
-                                                      if isinstance(page[n], gr.Slider) else (page[n].input,))]
+                                                      if isinstance(page[n], gr.Slider) else
+                                                      (page[n].submit, page[n].blur) if isinstance(page[n], gr.Textbox) else
+                                                      (page[n].input,))]
         page.on(lambda fn, **kw: gr.on(triggers, fn, trigger_mode="always_last", **kw), h.replay_step, **args)
-    page.on(page["compare_button"].click, h.compare, inputs=(*NAMES, *(f"b_{n}" for n in FILTER_SETTINGS)),
+    page.on(page["compare_button"].click, h.compare, inputs=(*NAMES, *(f"b_{n}" for n in SHAPING_SETTINGS)),
             outputs=("out_a", "out_b", "compare_md", "bars_a", "bars_b"), api_name="compare",
             concurrency_id=ENGINE)
     page.on(page["x_button"].click, h.likelihood, inputs=("record", "step", "x_text"), outputs=("x_md",),

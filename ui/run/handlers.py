@@ -15,7 +15,7 @@ from typing import Iterator
 import gradio as gr
 
 from inference.errors import TokenLabError, shown
-from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
+from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.base import PageBase, page_error, seed_or_random, session_of, step_index, takes_controls, who
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
@@ -208,7 +208,7 @@ class RunHandlers(PageBase):
                "kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
                "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
                "run_chart": run_chart, "rank_chart": rank_chart,
-               **{f"replay_{name}": getattr(rec.params, name) for name in FILTER_SETTINGS},
+               **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
                "tokens": render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids,
                                                 [s.token_id for s in rec.steps]),
                "downloads": render.downloads_html(

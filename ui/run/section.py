@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
+from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, SHAPING_SETTINGS
 from ui import chat, share
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
@@ -39,10 +39,12 @@ OUTPUT_CAPTION_RAW = ("Generated text, coloured by the probability each token wa
                       "server's numbers give it (greedy, or temperature 1 with no filter), else the model's own "
                       "probability: hover or tap a token for its alternatives; click it to inspect its step.")
 # What each run event reads: the controls, and in chat mode the conversation it continues.
+ORDER_NOTE = ("Stages run in this order unless *Sampler order* lists some first: "
+              + " → ".join(f"`{n}`" for n in DEFAULT_ORDER) + ".")
 RUN_INPUTS = (*NAMES, "history")
 # after_run's outputs (it returns only those it changes).
 AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop_button", "kv_chart", "latency", "step", "run_chart",
-                 "rank_chart", *(f"replay_{n}" for n in FILTER_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
+                 "rank_chart", *(f"replay_{n}" for n in SHAPING_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
                  "prompt", "status")
 BEGIN_OUTPUTS = ("prompt_view", "tokens", "kv_chart", "latency", "live", "generate", "regenerate",
                  "stop_button", "step", "status", "output", "bars", "stats", "notice", *STALE_PANELS,
@@ -98,8 +100,10 @@ def build(page, h: Handlers, limits_md: str) -> None:
                                                     available=s.name in h.caps.settings))
                 add("seed", gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed"))
                 more = [s for s in BY_NAME.values() if s.group == "more"]
-                with add("more", gr.Accordion(f"More settings: {', '.join(s.label.lower() for s in more)}, "
+                with add("more", gr.Accordion("More settings: min-p, penalties, logit bias, typical-p, cutoffs, "
+                                              "top-nσ, dynamic temperature, XTC, DRY, Mirostat, sampler order, "
                                               "stop strings", open=False, elem_id="more-settings")):
+                    gr.Markdown(ORDER_NOTE, elem_id="default-order")
                     for s in more:
                         add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
                                                     available=s.name in h.caps.settings))
