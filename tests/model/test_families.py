@@ -11,6 +11,7 @@ import torch
 
 from inference.events import StepEvent
 from inference.sampling.params import SamplingParams
+from inference.sampling.state import RunState
 from inference.serving.engine import Engine
 from tiny_families import FAMILIES, make_family_model, make_gemma3_multimodal
 
@@ -137,5 +138,6 @@ def test_inside_one_token_and_the_lens_run(checkpoints, name):
         assert [i for i, _ in last] == cap.probs.topk(len(last)).indices.tolist()
         assert max(abs(p - cap.probs[i].item()) for i, p in last) < 1e-6
         logits = engine.step_logits(ids)
-        stages, final = engine.replay(logits, SamplingParams(temperature=0.8, top_k=20), ids, int(logits.argmax()))
+        params = SamplingParams(temperature=0.8, top_k=20)
+        stages, final = engine.replay(logits, params, RunState.at(params, ids, [], len(logits)), int(logits.argmax()))
         assert stages and abs(final.sum().item() - 1) < 1e-5
