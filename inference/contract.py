@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from inference.model.config import ModelConfig
     from inference.sampling.replay import StageStat
     from inference.sampling.params import SamplingParams
+    from inference.sampling.state import RunState
 
 
 @dataclass(frozen=True)
@@ -107,8 +108,8 @@ class Engine(Protocol):
     # -- what needs the model's insides (capabilities.internals)
     def step_logits(self, context_ids: list[int]) -> "torch.Tensor": ...
 
-    def replay(self, logits: "torch.Tensor", params: "SamplingParams", seen_ids: list[int],
-               chosen: int) -> "tuple[list[StageStat], torch.Tensor]": ...
+    def replay(self, logits: "torch.Tensor", params: "SamplingParams", state: "RunState",
+               chosen: int, shown=None) -> "tuple[list[StageStat], torch.Tensor]": ...
 
     def capture(self, context_ids: list[int], layer: int) -> "StepCapture": ...
 
