@@ -44,7 +44,13 @@ CAP_TOKENS, SESSIONS = 40, 4  # the page's limits: new tokens a run, sessions a 
 # Visitors' addresses as a share tunnel forwards them; the hostile visitor has two.
 GOOD, BAD, BAD2 = "198.51.100.10", "203.0.113.66", "203.0.113.67"
 # /generate's inputs, in the order the page passes them (from the settings schema).
-GOOD_ARGS = Controls(prompt="The quick", temperature=0.0, max_new_tokens=20, seed="5").values()
+GOOD_SETTINGS = dict(prompt="The quick", temperature=0.0, max_new_tokens=20, seed="5")
+GOOD_ARGS = Controls(**GOOD_SETTINGS).values()
+
+
+def args(**kw) -> list:
+    """/generate's positional values: the good user's settings with `kw` replacing some, by name."""
+    return Controls(**{**GOOD_SETTINGS, **kw}).values()
 BIG_PROMPT = "fox " * 2_000_000  # 8 MB
 # The visitor's requests, by kind, every one made whatever the speed of either side.
 VISITOR_REQUESTS = {"long": 13, "generate/stop": 25, "too many tokens": 25, "upload": 8, "file": 8,
@@ -89,7 +95,7 @@ def oversized(url, log):
         for _ in range(VISITOR_REQUESTS["8mb"]):
             t = time.perf_counter()
             try:
-                client.predict(BIG_PROMPT, *GOOD_ARGS[1:], api_name="/generate")
+                client.predict(*args(prompt=BIG_PROMPT), api_name="/generate")
                 log.append(["8mb", "accepted", time.perf_counter() - t])
             except Exception as e:  # noqa: BLE001 - the refusal is the point
                 log.append(["8mb", str(e), time.perf_counter() - t])
@@ -123,7 +129,7 @@ def generate_stop(url, log):
     client = _client(url, BAD)
     try:
         for i in range(VISITOR_REQUESTS["generate/stop"]):
-            job = client.submit(f"Spam {i}", *GOOD_ARGS[1:8], CAP_TOKENS, "", "", api_name="/generate")
+            job = client.submit(*args(prompt=f"Spam {i}", max_new_tokens=CAP_TOKENS, seed=""), api_name="/generate")
             time.sleep(0.05 * (i % 4))  # Stop at once, or a little later
             client.predict(api_name="/stop")
             try:
@@ -132,7 +138,7 @@ def generate_stop(url, log):
             except Exception as e:  # noqa: BLE001
                 log.append(["generate/stop", str(e)])
             try:
-                client.predict(*GOOD_ARGS[:8], 10_000, "", "", api_name="/generate")
+                client.predict(*args(max_new_tokens=10_000, seed=""), api_name="/generate")
                 log.append(["too many tokens", "accepted"])
             except Exception as e:  # noqa: BLE001
                 log.append(["too many tokens", str(e)])
@@ -146,7 +152,7 @@ def long_runs(url, log, count):
     try:
         for i in range(count):
             try:
-                client.predict(f"Long {i}", *GOOD_ARGS[1:8], CAP_TOKENS, "", "", api_name="/generate")
+                client.predict(*args(prompt=f"Long {i}", max_new_tokens=CAP_TOKENS, seed=""), api_name="/generate")
                 log.append(["long", "ran"])
             except Exception as e:  # noqa: BLE001
                 log.append(["long", str(e)])
@@ -253,7 +259,7 @@ def measure(url: str, server_pid: int, runs: int, work: Path) -> dict:
         for name, prompt in (("empty", ""), ("8 MB", BIG_PROMPT)) * 2:
             before = cpu_s(server_pid)
             try:
-                other.predict(prompt, *GOOD_ARGS[1:], api_name="/generate")
+                other.predict(*args(prompt=prompt), api_name="/generate")
                 raise RuntimeError(f"the {name} prompt was not refused")
             except Exception as e:  # noqa: BLE001 - the refusal is what is timed
                 if "not refused" in str(e):

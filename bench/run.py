@@ -28,6 +28,7 @@ from inference.serving.engine import Engine  # noqa: E402
 from inference.model.anatomy import decode_cost  # noqa: E402
 from inference.cli import add_model_args  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
+from inference.sampling.state import RunState  # noqa: E402
 from inference.serving.step_stats import pick  # noqa: E402
 
 FILLER = ("The history of computing is a story of people who wanted to calculate faster. "

@@ -19,6 +19,7 @@ import pytest
 from conftest import no_early_end
 from engine_hold import wait_until
 from fake_server import MODELS, FakeServer, chunk
+import page_api
 from inference.cli import main
 from inference.errors import EngineClosed
 from inference.events import DoneEvent, StepEvent, WaitEvent
@@ -228,7 +229,7 @@ def test_the_page_stops_on_sigterm_with_a_run_streaming(tiny_dirs, tmp_path):
         try:
             wait_until(lambda: "is running on" in out.read_text() or proc.poll() is not None, "the page to serve")
             client = gradio_client.Client(f"http://127.0.0.1:{port}/", verbose=False)
-            client.submit("The quick", "completion", "", 0.0, 0, 1.0, 0.0, 1.0, 50, "5", "", api_name="/generate")
+            client.submit(*page_api.call(max_new_tokens=50), api_name="/generate")
             wait_until(mark.exists, "the visitor's run held before its third token")
             proc.send_signal(signal.SIGTERM)
             code = proc.wait(60)

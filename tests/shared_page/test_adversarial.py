@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.adversarial import (BIG_PROMPT, CAP_TOKENS, GOOD, GOOD_ARGS, SESSIONS, VISITOR_REQUESTS,
+from bench.adversarial import (BIG_PROMPT, CAP_TOKENS, args, GOOD, GOOD_SETTINGS, SESSIONS, VISITOR_REQUESTS,
                                good_run, start_visitor, visitor_log)
 from test_offline import free_port, wait_until_served
 
@@ -74,13 +74,13 @@ def test_a_hostile_visitor_does_not_hurt_a_well_behaved_one(tiny_dirs, tmp_path)
         alone = [good_run(good) for _ in range(4)]
         texts = {text for _, text in alone}
         assert len(texts) == 1 and next(iter(texts)), texts
-        assert tokenized().count(len(GOOD_ARGS[0])) >= 5  # the log works: each run's prompt is in it
+        assert tokenized().count(len(GOOD_SETTINGS["prompt"])) >= 5  # the log works: each run's prompt is in it
         # A refused 8 MB prompt is refused by its length: the tokenizer is never given it.
         other = gradio_client.Client(url, verbose=False, headers={"X-Forwarded-For": "192.0.2.9"})
         for prompt in ("", BIG_PROMPT, "", BIG_PROMPT):
             before = tokenized()
             with pytest.raises(Exception, match="empty|characters but the context window is"):
-                other.predict(prompt, *GOOD_ARGS[1:], api_name="/generate")
+                other.predict(*args(prompt=prompt), api_name="/generate")
             assert tokenized() == before, len(prompt)
         other.close()
         rss_before = rss_mib(proc.pid)

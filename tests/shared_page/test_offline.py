@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
+from page_api import call
 
 LOCAL = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
 
@@ -46,7 +46,7 @@ def test_app_makes_no_outside_lookup(tiny_dirs, tmp_path):
     try:
         wait_until_served(proc, port)
         client = Client(f"http://127.0.0.1:{port}/", verbose=False)
-        result = client.predict("The quick brown fox", "completion", "", 0.0, 0, 1.0, 0.0, 1.0, 5, "1", "",
+        result = client.predict(*call(prompt="The quick brown fox", max_new_tokens=5, seed="1"),
                                 api_name="/generate")
         assert len(result[0]) >= 1  # one generated token at least
     finally:
