@@ -131,3 +131,17 @@ def test_generation_config_supplies_defaults(tiny_dirs, capsys, tmp_path):
         assert main(["generate", "--model", str(d), "--prompt", "The quick", "--max-new-tokens", "12"]) == 0
         runs.append(capsys.readouterr().out)
     assert runs[0] == runs[1]
+
+
+def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_dirs):
+    """`generate --jsonl | head -1`: the run's later lines fill the pipe (far more than its
+    buffer holds), so the write after the reader closes it fails for certain; the CLI stops
+    without a traceback and exits as a tool ended by SIGPIPE (141)."""
+    proc = subprocess.Popen([sys.executable, "-m", "inference", "generate", "--model", str(tiny_dirs["mha"]),
+                             "--prompt", "The quick", "--max-new-tokens", "200", "--top", "50", "--jsonl"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    first = json.loads(proc.stdout.readline())
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141, err
+    assert first["step"] == 0 and "Traceback" not in err and "Exception ignored" not in err
