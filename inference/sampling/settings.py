@@ -140,14 +140,15 @@ def parse_logit_bias(text: str) -> tuple[tuple[int | str, float], ...]:
 @lru_cache(maxsize=256)
 def decode_logit_bias(text: str, tokenizer=None) -> tuple[tuple[int, float], ...]:
     """'ID:BIAS "text":BIAS' -> ((id, bias), ...): a text biases each token the tokenizer
-    encodes it to (without BOS). A later entry for the same id replaces an earlier one. A bias
+    encodes it to as text that continues the output (no BOS, no sentencepiece dummy-prefix
+    space: " Paris" is the token "▁Paris"). A later entry for the same id replaces an earlier one. A bias
     of -100 or less bans the token. Text needs the model's tokenizer (an InputError without one)."""
     out: dict[int, float] = {}
     for key, value in parse_logit_bias(text.strip()):
         if isinstance(key, str):
             if tokenizer is None:
                 raise InputError(f"logit_bias text {shown(key)} needs the model's tokenizer; write token ids (ID:BIAS)")
-            ids = tokenizer.encode(key, add_bos=False)
+            ids = tokenizer.encode_continuation(key)
             if not ids:
                 raise InputError(f"logit_bias text {shown(key)} encodes to no token")
             out.update((i, value) for i in ids)

@@ -1,11 +1,13 @@
 """The page's handlers called directly, as plain functions, on a tiny model."""
 
+import json
 import threading
 from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
+from inference.sampling.settings import decode_logit_bias
 from ui.controls import Controls, controls_from_query, parse_stop, share_url
 from ui.handlers import RUN_OUTPUTS, Handlers
 import ui.format as formatting
@@ -113,6 +115,32 @@ def test_select_step_and_token(handlers):
     picked = handlers.select_token(rec, SimpleNamespace(index=4))
     bars, slider = picked["bars"], picked["step"]
     assert "Step 4" in bars and slider["value"] == 4
+
+
+def test_the_bars_tag_the_tokens_the_logit_bias_moved_or_banned(handlers, tiny_engine):
+    """A run's logit bias (ids and text alike) tags its candidates in the bars: "banned" at -100
+    or less, "bias +2" otherwise; the others carry no tag."""
+    import re
+    free = run(handlers)[-1]["record"]
+    tok = tiny_engine.tokenizer
+    # Greedy's candidates at step 0: ban one written as its text, lift another by its id.
+    first = [c for c in free.steps[0].top if tok.encode_continuation(tok.decode([c.id])) == [c.id]]
+    piece = tok.decode([first[0].id])
+    text_ids = {i for i, _ in decode_logit_bias(json.dumps(piece) + ":0", tok)}
+    assert text_ids == {first[0].id}
+    updates = run(handlers, logit_bias=f"{json.dumps(piece)}:-100 {first[1].id}:2")
+    rec = updates[-1]["record"]
+    for html_bars in (updates[-1]["bars"], handlers.select_step(rec, 0), handlers.select_token(rec, SimpleNamespace(index=0))["bars"]):
+        rows = re.findall(r"<div class='tl-row(?! tl-head)[^']*'>(.*?)</div>", html_bars)
+        assert len(rows) >= 5
+        for row in rows:
+            tid = int(re.search(r"title='id (\d+)'", row).group(1))
+            tag = re.findall(r"<span class='tl-mark[^']*'[^>]*>([^<]*)</span>", row)
+            assert tag == (["bias +2"] if tid == first[1].id else ["banned"] if tid in text_ids else []), row
+    assert rec.steps[0].token_id != first[0].id  # a banned token is never chosen
+    assert {first[0].id, first[1].id} <= {c.id for c in rec.steps[0].top}  # both tagged above
+    assert rec.bias == {**{i: -100.0 for i in text_ids}, first[1].id: 2.0}
+    assert "tl-mark" not in handlers.select_step(free, 0)  # a run without a bias: no tags
 
 
 def test_stop_ends_the_sessions_run(handlers, hold):

@@ -94,13 +94,14 @@ def test_logit_bias_adds_and_bans():
 
 
 def test_logit_bias_text_biases_each_token_the_tokenizer_encodes(tiny_engine):
-    """'"text":BIAS' biases each token of the text as the engine's own tokenizer encodes it
-    (no BOS); ids and text mix, a later entry for an id replaces an earlier one."""
+    """'"text":BIAS' biases each token of the text as the engine's own tokenizer encodes text
+    that continues the output (no BOS, no dummy-prefix space); ids and text mix, a later entry
+    for an id replaces an earlier one."""
     tok = tiny_engine.tokenizer
-    ids = tok.encode(" Paris is", add_bos=False)
+    ids = tok.encode_continuation(" Paris is")
     assert len(ids) >= 2 and tok.bos_id not in ids
     assert decode_logit_bias('" Paris is":-100', tok) == tuple((i, -100.0) for i in dict.fromkeys(ids))
-    quoted = tok.encode('say "hi"\n', add_bos=False)  # JSON escapes inside the quotes
+    quoted = tok.encode_continuation('say "hi"\n')  # JSON escapes inside the quotes
     assert decode_logit_bias('5:1.5, "say \\"hi\\"\\n":2', tok) == ((5, 1.5), *((i, 2.0) for i in dict.fromkeys(quoted) if i != 5))
     assert dict(decode_logit_bias(f'" Paris is":3 {ids[0]}:-1', tok))[ids[0]] == -1.0
     # The syntax is checked without a tokenizer; resolving text needs one: one-line messages.
