@@ -173,6 +173,31 @@ def test_share_link_round_trips_through_the_query(handlers):
     assert [values[n] for n in NAMES] == c.values() and values["notice"] == ""
 
 
+def test_the_sampler_order_round_trips_through_the_link_and_its_view_shows_it(handlers):
+    """The order a user writes travels in the share link and comes back; the order view lists
+    every stage in the order it will run, those listed first, the ones turned on marked."""
+    import re
+    from urllib.parse import parse_qsl, urlsplit
+    from inference.sampling.settings import DEFAULT_ORDER, SHAPING_SETTINGS
+    from ui.controls import NAMES
+    c = Controls(prompt="hi", top_k=40, xtc_probability=0.5, logit_bias='" Paris":-100 7:2',
+                 sampler_order="xtc_probability, top_k")
+    query = dict(parse_qsl(urlsplit(handlers.share_link(*c.values(), "http://host/")).query))
+    assert query["sampler_order"] == "xtc_probability, top_k" and query["logit_bias"] == '" Paris":-100 7:2'
+    values = handlers.restore(SimpleNamespace(query_params=query))
+    assert [values[n] for n in NAMES] == c.values()
+    view = handlers.order_view(*(values[n] for n in SHAPING_SETTINGS))
+    stages = re.findall(r"<li class='([^']*)'[^>]*><code>(\w+)</code>", view)
+    assert [n for _, n in stages] == ["xtc_probability", "top_k", *(n for n in DEFAULT_ORDER if n not in ("xtc_probability", "top_k"))]
+    on = {n for cls, n in stages if "tl-on" in cls}
+    assert on == {"xtc_probability", "top_k", "logit_bias"}
+    assert {n for cls, n in stages if "tl-listed" in cls} == {"xtc_probability", "top_k"}
+    bad = handlers.order_view(*(values[n] if n != "sampler_order" else "top_k,nope" for n in SHAPING_SETTINGS))
+    error = re.search(r"<div class='tl-order-error'>(.*?)</div>", bad).group(1)
+    assert "sampler_order" in error and "nope" in error and "\n" not in error
+    assert [n for _, n in re.findall(r"<li class='([^']*)'[^>]*><code>(\w+)</code>", bad)] == list(DEFAULT_ORDER)
+
+
 def test_bad_query_values_are_named_not_dropped():
     c, problems = controls_from_query({"temperature": "nan", "top_k": "x", "mode": "poetry", "bogus": "1",
                                        "seed": "-5", "prompt": "hi"})

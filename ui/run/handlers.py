@@ -16,7 +16,7 @@ import gradio as gr
 
 from inference.errors import TokenLabError, shown
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
-from ui.base import PageBase, page_error, seed_or_random, session_of, step_index, takes_controls, who
+from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls, who
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
 from ui.experiments.render import run_chart_frames
@@ -274,6 +274,17 @@ class RunHandlers(PageBase):
         except TokenLabError:
             max_new = None
         return render.context_text(len(ids), None, max_new, self.context)
+
+    # -------------------------------------------------------- the sampler order
+
+    @named_args(*SHAPING_SETTINGS)
+    def order_view(self, *values, request: gr.Request = None) -> str:
+        """The order the page's settings would run their stages in, the ones they turn on
+        marked; a setting that cannot be read is named in one line."""
+        try:
+            return render.order_html(sampling_params(self.defaults, None, **dict(zip(SHAPING_SETTINGS, values))))
+        except TokenLabError as e:
+            return render.order_html(None, str(e))
 
     # -------------------------------------------------------- selecting a step after the run
 
