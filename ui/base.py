@@ -155,5 +155,6 @@ class PageBase:
         finally:
             self.registry.finish(session, cancel)
 
-    def _bars(self, step, title: str = "") -> str:
-        return bars_html(step, title, self.bars_note)
+    def _bars(self, step, title: str = "", rec=None) -> str:
+        """A step's bars; `rec` (the run) tags the candidates its logit bias moved."""
+        return bars_html(step, title, self.bars_note, rec.bias if rec is not None else None)

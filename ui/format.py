@@ -8,6 +8,7 @@ import math
 
 from inference.device import dtype_name
 from inference.events import DoneEvent, StepEvent
+from inference.sampling.penalties import BAN
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
 BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
@@ -94,17 +95,28 @@ def bucket_class(p: float | None) -> str:
     return f"tl-b{next(i for i, (threshold, _) in enumerate(BUCKETS) if p >= threshold)}"
 
 
-def _bar(kind: str, p: float | None) -> str:
+def _bar(kind: str, p: float | None, mark: str = "") -> str:
     width = 100 * p if known(p) else 0.0
-    return (f"<span class='tl-bar'><span class='{kind}' style='width:{width:.2f}%'></span></span>"
+    return (f"<span class='tl-bar'><span class='{kind}' style='width:{width:.2f}%'></span>{mark}</span>"
             f"<span class='tl-num'>{prob_html(p)}</span>")
 
 
-def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
+def bias_mark(bias: float | None) -> str:
+    """The tag on a candidate's final bar that says why it moved: "banned", "bias +2"."""
+    if bias is None:
+        return ""
+    if bias <= BAN:
+        return "<span class='tl-mark tl-banned' title='logit bias: banned'>banned</span>"
+    return f"<span class='tl-mark' title='logit bias added to its logit'>bias {bias:+g}</span>"
+
+
+def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
+              bias: dict[int, float] | None = None) -> str:
     """Horizontal bars: raw model probability and final sampling probability per candidate;
     `approx` says how approximate the numbers are, or where they come from (empty when they are
     the model's). A column the engine cannot give (in front of a server) says so in its header
-    and shows dashes, never zeros."""
+    and shows dashes, never zeros. `bias` (token id -> logit bias) tags the candidates the
+    run's logit bias moved or banned."""
     if step is None:
         return "<div class='tl-bars tl-empty'>Generate to see each step's candidates.</div>"
     rows = []
@@ -114,7 +126,7 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "") -> str:
         rows.append(
             f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
             f"<span class='tl-tok' title='id {c.id}'>{'▶ ' if chosen else ''}{label}</span>"
-            f"{_bar('tl-raw', c.raw_prob)}{_bar('tl-final', c.prob)}</div>")
+            f"{_bar('tl-raw', c.raw_prob)}{_bar('tl-final', c.prob, bias_mark((bias or {}).get(c.id)))}</div>")
     missing = " (not given by the server)"
     raw_head = "raw model probability" + ("" if any(known(c.raw_prob) for c in step.top) else missing)
     final_head = "final (sampled from)" + ("" if any(known(c.prob) for c in step.top) else missing)

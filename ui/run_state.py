@@ -20,6 +20,7 @@ class RunRecord:
     done: DoneEvent | None = None
     seed: int | None = None
     params: object = None  # the SamplingParams the run used
+    bias: dict = field(default_factory=dict)  # token id -> its logit bias in this run (text encoded)
     mode: str = "completion"
     user_message: str = ""  # the prompt as typed (in chat mode: the new user message)
     system: str = ""

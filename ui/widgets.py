@@ -43,7 +43,7 @@ def setting_control(s: Setting, value, context: int, label_prefix: str = "", ele
     if s.control == "number":
         return gr.Number(value, label=f"{label} ({s.off} = {'off' if s.neutral is not None else 'default'})", precision=None, info=info,
                          elem_id=elem_id, visible=visible, interactive=None if available else False)
-    lo = s.step if s.min_open else s.minimum
+    lo = s.minimum + s.step if s.min_open else s.minimum  # an open minimum: the first step above it
     hi = s.maximum if s.maximum is not None else context - 1
     cap = limits.max_new_tokens if limits is not None and s.name == "max_new_tokens" else None
     if cap is not None:

@@ -224,7 +224,7 @@ class RemoteEngine:
                              f"{self.max_seq_len}")
         capped = max_new < params.max_new_tokens
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
-        body = {"model": self.name, "prompt": list(ids), **server_settings(params, max_new_tokens=max_new),
+        body = {"model": self.name, "prompt": list(ids), **server_settings(params, self.tokenizer, max_new_tokens=max_new),
                 "stream": True, "seed": seed, "stop": list(params.stop),
                 # Token ids, not strings: two tokens may spell the same text.
                 "return_token_ids": True, "return_tokens_as_token_ids": True,
@@ -330,7 +330,7 @@ class RemoteEngine:
 
 # ---------------------------------------------------------------- helpers
 
-def server_settings(params, **given) -> dict:
+def server_settings(params, tokenizer=None, **given) -> dict:
     """The request's sampling fields, each under the key the schema gives for a server (values
     in `given` by setting name replace the run's). A setting no server takes is refused unless
     it asks for nothing (its neutral value, or its default for the order and for the parameters
@@ -341,7 +341,7 @@ def server_settings(params, **given) -> dict:
         value = values[s.name]
         if s.server_key is not None:
             if s.kind is not str or value != s.off:
-                out[s.server_key] = s.server_form(value) if s.server_form else value
+                out[s.server_key] = s.server_form(value, tokenizer) if s.server_form else value
         elif value != s.off and not (s.part_of and values[s.part_of] == BY_NAME[s.part_of].neutral):
             raise NotAvailable(f"{s.label.lower()} is not available in front of a model server ({s.flag})")
     return out

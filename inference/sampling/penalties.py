@@ -80,7 +80,7 @@ def apply_dry(logits: torch.Tensor, penalties: dict[int, float]) -> torch.Tensor
 
 @stage("logit_bias")
 def _logit_bias(logits, p, state):
-    return apply_logit_bias(logits, decode_logit_bias(p.logit_bias.strip()))
+    return apply_logit_bias(logits, decode_logit_bias(p.logit_bias.strip(), state and state.tokenizer))
 
 
 @stage("repetition_penalty")

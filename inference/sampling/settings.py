@@ -106,20 +106,54 @@ def _items(text: str) -> list[str]:
     return [t for t in re.split(r"[\s,]+", text) if t]
 
 
+_BIAS_ITEM = re.compile(r'(?:"((?:[^"\\]|\\.)*)"|([^\s,:"]+))\s*:\s*([^\s,]*)')
+_SEPARATORS = re.compile(r"[\s,]*")
+_BIAS_HINT = 'logit_bias entries are ID:BIAS or "text":BIAS (e.g. 15043:-100, " Paris":2)'
+
+
 @lru_cache(maxsize=256)
-def decode_logit_bias(text: str) -> tuple[tuple[int, float], ...]:
-    """'ID:BIAS ID:BIAS' (commas or spaces between) -> ((id, bias), ...); a later entry for the
-    same id replaces an earlier one. A bias of -100 or less bans the token."""
-    out: dict[int, float] = {}
-    for item in _items(text):
-        tid, sep, bias = item.partition(":")
+def parse_logit_bias(text: str) -> tuple[tuple[int | str, float], ...]:
+    """'ID:BIAS "text":BIAS ...' (commas or spaces between) -> ((id or text, bias), ...): the
+    syntax alone, no tokenizer needed. A text is a JSON string ("\\n", "\\"" inside)."""
+    out, at = [], 0
+    while True:
+        at = _SEPARATORS.match(text, at).end()
+        if at == len(text):
+            return tuple(out)
+        m = _BIAS_ITEM.match(text, at)
+        if m is None:
+            bad = text[at:].split()[0]
+            raise InputError(f"{_BIAS_HINT}, got {shown(bad)}")
+        piece, tid, bias = m.groups()
         try:
-            tid, value = int(tid), float(bias)
+            value = float(bias)
+            key = json.loads(f'"{piece}"') if piece is not None else int(tid)
         except ValueError:
-            raise InputError(f"logit_bias entries are ID:BIAS (e.g. 15043:-100), got {shown(item)}") from None
-        if not sep or tid < 0 or not math.isfinite(value):
-            raise InputError(f"logit_bias entries are ID:BIAS with a token id >= 0 and a finite bias, got {shown(item)}")
-        out[tid] = value
+            raise InputError(f"{_BIAS_HINT}, got {shown(m.group(0))}") from None
+        if not math.isfinite(value) or key == "" or (isinstance(key, int) and key < 0):
+            raise InputError(f"{_BIAS_HINT}, with a token id >= 0, a non-empty text and a finite "
+                             f"bias, got {shown(m.group(0))}")
+        out.append((key, value))
+        at = m.end()
+
+
+@lru_cache(maxsize=256)
+def decode_logit_bias(text: str, tokenizer=None) -> tuple[tuple[int, float], ...]:
+    """'ID:BIAS "text":BIAS' -> ((id, bias), ...): a text biases each token the tokenizer
+    encodes it to as text that continues the output (no BOS, no sentencepiece dummy-prefix
+    space: " Paris" is the token "▁Paris"). A later entry for the same id replaces an earlier one. A bias
+    of -100 or less bans the token. Text needs the model's tokenizer (an InputError without one)."""
+    out: dict[int, float] = {}
+    for key, value in parse_logit_bias(text.strip()):
+        if isinstance(key, str):
+            if tokenizer is None:
+                raise InputError(f"logit_bias text {shown(key)} needs the model's tokenizer; write token ids (ID:BIAS)")
+            ids = tokenizer.encode_continuation(key)
+            if not ids:
+                raise InputError(f"logit_bias text {shown(key)} encodes to no token")
+            out.update((i, value) for i in ids)
+        else:
+            out[key] = value
     return tuple(out.items())
 
 
@@ -148,9 +182,9 @@ def decode_breakers(text: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _server_bias(text: str) -> dict[str, float]:
+def _server_bias(text: str, tokenizer=None) -> dict[str, float]:
     """OpenAI's logit_bias: {"id": bias}, the bias within [-100, 100] (vLLM clamps to it)."""
-    return {str(i): max(-100.0, min(100.0, b)) for i, b in decode_logit_bias(text)}
+    return {str(i): max(-100.0, min(100.0, b)) for i, b in decode_logit_bias(text, tokenizer)}
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -171,9 +205,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("frequency_penalty", float, 0.0, -2.0, 2.0, "Frequency penalty", "subtract this "
             "times the number of times a token was generated; 0 = off", step=0.05, group="more",
             neutral=0.0, server_key="frequency_penalty", keeps_order=False),
-    Setting("logit_bias", str, "", 0, None, "Logit bias", "ID:BIAS added to a token's logit; "
-            "-100 or less bans it; empty = off", group="more", neutral="", server_key="logit_bias",
-            keeps_order=False, control="text", decode=decode_logit_bias, example="42:-100, 7:2.5",
+    Setting("logit_bias", str, "", 0, None, "Logit bias", "ID:BIAS or \"text\":BIAS added to "
+            "the logit of the token (or each token of the text); -100 or less bans it; empty = off", group="more", neutral="", server_key="logit_bias",
+            keeps_order=False, control="text", decode=parse_logit_bias, example="42:-100, 7:2.5",
             server_form=_server_bias),
     Setting("typical_p", float, 1.0, 0.0, 1.0, "Typical-p", "keep the tokens whose surprise is "
             "closest to the entropy, up to mass p; 1 = off", min_open=True, group="more", neutral=1.0),

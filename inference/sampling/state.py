@@ -33,9 +33,10 @@ def breaker_ids(text: str, tokenizer) -> frozenset[int]:
     return frozenset(tokenizer.encode(f"a{b}", add_bos=False)[-1] for b in decode_breakers(text.strip()))
 
 
-def check_vocab(params, vocab: int) -> None:
-    """Logit bias names token ids of this vocabulary; a one-line InputError otherwise."""
-    for tid, _ in decode_logit_bias(params.logit_bias.strip()):
+def check_vocab(params, vocab: int, tokenizer=None) -> None:
+    """Logit bias names token ids of this vocabulary (its text, encoded by `tokenizer`); a
+    one-line InputError otherwise."""
+    for tid, _ in decode_logit_bias(params.logit_bias, tokenizer):
         if tid >= vocab:
             raise InputError(f"logit_bias names token {tid} but the vocabulary has {vocab} tokens")
 
@@ -51,6 +52,7 @@ class RunState:
     step: int = 0  # tokens generated before this step
     mu: float | None = None  # Mirostat's μ entering this step (None: Mirostat off)
     coin: float | None = None  # XTC's coin this step (None: XTC off)
+    tokenizer: object = None  # encodes logit bias's text (None: the bias names token ids only)
 
     @classmethod
     def at(cls, params, prompt_ids: list[int], generated: list[int], vocab: int, seed: int = 0,
@@ -65,7 +67,7 @@ class RunState:
         if generated:
             counts.index_add_(0, torch.tensor(generated, device=device), torch.ones(len(generated), device=device))
         breakers = breaker_ids(params.dry_sequence_breakers, tokenizer) if params.dry_multiplier else frozenset()
-        state = cls(seen, counts, ids, breakers, seed, len(generated))
+        state = cls(seen, counts, ids, breakers, seed, len(generated), tokenizer=tokenizer)
         if params.mirostat_tau > 0:
             state.mu = mu if mu is not None else 2.0 * params.mirostat_tau
         state.coin = xtc_coin(seed, state.step) if params.xtc_probability > 0 else None

@@ -272,7 +272,7 @@ class Engine:
         Yields WaitEvents while the run is queued for KV blocks, a PrefillEvent after each chunk
         of a prompt longer than one (but the last), one StepEvent per new token, then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
         Closing the generator ends the run and gives its blocks back before it returns."""
-        check_vocab(params, self.cfg.vocab_size)
+        check_vocab(params, self.cfg.vocab_size, self.tokenizer)
         max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
         run = self.scheduler.submit(ids, params, max(0, min(top_n, self.cfg.vocab_size)),
@@ -317,6 +317,6 @@ class Engine:
                chosen: int, shown=None) -> tuple[list[StageStat], torch.Tensor]:
         """A step's sampling pipeline under `params` on its logits (from step_logits) with the
         run's state at that step (replay.replay_state): the stages, and the final distribution (vocab,)."""
-        check_vocab(params, logits.shape[-1])
+        check_vocab(params, logits.shape[-1], self.tokenizer)
         with self._work():
             return pipeline(logits, params, state, chosen, shown)

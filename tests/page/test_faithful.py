@@ -12,7 +12,7 @@ import torch
 
 from inference.events import Candidate, DoneEvent, StepEvent
 from inference.sampling.params import SamplingParams
-from inference.sampling.state import RunState
+from inference.sampling.replay import replay_state
 from ui.controls import Controls
 from ui.handlers import Handlers
 from ui.run_state import RunRecord
@@ -105,7 +105,8 @@ def test_replay_is_exact_on_the_default_model(default_handlers):
     for settings in (dict(temperature=1.5), dict(temperature=2.0, top_k=1000), dict(temperature=0.7, top_p=0.9)):
         params = SamplingParams(**settings, max_new_tokens=1, seed=0)
         real = next(iter(engine.generate_ids(ctx, params, top_n=20)))
-        _, replayed = engine.replay(logits, params, RunState.at(params, ctx, [], len(logits)), real.token_id)
+        state = replay_state(params, params, ctx, [], logits.shape[-1], 0, None, engine.tokenizer)
+        _, replayed = engine.replay(logits, params, state, real.token_id)
         for cand in real.top:
             assert abs(replayed[cand.id].item() - cand.prob) < 1e-5, (settings, cand)
 

@@ -1,11 +1,13 @@
 """The page's handlers called directly, as plain functions, on a tiny model."""
 
+import json
 import threading
 from types import SimpleNamespace
 
 import gradio as gr
 import pytest
 
+from inference.sampling.settings import decode_logit_bias
 from ui.controls import Controls, controls_from_query, parse_stop, share_url
 from ui.handlers import RUN_OUTPUTS, Handlers
 import ui.format as formatting
@@ -115,6 +117,32 @@ def test_select_step_and_token(handlers):
     assert "Step 4" in bars and slider["value"] == 4
 
 
+def test_the_bars_tag_the_tokens_the_logit_bias_moved_or_banned(handlers, tiny_engine):
+    """A run's logit bias (ids and text alike) tags its candidates in the bars: "banned" at -100
+    or less, "bias +2" otherwise; the others carry no tag."""
+    import re
+    free = run(handlers)[-1]["record"]
+    tok = tiny_engine.tokenizer
+    # Greedy's candidates at step 0: ban one written as its text, lift another by its id.
+    first = [c for c in free.steps[0].top if tok.encode_continuation(tok.decode([c.id])) == [c.id]]
+    piece = tok.decode([first[0].id])
+    text_ids = {i for i, _ in decode_logit_bias(json.dumps(piece) + ":0", tok)}
+    assert text_ids == {first[0].id}
+    updates = run(handlers, logit_bias=f"{json.dumps(piece)}:-100 {first[1].id}:2")
+    rec = updates[-1]["record"]
+    for html_bars in (updates[-1]["bars"], handlers.select_step(rec, 0), handlers.select_token(rec, SimpleNamespace(index=0))["bars"]):
+        rows = re.findall(r"<div class='tl-row(?! tl-head)[^']*'>(.*?)</div>", html_bars)
+        assert len(rows) >= 5
+        for row in rows:
+            tid = int(re.search(r"title='id (\d+)'", row).group(1))
+            tag = re.findall(r"<span class='tl-mark[^']*'[^>]*>([^<]*)</span>", row)
+            assert tag == (["bias +2"] if tid == first[1].id else ["banned"] if tid in text_ids else []), row
+    assert rec.steps[0].token_id != first[0].id  # a banned token is never chosen
+    assert {first[0].id, first[1].id} <= {c.id for c in rec.steps[0].top}  # both tagged above
+    assert rec.bias == {**{i: -100.0 for i in text_ids}, first[1].id: 2.0}
+    assert "tl-mark" not in handlers.select_step(free, 0)  # a run without a bias: no tags
+
+
 def test_stop_ends_the_sessions_run(handlers, hold):
     held = hold(handlers.engine)
     c = Controls(prompt="The quick", max_new_tokens=200, temperature=1.0, seed="1")
@@ -143,6 +171,31 @@ def test_share_link_round_trips_through_the_query(handlers):
     values = handlers.restore(SimpleNamespace(query_params=query))
     from ui.controls import NAMES
     assert [values[n] for n in NAMES] == c.values() and values["notice"] == ""
+
+
+def test_the_sampler_order_round_trips_through_the_link_and_its_view_shows_it(handlers):
+    """The order a user writes travels in the share link and comes back; the order view lists
+    every stage in the order it will run, those listed first, the ones turned on marked."""
+    import re
+    from urllib.parse import parse_qsl, urlsplit
+    from inference.sampling.settings import DEFAULT_ORDER, SHAPING_SETTINGS
+    from ui.controls import NAMES
+    c = Controls(prompt="hi", top_k=40, xtc_probability=0.5, logit_bias='" Paris":-100 7:2',
+                 sampler_order="xtc_probability, top_k")
+    query = dict(parse_qsl(urlsplit(handlers.share_link(*c.values(), "http://host/")).query))
+    assert query["sampler_order"] == "xtc_probability, top_k" and query["logit_bias"] == '" Paris":-100 7:2'
+    values = handlers.restore(SimpleNamespace(query_params=query))
+    assert [values[n] for n in NAMES] == c.values()
+    view = handlers.order_view(*(values[n] for n in SHAPING_SETTINGS))
+    stages = re.findall(r"<li class='([^']*)'[^>]*><code>(\w+)</code>", view)
+    assert [n for _, n in stages] == ["xtc_probability", "top_k", *(n for n in DEFAULT_ORDER if n not in ("xtc_probability", "top_k"))]
+    on = {n for cls, n in stages if "tl-on" in cls}
+    assert on == {"xtc_probability", "top_k", "logit_bias"}
+    assert {n for cls, n in stages if "tl-listed" in cls} == {"xtc_probability", "top_k"}
+    bad = handlers.order_view(*(values[n] if n != "sampler_order" else "top_k,nope" for n in SHAPING_SETTINGS))
+    error = re.search(r"<div class='tl-order-error'>(.*?)</div>", bad).group(1)
+    assert "sampler_order" in error and "nope" in error and "\n" not in error
+    assert [n for _, n in re.findall(r"<li class='([^']*)'[^>]*><code>(\w+)</code>", bad)] == list(DEFAULT_ORDER)
 
 
 def test_bad_query_values_are_named_not_dropped():

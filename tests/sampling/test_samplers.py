@@ -3,6 +3,7 @@ exist (typical-p, epsilon, eta), and hand-worked cases following the reference i
 documented semantics otherwise (OpenAI/vLLM penalties, llama.cpp's top-nσ, dynamic temperature,
 XTC and Mirostat v2, text-generation-webui's DRY). Also: the order, and the state's update."""
 
+import json
 import math
 
 import pytest
@@ -90,6 +91,44 @@ def test_logit_bias_adds_and_bans():
     for bad in ("7", "x:1", "1:inf", "-1:2"):
         with pytest.raises(InputError, match="logit_bias"):
             SamplingParams(logit_bias=bad)
+
+
+def test_logit_bias_text_biases_each_token_the_tokenizer_encodes(tiny_engine):
+    """'"text":BIAS' biases each token of the text as the engine's own tokenizer encodes text
+    that continues the output (no BOS, no dummy-prefix space); ids and text mix, a later entry
+    for an id replaces an earlier one."""
+    tok = tiny_engine.tokenizer
+    ids = tok.encode_continuation(" Paris is")
+    assert len(ids) >= 2 and tok.bos_id not in ids
+    assert decode_logit_bias('" Paris is":-100', tok) == tuple((i, -100.0) for i in dict.fromkeys(ids))
+    quoted = tok.encode_continuation('say "hi"\n')  # JSON escapes inside the quotes
+    assert decode_logit_bias('5:1.5, "say \\"hi\\"\\n":2', tok) == ((5, 1.5), *((i, 2.0) for i in dict.fromkeys(quoted) if i != 5))
+    assert dict(decode_logit_bias(f'" Paris is":3 {ids[0]}:-1', tok))[ids[0]] == -1.0
+    # The syntax is checked without a tokenizer; resolving text needs one: one-line messages.
+    SamplingParams(logit_bias='" Paris":-100')
+    for bad in ('" Paris"', '" Paris":x', '"":2', '" Paris:2', '"\\q":1'):
+        with pytest.raises(InputError, match="logit_bias") as e:
+            SamplingParams(logit_bias=bad)
+        assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="needs the model's tokenizer"):
+        decode_logit_bias('" Paris":2')
+
+
+def test_a_run_with_text_logit_bias_never_samples_a_banned_token(tiny_engine):
+    """The engine encodes the text (page and CLI alike): a banned text's tokens are never
+    sampled and have final probability 0 at every step."""
+    tok, vocab = tiny_engine.tokenizer, tiny_engine.cfg.vocab_size
+    prompt = tok.encode(PROMPT)
+    free = list(tiny_engine.generate_ids(prompt, SamplingParams(max_new_tokens=4, seed=1, temperature=0.0), top_n=vocab))[:-1]
+    banned = tok.piece(free[0].token_id)  # greedy's first choice, written as text
+    params = SamplingParams(max_new_tokens=4, seed=1, temperature=0.0, logit_bias=f"{json.dumps(banned)}:-100")
+    ids = {i for i, _ in decode_logit_bias(params.logit_bias, tok)}
+    assert free[0].token_id in ids
+    events = list(tiny_engine.generate_ids(prompt, params, top_n=vocab))[:-1]
+    assert all(e.token_id not in ids for e in events)
+    assert all(c.prob == 0.0 for e in events for c in e.top if c.id in ids)
+    with pytest.raises(InputError, match=f"logit_bias names token {vocab} but the vocabulary has {vocab}"):
+        next(iter(tiny_engine.generate_ids(prompt, SamplingParams(logit_bias=f'" Paris":1 {vocab}:1'), top_n=0)))
 
 
 def test_top_n_sigma_by_hand():

@@ -67,8 +67,8 @@ class ExperimentHandlers(PageBase):
         at = divergence(ra, rb)
         return {"out_a": render.highlighted_with_marker(ra, at), "out_b": render.highlighted_with_marker(rb, at),
                 "compare_md": render.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both.",
-                "bars_a": self._bars(ra.steps[at], f"A at step {at}") if at is not None and at < len(ra.steps) else "",
-                "bars_b": self._bars(rb.steps[at], f"B at step {at}") if at is not None and at < len(rb.steps) else ""}
+                "bars_a": self._bars(ra.steps[at], f"A at step {at}", ra) if at is not None and at < len(ra.steps) else "",
+                "bars_b": self._bars(rb.steps[at], f"B at step {at}", rb) if at is not None and at < len(rb.steps) else ""}
 
     def likelihood(self, rec: RunRecord | None, step, text: str, request: gr.Request = None) -> str:
         """How likely was this text? Teacher-forced at the selected step's position."""

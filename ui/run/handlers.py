@@ -15,8 +15,8 @@ from typing import Iterator
 import gradio as gr
 
 from inference.errors import TokenLabError, shown
-from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
-from ui.base import PageBase, page_error, seed_or_random, session_of, step_index, takes_controls, who
+from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
+from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls, who
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
 from ui.experiments.render import run_chart_frames
@@ -147,7 +147,7 @@ class RunHandlers(PageBase):
                    f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…")
         return {
             "output": render.output_html(rec, tok, empty=waiting),
-            "bars": self._bars(last),
+            "bars": self._bars(last, rec=rec),
             "stats": inspect.cleandoc(render.stats_markdown(self.info, rec)),
             "kv_text": inspect.cleandoc(self._kv_text(rec)),
             "notice": inspect.cleandoc(notice),  # the wait, if any, is on the status line
@@ -275,12 +275,23 @@ class RunHandlers(PageBase):
             max_new = None
         return render.context_text(len(ids), None, max_new, self.context)
 
+    # -------------------------------------------------------- the sampler order
+
+    @named_args(*SHAPING_SETTINGS)
+    def order_view(self, *values, request: gr.Request = None) -> str:
+        """The order the page's settings would run their stages in, the ones they turn on
+        marked; a setting that cannot be read is named in one line."""
+        try:
+            return render.order_html(sampling_params(self.defaults, None, **dict(zip(SHAPING_SETTINGS, values))))
+        except TokenLabError as e:
+            return render.order_html(None, str(e))
+
     # -------------------------------------------------------- selecting a step after the run
 
     def select_step(self, rec: RunRecord | None, step) -> str:
         if rec is None or not rec.steps:
             return self._bars(None)
-        return self._bars(rec.steps[step_index(rec, step)])
+        return self._bars(rec.steps[step_index(rec, step)], rec=rec)
 
     def select_token(self, rec: RunRecord | None, evt: gr.SelectData) -> dict:
         """Clicking a generated token (or character) shows its (first) step's bars and moves the
@@ -295,7 +306,7 @@ class RunHandlers(PageBase):
             i = chips[min(max(int(index), 0), len(chips) - 1)].steps[0]
         except (TypeError, ValueError, OverflowError):
             return {}
-        return {"bars": self._bars(rec.steps[i]), "step": gr.update(value=i)}
+        return {"bars": self._bars(rec.steps[i], rec=rec), "step": gr.update(value=i)}
 
     def _prepare(self, c: Controls, seed: int, history=None, **override) -> RunRecord:
         """Validate the controls and tokenize the prompt: an empty record ready to run."""
@@ -309,7 +320,8 @@ class RunHandlers(PageBase):
         turns = list(history or []) if chat else []
         ids = self.engine.prompt_ids(c.prompt, chat, c.system, turns)
         return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
-                         params=params, mode=c.mode, user_message=c.prompt, system=c.system or "",
+                         params=params, bias=dict(decode_logit_bias(params.logit_bias, self.engine.tokenizer)),
+                         mode=c.mode, user_message=c.prompt, system=c.system or "",
                          history=turns, max_steps=min(params.max_new_tokens, self.context - len(ids)),
                          controls=c, kv_bytes_per_token=self.info.kv_bytes_per_position)
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from inference.device import dtype_name
 from inference.model.anatomy import decode_cost
+from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, order
 from ui.format import (BUCKETS, REASONS, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
                        approx_note, ordinal, prob_html, shown_prob, si, visible)
 from ui.run_state import RunRecord
@@ -307,3 +308,22 @@ def _page_stats(info, rec: RunRecord) -> str:
     if rec.done is not None:
         lines.append(ended_markdown(rec.done, "the server's context window", info.max_seq_len))
     return "\n".join(lines)
+
+
+def order_html(params=None, error: str = "") -> str:
+    """The order the stages will run in (settings.order: those sampler_order lists, then the
+    rest in DEFAULT_ORDER), numbered; the stages these settings turn on are marked "on", the
+    others dimmed. `error`: why the settings cannot be read (the default order is shown)."""
+    listed = decode_order(params.sampler_order.strip()) if params is not None else ()
+    active = set(params.changed) if params is not None else set()
+    names = order(params.sampler_order) if params is not None else DEFAULT_ORDER
+    chips = "".join(
+        f"<li class='{'tl-on' if n in active else 'tl-off'}{' tl-listed' if n in listed else ''}' "
+        f"title='{html.escape(BY_NAME[n].label)}{' (on)' if n in active else ' (off)'}'>"
+        f"<code>{n}</code>{'<b> on</b>' if n in active else ''}</li>" for n in names)
+    head = ("Order this run's stages will run in" + (f" ({len(listed)} listed first by <i>Sampler order</i>, "
+            "then the rest in the default order)" if listed else " (the default order)") + ":")
+    note = f"<div class='tl-order-error'>⚠ {html.escape(error)}</div>" if error else ""
+    default = ("<div class='tl-order-default'>Default: " + " → ".join(DEFAULT_ORDER) + ". To reorder, list the "
+               "<b>on</b> stages in <i>Sampler order</i> in the order you want, e.g. <code>top_k,temperature</code>.</div>")
+    return f"<div class='tl-order'>{note}<div>{head}</div><ol>{chips}</ol>{default}</div>"

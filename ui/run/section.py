@@ -7,7 +7,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, SHAPING_SETTINGS
+from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui import chat, share
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
@@ -39,8 +39,6 @@ OUTPUT_CAPTION_RAW = ("Generated text, coloured by the probability each token wa
                       "server's numbers give it (greedy, or temperature 1 with no filter), else the model's own "
                       "probability: hover or tap a token for its alternatives; click it to inspect its step.")
 # What each run event reads: the controls, and in chat mode the conversation it continues.
-ORDER_NOTE = ("Stages run in this order unless *Sampler order* lists some first: "
-              + " → ".join(f"`{n}`" for n in DEFAULT_ORDER) + ".")
 RUN_INPUTS = (*NAMES, "history")
 # after_run's outputs (it returns only those it changes).
 AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop_button", "kv_chart", "latency", "step", "run_chart",
@@ -103,10 +101,12 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 with add("more", gr.Accordion("More settings: min-p, penalties, logit bias, typical-p, cutoffs, "
                                               "top-nσ, dynamic temperature, XTC, DRY, Mirostat, sampler order, "
                                               "stop strings", open=False, elem_id="more-settings")):
-                    gr.Markdown(ORDER_NOTE, elem_id="default-order")
                     for s in more:
                         add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
                                                     available=s.name in h.caps.settings))
+                        if s.name == "sampler_order":  # the order these settings run in, live
+                            add("order_view", gr.HTML(h.order_view(*(getattr(d, n) for n in SHAPING_SETTINGS)),
+                                                      elem_id="order-view"))
                     add("stop", gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
                                            elem_id="stop-strings"))
                 share.build(page)
@@ -165,6 +165,10 @@ def wire(page, h: Handlers, demo: gr.Blocks) -> None:
     gr.on([page["step"].input, page["step"].release], h.select_step, inputs=page.all(("record", "step")),
           outputs=page["bars"], api_visibility="private", queue=False, show_progress="hidden",
           trigger_mode="always_last")
+    # The sampler order view follows every sampling setting (a typed value, a drag, a link).
+    gr.on([page[n].change for n in SHAPING_SETTINGS], h.order_view, inputs=page.all(SHAPING_SETTINGS),
+          outputs=page["order_view"], queue=False, show_progress="hidden", trigger_mode="always_last",
+          api_visibility="private")
     page.on(page["output"].select, h.select_token, inputs=("record",), outputs=("bars", "step"),
             api_visibility="private", queue=False)
     if h.caps.server_load:  # the whole server's load: at load, while a run streams (the chart timer), after it
