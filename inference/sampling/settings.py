@@ -43,6 +43,7 @@ class Setting:
     decode: Callable | None = None
     example: str = ""
     server_form: Callable | None = None  # the value as the server's request carries it (None: as is)
+    stage_label: str = ""  # its stage's name where the label names a parameter (DRY, not "DRY multiplier")
 
     @property
     def is_stage(self) -> bool:
@@ -224,12 +225,12 @@ SETTINGS: tuple[Setting, ...] = (
             "the normalized entropy is raised to it", step=0.05, group="more", part_of="temperature"),
     Setting("xtc_probability", float, 0.0, 0.0, 1.0, "XTC probability", "chance per step that "
             "XTC removes every top token above the threshold but the least likely; 0 = off",
-            group="more", neutral=0.0),
+            group="more", neutral=0.0, stage_label="XTC"),
     Setting("xtc_threshold", float, 0.1, 0.0, 1.0, "XTC threshold", "tokens at least this likely "
             "are top tokens (above 0.5: XTC never acts)", group="more", part_of="xtc_probability"),
     Setting("dry_multiplier", float, 0.0, 0.0, 5.0, "DRY multiplier", "penalize tokens that "
             "extend a repeat of the context; 0 = off", step=0.05, group="more", neutral=0.0,
-            keeps_order=False),
+            keeps_order=False, stage_label="DRY"),
     Setting("dry_base", float, 1.75, 1.0, 4.0, "DRY base", "the penalty grows as base^(repeat "
             "length - allowed length)", step=0.05, min_open=True, group="more", part_of="dry_multiplier"),
     Setting("dry_allowed_length", int, 2, 1, 50, "DRY allowed length", "repeats this long are "
@@ -240,7 +241,7 @@ SETTINGS: tuple[Setting, ...] = (
             "JSON strings; a repeat does not continue across one", group="more",
             part_of="dry_multiplier", control="text", decode=decode_breakers, example='"\\n", ":"'),
     Setting("mirostat_tau", float, 0.0, 0.0, 20.0, "Mirostat τ", "Mirostat v2's target surprise "
-            "in bits; 0 = off", step=0.1, group="more", neutral=0.0),
+            "in bits; 0 = off", step=0.1, group="more", neutral=0.0, stage_label="Mirostat v2"),
     Setting("mirostat_eta", float, 0.1, 0.0, 1.0, "Mirostat η", "how fast μ follows the surprise",
             group="more", part_of="mirostat_tau"),
     Setting("sampler_order", str, "", 0, None, "Sampler order", "setting names of the stages to "
