@@ -35,6 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.page_client import free_port, wait_until_served  # noqa: E402
 from ui.controls import Controls  # noqa: E402
 from ui.run.handlers import RUN_OUTPUTS  # noqa: E402
 
@@ -195,27 +196,6 @@ def visitor_log(log_path: Path) -> dict[str, list]:
         entry = json.loads(line)
         kinds.setdefault(entry[0], []).append(entry[1:])
     return kinds
-
-
-# ------------------------------------------------------------------ the page, served
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_served(proc, port: int, limit_s: float = 300) -> None:
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the page exited with status {proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise RuntimeError(f"the page did not start within {limit_s:.0f} s")
 
 
 def cpu_s(pid: int) -> float:

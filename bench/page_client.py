@@ -18,6 +18,7 @@ import argparse
 import json
 import re
 import secrets
+import socket
 import sys
 import time
 
@@ -94,6 +95,30 @@ class GradioClient:
         updates = [(time.perf_counter() - t0, update)
                    for update in self.client.submit(*args, api_name=self.api_name)]
         return [(t, generated(u[STATS])) for t, u in updates], text_of(updates[-1][1][TOKENS])
+
+
+# ------------------------------------------------------------------ the page, served
+
+def free_port() -> int:
+    """A port free on this machine now (for a page the caller starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_served(proc, port: int, limit_s: float = 300) -> None:
+    """Wait until the page process `proc` accepts connections on `port`; start-up time is the
+    machine's, so limit_s is an upper bound, not a measurement."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            out = proc.stdout.read() if proc.stdout else ""
+            raise RuntimeError(f"the page exited with status {proc.returncode}: {out}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"the page did not start within {limit_s:.0f} s")
 
 
 def main(argv=None) -> int:

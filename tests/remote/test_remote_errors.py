@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
+from bench.page_client import free_port
 from fake_server import MODELS, FakeServer, chunk
 from inference.cli import main
 from inference.errors import (ContextTooLong, InputError, ModelNotServed, ServerError,
@@ -20,12 +21,6 @@ from inference.sampling.params import SamplingParams
 # The client's timeout: generous while the fake answers (a busy machine may answer slowly), and
 # TIMEOUT_S only for the exchange in which it never answers, whatever the speed.
 ANSWERS_S, TIMEOUT_S = 60.0, 0.5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tokenizing(routes: dict) -> dict:

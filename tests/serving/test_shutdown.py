@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +17,7 @@ import pytest
 
 from conftest import no_early_end
 from engine_hold import wait_until
+from bench.page_client import free_port
 from fake_server import MODELS, FakeServer, chunk
 import page_api
 from inference.cli import main
@@ -41,12 +41,6 @@ def tokenlab_threads() -> set[threading.Thread]:
 def cli(hook: str, model: Path, max_new_tokens: int = 3) -> list[str]:
     return [sys.executable, str(HOOKED), hook, "cli", "generate", "--model", str(model),
             "--prompt", "The quick", "--temperature", "0", "--max-new-tokens", str(max_new_tokens), "--jsonl"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ------------------------------------------------------------------ the engine's close

@@ -24,7 +24,7 @@ import pytest
 
 from bench.adversarial import (BIG_PROMPT, CAP_TOKENS, args, GOOD, GOOD_SETTINGS, SESSIONS, VISITOR_REQUESTS,
                                good_run, start_visitor, visitor_log)
-from test_offline import free_port, wait_until_served
+from bench.page_client import free_port, wait_until_served
 
 gradio_client = pytest.importorskip("gradio_client")
 

@@ -3,34 +3,14 @@ no host but this one, from start-up through a generation."""
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+from bench.page_client import free_port, wait_until_served
 from page_api import call
 
 LOCAL = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_served(proc, port: int, limit_s: float = 300) -> None:
-    """Start-up time is the machine's: wait for the port (an upper bound, not a measurement)."""
-    end = time.monotonic() + limit_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise AssertionError(f"app exited: {proc.stdout.read() if proc.stdout else proc.returncode}")
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.2)
-    raise AssertionError("app did not start")
 
 
 def test_app_makes_no_outside_lookup(tiny_dirs, tmp_path):
