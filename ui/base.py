@@ -20,6 +20,7 @@ from ui.format import bars_html
 from ui.public import Admission, Limits, Refused, client_key
 from ui.run.render import bars_note
 from ui.run_state import RunRecord
+from ui.sessions import SessionKeeper
 from ui.streaming import RunRegistry, update_interval_for
 
 
@@ -119,6 +120,8 @@ class PageBase:
         self.engine, self.registry, self.top_n = engine, registry or RunRegistry(), top_n
         self.limits = limits or Limits()
         self.admission = Admission(self.registry, self.limits)
+        # Deletes a closed tab's state on the server (ui/sessions.py); launch attaches it.
+        self.keeper = SessionKeeper(self.registry)
         self.info = engine.describe()
         self.caps = self.info.capabilities
         self.context = self.info.max_seq_len
