@@ -172,3 +172,15 @@ def test_the_sweep_runs_on_its_own(capped_app, monkeypatch):
     later(keeper, monkeypatch, keeper.grace_s + 1)
     wait_until(lambda: keeper.state_of(session) is None, "a sweep")
     assert keeper.deleted > deleted
+
+
+def test_visitors_that_left_are_not_kept_in_the_session_counts():
+    from ui.public import Sessions
+    now = [0.0]
+    counts = Sessions(2, idle_s=10, clock=lambda: now[0])
+    assert counts.admit("address a", "s1") and counts.admit("address b", "s2")
+    counts.forget("s1")
+    now[0] = 11
+    counts.prune()
+    assert counts.count("address a") == counts.count("address b") == 0
+    assert not counts._by_client  # neither client is kept

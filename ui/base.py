@@ -121,7 +121,7 @@ class PageBase:
         self.limits = limits or Limits()
         self.admission = Admission(self.registry, self.limits)
         # Deletes a closed tab's state on the server (ui/sessions.py); launch attaches it.
-        self.keeper = SessionKeeper(self.registry)
+        self.keeper = SessionKeeper(self.registry, self.admission.sessions)
         self.info = engine.describe()
         self.caps = self.info.capabilities
         self.context = self.info.max_seq_len

@@ -50,9 +50,12 @@ class SessionKeeper:
     """Deletes the state of sessions whose tab is gone (module docstring). attach() connects it
     to a launched app; until then closed() records nothing and sweep() deletes nothing."""
 
-    def __init__(self, registry, grace_s: float = CLOSED_GRACE_S, idle_s: float = IDLE_S,
+    def __init__(self, registry, sessions=None, grace_s: float = CLOSED_GRACE_S, idle_s: float = IDLE_S,
                  clock=time.time):
-        self.registry, self.grace_s, self.idle_s, self.clock = registry, grace_s, idle_s, clock
+        """registry: the RunRegistry (a session with a job is kept); sessions: ui.public's
+        Sessions of each client, pruned at each sweep."""
+        self.registry, self.sessions = registry, sessions
+        self.grace_s, self.idle_s, self.clock = grace_s, idle_s, clock
         self._closed: dict[str, float] = {}  # session -> when its tab closed (at most the sessions kept)
         self._live: dict[str, int] = {}  # session -> its open heartbeat streams
         self._lock = threading.Lock()
@@ -147,6 +150,8 @@ class SessionKeeper:
                     del self._closed[session]
         for session in gone:
             self._delete(session, holder, queue)
+        if self.sessions is not None:
+            self.sessions.prune()
         self.deleted += len(gone)
         return len(gone)
 
@@ -155,8 +160,11 @@ class SessionKeeper:
         with holder.lock:
             holder.session_data.pop(session, None)
             holder.time_last_used.pop(session, None)
-        # The session's queue of messages to send (it may hold a cancelled run's unread updates).
-        queue.pending_messages_per_session.pop(session, None)
+        # Its unread messages (a cancelled run's last updates) go; the queue itself stays, since
+        # a stream still open would answer 404 without it (Gradio keeps at most 2,000, by LRU).
+        messages = queue.pending_messages_per_session.get(session)
+        while messages is not None and not messages.empty():
+            messages.get_nowait()
         queue.pending_event_ids_session.pop(session, None)
         with self._lock:
             self._closed.pop(session, None)
