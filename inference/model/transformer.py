@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -50,6 +51,12 @@ class PagedBatch:
 # ---------------------------------------------------------------- linear layers, per phase
 DECODE_ROWS = 16  # inputs of at most this many rows are bound by the bytes of weight read
 ROWS_HINT = 8  # the row count oneDNN's blocked layout is chosen for (any count runs on it)
+# oneDNN, and ideep above it, keep the kernel compiled for each shape of product run (rows,
+# in, out), about 0.7 MiB each on a 2-core AVX-512 Xeon, up to 1,024 of each by default: every
+# new row count of a step that mixes runs and prompt chunks added ~3.5 MiB for SmolLM2's 5
+# shapes, to several hundred MiB. At most this many are kept (~45 MiB), the least recently used
+# dropped; a step whose shape was dropped compiles it again (a few ms a shape).
+ONEDNN_CACHED_SHAPES = 64
 
 
 class Linear(nn.Linear):
@@ -291,6 +298,9 @@ class Transformer(nn.Module):
         if (self.device.type != "cpu" or self.dtype != torch.float32 or size > available_bytes / 4
                 or not torch.backends.mkldnn.is_available()):
             return False
+        # Read once, at oneDNN's first use in the process (a user's own setting is kept).
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHED_SHAPES))
+        os.environ.setdefault("LRU_CACHE_CAPACITY", str(ONEDNN_CACHED_SHAPES))  # ideep's
         try:
             copies = [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), ROWS_HINT) for m in linears]
         except (AttributeError, RuntimeError):  # a build of torch without these oneDNN operators
