@@ -98,9 +98,14 @@ def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch
     assert len(new) == 1
     keeper.sweep_now()
     assert new <= set(app.app.state_holder.session_data)  # not idle yet
+    (session,) = new
+    with app.handlers._lock:  # as a click that the engine never took would leave it
+        app.handlers._waiting[session] = 0.0
+        app.handlers._stopped_waiting.add(session)
     later(keeper, monkeypatch, keeper.idle_s + 1)
     keeper.sweep_now()
     assert not new & set(app.app.state_holder.session_data)
+    assert session not in app.handlers._waiting and session not in app.handlers._stopped_waiting
 
 
 def test_the_sessions_kept_never_exceed_the_cap(capped_app):

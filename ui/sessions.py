@@ -50,11 +50,12 @@ class SessionKeeper:
     """Deletes the state of sessions whose tab is gone (module docstring). attach() connects it
     to a launched app; until then closed() records nothing and sweep() deletes nothing."""
 
-    def __init__(self, registry, sessions=None, grace_s: float = CLOSED_GRACE_S, idle_s: float = IDLE_S,
-                 clock=time.time):
+    def __init__(self, registry, sessions=None, forget=None, grace_s: float = CLOSED_GRACE_S,
+                 idle_s: float = IDLE_S, clock=time.time):
         """registry: the RunRegistry (a session with a job is kept); sessions: ui.public's
-        Sessions of each client, pruned at each sweep."""
-        self.registry, self.sessions = registry, sessions
+        Sessions of each client, pruned at each sweep; forget(session): called for each session
+        deleted, so that the page's own entries of it go with it."""
+        self.registry, self.sessions, self.forget = registry, sessions, forget
         self.grace_s, self.idle_s, self.clock = grace_s, idle_s, clock
         self._closed: dict[str, float] = {}  # session -> when its tab closed (at most the sessions kept)
         self._live: dict[str, int] = {}  # session -> its open heartbeat streams
@@ -168,6 +169,8 @@ class SessionKeeper:
         queue.pending_event_ids_session.pop(session, None)
         with self._lock:
             self._closed.pop(session, None)
+        if self.forget is not None:
+            self.forget(session)
 
 
 class HeartbeatWatch:
