@@ -107,7 +107,9 @@ class PrefixCache:
 
     def __init__(self, pool: KVPool):
         self.pool = pool
-        self._entries: list[tuple[list[int], list[int]]] = []  # (token ids held, blocks), oldest first
+        # (token ids held, blocks), oldest first. Bounded by the pool: each entry holds at least
+        # one of its blocks, and the ids of the positions those blocks hold, no more.
+        self._entries: list[tuple[list[int], list[int]]] = []
 
     @property
     def blocks(self) -> int:
