@@ -8,8 +8,10 @@ memory is read after each round.
 
 Reports the RSS after each round, MiB per 1,000 visitors after the warm-up (the slope of a least
 squares line through the rounds after it), the KV pool after the last visitor, and errors.
---trace serves the page with tracemalloc on and reports, between the last two rounds, what grew
-most (by line) and the object counts by type that grew.
+--trace turns tracemalloc on in the server at the warm-up's end and reports what grew from the
+first round after it to the last (by file, by line, with the calls behind the largest) and the
+object counts by type (gc) that grew. Its RSS includes tracemalloc's own records of every block
+still alive: the figure of merit is a run without it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ WORDS = ("river stone light garden winter engine music paper window silver fores
          "letter orange bridge cloud candle story mountain teacher").split()
 KINDS = ("end", "stop", "end", "abandon")  # visitor i's run: to its end, stopped, or left mid-way
 KV_TEXT, STATS = 3, 2  # /generate's outputs
+FRAMES = 12  # frames tracemalloc keeps of each allocation's call chain
+START_LIMIT_S = 900  # the page's start, on a machine busy with other work
+VISIT_LIMIT_S = 300  # the longest wait for one visitor's run (24 tokens among 8 take seconds)
 
 
 def rss_mib(pid: int) -> float:
@@ -52,24 +57,34 @@ def controls(rng: random.Random, tokens: int) -> list:
     return Controls(prompt=prompt, temperature=1.0, max_new_tokens=tokens, seed="").values()
 
 
+def first_token(job, limit_s: float) -> None:
+    """Wait for the run's first token (its stats line counts one), or its end. Polled, not
+    iterated: a job whose end never comes would hold the iterator, and the soak, for ever."""
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        outs = job.outputs()
+        if (outs and "| generated |" in outs[-1][STATS]) or job.done():
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"no token and no end within {limit_s:.0f} s (job {job.status().code.name})")
+
+
 def visitor(url: str, i: int, tokens: int, seed: int) -> str:
-    """One visitor: a new session, one run, gone. Returns how the run ended."""
+    """One visitor: a new session, one run, gone. Returns how the run ended; a run that hangs
+    raises TimeoutError after VISIT_LIMIT_S."""
     from gradio_client import Client
     kind = KINDS[i % len(KINDS)]
     client = Client(url, verbose=False)
     try:
         job = client.submit(*controls(random.Random(seed + i), tokens), api_name="/generate")
-        if kind == "end":
-            job.result(timeout=600)
-            return kind
-        for update in job:  # the first update with a token
-            if "| generated |" in update[STATS]:
-                break
-        if kind == "stop":
-            client.predict(api_name="/stop")
-            job.result(timeout=600)
-        else:
+        if kind != "end":
+            first_token(job, VISIT_LIMIT_S)
+        if kind == "abandon":
             job.cancel()
+            return kind
+        if kind == "stop":
+            client.submit(api_name="/stop").result(timeout=VISIT_LIMIT_S)
+        job.result(timeout=VISIT_LIMIT_S)
         return kind
     finally:
         client.close()  # the tab closes: its heartbeat ends
@@ -97,12 +112,15 @@ def pool_line(url: str) -> str:
 # ------------------------------------------------------------------ tracemalloc in the server
 
 def serve_traced(out_dir: str, app_args: list[str]) -> int:
-    """The app with tracemalloc on; on SIGUSR1 it writes a snapshot and object counts by type."""
+    """The app; on SIGUSR1 it writes a tracemalloc snapshot and object counts by type.
+    tracemalloc starts at the first signal (the end of the warm-up), not at launch: what grows
+    is what was allocated after it, and the model's loading is not slowed by it."""
     import tracemalloc
-    tracemalloc.start(12)
     taken = iter(range(10**6))
 
     def dump(signum, frame):
+        if not tracemalloc.is_tracing():
+            tracemalloc.start(FRAMES)
         n = next(taken)
         gc.collect()
         counts = Counter(type(o).__qualname__ for o in gc.get_objects())
@@ -123,17 +141,36 @@ def snapshot(proc, out_dir: Path, n: int) -> None:
         time.sleep(0.5)
 
 
+def _where(frame) -> str:
+    name = frame.filename.replace(str(ROOT) + "/", "")
+    return f"{re.sub(r'^.*/site-packages/', '', name)}:{frame.lineno}"
+
+
 def trace_report(out_dir: Path, a: int, b: int, visitors: int, top: int = 15) -> str:
+    """What grew between snapshots a and b: in all, by file, by line (with the calls that led to
+    the largest lines' allocations), and the objects by type that gc counted more of."""
     import tracemalloc
     s0 = tracemalloc.Snapshot.load(str(out_dir / f"snap-{a}.pickle"))
     s1 = tracemalloc.Snapshot.load(str(out_dir / f"snap-{b}.pickle"))
-    total = sum(d.size_diff for d in s1.compare_to(s0, "filename"))
+    by_file = s1.compare_to(s0, "filename")
+    total = sum(d.size_diff for d in by_file)
     lines = [f"tracemalloc, {visitors} visitors between snapshots: {total / 1024:+,.0f} KiB in all "
-             f"({total / 1024 / visitors:+.1f} KiB a visitor); the lines that grew most:"]
-    for d in s1.compare_to(s0, "lineno")[:top]:
+             f"({total / 1024 / visitors:+.1f} KiB a visitor); the files that grew most:"]
+    lines += [f"  {d.size_diff / 1024:+9.1f} KiB {d.count_diff:+7d} blocks  {_where(d.traceback[0]).rsplit(':', 1)[0]}"
+              for d in by_file[:top // 2]]
+    lines.append("the lines that grew most:")
+    by_line = s1.compare_to(s0, "lineno")
+    for d in by_line[:top]:
+        lines.append(f"  {d.size_diff / 1024:+9.1f} KiB {d.count_diff:+7d} blocks  {_where(d.traceback[0])}")
+    # Who allocated the largest lines' growth: their biggest call chain, innermost last.
+    lines.append("the calls behind the five lines that grew most (the largest chain each, innermost last):")
+    chains = s1.compare_to(s0, "traceback")
+    for d in by_line[:5]:
         frame = d.traceback[0]
-        lines.append(f"  {d.size_diff / 1024:+9.1f} KiB {d.count_diff:+7d} blocks  "
-                     f"{frame.filename.replace(str(ROOT) + '/', '')}:{frame.lineno}")
+        chain = next((c for c in chains if c.traceback[-1] == frame), None)
+        if chain is not None:
+            lines.append(f"  {_where(frame)} ({chain.size_diff / 1024:+.1f} KiB): "
+                         + " > ".join(_where(f) for f in chain.traceback))
     t0 = json.loads((out_dir / f"types-{a}.json").read_text())
     t1 = json.loads((out_dir / f"types-{b}.json").read_text())
     grew = sorted(((t1.get(k, 0) - t0.get(k, 0), k) for k in t1), reverse=True)[:top]
@@ -162,7 +199,7 @@ def soak(a) -> dict:
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     rounds, errors, kinds = [], [], Counter()
     try:
-        wait_until_served(proc, port)
+        wait_until_served(proc, port, START_LIMIT_S)
         url = f"http://127.0.0.1:{port}/"
         done = 0
         rounds.append((0, rss_mib(proc.pid)))
@@ -185,7 +222,10 @@ def soak(a) -> dict:
                 rounds.append((done, rss_mib(proc.pid)))
                 print(f"{done:5d} visitors: RSS {rounds[-1][1]:,.0f} MiB", flush=True)
         pool_at_end = pool_line(url)
-        trace = trace_report(work, snaps - 2, snaps - 1, a.round) if a.trace and snaps >= 2 else None
+        # From the first round after the warm-up's end to the last: the growth of several rounds.
+        first = 1 if snaps >= 3 else 0
+        trace = (trace_report(work, first, snaps - 1, (snaps - 1 - first) * a.round)
+                 if a.trace and snaps >= 2 else None)
     finally:
         proc.terminate()
         proc.wait(60)
