@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -181,6 +182,14 @@ def trace_report(out_dir: Path, a: int, b: int, visitors: int, top: int = 15) ->
 
 # ------------------------------------------------------------------ the soak
 
+def calls_of(e: BaseException) -> str:
+    """Where an error came from: the visitor's own line, then the innermost call."""
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if f.filename == __file__]
+    shown = ([mine[-1]] if mine else []) + [frames[-1]] if frames else []
+    return " > ".join(f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in shown)
+
+
 def slope_per_1000(points: list[tuple[int, float]]) -> float:
     """MiB per 1,000 visitors: least squares over (visitors, RSS MiB)."""
     n = len(points)
@@ -213,7 +222,7 @@ def soak(a) -> dict:
                     try:
                         kinds[f.result()] += 1
                     except Exception as e:  # noqa: BLE001 - counted and reported
-                        errors.append(f"{type(e).__name__}: {str(e)[:200]}")
+                        errors.append(f"{type(e).__name__}: {str(e)[:200]} ({calls_of(e)})")
                 done += n
                 time.sleep(a.settle_s)  # the last visitors' heartbeats end, their tabs' unload runs
                 if a.trace and done >= a.warmup:
