@@ -20,6 +20,7 @@ from ui.format import bars_html
 from ui.public import Admission, Limits, Refused, client_key
 from ui.run.render import bars_note
 from ui.run_state import RunRecord
+from ui.sessions import SessionKeeper
 from ui.streaming import RunRegistry, update_interval_for
 
 
@@ -119,6 +120,8 @@ class PageBase:
         self.engine, self.registry, self.top_n = engine, registry or RunRegistry(), top_n
         self.limits = limits or Limits()
         self.admission = Admission(self.registry, self.limits)
+        # Deletes a closed tab's state on the server (ui/sessions.py); launch attaches it.
+        self.keeper = SessionKeeper(self.registry, self.admission.sessions, forget=self._forget)
         self.info = engine.describe()
         self.caps = self.info.capabilities
         self.context = self.info.max_seq_len
@@ -140,6 +143,14 @@ class PageBase:
         self._files_dir = Path(files_dir or tempfile.mkdtemp(prefix="tokenlab-downloads-"))
         self._files: deque[str] = deque()  # tokens, oldest first
         self._file_paths: dict[str, Path] = {}
+
+    def _forget(self, session: str) -> None:
+        """The session's state was deleted (ui/sessions.py): a click of it that the engine never
+        took (a run cancelled while it waited, in a tab that vanished without its unload) is
+        not kept for ever."""
+        with self._lock:
+            self._waiting.pop(session, None)
+            self._stopped_waiting.discard(session)
 
     @contextmanager
     def _job(self, request: gr.Request | None):

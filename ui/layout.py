@@ -12,6 +12,7 @@ import gradio as gr
 from fastapi.responses import FileResponse, PlainTextResponse
 from starlette.middleware import Middleware
 
+from inference.device import available_memory_bytes
 from ui import chat, share
 from ui.experiments import section as experiments
 from ui.handlers import DOWNLOAD_ROUTE, Handlers
@@ -19,6 +20,7 @@ from ui.inside import section as inside
 from ui.public import Limits, RouteGuard
 from ui.run import section as run
 from ui.run.render import model_card
+from ui.sessions import HeartbeatWatch, session_capacity
 from ui.wiring import Page
 
 PAGE_CSS = (Path(__file__).parent / "assets" / "page.css").read_text(encoding="utf-8")
@@ -118,16 +120,22 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
     h = getattr(demo, "tokenlab_handlers", None)
     limits = h.limits if h is not None else Limits()
     sessions = h.admission.sessions if h is not None else None
+    middleware = [Middleware(RouteGuard, sessions=sessions)]
+    if h is not None:  # which sessions still have a tab, and their state swept once gone
+        middleware.append(Middleware(HeartbeatWatch, keeper=h.keeper))
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
                          css=PAGE_CSS, footer_links=["api"], quiet=True,
                          # The page's own routes only, small bodies, each visitor's sessions
                          # counted (ui/public.py); no uploads, no run history kept.
-                         app_kwargs={"middleware": [Middleware(RouteGuard, sessions=sessions)]},
+                         app_kwargs={"middleware": middleware},
                          max_file_size=1, run_history=False,
-                         state_session_capacity=limits.session_capacity or 10000)
+                         # Sessions kept: a shared page's cap, and what the memory can hold.
+                         state_session_capacity=session_capacity(limits.session_capacity,
+                                                                 available_memory_bytes()))
     if h is not None and served:  # (a test's stand-in launch returns nothing)
         serve_downloads(served[0], h)
+        h.keeper.attach(served[0])
     if block:
         _, local_url, share_url = served
         print(f"Token Lab is running on {local_url}"

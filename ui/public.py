@@ -221,8 +221,22 @@ class Sessions:
     def forget(self, session: str) -> None:
         """A closed tab's session no longer counts."""
         with self._lock:
-            for held in self._by_client.values():
+            for client, held in list(self._by_client.items()):
                 held.pop(session, None)
+                if not held:
+                    del self._by_client[client]
+
+    def prune(self) -> None:
+        """Idle sessions, and clients left with none, are let go of: what is kept is bounded by
+        the sessions in use, not by every visitor there ever was."""
+        now = self.clock()
+        with self._lock:
+            for client, held in list(self._by_client.items()):
+                for s, seen in list(held.items()):
+                    if now - seen > self.idle_s:
+                        del held[s]
+                if not held:
+                    del self._by_client[client]
 
     def count(self, client: str) -> int:
         with self._lock:

@@ -15,6 +15,12 @@ from inference.model.config import ModelConfig
 # ---------------------------------------------------------------- linear layers, per phase
 DECODE_ROWS = 16  # inputs of at most this many rows are bound by the bytes of weight read
 ROWS_HINT = 8  # the row count oneDNN's blocked layout is chosen for (any count runs on it)
+# oneDNN, and ideep above it, keep the kernel compiled for each shape of product run (rows,
+# in, out), about 0.7 MiB each on a 2-core AVX-512 Xeon, up to 1,024 of each by default: every
+# new row count of a step that mixes runs and prompt chunks added ~3.5 MiB for SmolLM2's 5
+# shapes, to several hundred MiB. At most this many are kept (~45 MiB), the least recently used
+# dropped; a step whose shape was dropped compiles it again (a few ms a shape).
+ONEDNN_CACHED_SHAPES = 64
 
 
 class Linear(nn.Linear):

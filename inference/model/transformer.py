@@ -6,6 +6,8 @@ part (a bias, a q/k norm, a norm after attention, a window) and the path runs it
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -13,7 +15,7 @@ from inference.device import available_memory_bytes
 from inference.model.attention import Attention, PagedBatch, Probe, window_decode_mask  # noqa: F401 (Probe, PagedBatch: the model's API)
 from inference.model.config import ModelConfig
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
-from inference.model.layers import ROWS_HINT, FeedForward, Linear, RMSNorm  # noqa: F401 (Linear: the model's API)
+from inference.model.layers import ONEDNN_CACHED_SHAPES, ROWS_HINT, FeedForward, Linear, RMSNorm  # noqa: F401 (Linear: the model's API)
 from inference.model.rope import rope_tables
 
 
@@ -121,6 +123,9 @@ class Transformer(nn.Module):
         if (self.device.type != "cpu" or self.dtype != torch.float32 or size > available_bytes / 4
                 or not torch.backends.mkldnn.is_available()):
             return False
+        # Read once, at oneDNN's first use in the process (a user's own setting is kept).
+        os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHED_SHAPES))
+        os.environ.setdefault("LRU_CACHE_CAPACITY", str(ONEDNN_CACHED_SHAPES))  # ideep's
         try:
             copies = [torch.ops.mkldnn._reorder_linear_weight(m.weight.detach(), ROWS_HINT) for m in linears]
         except (AttributeError, RuntimeError):  # a build of torch without these oneDNN operators

@@ -31,6 +31,9 @@ from inference.remote.metrics import ServerLoad, kv_bytes_per_value, parse_load
 from inference.sampling.settings import BY_NAME, SETTINGS
 
 INSIDES = "not available when the page is in front of a server"
+# Prompts whose ids are kept (a chat's next turn and a replay ask for the same ones again);
+# all are dropped when there are this many, so a stream of visitors' prompts is not kept.
+PROMPTS_KEPT = 32
 REPLAY = ("replay recomputes a step from its whole logit vector; the server returns only the top "
           f"candidates: {INSIDES}")
 
@@ -53,7 +56,7 @@ class RemoteEngine:
                                config_source, config_dtype)
         self._active = 0
         self._active_lock = threading.Lock()
-        self._prompts: dict[tuple, list[int]] = {}  # a few recent prompts' ids
+        self._prompts: dict[tuple, list[int]] = {}  # recent prompts' ids, at most PROMPTS_KEPT
         self._closed = threading.Event()
         self._streams: set = set()  # open EventStreams, aborted by close()
         self._watchers: set[threading.Thread] = set()  # each run's cancel watcher
@@ -169,7 +172,7 @@ class RemoteEngine:
                 ids = token_ids(self.http.post_json("/tokenize", body, root=True))
             else:
                 ids = self.tokenizer.encode(prompt)
-            if len(self._prompts) > 32:
+            if len(self._prompts) >= PROMPTS_KEPT:
                 self._prompts.clear()
             self._prompts[key] = ids
         n = self.max_seq_len

@@ -15,7 +15,7 @@ class RemoteTokenizer:
 
     def __init__(self, http: ServerHTTP, model: str):
         self._http, self._model = http, model
-        self._pieces: dict[int, str] = {}
+        self._pieces: dict[int, str] = {}  # at most one a token of the vocabulary
         self._lock = threading.Lock()
         self._prefix: tuple[int, str] | None = None
 

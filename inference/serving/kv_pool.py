@@ -99,15 +99,25 @@ class BlockTable:
         self.blocks = []
 
 
+# Finished runs whose blocks the prefix cache keeps, the latest. A chat's next turn finds its
+# conversation if fewer than this many other runs ended meanwhile. Without a bound the cache
+# kept every finished run's blocks until the pool was full: on a CPU, where the pool's pages are
+# committed only once written, the server's memory grew by each run's blocks (~0.7 MiB for
+# SmolLM2's 24-token runs of short prompts) up to the whole pool, a quarter of the machine's.
+PREFIX_ENTRIES = 64
+
+
 class PrefixCache:
     """Whole blocks of finished runs, by the tokens whose keys and values they hold, for a later
     prompt that starts with the same tokens: a chat's next turn, which repeats the conversation
     so far, reads only what is new. Cached blocks are given back to the pool whenever a run
-    needs them (oldest first)."""
+    needs them, and beyond max_entries runs (oldest first)."""
 
-    def __init__(self, pool: KVPool):
-        self.pool = pool
-        self._entries: list[tuple[list[int], list[int]]] = []  # (token ids held, blocks), oldest first
+    def __init__(self, pool: KVPool, max_entries: int = PREFIX_ENTRIES):
+        self.pool, self.max_entries = pool, max_entries
+        # (token ids held, blocks), oldest first: at most max_entries, each holding at least one
+        # block of the pool and the ids of the positions its blocks hold, no more.
+        self._entries: list[tuple[list[int], list[int]]] = []
 
     @property
     def blocks(self) -> int:
@@ -120,6 +130,8 @@ class PrefixCache:
         self.pool.give_back(blocks[whole:])
         if whole:
             self._entries.append((ids[:whole * BLOCK_SIZE], blocks[:whole]))
+        while len(self._entries) > self.max_entries:
+            self.pool.give_back(self._entries.pop(0)[1])
 
     def take_prefix(self, ids: list[int]) -> list[int]:
         """The cached blocks that hold the most whole blocks at the start of ids, taken out of

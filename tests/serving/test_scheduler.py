@@ -252,3 +252,18 @@ def test_kept_blocks_are_given_back_when_a_run_needs_them(tiny_dirs):
     events = list(engine.generate_ids(other, params))  # needs the whole pool: the kept blocks go back
     assert not any(isinstance(e, WaitEvent) for e in events) and events[-1].generated_tokens > 0
     assert next(e for e in events if isinstance(e, StepEvent)).prompt_tokens_reused == 0
+
+
+def test_the_prefix_cache_keeps_only_the_latest_runs(tiny_engine):
+    """A stream of one-off prompts: the cache keeps PREFIX_ENTRIES runs' blocks and gives the
+    older ones back to the pool, rather than keeping every finished run until the pool is full."""
+    import torch
+    from inference.serving.kv_pool import PREFIX_ENTRIES, KVPool, PrefixCache
+    runs = PREFIX_ENTRIES + 10
+    pool = KVPool(tiny_engine.cfg, runs, torch.device("cpu"), torch.float32)
+    cache = PrefixCache(pool)
+    for i in range(runs):  # run i held one whole block of the token i
+        cache.keep([i] * BLOCK_SIZE, [pool.take()])
+    assert cache.blocks == PREFIX_ENTRIES and pool.blocks_used == PREFIX_ENTRIES
+    assert cache.take_prefix([9] * BLOCK_SIZE + [0]) == []  # an early run's: given back
+    assert len(cache.take_prefix([runs - 1] * BLOCK_SIZE + [0])) == 1  # the latest's: kept

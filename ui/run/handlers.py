@@ -347,9 +347,12 @@ class RunHandlers(PageBase):
         self.registry.stop(session)
 
     def closed(self, request: gr.Request | None = None) -> None:
-        """The tab was closed: its run ends, a run it still waited for no longer counts, and its
-        session no longer counts to its client."""
+        """The tab was closed: its run ends, a run it still waited for no longer counts, its
+        session no longer counts to its client, and its state goes after a grace period."""
+        session = session_of(request)
         self.stop(request)
         with self._lock:
-            self._waiting.pop(session_of(request), None)
-        self.admission.sessions.forget(session_of(request))
+            self._waiting.pop(session, None)
+            self._stopped_waiting.discard(session)
+        self.admission.sessions.forget(session)
+        self.keeper.closed(session)

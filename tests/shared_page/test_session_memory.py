@@ -1,0 +1,191 @@
+"""A closed tab's state is freed: through a real server, a session that closes leaves no run
+record, conversation or engine event of its own alive once its expiry is triggered, a session
+still open keeps its state, and the sessions kept never exceed the cap (ui/sessions.py)."""
+
+import gc
+import secrets
+import weakref
+from types import SimpleNamespace
+
+import pytest
+
+from engine_hold import wait_until
+from ui.public import Limits
+from ui.sessions import MIN_SESSIONS, SessionKeeper, session_capacity
+
+gradio_client = pytest.importorskip("gradio_client")
+
+ARGS = dict(prompt="The quick", mode="completion", system="", temperature=0.0, top_k=0, top_p=1.0,
+            min_p=0.0, repetition_penalty=1.0, max_new_tokens=6, seed="5", stop="")
+CAP = 4
+
+
+def call(**kw):
+    return list({**ARGS, **kw}.values())
+
+
+def later(keeper: SessionKeeper, monkeypatch, seconds: float) -> None:
+    """The keeper's clock moved on by `seconds`: expiry is triggered, not waited for."""
+    now = keeper.clock
+    monkeypatch.setattr(keeper, "clock", lambda: now() + seconds)
+
+
+def record_of(keeper, session):
+    """The RunRecord the session's "record" gr.State holds on the server."""
+    state = keeper.state_of(session)
+    page = keeper._app.get_blocks().tokenlab_page
+    return None if state is None else state.state_data.get(page["record"]._id)
+
+
+@pytest.fixture(scope="module")
+def capped_app(tiny_dirs):
+    """The page, its sessions capped at CAP."""
+    from conftest import no_early_end
+    from inference.serving.engine import Engine
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+
+    engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+    no_early_end(engine)
+    handlers = Handlers(engine, limits=Limits.local(session_capacity=CAP))
+    demo = build_ui(engine, handlers)
+    app, url, _ = launch(demo, engine, block=False)
+    yield SimpleNamespace(url=url.rstrip("/"), engine=engine, handlers=handlers, demo=demo, app=app)
+    demo.close()
+    engine.close()
+
+
+def test_capacity_comes_from_the_memory_available():
+    gib = 1024 ** 3
+    assert session_capacity(None, 64 * gib) == 4096  # 8 GiB for sessions of 2 MiB
+    assert session_capacity(256, 64 * gib) == 256  # a shared page's own cap
+    assert session_capacity(None, 10**12) == 10_000
+    assert session_capacity(None, 0) == MIN_SESSIONS
+    assert session_capacity(3, 0) == 3
+
+
+def test_a_closed_api_session_leaves_no_record_or_event_alive(capped_app, monkeypatch):
+    app, keeper = capped_app, capped_app.handlers.keeper
+    client = gradio_client.Client(app.url, verbose=False)
+    session = client.session_hash
+    final = client.predict(*call(), api_name="/generate")
+    assert final[7]  # the run's tokens
+    rec = record_of(keeper, session)
+    assert rec is not None and rec.done is not None and len(rec.steps) == 6
+    refs = [weakref.ref(rec), weakref.ref(rec.steps[0]), weakref.ref(rec.steps[-1]), weakref.ref(rec.done)]
+    del rec
+    # While the client is there its state is kept, however long it stays idle.
+    later(keeper, monkeypatch, 10 * keeper.idle_s)
+    keeper.sweep_now()
+    assert keeper.state_of(session) is not None
+    client.close()  # its heartbeat ends: the page's unload runs
+    wait_until(lambda: keeper.closing(session), "the unload of the closed session")
+    keeper.sweep_now()
+    assert keeper.state_of(session) is not None  # the grace period has not begun yet
+    later(keeper, monkeypatch, 10 * keeper.idle_s + keeper.grace_s + 1)
+    keeper.sweep_now()
+    assert keeper.state_of(session) is None and not keeper.closing(session)
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+
+
+def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch):
+    from bench.page_client import PageClient
+    app, keeper = capped_app, capped_app.handlers.keeper
+    before = set(app.app.state_holder.session_data)
+    PageClient(app.url).run(call())  # a raw API client: joins the queue, opens no heartbeat
+    new = set(app.app.state_holder.session_data) - before
+    assert len(new) == 1
+    keeper.sweep_now()
+    assert new <= set(app.app.state_holder.session_data)  # not idle yet
+    (session,) = new
+    with app.handlers._lock:  # as a click that the engine never took would leave it
+        app.handlers._waiting[session] = 0.0
+        app.handlers._stopped_waiting.add(session)
+    later(keeper, monkeypatch, keeper.idle_s + 1)
+    keeper.sweep_now()
+    assert not new & set(app.app.state_holder.session_data)
+    assert session not in app.handlers._waiting and session not in app.handlers._stopped_waiting
+
+
+def test_the_sessions_kept_never_exceed_the_cap(capped_app):
+    app, keeper = capped_app, capped_app.handlers.keeper
+    clients = []
+    try:
+        for i in range(CAP + 3):  # each stays open: only the cap lets go of the oldest
+            clients.append(gradio_client.Client(app.url, verbose=False))
+            assert clients[-1].predict(*call(max_new_tokens=2, seed=str(i)), api_name="/generate")[7]
+            assert keeper.kept() <= CAP
+        assert keeper.kept() == CAP
+        assert keeper.state_of(clients[-1].session_hash) is not None
+        assert keeper.state_of(clients[0].session_hash) is None
+    finally:
+        for c in clients:
+            c.close()
+
+
+def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, monkeypatch):
+    """A chat turn in a real browser tab; the tab closes; its expiry is triggered."""
+    from browser import open_page
+    url, _, handlers = live_app
+    keeper, holder = handlers.keeper, handlers.keeper._app.state_holder
+    marker = f"remember {secrets.token_hex(6)}"
+    page = open_page(browser)
+    page.goto(url + "/?mode=chat&max_new_tokens=4&temperature=1&seed=2")
+    page.wait_for_selector("#generate")
+    page.fill("#prompt textarea", marker)
+    page.click("#generate")
+    page.wait_for_function("(document.querySelector('#conversation')?.innerText || '').includes('remember')")
+
+    def turn_alive() -> bool:  # a conversation holding the turn (gc tracks lists, not these dicts)
+        return any(type(o) is list and any(type(m) is dict and m.get("content") == marker for m in o)
+                   for o in gc.get_objects())
+
+    session = next(s for s, state in list(holder.session_data.items())
+                   if any(isinstance(v, list) and any(m.get("content") == marker for m in v)
+                          for v in state.state_data.values()))
+    rec = record_of(keeper, session)
+    assert rec is not None and rec.user_message == marker
+    refs = [weakref.ref(rec), weakref.ref(rec.steps[0]), weakref.ref(rec.done)]
+    del rec
+    assert turn_alive()
+    page.close(run_before_unload=True)
+    wait_until(lambda: keeper.closing(session), "the unload of the closed tab")
+    later(keeper, monkeypatch, keeper.grace_s + 1)
+    keeper.sweep_now()
+    assert keeper.state_of(session) is None
+    gc.collect()
+    assert [r() for r in refs] == [None] * len(refs)
+    assert not turn_alive()
+
+
+def test_keeper_ignores_closes_before_launch():
+    keeper = SessionKeeper(registry=None)
+    keeper.closed("s")
+    assert not keeper.closing("s") and keeper.sweep() == 0 and keeper.kept() == 0
+
+
+def test_the_sweep_runs_on_its_own(capped_app, monkeypatch):
+    """No call triggers it: the server's loop sweeps every few seconds once a request came."""
+    app, keeper = capped_app, capped_app.handlers.keeper
+    deleted = keeper.deleted
+    client = gradio_client.Client(app.url, verbose=False)
+    session = client.session_hash
+    client.predict(*call(max_new_tokens=2), api_name="/generate")
+    client.close()
+    wait_until(lambda: keeper.closing(session), "the unload of the closed session")
+    later(keeper, monkeypatch, keeper.grace_s + 1)
+    wait_until(lambda: keeper.state_of(session) is None, "a sweep")
+    assert keeper.deleted > deleted
+
+
+def test_visitors_that_left_are_not_kept_in_the_session_counts():
+    from ui.public import Sessions
+    now = [0.0]
+    counts = Sessions(2, idle_s=10, clock=lambda: now[0])
+    assert counts.admit("address a", "s1") and counts.admit("address b", "s2")
+    counts.forget("s1")
+    now[0] = 11
+    counts.prune()
+    assert counts.count("address a") == counts.count("address b") == 0
+    assert not counts._by_client  # neither client is kept
