@@ -9,19 +9,20 @@ from types import SimpleNamespace
 
 import pytest
 
+import page_api
 from engine_hold import wait_until
+from page_api import output
 from ui.public import Limits
 from ui.sessions import MIN_SESSIONS, SessionKeeper, session_capacity
 
 gradio_client = pytest.importorskip("gradio_client")
 
-ARGS = dict(prompt="The quick", mode="completion", system="", temperature=0.0, top_k=0, top_p=1.0,
-            min_p=0.0, repetition_penalty=1.0, max_new_tokens=6, seed="5", stop="")
 CAP = 4
 
 
 def call(**kw):
-    return list({**ARGS, **kw}.values())
+    """/generate's values by name: a short greedy run (6 tokens) unless `kw` says otherwise."""
+    return page_api.call(**{"max_new_tokens": 6, **kw})
 
 
 def later(keeper: SessionKeeper, monkeypatch, seconds: float) -> None:
@@ -69,7 +70,7 @@ def test_a_closed_api_session_leaves_no_record_or_event_alive(capped_app, monkey
     client = gradio_client.Client(app.url, verbose=False)
     session = client.session_hash
     final = client.predict(*call(), api_name="/generate")
-    assert final[7]  # the run's tokens
+    assert output(final, "api_tokens")  # the run's tokens
     rec = record_of(keeper, session)
     assert rec is not None and rec.done is not None and len(rec.steps) == 6
     refs = [weakref.ref(rec), weakref.ref(rec.steps[0]), weakref.ref(rec.steps[-1]), weakref.ref(rec.done)]
@@ -114,7 +115,7 @@ def test_the_sessions_kept_never_exceed_the_cap(capped_app):
     try:
         for i in range(CAP + 3):  # each stays open: only the cap lets go of the oldest
             clients.append(gradio_client.Client(app.url, verbose=False))
-            assert clients[-1].predict(*call(max_new_tokens=2, seed=str(i)), api_name="/generate")[7]
+            assert output(clients[-1].predict(*call(max_new_tokens=2, seed=str(i)), api_name="/generate"), "api_tokens")
             assert keeper.kept() <= CAP
         assert keeper.kept() == CAP
         assert keeper.state_of(clients[-1].session_hash) is not None
