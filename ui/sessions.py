@@ -9,8 +9,9 @@ an hour later and the rest only by that capacity. Here a session's whole state i
   unless it was used again meanwhile (a tab that lost its connection for a moment keeps its run);
 - IDLE_S after its last event if it never held a heartbeat (raw API clients);
 
-never while it has a job running or an event in the queue. The sessions kept are capped from
-the memory available at launch (session_capacity), in every launch mode; beyond the cap Gradio
+never while it has a job running or an event in the queue. Its queue of messages and the page's
+own entries of it (a click still waiting) go with it. The sessions kept are capped from the
+memory available at launch (session_capacity), in every launch mode; beyond the cap Gradio
 drops the least recently used one.
 
 The sweep runs on the server's event loop, where Gradio itself reads and writes the sessions.
@@ -37,10 +38,9 @@ MEMORY_SHARE = 8  # the sessions kept take at most this fraction (1/8) of the me
 MAX_SESSIONS = 10_000  # Gradio's own default capacity, the most kept however much memory there is
 MIN_SESSIONS = 64  # the least kept, however little memory there is
 
-# Deleted sessions' objects are freed, but the C allocator keeps freed pages for later
-# allocations, scattered among live ones in each thread's arena: with nothing of the visitors
-# alive the server's resident memory still grew. After a sweep that deleted sessions, and at
-# most this often, glibc's malloc_trim gives the free pages back (a few ms).
+# Deleted sessions' objects are freed, but glibc keeps the freed pages for later allocations,
+# among live ones in each thread's arena. After a sweep that deleted sessions, and at most this
+# often, malloc_trim gives every arena's free pages back to the system.
 TRIM_S = 60.0
 
 _HEARTBEAT = re.compile(r"/gradio_api/heartbeat/([^/]{1,100})/?")
