@@ -6,9 +6,13 @@ import json
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from inference.sampling.settings import how_made
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
