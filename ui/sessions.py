@@ -9,8 +9,9 @@ an hour later and the rest only by that capacity. Here a session's whole state i
   unless it was used again meanwhile (a tab that lost its connection for a moment keeps its run);
 - IDLE_S after its last event if it never held a heartbeat (raw API clients);
 
-never while it has a job running or an event in the queue. The sessions kept are capped from
-the memory available at launch (session_capacity), in every launch mode; beyond the cap Gradio
+never while it has a job running or an event in the queue. Its queue of messages and the page's
+own entries of it (a click still waiting) go with it. The sessions kept are capped from the
+memory available at launch (session_capacity), in every launch mode; beyond the cap Gradio
 drops the least recently used one.
 
 The sweep runs on the server's event loop, where Gradio itself reads and writes the sessions.
@@ -19,6 +20,7 @@ The sweep runs on the server's event loop, where Gradio itself reads and writes 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import re
 import threading
 import time
@@ -36,6 +38,11 @@ MEMORY_SHARE = 8  # the sessions kept take at most this fraction (1/8) of the me
 MAX_SESSIONS = 10_000  # Gradio's own default capacity, the most kept however much memory there is
 MIN_SESSIONS = 64  # the least kept, however little memory there is
 
+# Deleted sessions' objects are freed, but glibc keeps the freed pages for later allocations,
+# among live ones in each thread's arena. After a sweep that deleted sessions, and at most this
+# often, malloc_trim gives every arena's free pages back to the system.
+TRIM_S = 60.0
+
 _HEARTBEAT = re.compile(r"/gradio_api/heartbeat/([^/]{1,100})/?")
 
 
@@ -44,6 +51,16 @@ def session_capacity(limit: int | None, available_bytes: int) -> int:
     many as SESSION_BYTES each fit in 1/MEMORY_SHARE of the memory available (but MIN_SESSIONS)."""
     by_memory = max(MIN_SESSIONS, available_bytes // MEMORY_SHARE // SESSION_BYTES)
     return int(min(limit or MAX_SESSIONS, by_memory))
+
+
+def heap_trimmer():
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 class SessionKeeper:
@@ -62,6 +79,7 @@ class SessionKeeper:
         self._lock = threading.Lock()
         self._app = self._loop = None
         self.deleted = 0  # sessions deleted so far
+        self._trim, self._trimmed_at = heap_trimmer(), 0.0
 
     def attach(self, app) -> None:
         """Keep the sessions of a launched Gradio app (its state holder and queue)."""
@@ -151,9 +169,16 @@ class SessionKeeper:
                     del self._closed[session]
         for session in gone:
             self._delete(session, holder, queue)
+        # A cancelled event's mark (reset its iterator if it runs again) stays until it runs
+        # again, which a cancelled event never does: once it has left the queue it goes.
+        server = self._app
+        server.iterators_to_reset.intersection_update(queue.event_ids_to_events)
         if self.sessions is not None:
             self.sessions.prune()
         self.deleted += len(gone)
+        if gone and self._trim is not None and now - self._trimmed_at >= TRIM_S:
+            self._trim(0)
+            self._trimmed_at = now
         return len(gone)
 
     def _delete(self, session: str, holder, queue) -> None:
@@ -161,11 +186,9 @@ class SessionKeeper:
         with holder.lock:
             holder.session_data.pop(session, None)
             holder.time_last_used.pop(session, None)
-        # Its unread messages (a cancelled run's last updates) go; the queue itself stays, since
-        # a stream still open would answer 404 without it (Gradio keeps at most 2,000, by LRU).
-        messages = queue.pending_messages_per_session.get(session)
-        while messages is not None and not messages.empty():
-            messages.get_nowait()
+        # Its queue of messages goes too (Gradio keeps 2,000, by LRU): the session has no event
+        # pending, so no stream of its is waiting for one; a later event makes a new queue.
+        queue.pending_messages_per_session.pop(session, None)
         queue.pending_event_ids_session.pop(session, None)
         with self._lock:
             self._closed.pop(session, None)

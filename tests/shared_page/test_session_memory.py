@@ -86,6 +86,7 @@ def test_a_closed_api_session_leaves_no_record_or_event_alive(capped_app, monkey
     later(keeper, monkeypatch, 10 * keeper.idle_s + keeper.grace_s + 1)
     keeper.sweep_now()
     assert keeper.state_of(session) is None and not keeper.closing(session)
+    assert session not in app.app.get_blocks()._queue.pending_messages_per_session
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)
 
@@ -103,10 +104,14 @@ def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch
     with app.handlers._lock:  # as a click that the engine never took would leave it
         app.handlers._waiting[session] = 0.0
         app.handlers._stopped_waiting.add(session)
+    trims = []  # the allocator's free pages, given back once the session's are freed
+    monkeypatch.setattr(keeper, "_trim", trims.append)
+    monkeypatch.setattr(keeper, "_trimmed_at", 0.0)
     later(keeper, monkeypatch, keeper.idle_s + 1)
     keeper.sweep_now()
     assert not new & set(app.app.state_holder.session_data)
     assert session not in app.handlers._waiting and session not in app.handlers._stopped_waiting
+    assert trims == [0]
 
 
 def test_the_sessions_kept_never_exceed_the_cap(capped_app):
