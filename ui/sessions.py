@@ -9,7 +9,7 @@ an hour later and the rest only by that capacity. Here a session's whole state i
   unless it was used again meanwhile (a tab that lost its connection for a moment keeps its run);
 - IDLE_S after its last event if it never held a heartbeat (raw API clients);
 
-never while it has a job running or an event in the queue. Its queue of messages and the page's
+never while it has a job running or an event in the queue. Its unread messages and the page's
 own entries of it (a click still waiting) go with it. The sessions kept are capped from the
 memory available at launch (session_capacity), in every launch mode; beyond the cap Gradio
 drops the least recently used one.
@@ -42,6 +42,12 @@ MIN_SESSIONS = 64  # the least kept, however little memory there is
 # among live ones in each thread's arena. After a sweep that deleted sessions, and at most this
 # often, malloc_trim gives every arena's free pages back to the system.
 TRIM_S = 60.0
+
+# Gradio marks a cancelled event (app.iterators_to_reset) so that, if the event's next iteration
+# comes after the cancel, it does not resume the closed iterator; the mark is removed only by
+# that iteration, which a cancelled event mostly never has: one mark per stopped run, for ever.
+# A mark is dropped once it is this old (real time), far beyond that race's window.
+RESET_MARK_S = 120.0
 
 _HEARTBEAT = re.compile(r"/gradio_api/heartbeat/([^/]{1,100})/?")
 
@@ -79,6 +85,8 @@ class SessionKeeper:
         self._lock = threading.Lock()
         self._app = self._loop = None
         self.deleted = 0  # sessions deleted so far
+        self._marks: dict[str, float] = {}  # a reset mark -> when a sweep first saw it
+        self.mark_clock = time.monotonic  # real time, whatever `clock` says
         self._trim, self._trimmed_at = heap_trimmer(), 0.0
 
     def attach(self, app) -> None:
@@ -169,10 +177,7 @@ class SessionKeeper:
                     del self._closed[session]
         for session in gone:
             self._delete(session, holder, queue)
-        # A cancelled event's mark (reset its iterator if it runs again) stays until it runs
-        # again, which a cancelled event never does: once it has left the queue it goes.
-        server = self._app
-        server.iterators_to_reset.intersection_update(queue.event_ids_to_events)
+        self._drop_old_marks(self._app.iterators_to_reset)
         if self.sessions is not None:
             self.sessions.prune()
         self.deleted += len(gone)
@@ -181,14 +186,25 @@ class SessionKeeper:
             self._trimmed_at = now
         return len(gone)
 
+    def _drop_old_marks(self, marks: set) -> None:
+        """Gradio's reset marks older than RESET_MARK_S go (see there)."""
+        now = self.mark_clock()
+        self._marks = {m: self._marks.get(m, now) for m in marks}
+        for m, seen in list(self._marks.items()):
+            if now - seen > RESET_MARK_S:
+                marks.discard(m)
+                del self._marks[m]
+
     def _delete(self, session: str, holder, queue) -> None:
         holder.delete_state(session)  # gr.State's delete_callback, as Gradio's own expiry calls it
         with holder.lock:
             holder.session_data.pop(session, None)
             holder.time_last_used.pop(session, None)
-        # Its queue of messages goes too (Gradio keeps 2,000, by LRU): the session has no event
-        # pending, so no stream of its is waiting for one; a later event makes a new queue.
-        queue.pending_messages_per_session.pop(session, None)
+        # Its unread messages (a cancelled run's last updates) go; the queue itself stays, since
+        # a stream still open would answer 404 without it (Gradio keeps at most 2,000, by LRU).
+        messages = queue.pending_messages_per_session.get(session)
+        while messages is not None and not messages.empty():
+            messages.get_nowait()
         queue.pending_event_ids_session.pop(session, None)
         with self._lock:
             self._closed.pop(session, None)
