@@ -34,15 +34,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.adversarial import free_port, wait_until_served  # noqa: E402
+from bench.page_client import free_port, wait_until_served  # noqa: E402
+from ui.run.handlers import RUN_OUTPUTS  # noqa: E402
 
 WORDS = ("river stone light garden winter engine music paper window silver forest market "
          "letter orange bridge cloud candle story mountain teacher").split()
 KINDS = ("end", "stop", "end", "abandon")  # visitor i's run: to its end, stopped, or left mid-way
-KV_TEXT, STATS = 3, 2  # /generate's outputs
+KV_TEXT, STATS = RUN_OUTPUTS.index("kv_text"), RUN_OUTPUTS.index("stats")  # /generate's outputs
 FRAMES = 12  # frames tracemalloc keeps of each allocation's call chain
 START_LIMIT_S = 900  # the page's start, on a machine busy with other work
 VISIT_LIMIT_S = 300  # the longest wait for one visitor's run (24 tokens among 8 take seconds)
+REQUEST_LIMIT_S = 60  # the longest wait for one answer of the server
 
 
 def rss_mib(pid: int) -> float:
@@ -75,7 +77,9 @@ def visitor(url: str, i: int, tokens: int, seed: int) -> str:
     raises TimeoutError after VISIT_LIMIT_S."""
     from gradio_client import Client
     kind = KINDS[i % len(KINDS)]
-    client = Client(url, verbose=False)
+    # A browser waits for a busy server; httpx's default (5 s a request) would count a slow
+    # answer on a loaded machine as a failed one.
+    client = Client(url, verbose=False, httpx_kwargs={"timeout": REQUEST_LIMIT_S})
     try:
         job = client.submit(*controls(random.Random(seed + i), tokens), api_name="/generate")
         if kind != "end":
@@ -94,7 +98,9 @@ def visitor(url: str, i: int, tokens: int, seed: int) -> str:
 def pool_line(url: str) -> str:
     """The KV pool as a last, greedy run alone sees it: the page's own pool line."""
     from gradio_client import Client
-    client = Client(url, verbose=False)
+    # A browser waits for a busy server; httpx's default (5 s a request) would count a slow
+    # answer on a loaded machine as a failed one.
+    client = Client(url, verbose=False, httpx_kwargs={"timeout": REQUEST_LIMIT_S})
     try:
         from ui.controls import Controls
         out = client.predict(*Controls(prompt="The pool after the soak", temperature=0.0, max_new_tokens=2,

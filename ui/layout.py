@@ -64,6 +64,10 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
 
 
 QUEUE_POLL_S = 0.02
+# Gradio keeps the records of the last 10,000 events for its monitoring dashboard (off here, its
+# route closed) and summarizes all of them after every event: one or two a visitor, kept for
+# thousands of visitors. The last EVENTS_KEPT are kept.
+EVENTS_KEPT = 64
 
 
 # Page events handled at once. A run's event mostly waits for its tokens: the engine's scheduler
@@ -84,6 +88,8 @@ def configure_queue(demo: gr.Blocks, engine, queue_size: int = 16,
     # engine's thread, costing decode speed on a small CPU. 20 ms is still instant to a person.
     if hasattr(demo._queue, "sleep_when_free"):
         demo._queue.sleep_when_free = QUEUE_POLL_S
+    if hasattr(demo._queue, "ANALYTICS_MAX_EVENTS"):
+        demo._queue.ANALYTICS_MAX_EVENTS = EVENTS_KEPT
     record_absent_matplotlib()
 
 

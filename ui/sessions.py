@@ -9,8 +9,9 @@ an hour later and the rest only by that capacity. Here a session's whole state i
   unless it was used again meanwhile (a tab that lost its connection for a moment keeps its run);
 - IDLE_S after its last event if it never held a heartbeat (raw API clients);
 
-never while it has a job running or an event in the queue. The sessions kept are capped from
-the memory available at launch (session_capacity), in every launch mode; beyond the cap Gradio
+never while it has a job running or an event in the queue. Its unread messages and the page's
+own entries of it (a click still waiting) go with it. The sessions kept are capped from the
+memory available at launch (session_capacity), in every launch mode; beyond the cap Gradio
 drops the least recently used one.
 
 The sweep runs on the server's event loop, where Gradio itself reads and writes the sessions.
@@ -19,6 +20,7 @@ The sweep runs on the server's event loop, where Gradio itself reads and writes 
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import re
 import threading
 import time
@@ -36,6 +38,17 @@ MEMORY_SHARE = 8  # the sessions kept take at most this fraction (1/8) of the me
 MAX_SESSIONS = 10_000  # Gradio's own default capacity, the most kept however much memory there is
 MIN_SESSIONS = 64  # the least kept, however little memory there is
 
+# Deleted sessions' objects are freed, but glibc keeps the freed pages for later allocations,
+# among live ones in each thread's arena. After a sweep that deleted sessions, and at most this
+# often, malloc_trim gives every arena's free pages back to the system.
+TRIM_S = 60.0
+
+# Gradio marks a cancelled event (app.iterators_to_reset) so that, if the event's next iteration
+# comes after the cancel, it does not resume the closed iterator; the mark is removed only by
+# that iteration, which a cancelled event mostly never has: one mark per stopped run, for ever.
+# A mark is dropped once it is this old (real time), far beyond that race's window.
+RESET_MARK_S = 120.0
+
 _HEARTBEAT = re.compile(r"/gradio_api/heartbeat/([^/]{1,100})/?")
 
 
@@ -44,6 +57,16 @@ def session_capacity(limit: int | None, available_bytes: int) -> int:
     many as SESSION_BYTES each fit in 1/MEMORY_SHARE of the memory available (but MIN_SESSIONS)."""
     by_memory = max(MIN_SESSIONS, available_bytes // MEMORY_SHARE // SESSION_BYTES)
     return int(min(limit or MAX_SESSIONS, by_memory))
+
+
+def heap_trimmer():
+    """glibc's malloc_trim, or None where the C library has none (musl, macOS, Windows)."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError):
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return trim
 
 
 class SessionKeeper:
@@ -62,6 +85,9 @@ class SessionKeeper:
         self._lock = threading.Lock()
         self._app = self._loop = None
         self.deleted = 0  # sessions deleted so far
+        self._marks: dict[str, float] = {}  # a reset mark -> when a sweep first saw it
+        self.mark_clock = time.monotonic  # real time, whatever `clock` says
+        self._trim, self._trimmed_at = heap_trimmer(), 0.0
 
     def attach(self, app) -> None:
         """Keep the sessions of a launched Gradio app (its state holder and queue)."""
@@ -151,10 +177,23 @@ class SessionKeeper:
                     del self._closed[session]
         for session in gone:
             self._delete(session, holder, queue)
+        self._drop_old_marks(self._app.iterators_to_reset)
         if self.sessions is not None:
             self.sessions.prune()
         self.deleted += len(gone)
+        if gone and self._trim is not None and now - self._trimmed_at >= TRIM_S:
+            self._trim(0)
+            self._trimmed_at = now
         return len(gone)
+
+    def _drop_old_marks(self, marks: set) -> None:
+        """Gradio's reset marks older than RESET_MARK_S go (see there)."""
+        now = self.mark_clock()
+        self._marks = {m: self._marks.get(m, now) for m in marks}
+        for m, seen in list(self._marks.items()):
+            if now - seen > RESET_MARK_S:
+                marks.discard(m)
+                del self._marks[m]
 
     def _delete(self, session: str, holder, queue) -> None:
         holder.delete_state(session)  # gr.State's delete_callback, as Gradio's own expiry calls it

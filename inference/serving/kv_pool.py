@@ -100,11 +100,12 @@ class BlockTable:
 
 
 # Finished runs whose blocks the prefix cache keeps, the latest. A chat's next turn finds its
-# conversation if fewer than this many other runs ended meanwhile. Without a bound the cache
+# conversation if fewer than this many other runs ended meanwhile (on a 2-core CPU serving 8 runs
+# at once, a couple of minutes of a busy page). Without a bound the cache
 # kept every finished run's blocks until the pool was full: on a CPU, where the pool's pages are
 # committed only once written, the server's memory grew by each run's blocks (~0.7 MiB for
 # SmolLM2's 24-token runs of short prompts) up to the whole pool, a quarter of the machine's.
-PREFIX_ENTRIES = 64
+PREFIX_ENTRIES = 32
 
 
 class PrefixCache:

@@ -86,6 +86,8 @@ def test_a_closed_api_session_leaves_no_record_or_event_alive(capped_app, monkey
     later(keeper, monkeypatch, 10 * keeper.idle_s + keeper.grace_s + 1)
     keeper.sweep_now()
     assert keeper.state_of(session) is None and not keeper.closing(session)
+    messages = app.app.get_blocks()._queue.pending_messages_per_session.get(session)
+    assert messages is None or messages.empty()  # its unread messages went with it
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)
 
@@ -103,10 +105,14 @@ def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch
     with app.handlers._lock:  # as a click that the engine never took would leave it
         app.handlers._waiting[session] = 0.0
         app.handlers._stopped_waiting.add(session)
+    trims = []  # the allocator's free pages, given back once the session's are freed
+    monkeypatch.setattr(keeper, "_trim", trims.append)
+    monkeypatch.setattr(keeper, "_trimmed_at", 0.0)
     later(keeper, monkeypatch, keeper.idle_s + 1)
     keeper.sweep_now()
     assert not new & set(app.app.state_holder.session_data)
     assert session not in app.handlers._waiting and session not in app.handlers._stopped_waiting
+    assert trims == [0]
 
 
 def test_the_sessions_kept_never_exceed_the_cap(capped_app):
@@ -158,6 +164,25 @@ def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, 
     gc.collect()
     assert [r() for r in refs] == [None] * len(refs)
     assert not turn_alive()
+
+
+def test_reset_marks_of_cancelled_events_go_once_old(capped_app, monkeypatch):
+    """Gradio's mark of a cancelled event stays until that event runs again, which it mostly
+    never does: one per stopped run. The sweep lets it go after RESET_MARK_S, not before."""
+    from ui.sessions import RESET_MARK_S
+    app, keeper = capped_app, capped_app.handlers.keeper
+    marks = app.app.iterators_to_reset
+    marks.add("a-cancelled-event")
+    keeper.sweep_now()
+    assert "a-cancelled-event" in marks  # young: its event may still come back once
+    now = keeper.mark_clock
+    monkeypatch.setattr(keeper, "mark_clock", lambda: now() + RESET_MARK_S / 2)
+    marks.add("a-later-one")
+    keeper.sweep_now()
+    assert {"a-cancelled-event", "a-later-one"} <= marks
+    monkeypatch.setattr(keeper, "mark_clock", lambda: now() + RESET_MARK_S + 1)
+    keeper.sweep_now()
+    assert "a-cancelled-event" not in marks and "a-later-one" in marks
 
 
 def test_keeper_ignores_closes_before_launch():
