@@ -58,7 +58,7 @@ def count(text: str) -> int:
 
 def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Token Lab: watch a language model predict, token by token")
-    add_model_args(p)
+    add_model_args(p, many=True)
     add_engine_args(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=None, help="port (default: Gradio's, 7860 or the next free)")
@@ -132,33 +132,37 @@ def main(argv=None) -> int:
             return 0
 
 
-def _end_streams(demo, engine) -> None:
+def _end_streams(demo, models) -> None:
     """End what keeps connections open, before Gradio stops its web server, which waits for
     them (up to 5 s, twice): the runs (their streams end with them) and the sessions' heartbeat
     streams (which end when the app's stop event is set, as demo.close() does)."""
-    engine.close()
+    models.close()
     app = getattr(demo, "server_app", None) or getattr(demo, "app", None)
     if getattr(app, "stop_event", None) is not None:
         app.stop_event.set()
 
 
 def _serve(args, before_stop: list) -> int:
-    from inference.cli import open_engine
+    from inference.cli import open_models
     from inference.errors import InputError, TokenLabError
 
     try:
-        engine = open_engine(args)
+        models = open_models(args)
     except TokenLabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, InputError) else 1
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch, limits_markdown
 
-    with engine:
+    with models:
+        engine = models.engine()
         info = engine.describe()
         print(f"Using {info.name} on {info.where} (context {info.max_seq_len:,} tokens"
               + ("" if info.capabilities.whole_distribution else
                  f", the server's {info.capabilities.logprobs} log-probabilities") + ")", file=sys.stderr)
+        if len(models.labels) > 1:
+            print("The page also offers, each loaded on its first use: " + ", ".join(models.labels[1:]),
+                  file=sys.stderr)
         if args.auth is not None:
             print(f"note: a password given with --auth shows in the process list; ${AUTH_ENV} or "
                   "--auth-file keep it out", file=sys.stderr)
@@ -169,9 +173,9 @@ def _serve(args, before_stop: list) -> int:
         limits = limits_for(args)
         if limits.any:
             print("Limits: " + limits_markdown(limits).removeprefix("**Shared page:** "), file=sys.stderr)
-        handlers = Handlers(engine, limits=limits)
+        handlers = Handlers(engine, limits=limits, models=models)
         demo = build_ui(engine, handlers)
-        before_stop.append(lambda: _end_streams(demo, engine))
+        before_stop.append(lambda: _end_streams(demo, models))
         try:  # launch returns when Gradio's wait ends (Ctrl-C, SIGTERM)
             launch(demo, engine, host=args.host, port=args.port, share=args.share,
                    auth=args.logins or None)

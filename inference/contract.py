@@ -108,6 +108,9 @@ class Engine(Protocol):
     # -- what needs the model's insides (capabilities.internals)
     def step_logits(self, context_ids: list[int]) -> "torch.Tensor": ...
 
+    def logits_along(self, ids: list[int], first: int) -> "torch.Tensor":
+        """(len(ids) - first, vocab): the logits that predicted each of ids[first:]."""
+
     def replay(self, logits: "torch.Tensor", params: "SamplingParams", state: "RunState",
                chosen: int, shown=None) -> "tuple[list[StageStat], torch.Tensor]": ...
 

@@ -18,10 +18,10 @@ from inference.errors import TokenLabError
 from ui.controls import NAMES, Controls, parse_seed
 from ui.format import bars_html
 from ui.public import Admission, Limits, Refused, client_key
-from ui.run.render import bars_note
 from ui.run_state import RunRecord
 from ui.sessions import SessionKeeper
-from ui.streaming import RunRegistry, update_interval_for
+from ui.models import ModelViews
+from ui.streaming import RunRegistry
 
 
 def named_args(*names: str):
@@ -115,24 +115,22 @@ class PageBase:
 
     def __init__(self, engine, registry: RunRegistry | None = None, top_n: int = 10,
                  update_interval_s: float | None = None, limits: Limits | None = None,
-                 files_dir: str | None = None):
-        """limits: what one visitor may cost (ui/public.py); none by default."""
-        self.engine, self.registry, self.top_n = engine, registry or RunRegistry(), top_n
+                 files_dir: str | None = None, models=None):
+        """limits: what one visitor may cost (ui/public.py); none by default. models: the models
+        offered (inference.serving.models.Models, `engine` its default); just `engine` if none."""
+        from inference.serving.models import Models
+        self.registry, self.top_n = registry or RunRegistry(), top_n
         self.limits = limits or Limits()
         self.admission = Admission(self.registry, self.limits)
         # Deletes a closed tab's state on the server (ui/sessions.py); launch attaches it.
         self.keeper = SessionKeeper(self.registry, self.admission.sessions, forget=self._forget)
-        self.info = engine.describe()
-        self.caps = self.info.capabilities
-        self.context = self.info.max_seq_len
-        # The line under each step's bars: where the numbers come from, or how approximate they are.
-        self.bars_note = bars_note(self.info, top_n)
-        self.defaults = Controls.for_model(engine.generation_defaults)
-        cap = self.limits.max_new_tokens
-        if cap is not None and self.defaults.max_new_tokens > cap:
-            self.defaults.max_new_tokens = cap
-        self.update_interval_s = update_interval_s or update_interval_for(self.info)
-        self.default_system = engine.default_system_prompt or ""
+        self.models = models or Models.of(engine)
+        self.view = ModelViews(self.models, top_n, self.limits.max_new_tokens, update_interval_s)
+        # The default model's: what the page is laid out with.
+        first = self.view()
+        self.engine, self.info, self.caps, self.context = first.engine, first.info, first.caps, first.context
+        self.bars_note, self.defaults, self.default_system = first.bars_note, first.defaults, first.default_system
+        self.update_interval_s = first.update_interval_s
         # Sessions whose run was clicked but not yet taken by the engine (their click time),
         # and those of them whose Stop came before the engine did.
         self._waiting: dict[str, float] = {}
@@ -167,5 +165,8 @@ class PageBase:
             self.registry.finish(session, cancel)
 
     def _bars(self, step, title: str = "", rec=None) -> str:
-        """A step's bars; `rec` (the run) tags the candidates its logit bias moved."""
-        return bars_html(step, title, self.bars_note, rec.bias if rec is not None else None)
+        """A step's bars; `rec` (the run) tags the candidates its logit bias moved and names
+        the model whose note goes under them."""
+        if rec is None:
+            return bars_html(step, title, self.bars_note, None)
+        return bars_html(step, title, self.view(rec.model).bars_note, rec.bias)

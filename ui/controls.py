@@ -22,12 +22,13 @@ def _values(self) -> list:
     return [getattr(self, f.name) for f in fields(self)]
 
 
-# The page's inputs, in the order the layout passes them: prompt, mode, system, every sampling
+# The page's inputs, in the order the layout passes them: prompt, mode, system, model (empty: the
+# page's default), every sampling
 # setting, seed (text: empty = random) and stop strings (one per line).
 Controls = make_dataclass(
     "Controls",
     [("prompt", str, field(default=DEFAULT_PROMPT)), ("mode", str, field(default="completion")),
-     ("system", str, field(default=""))]
+     ("system", str, field(default="")), ("model", str, field(default=""))]
     + [(s.name, s.kind, field(default=s.default)) for s in SETTINGS]
     + [("seed", str, field(default="")), ("stop", str, field(default=""))],
     namespace={"values": _values, "names": classmethod(lambda cls: [f.name for f in fields(cls)]),

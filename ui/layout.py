@@ -49,7 +49,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
-        gr.Markdown(model_card(h.info), elem_id="model-card")
+        page.add("model_card", gr.Markdown(model_card(h.info), elem_id="model-card"))
         run.build(page, h, limits_markdown(h.limits))
         experiments.build(page, h)
         inside.build(page, h)

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 @dataclass
 class RunRecord:
     """Everything the page keeps about one run, per browser session."""
+    model: str = ""  # the label of the model that made it (inference.serving.models)
     prompt_text: str = ""
     prompt_ids: list[int] = field(default_factory=list)
     steps: list[StepEvent] = field(default_factory=list)
@@ -84,11 +85,11 @@ def turn_messages(rec: RunRecord) -> list[dict]:
 
 def run_jsonl(rec: RunRecord) -> str:
     """The run's per-step data as the CLI's --jsonl writes it: one StepEvent per line, then the
-    DoneEvent."""
+    DoneEvent with how the run was made and the model that made it."""
     lines = [json.dumps(s.to_json(), ensure_ascii=False) for s in rec.steps]
     if rec.done is not None:
         made = {} if rec.params is None else how_made(rec.params)
-        lines.append(json.dumps({**rec.done.to_json(), **made}, ensure_ascii=False))
+        lines.append(json.dumps({**rec.done.to_json(), **made, "model": rec.model}, ensure_ascii=False))
     return "\n".join(lines) + "\n"
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import gradio as gr
@@ -54,6 +55,11 @@ class ShareHandlers(PageBase):
         query = dict(getattr(request, "query_params", {}) or {})
         c, problems = controls_from_query(query, Controls(**vars(self.defaults)),
                                           {"max_new_tokens": self.context - 1})
+        if c.model and c.model not in self.models.labels:
+            problems.append(f"Ignored link parameter `model` = {shown(c.model)}: this page offers "
+                            f"{', '.join(self.models.labels)}")
+        if c.model not in self.models.labels[1:]:  # the default model is "" (the picker's value)
+            c.model = ""
         cap = self.limits.max_new_tokens
         if cap is not None and c.max_new_tokens > cap:
             problems.append(f"Max new tokens lowered from {c.max_new_tokens} to {cap}: {tokens_message(cap)}")
@@ -70,7 +76,8 @@ class ShareHandlers(PageBase):
         """A link that restores these settings; `base` is the page's own address, `run_seed`
         the seed the last run used (it stands in for an empty seed box)."""
         try:  # text that no run could use makes no link (and is not copied into one)
-            self.engine.check_prompt_size(c.prompt, c.mode == "chat", c.system)
+            m = self.view(c.model)
+            m.engine.check_prompt_size(c.prompt, c.mode == "chat", c.system)
             parse_stop(c.stop)
             parse_seed(c.seed)
             if c.mode not in MODES:
@@ -79,7 +86,8 @@ class ShareHandlers(PageBase):
             raise page_error(e) from None
         base = base if isinstance(base, str) and len(base) <= MAX_URL_CHARS else ""
         run_seed = run_seed if isinstance(run_seed, str) and run_seed.isdigit() and len(run_seed) < 20 else None
-        return share_url(base, c, self.defaults, seed=run_seed)
+        model = "" if m.label == self.models.default else m.label  # the picker's value
+        return share_url(base, dataclasses.replace(c, model=model), self.defaults, seed=run_seed)
 
 
 def build(page) -> None:

@@ -39,6 +39,22 @@ def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto"
     return Loaded(model, tokenizer, model_dir.name, generation_defaults(model_dir))
 
 
+def weights_bytes(model_dir: str | Path, device: str = "auto", dtype: str = "auto",
+                  decode_dtype: str = "same") -> int:
+    """What the model's weights will take once loaded, from its config alone (read before a
+    load, to refuse one that cannot fit): every parameter at the dtype, and the matmul weights
+    again at a reduced decode dtype when one is asked for."""
+    cfg = ModelConfig.from_json(Path(model_dir) / "config.json")
+    dev = resolve_device(device)
+    dt = resolve_dtype(dtype, dev)
+    n = cfg.param_counts()
+    size = n["total"] * dt.itemsize
+    decode = resolve_decode_dtype(decode_dtype, dev, dt)
+    if decode is not None and decode != dt:
+        size += (n["attention"] + n["ffn"] + (n["lm_head"] or n["embedding"])) * decode.itemsize
+    return size
+
+
 def generation_defaults(model_dir: Path) -> dict:
     """Sampling defaults from generation_config.json, restricted to the settings we have."""
     path = model_dir / "generation_config.json"

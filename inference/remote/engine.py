@@ -327,6 +327,9 @@ class RemoteEngine:
     def step_logits(self, context_ids):
         raise NotAvailable(REPLAY)
 
+    def logits_along(self, ids, first):
+        raise NotAvailable(REPLAY)
+
     def replay(self, logits, params, state, chosen, shown=None):
         raise NotAvailable(REPLAY)
 

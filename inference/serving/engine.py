@@ -313,6 +313,19 @@ class Engine:
             tokens = torch.tensor([context_ids], device=self.device)  # (1, T)
             return self.model(tokens, self.model.new_cache(len(context_ids)), 0)[0].float().cpu()
 
+    def logits_along(self, ids: list[int], first: int) -> torch.Tensor:
+        """The float32 logits after each prefix ids[:k], k = first .. len(ids) - 1, by one
+        forward pass: (len(ids) - first, vocab), row j the distribution that predicted
+        ids[first + j]."""
+        if not 0 < first < len(ids):
+            raise InputError("nothing to predict: the path needs a token after its first")
+        if len(ids) > self.cfg.max_seq_len:
+            raise InputError(f"the path is {len(ids)} tokens but the context window is {self.cfg.max_seq_len}")
+        with self._work(), torch.inference_mode():
+            tokens = torch.tensor([ids], device=self.device)  # (1, T)
+            logits = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True)[0]  # (T, vocab)
+            return logits[first - 1:-1].float().cpu()
+
     def replay(self, logits: torch.Tensor, params: SamplingParams, state: RunState,
                chosen: int, shown=None) -> tuple[list[StageStat], torch.Tensor]:
         """A step's sampling pipeline under `params` on its logits (from step_logits) with the

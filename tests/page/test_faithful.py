@@ -89,7 +89,7 @@ def test_every_panel_shows_the_same_probability(default_handlers, tiny_dirs, cap
     table = h.likelihood(rec, 0, " Paris")
     shown["likely"] = next(r for r in table.splitlines() if "Paris" in r).split("|")[3].strip()
     bars_a = h.compare(*Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=2,
-                                        seed="2").values(), *shaping_values(temperature=0.0), SimpleNamespace(session_hash="p"))["bars_a"]
+                                        seed="2").values(), *shaping_values(temperature=0.0), "", SimpleNamespace(session_hash="p"))["bars_a"]
     from inference.cli import main
     assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "1", "--seed", "2",
                  "--temperature", "1", "--jsonl", "--device", "cpu"]) == 0

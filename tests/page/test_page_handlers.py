@@ -191,7 +191,8 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
     rec = run(h, seed="5", temperature=0.0, max_new_tokens=6)
     a = after(h, rec, [])
     lines = [json.loads(x) for x in downloaded(h, a["downloads"], 0).read_text(encoding="utf-8").splitlines()]
-    assert lines == [json.loads(json.dumps(s.to_json())) for s in rec.steps] + [{**rec.done.to_json(), **how_made(rec.params)}]
+    assert lines == [json.loads(json.dumps(s.to_json())) for s in rec.steps] + [
+        {**rec.done.to_json(), **how_made(rec.params), "model": h.info.name}]  # the model that made it
     # The same fields, tokens and text as `python -m inference generate --jsonl`.
     from inference.cli import main
     assert main(["generate", "--model", str(tiny_dirs["gqa_tied"]), "--prompt", "The quick brown fox",
@@ -200,7 +201,7 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
     cli = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert [set(x) for x in cli] == [set(x) for x in lines]
     assert [x.get("token_id") for x in cli] == [x.get("token_id") for x in lines]
-    assert cli[-1]["text"] == lines[-1]["text"]
+    assert cli[-1]["text"] == lines[-1]["text"] and cli[-1]["model"] == lines[-1]["model"] == "gqa_tied"
     settings = json.loads(downloaded(h, a["downloads"], 1).read_text(encoding="utf-8"))
     assert settings["seed"] == "5" and settings["prompt"] == "The quick brown fox" and settings["temperature"] == 0.0
 
@@ -374,7 +375,7 @@ def test_step_axes_start_at_the_first_step(tiny_engine):
     plots = {b.elem_id: b.x_lim for b in build_ui(tiny_engine).blocks.values() if isinstance(b, gr.LinePlot)}
     # The KV chart's first point, step -1, is the empty cache before prefill (kv_frame).
     assert plots == {"kv-chart": [-1, None], "latency-chart": [0, None], "run-chart": [0, None],
-                     "rank-chart": [0, None]}
+                     "rank-chart": [0, None], "compare-chart": [0, None]}
 
 
 def test_the_pool_line_counts_blocks_in_words():

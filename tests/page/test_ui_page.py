@@ -581,7 +581,7 @@ def test_tokens_show_their_alternatives_and_the_run_can_be_copied_and_downloaded
     assert len(lines) == 10 and lines[-1]["done"] and lines[-1]["seed"] == 8
     # StepEvent.to_json's fields (those of step 0 included), then DoneEvent.to_json's.
     assert set(StepEvent.__dataclass_fields__) - {"pool", "wait_ms", "sampler_state"} <= set(lines[0]) and lines[0]["prompt_tokens"] > 0
-    assert "prefill_ms" not in lines[1] and set(lines[-1]) == set(DoneEvent.__dataclass_fields__) | {"settings", "sampler_order"}
+    assert "prefill_ms" not in lines[1] and set(lines[-1]) == set(DoneEvent.__dataclass_fields__) | {"settings", "sampler_order", "model"}
     # The tiny model can emit a NUL byte, which no HTML page holds (its parser shows U+FFFD).
     text = "".join(x["text"] for x in lines[:-1]) + lines[-1]["tail"]
     assert text.replace("\x00", "\ufffd") == output_text(page)

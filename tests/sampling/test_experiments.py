@@ -73,7 +73,7 @@ def test_replay_equals_a_real_run_with_the_same_tokens_before(tiny_engine, setti
 def test_compare_marks_the_first_divergence(tiny_engine):
     h = Handlers(tiny_engine)
     c = Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=15, seed="11")
-    cmp = h.compare(*c.values(), *shaping_values(temperature=1.5), SimpleNamespace(session_hash="cmp"))
+    cmp = h.compare(*c.values(), *shaping_values(temperature=1.5), "", SimpleNamespace(session_hash="cmp"))
     out_a, out_b, summary, bars_a, bars_b = (cmp[n] for n in ("out_a", "out_b", "compare_md", "bars_a", "bars_b"))
     a, _ = run(tiny_engine, temperature=0.0, max_new_tokens=15, seed=11)
     b, _ = run(tiny_engine, temperature=1.5, max_new_tokens=15, seed=11)

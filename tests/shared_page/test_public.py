@@ -120,7 +120,7 @@ def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_eng
         c = Controls(prompt="Another", max_new_tokens=5)
         for attempt in (lambda: list(h.generate(*c.values(), req("tab"))),
                         lambda: h.begin(*c.values(), req("tab")),
-                        lambda: h.compare(*c.values(), *shaping_values(), req("tab"))):
+                        lambda: h.compare(*c.values(), *shaping_values(), "", req("tab"))):
             with pytest.raises(gr.Error) as e:
                 attempt()
             assert e.value.message == RUN_GOING

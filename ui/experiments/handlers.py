@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import gradio as gr
 
 from inference.errors import TokenLabError
@@ -11,6 +13,7 @@ from inference.sampling.settings import SHAPING_SETTINGS
 from ui.base import PageBase, named_args, page_error, seed_or_random, step_index, takes_controls
 from ui.controls import Controls, sampling_params
 from ui.experiments import render
+from ui.experiments.two_models import TwoModels, along, same_vocabulary
 from ui.format import visible
 from ui.run_state import RunRecord, divergence
 
@@ -31,17 +34,18 @@ class ExperimentHandlers(PageBase):
             return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
         with self._job(request):  # one forward pass, unless this step's logits are kept
             try:
-                logits = rec.logits_at(i, self.engine.step_logits)
+                m = self.view(rec.model)
+                logits = rec.logits_at(i, m.engine.step_logits)
             except TokenLabError as e:  # an engine without the whole logit vector
                 return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
         generated = [s.token_id for s in rec.steps[:i]]
-        vocab, tok = logits.shape[-1], self.engine.tokenizer
+        vocab, tok = logits.shape[-1], m.tokenizer
         shown = set(rec.params.changed) | set(new.changed)
         try:
             states = [replay_state(p, rec.params, rec.prompt_ids, generated, vocab, rec.seed or 0,
                                    ev.sampler_state, tok) for p in (rec.params, new)]
-            ran, final_ran = self.engine.replay(logits, rec.params, states[0], ev.token_id, shown)
-            again, final_again = self.engine.replay(logits, new, states[1], ev.token_id, shown)
+            ran, final_ran = m.engine.replay(logits, rec.params, states[0], ev.token_id, shown)
+            again, final_again = m.engine.replay(logits, new, states[1], ev.token_id, shown)
         except TokenLabError as e:
             return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
         return {"replay_md": (f"**Step {i}**, every token of the vocabulary through each stage; the step's "
@@ -50,25 +54,50 @@ class ExperimentHandlers(PageBase):
                 "replay_bars": render.replay_bars(ev, final_ran, final_again, tok)}
 
     def _collect(self, rec: RunRecord, cancel) -> RunRecord:
-        for ev in self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
+        for ev in self.view(rec.model).engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
             rec.add(ev)
         return rec
 
-    @takes_controls(*(f"{name}_b" for name in SHAPING_SETTINGS))
+    @takes_controls(*(f"{name}_b" for name in SHAPING_SETTINGS), "model_b")
     def compare(self, c: Controls, *b_values, request: gr.Request = None) -> dict:
-        """Run A (the page's settings) and B (the compare settings) with the same prompt and seed."""
+        """Run A (the page's model and settings) and B (the compare settings, and model_b: the
+        same model when empty) with the same prompt and seed. Across two models whose
+        tokenizers agree, both then read A's text and their distributions are compared."""
+        *b_values, model_b = b_values
         try:
             chosen = seed_or_random(c.seed)
-            ra, rb = self._prepare(c, chosen), self._prepare(c, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
+            cb = dataclasses.replace(c, model=model_b or c.model)
+            ra, rb = self._prepare(c, chosen), self._prepare(cb, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
             with self._job(request) as cancel:
                 ra, rb = self._collect(ra, cancel), self._collect(rb, cancel)
+                two, two_note = self._two_models(ra, rb) if ra.model != rb.model else (None, "")
         except TokenLabError as e:
             raise page_error(e) from None
         at = divergence(ra, rb)
         return {"out_a": render.highlighted_with_marker(ra, at), "out_b": render.highlighted_with_marker(rb, at),
-                "compare_md": render.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both.",
+                "compare_md": (render.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both."
+                               + render.two_models_md(ra, rb, two, two_note, self.view(ra.model).tokenizer)),
+                "compare_chart": render.two_models_frame(two),
                 "bars_a": self._bars(ra.steps[at], f"A at step {at}", ra) if at is not None and at < len(ra.steps) else "",
                 "bars_b": self._bars(rb.steps[at], f"B at step {at}", rb) if at is not None and at < len(rb.steps) else ""}
+
+    def _two_models(self, ra: RunRecord, rb: RunRecord) -> tuple[TwoModels | None, str]:
+        """A's text read by both models (each after its own prompt), or why it cannot be."""
+        ma, mb = self.view(ra.model), self.view(rb.model)
+        if not (ma.caps.internals and mb.caps.internals):
+            return None, "the whole distributions are needed, which a server does not return"
+        if not same_vocabulary(ma.tokenizer, mb.tokenizer):
+            return None, ("their tokenizers differ: an id is not the same text in both, so their "
+                          "distributions are over different outcomes")
+        chosen = [s.token_id for s in ra.steps]
+        if not chosen:
+            return None, "A made no token"
+        try:
+            la = ma.engine.logits_along(ra.prompt_ids + chosen, len(ra.prompt_ids))
+            lb = mb.engine.logits_along(rb.prompt_ids + chosen, len(rb.prompt_ids))
+        except TokenLabError as e:
+            return None, str(e)
+        return along(la, lb, chosen), ""
 
     def likelihood(self, rec: RunRecord | None, step, text: str, request: gr.Request = None) -> str:
         """How likely was this text? Teacher-forced at the selected step's position."""
@@ -77,7 +106,7 @@ class ExperimentHandlers(PageBase):
         i = step_index(rec, step)
         try:
             with self._job(request):
-                scores = self.engine.score(rec.seen_before(i), text or "")
+                scores = self.view(rec.model).engine.score(rec.seen_before(i), text or "")
         except TokenLabError as e:
             raise page_error(e) from None
         return f"After the prompt and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)

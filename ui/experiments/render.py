@@ -107,3 +107,45 @@ def likelihood_table(scores) -> str:
         lines.append(f"| {html.escape(visible(piece))} | {i} | {fmt_p(math.exp(lp))} | {lp:.3f} |")
     lines.append(f"| **all {len(scores)} tokens** | | {fmt_p(math.exp(total))} | {total:.3f} |")
     return "\n".join(lines)
+
+
+def two_models_md(a: RunRecord, b: RunRecord, two, why: str, tokenizer) -> str:
+    """Across two models: where their greedy choices part along A's text, their KL per step
+    (every step, in a table that opens), or why they cannot be compared token by token."""
+    if a.model == b.model:
+        return ""
+    head = f"\n\n**Two models**: A is {html.escape(a.model)}, B is {html.escape(b.model)}."
+    if two is None:
+        return head + f" Their distributions are not compared step by step: {html.escape(why)}."
+
+    def tok(i):
+        return html.escape(visible(tokenizer.piece(i)))
+
+    kl = two.kl
+    worst = max(range(len(kl)), key=kl.__getitem__)
+    lines = [head + " Both read A's text (each after its own prompt); at each step, KL(A‖B) of their raw "
+             f"distributions: mean **{sum(kl) / len(kl):.4f} nats**, largest {kl[worst]:.4f} at step {worst}."]
+    if two.split is None:
+        lines.append(f"Their greedy choices agree at all {len(kl)} steps.")
+    else:
+        (ia, pa), (ib, pb) = two.top_a[two.split], two.top_b[two.split]
+        lines.append(f"**Their greedy choices part first at step {two.split}**: A's top **{tok(ia)}** "
+                     f"({prob_html(pa)}), B's top **{tok(ib)}** ({prob_html(pb)}).")
+    rows = "".join(f"<tr><td>{i}</td><td>{tok(t)}</td><td>{prob_html(p_a)}</td><td>{prob_html(p_b)}</td>"
+                   f"<td>{k:.4f}</td><td>{tok(ta)}</td><td>{tok(tb)}</td></tr>"
+                   for i, ((t, p_a, p_b), k, (ta, _), (tb, _)) in
+                   enumerate(zip(two.chosen, kl, two.top_a, two.top_b)))
+    lines.append("<details><summary>Every step</summary><table><tr><th>step</th><th>A's token</th><th>p under A</th>"
+                 "<th>p under B</th><th>KL(A‖B)</th><th>A's top</th><th>B's top</th></tr>"
+                 f"{rows}</table></details>")
+    return "\n\n".join(lines)
+
+
+def two_models_frame(two) -> pd.DataFrame:
+    """The per-step chart across two models: KL(A‖B) and the probability each gave A's token."""
+    rows = []
+    for i, ((_, pa, pb), k) in enumerate(zip(two.chosen, two.kl) if two is not None else ()):
+        rows += [{"step": i, "value": k, "series": "KL(A‖B), nats"},
+                 {"step": i, "value": pa, "series": "p of A's token under A"},
+                 {"step": i, "value": pb, "series": "p of A's token under B"}]
+    return pd.DataFrame(rows, columns=["step", "value", "series"])

@@ -7,7 +7,7 @@ import gradio as gr
 
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
-from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, run_chart_frames
+from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, run_chart_frames, two_models_frame
 from ui.format import COMPARE_COLOR_MAP, step_axis
 from ui.handlers import Handlers
 from ui.public import ENGINE
@@ -51,7 +51,12 @@ def build(page, h: Handlers) -> None:
                                        visible=internals))
         add("replay_md", gr.Markdown("", elem_id="replay-stages", visible=internals))
         add("replay_bars", gr.HTML("", elem_id="replay-bars", visible=internals))
-        gr.Markdown("**Compare A/B**: A uses the settings above, B these; same prompt, same seed.")
+        many = len(h.models.labels) > 1
+        gr.Markdown("**Compare A/B**: A uses the model and settings above, B these; same prompt, same seed."
+                    + (" With two models whose tokenizers agree, both also read A's text and their "
+                       "distributions are compared at every step." if many else ""))
+        add("model_b", gr.Dropdown([("A's model", ""), *h.models.labels], value="", label="B's model (empty: A's)",
+                                   visible=many, elem_id="model-b"))
         with gr.Row():
             for n in SHAPING_SETTINGS:
                 if BY_NAME[n].group == "main":
@@ -70,6 +75,9 @@ def build(page, h: Handlers) -> None:
                 add(name, gr.HighlightedText(label=label, color_map=COMPARE_COLOR_MAP, show_legend=True,
                                              show_inline_category=False, elem_id=f"compare-{label.lower()}",
                                              min_width=300))
+        add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series",
+                                         title="Two models along A's text", label="Two models per step", visible=many,
+                                         elem_id="compare-chart"))
         with gr.Row():
             for name, label in (("bars_a", "A"), ("bars_b", "B")):
                 add(name, gr.HTML("", label=f"{label}'s candidates at the divergence",
@@ -95,8 +103,8 @@ def wire(page, h: Handlers) -> None:
                                                       (page[n].submit, page[n].blur) if isinstance(page[n], gr.Textbox) else
                                                       (page[n].input,))]
         page.on(lambda fn, **kw: gr.on(triggers, fn, trigger_mode="always_last", **kw), h.replay_step, **args)
-    page.on(page["compare_button"].click, h.compare, inputs=(*NAMES, *(f"b_{n}" for n in SHAPING_SETTINGS)),
-            outputs=("out_a", "out_b", "compare_md", "bars_a", "bars_b"), api_name="compare",
+    page.on(page["compare_button"].click, h.compare, inputs=(*NAMES, *(f"b_{n}" for n in SHAPING_SETTINGS), "model_b"),
+            outputs=("out_a", "out_b", "compare_md", "compare_chart", "bars_a", "bars_b"), api_name="compare",
             concurrency_id=ENGINE)
     page.on(page["x_button"].click, h.likelihood, inputs=("record", "step", "x_text"), outputs=("x_md",),
             api_visibility="private", concurrency_id=ENGINE)

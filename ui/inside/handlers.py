@@ -19,32 +19,32 @@ class InsideHandlers(PageBase):
         if rec is None or not rec.steps:
             return {"stages_md": "Generate first, then pick a step to look inside.",
                     "attention": "", "lens": "", "pattern": ""}
-        i = step_index(rec, step)
+        i, m = step_index(rec, step), self.view(rec.model)
         try:
-            layer = min(max(int(layer or 0), 0), self.info.cfg.n_layers - 1) if self.info.cfg else 0
+            layer = min(max(int(layer or 0), 0), m.info.cfg.n_layers - 1) if m.info.cfg else 0
         except (TypeError, ValueError):
             return {"stages_md": "The layer must be a whole number.", "attention": "", "lens": "", "pattern": ""}
         with self._job(request):
             try:
-                capture, pattern = rec.capture_at(i, layer, lambda ids: (self.engine.capture(ids, layer),
-                                                                         self.engine.attention_pattern(ids, layer)))
+                capture, pattern = rec.capture_at(i, layer, lambda ids: (m.engine.capture(ids, layer),
+                                                                         m.engine.attention_pattern(ids, layer)))
             except TokenLabError as e:  # an engine without the model's activations
                 return {"stages_md": f"⚠ {e}", "attention": "", "lens": "", "pattern": ""}
-        tok = self.engine.tokenizer
-        return {"stages_md": render.stages_markdown(self.info, len(rec.prompt_ids), i),
+        tok = m.tokenizer
+        return {"stages_md": render.stages_markdown(m.info, len(rec.prompt_ids), i),
                 "attention": render.attention_html(capture, tok), "lens": render.lens_html(capture, tok),
-                "pattern": self._pattern(capture.context_ids, pattern, layer, head)}
+                "pattern": self._pattern(capture.context_ids, pattern, layer, head, tok)}
 
-    def _pattern(self, ids, pattern, layer, head) -> str:
+    def _pattern(self, ids, pattern, layer, head, tokenizer) -> str:
         try:
             head = int(head or 0)
         except (TypeError, ValueError):
             head = 0
-        return render.pattern_html(pattern, ids, self.engine.tokenizer, layer, head)
+        return render.pattern_html(pattern, ids, tokenizer, layer, head)
 
     def select_head(self, rec: RunRecord | None, step, layer, head) -> str:
         """Another head of the pattern on show: from the kept capture, no forward pass."""
         if rec is None or not rec.steps or rec._capture is None:
             return ""
         (i, lay), (capture, pattern) = rec._capture
-        return self._pattern(capture.context_ids, pattern, lay, head)
+        return self._pattern(capture.context_ids, pattern, lay, head, self.view(rec.model).tokenizer)

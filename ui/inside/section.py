@@ -36,7 +36,7 @@ def build(page, h: Handlers) -> None:
                 add("pattern", gr.HTML("", elem_id="pattern", js_on_load=PATTERN_JS))
             with gr.Tab("Logit lens", elem_id="tab-lens"):
                 add("lens", gr.HTML("", elem_id="lens" if internals else None))
-        gr.Markdown(memory_markdown(h.info), elem_id="memory")
+        add("memory", gr.Markdown(memory_markdown(h.info), elem_id="memory"))
 
 
 def wire(page, h: Handlers) -> None:

@@ -14,6 +14,7 @@ from typing import Iterator
 
 import gradio as gr
 
+from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
 from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls, who
@@ -21,6 +22,7 @@ from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
 from ui.experiments.render import run_chart_frames
 from ui.public import tokens_message
+from ui.inside.render import memory_markdown
 from ui.run import kv, render
 from ui.run_state import RunRecord, run_jsonl
 from ui.streaming import EventPump, paced_interval
@@ -65,7 +67,7 @@ class RunHandlers(PageBase):
         empty = RunRecord()
         run_chart, rank_chart = run_chart_frames(empty)
         return {
-            "prompt_view": rec.prompt_text, "tokens": render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids),
+            "prompt_view": rec.prompt_text, "tokens": render.run_tokens_html(self.view(rec.model).tokenizer, rec.prompt_ids),
             "kv_chart": kv.kv_frame(empty), "latency": kv.latency_frame(empty), "live": gr.Timer(active=True),
             "generate": gr.update(interactive=False), "regenerate": gr.update(interactive=False),
             "stop_button": gr.update(interactive=True, variant="stop"),
@@ -98,15 +100,15 @@ class RunHandlers(PageBase):
             yield from self._stream(rec, cancel)
 
     def _stream(self, rec: RunRecord, cancel) -> Iterator[dict]:
-        notice = ""
-        n, room = len(rec.prompt_ids), self.context - len(rec.prompt_ids)
+        notice, m = "", self.view(rec.model)
+        n, room = len(rec.prompt_ids), m.context - len(rec.prompt_ids)
         if rec.params.max_new_tokens > room:
             notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
-                      f"uses {n} of the {self.context}-token context window.")
-        stream = EventPump(self.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel), cancel)
+                      f"uses {n} of the {m.context}-token context window.")
+        stream = EventPump(m.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel), cancel)
         try:
             yield self.outputs(rec, notice)
-            for batch in stream.batches(lambda: paced_interval(self.update_interval_s, self.engine.active_runs)):
+            for batch in stream.batches(lambda: paced_interval(m.update_interval_s, m.engine.active_runs)):
                 for ev in batch:
                     rec.add(ev)
                 yield self.outputs(rec, notice)  # the last one carries the complete text
@@ -141,17 +143,17 @@ class RunHandlers(PageBase):
         update and took the GIL from the engine's thread. The Markdown ones are dedented here,
         as Gradio's Markdown would.
         """
-        last = rec.steps[-1] if rec.steps else None
-        tok = self.engine.tokenizer
+        last, m = rec.steps[-1] if rec.steps else None, self.view(rec.model)
+        tok = m.tokenizer
         waiting = ("Waiting for the server…" if rec.waiting is not None else
                    f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…")
         return {
             "output": render.output_html(rec, tok, empty=waiting),
             "bars": self._bars(last, rec=rec),
-            "stats": inspect.cleandoc(render.stats_markdown(self.info, rec)),
+            "stats": inspect.cleandoc(render.stats_markdown(m.info, rec)),
             "kv_text": inspect.cleandoc(self._kv_text(rec)),
             "notice": inspect.cleandoc(notice),  # the wait, if any, is on the status line
-            "status": inspect.cleandoc(render.status_text(rec, self.context, time.monotonic())),
+            "status": inspect.cleandoc(render.status_text(rec, m.context, time.monotonic())),
             "step": last.step if last else 0,
             "api_tokens": render.output_tokens(rec, tok) if rec.done is not None else [],
             "record": rec,
@@ -162,14 +164,15 @@ class RunHandlers(PageBase):
         the newest): measured where the engine measures them, else counted by the formula."""
         last = rec.steps[-1] if rec.steps else None
         positions = len(rec.prompt_ids) + len(rec.steps) - 1 if last else None
-        return (kv.kv_formula(self.info, positions, last.kv_cache_bytes if last else None)
+        return (kv.kv_formula(self.view(rec.model).info, positions, last.kv_cache_bytes if last else None)
                 + kv.pool_markdown(last))
 
     def _status(self, rec: RunRecord, session: str) -> str:
         with self._lock:
             mine = self._waiting.get(session)
             before = sum(1 for s, t in self._waiting.items() if s != session and mine is not None and t < mine)
-        return render.status_text(rec, self.context, time.monotonic(), (self.engine.active_runs, before))
+        m = self.view(rec.model)
+        return render.status_text(rec, m.context, time.monotonic(), (m.engine.active_runs, before))
 
     def live_tick(self, rec: RunRecord | None, request: gr.Request = None) -> dict:
         """Twice a second while a run is on: its KV-cache and latency charts, and while no token
@@ -198,7 +201,7 @@ class RunHandlers(PageBase):
             if rec is not None and not rec.finished:
                 idle["status"] = "The run did not start: see the message."
             return idle
-        rec.finished = True
+        rec.finished, m = True, self.view(rec.model)
         n = len(rec.steps)
         # The turn is added once, to the conversation it continued.
         turn = turn_if_answered(rec) if history == list(rec.history) else []
@@ -209,14 +212,14 @@ class RunHandlers(PageBase):
                "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
                "run_chart": run_chart, "rank_chart": rank_chart,
                **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
-               "tokens": render.run_tokens_html(self.engine.tokenizer, rec.prompt_ids,
+               "tokens": render.run_tokens_html(m.tokenizer, rec.prompt_ids,
                                                 [s.token_id for s in rec.steps]),
                "downloads": render.downloads_html(
                    self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
                    self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec))),
                "run_seed": "" if rec.seed is None else str(rec.seed),
                "history": new_history, "conversation": conversation_html(new_history),
-               "status": (render.status_text(rec, self.context, time.monotonic()) if rec.done is not None
+               "status": (render.status_text(rec, m.context, time.monotonic()) if rec.done is not None
                           else "The run failed: see the message.")}
         if turn:  # a chat turn was sent: the box is ready for the next
             out["prompt"] = ""
@@ -256,13 +259,14 @@ class RunHandlers(PageBase):
             path = self._file_paths.get(token)
         return path if path is not None and path.name == name and path.exists() else None
 
-    def count_context(self, prompt, mode, system, max_new_tokens, history=None) -> str:
+    def count_context(self, prompt, mode, system, max_new_tokens, history=None, model=None) -> str:
         """The context counter while typing: the prompt's tokens (in chat mode with the template
-        and the earlier turns) + the most new tokens / the context window."""
+        and the earlier turns) + the most new tokens / the context window, in the chosen model."""
         chat = mode == "chat"
         turns = list(history or []) if chat else []
         try:
-            ids = self.engine.prompt_ids(prompt, chat, system, turns)
+            m = self.view(model)
+            ids = m.engine.prompt_ids(prompt, chat, system, turns)
         except TokenLabError as e:
             if isinstance(prompt, str) and not prompt.strip():
                 if turns:
@@ -273,7 +277,34 @@ class RunHandlers(PageBase):
             max_new = BY_NAME["max_new_tokens"].parse(max_new_tokens)
         except TokenLabError:
             max_new = None
-        return render.context_text(len(ids), None, max_new, self.context)
+        return render.context_text(len(ids), None, max_new, m.context)
+
+    # -------------------------------------------------------- the model picker
+
+    def models_markdown(self, error: str = "") -> str:
+        """Each offered model and what it takes in memory (loaded ones), the memory free now."""
+        return render.models_markdown(self.models, available_memory_bytes(), error)
+
+    def choose_model(self, model, prompt, mode, system, max_new_tokens, history=None) -> dict:
+        """A model chosen in the picker: loaded now if this is its first use (a load that
+        cannot fit is refused, said under the picker), then the model card, its memory, the
+        context counter, the system prompt's default and the sliders' ranges follow it."""
+        try:
+            m = self.view(model)
+        except TokenLabError as e:
+            return {"model_md": self.models_markdown(f"{e}")}
+        cap = self.limits.max_new_tokens
+        most = m.context - 1 if cap is None else min(m.context - 1, cap)
+        cfg = m.info.cfg
+        out = {"model_md": self.models_markdown(), "model_card": render.model_card(m.info),
+               "memory": memory_markdown(m.info),
+               "context_count": self.count_context(prompt, mode, system, max_new_tokens, history, model),
+               "max_new_tokens": gr.update(maximum=most),
+               "system": gr.update(placeholder=m.default_system or "none")}
+        if cfg is not None:
+            out["layer"] = gr.update(maximum=cfg.n_layers - 1, value=cfg.n_layers - 1)
+            out["head"] = gr.update(maximum=cfg.n_heads - 1, value=0)
+        return out
 
     # -------------------------------------------------------- the sampler order
 
@@ -301,7 +332,7 @@ class RunHandlers(PageBase):
         index = evt.index
         if isinstance(index, (list, tuple)):
             index = index[0] if index else None
-        chips = render.output_chips(rec, self.engine.tokenizer)
+        chips = render.output_chips(rec, self.view(rec.model).tokenizer)
         try:
             i = chips[min(max(int(index), 0), len(chips) - 1)].steps[0]
         except (TypeError, ValueError, OverflowError):
@@ -316,14 +347,14 @@ class RunHandlers(PageBase):
         cap = self.limits.max_new_tokens
         if cap is not None and params.max_new_tokens > cap:
             raise TokenLabError(tokens_message(cap, params.max_new_tokens))
-        chat = c.mode == "chat"
+        chat, m = c.mode == "chat", self.view(c.model)
         turns = list(history or []) if chat else []
-        ids = self.engine.prompt_ids(c.prompt, chat, c.system, turns)
-        return RunRecord(self.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
-                         params=params, bias=dict(decode_logit_bias(params.logit_bias, self.engine.tokenizer)),
+        ids = m.engine.prompt_ids(c.prompt, chat, c.system, turns)
+        return RunRecord(m.label, m.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
+                         params=params, bias=dict(decode_logit_bias(params.logit_bias, m.tokenizer)),
                          mode=c.mode, user_message=c.prompt, system=c.system or "",
-                         history=turns, max_steps=min(params.max_new_tokens, self.context - len(ids)),
-                         controls=c, kv_bytes_per_token=self.info.kv_bytes_per_position)
+                         history=turns, max_steps=min(params.max_new_tokens, m.context - len(ids)),
+                         controls=c, kv_bytes_per_token=m.info.kv_bytes_per_position)
 
     # -------------------------------------------------------- the server's own load
 

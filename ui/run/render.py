@@ -327,3 +327,20 @@ def order_html(params=None, error: str = "") -> str:
     default = ("<div class='tl-order-default'>Default: " + " → ".join(DEFAULT_ORDER) + ". To reorder, list the "
                "<b>on</b> stages in <i>Sampler order</i> in the order you want, e.g. <code>top_k,temperature</code>.</div>")
     return f"<div class='tl-order'>{note}<div>{head}</div><ol>{chips}</ol>{default}</div>"
+
+
+def models_markdown(models, available_bytes: int, error: str = "") -> str:
+    """The models the page offers, what each loaded one takes, and the memory free now."""
+    if len(models.labels) < 2 and not error:
+        return ""
+    mib = 2 ** 20
+    lines = []
+    for label in models.labels:
+        f = models.footprint(label)
+        where = (f"{f.weights_bytes / mib:,.0f} MiB of weights + a {f.pool_bytes / mib:,.0f} MiB KV pool "
+                 "(reserved; filled as runs write it)" if f is not None else "not loaded yet: loads on its first use")
+        lines.append(f"- **{html.escape(label)}**{' (default)' if label == models.default else ''}: {where}")
+    lines.append(f"\n{available_bytes / mib:,.0f} MiB of memory free on this machine now.")
+    if error:
+        lines.insert(0, f"⚠ {html.escape(error)}\n")
+    return "\n".join(lines)

@@ -55,6 +55,12 @@ def build(page, h: Handlers, limits_md: str) -> None:
     d, tok, add = h.defaults, h.engine.tokenizer, page.add
     with gr.Row(elem_id="main-grid"):
         with gr.Column(elem_id="input-col"):
+            many = len(h.models.labels) > 1
+            # The default model's value is "" (as /generate's default): a link to it names none.
+            choices = [(h.models.default, ""), *h.models.labels[1:]]
+            add("model", gr.Dropdown(choices, value=d.model, label="Model", visible=many,
+                                     info="each loads on its first use", elem_id="model"))
+            add("model_md", gr.Markdown(h.models_markdown(), elem_id="model-memory", visible=many))
             add("prompt", gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt"))
             add("context_count", gr.Markdown(h.count_context(d.prompt, d.mode, d.system, d.max_new_tokens),
                                              label="Context", elem_id="context-count"))
@@ -157,7 +163,7 @@ def wire(page, h: Handlers, demo: gr.Blocks) -> None:
     page.on(page["live"].tick, h.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
             api_visibility="private", queue=False, show_progress="hidden")
     page["stop_button"].click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
-    context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history")
+    context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model")
     gr.on([page[n].change for n in context_inputs], h.count_context, inputs=page.all(context_inputs),
           outputs=page["context_count"], queue=False, show_progress="hidden", trigger_mode="always_last",
           api_visibility="private")
@@ -175,6 +181,12 @@ def wire(page, h: Handlers, demo: gr.Blocks) -> None:
         for event in (demo.load, page["live"].tick, *(r.then for r in runs)):
             event(h.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
                   queue=False, show_progress="hidden")
+    # The picker: the model loads (on its first use) and what shows its numbers follows it.
+    page.on(page["model"].change, h.choose_model, inputs=("model", *context_inputs[:-1]),
+            outputs=("model_md", "model_card", "memory", "context_count", "max_new_tokens", "system",
+                     "layer", "head"), api_visibility="private", concurrency_id=ENGINE, show_progress="minimal")
+    if len(h.models.labels) > 1:  # what is loaded now, not when the page was built
+        page.on(demo.load, h.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
     # A display switch only: every number is rendered both ways and CSS shows one.
     page["show_logp"].change(None, inputs=page["show_logp"], outputs=None, js=SHOW_LOGP_JS)

@@ -1,0 +1,151 @@
+"""The model picker (app.py --model A --model B): each model loads on its first use, one that
+cannot fit is refused, a run, its link and its JSONL name the model that made it, and compare
+A/B across two models gives the per-step KL and the first greedy split (checked against
+transformers)."""
+
+import json
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from inference.errors import InputError
+from inference.sampling.params import SamplingParams
+from inference.serving.engine import Engine
+from inference.serving.models import Models
+from tiny_models import make_tiny_model, train_sentencepiece
+from ui.controls import Controls, shaping_values
+from ui.handlers import Handlers
+from ui.run_state import run_jsonl
+
+REQ = SimpleNamespace(session_hash="picker")
+
+
+def opener(dirs, opened):
+    def open_one(spec, pool_mib):
+        opened.append(spec)
+        return Engine.from_hf_dir(dirs[spec], device="cpu", dtype="float32", kv_pool_mib=pool_mib or 8)
+    return open_one
+
+
+@pytest.fixture(scope="module")
+def two(tiny_dirs):
+    """Models "mha" (default) and "gqa_tied": two tiny LLaMAs with the same tokenizer."""
+    opened = []
+    models = Models(["mha", "gqa_tied"], opener(tiny_dirs, opened), needs=lambda spec: 1)
+    models.engine()
+    yield SimpleNamespace(models=models, opened=opened, h=Handlers(models.engine(), models=models))
+    models.close()
+
+
+def tiny_dirs_cfg(name):
+    from tiny_models import BASE, CONFIGS
+    return {**BASE, **CONFIGS[name]}
+
+
+def test_each_model_loads_on_first_use_only(two):
+    assert two.opened == ["mha"] and not two.models.loaded("gqa_tied")
+    assert "not loaded yet" in two.h.models_markdown()
+    out = two.h.choose_model("gqa_tied", "The quick", "completion", "", 5)
+    assert two.opened == ["mha", "gqa_tied"]  # once, however often it is used after
+    two.h.choose_model("gqa_tied", "The quick", "completion", "", 5)
+    assert two.opened == ["mha", "gqa_tied"]
+    # The card and memory follow the chosen model: gqa_tied has 2 KV heads, a tied LM head.
+    assert "gqa_tied" in out["model_card"] and "2 KV heads" in out["model_card"] and "tied" in out["model_card"]
+    f, cfg = two.models.footprint("gqa_tied"), tiny_dirs_cfg("gqa_tied")
+    # Every parameter at 4 bytes (the tied head is the embedding, counted once), and the RoPE
+    # tables: cos and sin, (positions, head dim / 2) each.
+    params = (384 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64) + 2 * 3 * 64 * 160 + 2 * 2 * 64 + 64)
+    assert f.weights_bytes == 4 * params + 2 * 4 * cfg["max_position_embeddings"] * 16
+    assert f"{f.pool_bytes / 2**20:,.0f} MiB KV pool" in two.h.models_markdown()
+
+
+def test_a_model_that_does_not_fit_is_refused_in_one_line(tiny_dirs):
+    opened = []
+    models = Models(["mha", "gqa_tied"], opener(tiny_dirs, opened), needs=lambda spec: 10 * 2**30,
+                    available=lambda: 4 * 2**30)
+    with pytest.raises(InputError, match=r"^model gqa_tied needs 10,240 MiB .* only \d[\d,]* MiB are free"):
+        models.engine("gqa_tied")
+    assert opened == []  # refused before anything was read
+    with pytest.raises(InputError, match="not offered here"):
+        models.engine("elsewhere")
+
+
+def test_a_run_of_the_second_model_is_that_models_run(two, tiny_dirs):
+    c = Controls(prompt="The quick brown", model="gqa_tied", temperature=1.0, max_new_tokens=8, seed="3")
+    final = list(two.h.generate(*c.values(), REQ))[-1]
+    rec = final["record"]
+    assert rec.model == "gqa_tied"
+    with Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32") as alone:
+        ids = alone.tokenizer.encode("The quick brown")
+        expected = [e.token_id for e in alone.generate_ids(ids, SamplingParams(temperature=1.0, max_new_tokens=8, seed=3))
+                    if hasattr(e, "token_id")]
+    assert [s.token_id for s in rec.steps] == expected
+    done = json.loads(run_jsonl(rec).splitlines()[-1])
+    assert done["model"] == "gqa_tied"
+    link = two.h.share_link(*c.values(), "http://x/", REQ)
+    assert "model=gqa_tied" in link
+    default_link = two.h.share_link(*replace(c, model="mha").values(), "http://x/", REQ)
+    assert "model=" not in default_link  # the default model is not written
+
+
+def test_a_link_restores_the_model_and_ignores_one_not_offered(two):
+    out = two.h.restore(SimpleNamespace(query_params={"model": "gqa_tied"}))
+    assert out["model"] == "gqa_tied" and not out["notice"]
+    out = two.h.restore(SimpleNamespace(query_params={"model": "nope"}))
+    assert out["model"] == "" and "Ignored link parameter `model`" in out["notice"]
+    assert two.h.restore(SimpleNamespace(query_params={"model": "mha"}))["model"] == ""  # the default
+
+
+def test_two_models_compared_along_as_text_as_transformers_says(two, tiny_dirs):
+    transformers = pytest.importorskip("transformers")
+    c = Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=10, seed="1")
+    out = two.h.compare(*c.values(), *shaping_values(temperature=0.0), "gqa_tied", REQ)
+    summary, chart = out["compare_md"], out["compare_chart"]
+    engine = two.models.engine("mha")
+    prompt = engine.tokenizer.encode("The quick brown")
+    a = [e.token_id for e in engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_new_tokens=10))
+         if hasattr(e, "token_id")]
+    path = torch.tensor([prompt + a])
+    logp = {}
+    for name in ("mha", "gqa_tied"):
+        ref = transformers.LlamaForCausalLM.from_pretrained(tiny_dirs[name], dtype=torch.float32).eval()
+        with torch.no_grad():
+            logits = ref(path).logits[0, len(prompt) - 1:-1].double()  # (steps, vocab)
+        logp[name] = logits.log_softmax(-1)
+    kl = (logp["mha"].exp() * (logp["mha"] - logp["gqa_tied"])).sum(-1)
+    shown = chart[chart.series == "KL(A‖B), nats"]["value"].tolist()
+    assert len(shown) == len(a) and max(abs(x - y) for x, y in zip(shown, kl.tolist())) < 1e-4
+    under_b = chart[chart.series == "p of A's token under B"]["value"].tolist()
+    expected_b = logp["gqa_tied"].exp().gather(-1, torch.tensor(a)[:, None])[:, 0].tolist()
+    assert max(abs(x - y) for x, y in zip(under_b, expected_b)) < 1e-4
+    parts = (logp["mha"].argmax(-1) != logp["gqa_tied"].argmax(-1)).nonzero()
+    if len(parts):
+        assert f"greedy choices part first at step {int(parts[0, 0])}" in summary
+    else:
+        assert "agree at all" in summary
+    assert f"mean **{kl.mean().item():.4f} nats**" in summary
+
+
+def test_models_whose_tokenizers_differ_are_not_compared_token_by_token(tmp_path, tiny_dirs):
+    other = make_tiny_model(tmp_path, "mha", seed=5, sp_model=train_sentencepiece(400), vocab_size=400,
+                            dir_name="other")
+    dirs = {**tiny_dirs, "other": other}
+    models = Models(["mha", "other"], opener(dirs, []), needs=lambda spec: 1)
+    with models:
+        h = Handlers(models.engine(), models=models)
+        c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=4, seed="1")
+        out = h.compare(*c.values(), *shaping_values(temperature=0.0), "other", REQ)
+        assert "their tokenizers differ" in out["compare_md"] and out["compare_chart"].empty
+        assert out["out_b"]  # B's own text is there
+
+
+def test_a_single_model_page_has_no_picker_but_takes_no_model_field(tiny_engine):
+    h = Handlers(tiny_engine)
+    assert h.models.labels == [tiny_engine.describe().name] and h.models_markdown() == ""
+    c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=3, seed="1")
+    rec = list(h.generate(*c.values(), REQ))[-1]["record"]
+    assert rec.model == tiny_engine.describe().name
+    with pytest.raises(Exception, match="not offered here"):
+        list(h.generate(*replace(c, model="other").values(), REQ))
