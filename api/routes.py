@@ -20,6 +20,7 @@ from functools import wraps
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from api.answers import Writer, usage
 from api.errors import APIError, bad, error_body, from_engine
@@ -132,6 +133,8 @@ class API:
     async def body(self, request: Request) -> dict:
         try:
             body = json.loads(await request.body())
+        except ClientDisconnect:  # (RouteGuard ends a body that grows past the page's limit so)
+            raise APIError(413, "Request too large", code="request_too_large") from None
         except (ValueError, UnicodeDecodeError):
             raise bad("the request body must be JSON") from None
         if not isinstance(body, dict):
@@ -201,7 +204,7 @@ class API:
                 streaming = True
                 return response
             steps, done = await _collect(runs, len(jobs))
-            out = [writer.completion_choice(c, steps[c], done.get(c), known[p]) for c, (p, _) in enumerate(choices)]
+            out = [writer.completion_choice(c, steps.get(c, []), done.get(c), known[p]) for c, (p, _) in enumerate(choices)]
             generated = sum(d.generated_tokens for d in done.values())
             return JSONResponse(writer.envelope(out, usage=usage(n_prompt, generated)))
         finally:
