@@ -216,20 +216,16 @@ class API:
         for c, (p, _) in enumerate(choices):
             if known[p] is not None:
                 yield writer.completion_prompt_chunk(c, known[p]), True
-        generated = 0
+        generated = [0]
         if runs.jobs:
-            async for c, ev in runs.events():
-                if isinstance(ev, DoneEvent):
-                    generated += ev.generated_tokens
-                    yield writer.completion_done_chunk(c, ev), False
-                else:
-                    yield writer.completion_step_chunk(c, ev), False
+            async for item in _run_chunks(runs, writer.completion_step_chunk, writer.completion_done_chunk, generated):
+                yield item
         else:  # max_tokens 0: the prompt only
             for c in range(len(choices)):
                 yield writer.envelope([{"index": c, "text": "", "logprobs": None, "finish_reason": "length",
                                         "stop_reason": None}], chunk=True), False
         if ask.include_usage:
-            yield writer.usage_chunk(usage(n_prompt, generated)), False
+            yield writer.usage_chunk(usage(n_prompt, generated[0])), False
 
     async def chat(self, request: Request):
         client = self.client(request)
@@ -258,15 +254,11 @@ class API:
         """(chunk, written before any run's event)."""
         for c in range(len(runs.jobs)):
             yield writer.chat_role_chunk(c), True
-        generated = 0
-        async for c, ev in runs.events():
-            if isinstance(ev, DoneEvent):
-                generated += ev.generated_tokens
-                yield writer.chat_done_chunk(c, ev), False
-            else:
-                yield writer.chat_step_chunk(c, ev), False
+        generated = [0]
+        async for item in _run_chunks(runs, writer.chat_step_chunk, writer.chat_done_chunk, generated):
+            yield item
         if ask.include_usage:
-            yield writer.usage_chunk(usage(n_prompt, generated)), False
+            yield writer.usage_chunk(usage(n_prompt, generated[0])), False
 
     async def _stream(self, chunks, names, cancels) -> StreamingResponse:
         """The chunks as server-sent events, ending with `data: [DONE]`. The first chunk of the
@@ -342,6 +334,16 @@ def _top_n(ask) -> int:
     """Candidates the engine reports per step: at least one when log-probabilities are asked
     for (0 skips the step's statistics altogether)."""
     return 0 if ask.logprobs is None else max(1, ask.logprobs)
+
+
+async def _run_chunks(runs: Runs, step_chunk, done_chunk, generated: list):
+    """The runs' events as (chunk, False); generated[0] counts the tokens made."""
+    async for c, ev in runs.events():
+        if isinstance(ev, DoneEvent):
+            generated[0] += ev.generated_tokens
+            yield done_chunk(c, ev), False
+        else:
+            yield step_chunk(c, ev), False
 
 
 async def _collect(runs: Runs, k: int) -> tuple[dict, dict]:
