@@ -102,10 +102,7 @@ class DoneEvent:
     stop_string: str | None = None  # reason "stop": the stop string that ended the run
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        if d["stop_string"] is None:
-            d.pop("stop_string")
-        return d
+        return asdict(self)
 
 
 @dataclass
