@@ -13,7 +13,7 @@ from inference.sampling.settings import SETTINGS
 if TYPE_CHECKING:
     import torch
 
-    from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
+    from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, WaitEvent
     from inference.model.anatomy import StepCapture
     from inference.model.config import ModelConfig
     from inference.sampling.replay import StageStat
@@ -104,6 +104,8 @@ class Engine(Protocol):
                      ) -> "Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]": ...
 
     def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]: ...
+
+    def prompt_logprobs(self, ids: list[int], top_n: int = 0) -> "list[PromptToken]": ...
 
     # -- what needs the model's insides (capabilities.internals)
     def step_logits(self, context_ids: list[int]) -> "torch.Tensor": ...

@@ -99,6 +99,18 @@ class DoneEvent:
     max_new_tokens: int  # after capping at the context window
     capped: bool  # max_new_tokens was lowered to fit the context window
     done: bool = True
+    stop_string: str | None = None  # reason "stop": the stop string that ended the run
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+@dataclass
+class PromptToken:
+    """One prompt token scored teacher-forced: its log-probability in the model's own
+    distribution given the tokens before it, its rank there (1 = most likely), and the top
+    candidates there as (id, log p), most likely first."""
+    token_id: int
+    logprob: float
+    rank: int
+    top: list[tuple[int, float]]

@@ -12,6 +12,7 @@ import gradio as gr
 from fastapi.responses import FileResponse, PlainTextResponse
 from starlette.middleware import Middleware
 
+from api.routes import API
 from inference.device import available_memory_bytes
 from ui import chat, share
 from ui.experiments import section as experiments
@@ -118,7 +119,7 @@ def serve_downloads(app, handlers: Handlers) -> None:
 
 
 def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None = None,
-           share: bool = False, auth: tuple[str, str] | None = None, block: bool = True,
+           share: bool = False, auth: tuple[str, str] | list[tuple[str, str]] | None = None, block: bool = True,
            queue_size: int = 16, concurrency: int = CONCURRENCY):
     """Serve the page; with block, print where and wait until interrupted. Returns gradio's
     (app, local URL, share URL). concurrency: runs Gradio hands the scheduler at once."""
@@ -141,6 +142,9 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
                                                                  available_memory_bytes()))
     if h is not None and served:  # (a test's stand-in launch returns nothing)
         serve_downloads(served[0], h)
+        # OpenAI's API beside the page: the same engine, logins and per-visitor limits.
+        logins = [auth] if isinstance(auth, tuple) else list(auth or [])
+        API(engine, h.registry, limits, logins).mount(served[0])
         h.keeper.attach(served[0])
     if block:
         _, local_url, share_url = served

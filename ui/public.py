@@ -243,9 +243,18 @@ class Sessions:
             return len(self._by_client.get(client, ()))
 
 
-async def _reply(send, status: int, message: str) -> None:
+# Paths of the OpenAI-compatible API (api/routes.py): their refusals are OpenAI's error bodies.
+API_PATHS = re.compile(r"/v1/.*|/(tokenize|detokenize|tokenizer_info)/?")
+
+
+async def _reply(send, status: int, message: str, path: str = "") -> None:
     import json
-    body = json.dumps({"detail": message, "error": message}).encode()
+    if API_PATHS.fullmatch(path):
+        from api.errors import error_body
+        code = {404: "not_found", 413: "request_too_large", 429: "rate_limit_exceeded"}.get(status)
+        body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
+    else:
+        body = json.dumps({"detail": message, "error": message}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
@@ -273,7 +282,7 @@ class RouteGuard:
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return await _reply(send, 413, f"Request too large: this page accepts at most "
-                                           f"{self.max_body // (1024 * 1024)} MiB.")
+                                           f"{self.max_body // (1024 * 1024)} MiB.", path)
         if self.sessions.cap is None:
             return await self.app(scope, _counted(receive, self.max_body), send)
         # Read the body (at most max_body) to see which session it names, then hand it on.
@@ -285,7 +294,7 @@ class RouteGuard:
             size += len(message.get("body", b""))
             if size > self.max_body:
                 return await _reply(send, 413, f"Request too large: this page accepts at most "
-                                               f"{self.max_body // (1024 * 1024)} MiB.")
+                                               f"{self.max_body // (1024 * 1024)} MiB.", path)
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break

@@ -154,10 +154,12 @@ class Transformer(nn.Module):
         return KVCache(self.cfg, min(capacity, self.cfg.max_seq_len), self.device, self.dtype, bsz)
 
     def forward(self, tokens: torch.Tensor, cache: KVCache, start_pos: int, *,
-                all_logits: bool = False, probe: Probe | None = None) -> torch.Tensor:
+                all_logits: bool = False, probe: Probe | None = None, head: bool = True) -> torch.Tensor:
         """Run tokens (bsz, T) at positions start_pos.. against the cache; return float32 logits.
 
         Logits are (bsz, vocab) for the last position, or (bsz, T, vocab) with all_logits.
+        head=False returns the last layer's hidden states instead, (bsz, [T,] hidden): a caller
+        that needs every position's logits takes them through `head` a few rows at a time.
         """
         T = tokens.shape[1]
         if start_pos + T > cache.capacity:
@@ -172,7 +174,7 @@ class Transformer(nn.Module):
         cache.length = start_pos + T
         if not all_logits:
             h = h[:, -1]  # (bsz, hidden): only the next token's logits are needed
-        return self.head(h)
+        return self.head(h) if head else h
 
     def forward_paged(self, tokens: torch.Tensor, batch: PagedBatch, k_pool: torch.Tensor,
                       v_pool: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,7 @@ from inference.loading.chat import chat_messages
 from inference.model.config import ModelConfig
 from inference.contract import EngineInfo
 from inference.errors import EngineClosed, InputError, NotAvailable, ServerError
-from inference.events import DoneEvent, StepEvent
+from inference.events import DoneEvent, PromptToken, StepEvent
 from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
 from inference.remote.discovery import pick_model, probe_logprobs_mode, read_config, server_info
 from inference.remote.http import ServerHTTP
@@ -196,18 +196,33 @@ class RemoteEngine:
         if len(ids) >= self.max_seq_len:  # the server generates one token after them
             raise InputError(f"context and continuation are {len(ids)} tokens but the context "
                              f"window is {self.max_seq_len}")
-        body = {"model": self.name, "prompt": ids, "max_tokens": 1, "temperature": 0,
-                "prompt_logprobs": 0}
+        scored = self.prompt_logprobs(ids)[len(context_ids) - 1:]
+        pieces = self.tokenizer.pieces(cont)
+        return [(t.token_id, pieces[t.token_id], t.logprob) for t in scored]
+
+    def prompt_logprobs(self, ids: list[int], top_n: int = 0) -> list[PromptToken]:
+        """Every token of ids after the first, teacher-forced: the server's prompt
+        log-probabilities (the model's own distribution in every logprobs mode), each token's
+        rank and its top_n candidates there."""
+        self._check_open()
+        if not ids:
+            raise InputError("the prompt is empty")
+        body = {"model": self.name, "prompt": list(ids), "max_tokens": 1, "temperature": 0,
+                "prompt_logprobs": max(0, top_n)}
         answer = self.http.post_json("/completions", body)
+        out = []
         try:
             per_position = answer["choices"][0]["prompt_logprobs"]
-            picked = [float(per_position[k][str(ids[k])]["logprob"])
-                      for k in range(len(context_ids), len(ids))]
-        except (KeyError, IndexError, TypeError, ValueError):
+            for k in range(1, len(ids)):
+                entries = per_position[k]
+                chosen = entries[str(ids[k])]
+                top = sorted(((int(i), float(e["logprob"])) for i, e in entries.items()),
+                             key=lambda e: (-e[1], e[0]))[:top_n]
+                out.append(PromptToken(ids[k], float(chosen["logprob"]), int(chosen["rank"]), top))
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
             raise ServerError("the model server's answer has no prompt log-probabilities "
                               "(prompt_logprobs); Token Lab needs vLLM's OpenAI API") from None
-        pieces = self.tokenizer.pieces(cont)
-        return [(i, pieces[i], lp) for i, lp in zip(cont, picked)]
+        return out
 
     # ------------------------------------------------------------ generation
 
@@ -246,7 +261,7 @@ class RemoteEngine:
         stream, ended, watcher = None, threading.Event(), None
         parts: list[str] = []
         arrivals: list[float] = []
-        step, tail, reason = 0, "", None
+        step, tail, reason, stop_string = 0, "", None, None
 
         def stopped() -> bool:
             return self._closed.is_set() or (cancel is not None and cancel.is_set())
@@ -298,6 +313,8 @@ class RemoteEngine:
                         step += 1
                 if choice.get("finish_reason") is not None:
                     reason = _reason(choice, capped, step, max_new)
+                    if reason == "stop":
+                        stop_string = choice.get("stop_reason")
             if (cancel is not None and cancel.is_set()) or (reason is None and self._closed.is_set()):
                 reason = "cancelled"
             elif reason is None:
@@ -316,7 +333,7 @@ class RemoteEngine:
             reason=reason, text="".join(parts) + tail, tail=tail, prompt_tokens=n_prompt,
             generated_tokens=step, ttft_ms=(arrivals[0] - t0) * 1000 if arrivals else 0.0,
             decode_tokens_per_s=(len(arrivals) - 1) / decode_s if decode_s > 0 else 0.0,
-            seed=seed, max_new_tokens=max_new, capped=capped)
+            seed=seed, max_new_tokens=max_new, capped=capped, stop_string=stop_string)
 
     # ------------------------------------------------------------ looking inside a step
 

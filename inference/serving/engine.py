@@ -15,8 +15,8 @@ from inference.model.anatomy import StepCapture, capture_pattern, capture_step
 from inference.loading.chat import chat_messages, default_system_prompt, render_chat_segments
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
-from inference.errors import EngineClosed, InputError, ModelError, NotAvailable
-from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
+from inference.errors import EngineClosed, InputError, ModelError, NotAvailable, shown
+from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, WaitEvent
 from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
@@ -34,6 +34,23 @@ class Request:
     chat: bool = False
     system: str | None = None
     top_n: int = 10  # candidates reported per step
+
+# Prompt positions whose logits are made at once when every position's are needed: 256 rows of
+# a 49,152-token vocabulary are 48 MiB of float32.
+PROMPT_ROWS = 256
+
+
+def check_ids(ids, vocab_size: int, max_seq_len: int) -> None:
+    """Token ids a caller gives (an API's prompt): a non-empty list of ids of the vocabulary
+    that fits the context window; InputError otherwise."""
+    if not isinstance(ids, (list, tuple)) or not ids:
+        raise InputError("the prompt is empty")
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size][:1]
+    if bad:
+        raise InputError(f"token ids must be integers in [0, {vocab_size}), got {shown(bad[0])}")
+    if len(ids) > max_seq_len:
+        raise InputError(f"the prompt is {len(ids)} tokens but the context window is {max_seq_len}")
+
 
 # The local engine computes everything: its numbers are the model's own.
 CAPABILITIES = Capabilities(internals=True, whole_distribution=True, measured_kv=True, server_load=False)
@@ -238,6 +255,7 @@ class Engine:
             raise InputError("the continuation must be text")
         if not context_ids:
             raise InputError("the context is empty: scoring needs at least one token before")
+        check_ids(context_ids, self.cfg.vocab_size, self.cfg.max_seq_len)
         room = self.cfg.max_seq_len - len(context_ids)
         self.check_fits("the continuation is", len(continuation), room,
                         f"the context window has {max(room, 0)} of its {self.cfg.max_seq_len}")
@@ -248,13 +266,32 @@ class Engine:
         if len(ids) > self.cfg.max_seq_len:
             raise InputError(f"context and continuation are {len(ids)} tokens but the context window "
                              f"is {self.cfg.max_seq_len}")
+        scored = self.prompt_logprobs(ids)[len(context_ids) - 1:]
+        return [(t.token_id, self.tokenizer.piece(t.token_id), t.logprob) for t in scored]
+
+    def prompt_logprobs(self, ids: list[int], top_n: int = 0) -> list[PromptToken]:
+        """Every token of ids after the first, teacher-forced in one forward pass: its
+        log-probability given the tokens before it, its rank and the top_n candidates there
+        (the model's own distribution). The logits are made PROMPT_ROWS positions at a time:
+        a whole prompt's would be positions × vocabulary floats at once."""
+        check_ids(ids, self.cfg.vocab_size, self.cfg.max_seq_len)
+        top_n = max(0, min(top_n, self.cfg.vocab_size))
+        out: list[PromptToken] = []
         with self._work(), torch.inference_mode():
-            tokens = torch.tensor([ids], device=self.device)
-            logits = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True)[0]
-            # The logits at position i predict token i + 1.
-            logp = logits[len(context_ids) - 1:-1].log_softmax(-1)  # (len(cont), vocab)
-            picked = logp.gather(-1, torch.tensor(cont, device=self.device)[:, None])[:, 0].tolist()
-        return [(i, self.tokenizer.piece(i), lp) for i, lp in zip(cont, picked)]
+            tokens = torch.tensor([ids], device=self.device)  # (1, T)
+            h = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True, head=False)[0]  # (T, hidden)
+            for a in range(0, len(ids) - 1, PROMPT_ROWS):
+                b = min(a + PROMPT_ROWS, len(ids) - 1)
+                # The hidden state at position i predicts token i + 1.
+                logp = self.model.head(h[a:b]).log_softmax(-1)  # (b - a, vocab)
+                target = tokens[0, a + 1:b + 1, None]  # (b - a, 1)
+                picked = logp.gather(-1, target)  # (b - a, 1)
+                ranks = ((logp > picked).sum(-1) + 1).tolist()
+                top_v, top_i = logp.topk(top_n, dim=-1) if top_n else (logp[:, :0], target[:, :0])
+                for j, (lp, rank, tv, ti) in enumerate(zip(picked[:, 0].tolist(), ranks, top_v.tolist(),
+                                                           top_i.tolist())):
+                    out.append(PromptToken(ids[a + j + 1], lp, rank, list(zip(ti, tv))))
+        return out
 
     # ------------------------------------------------------------ generation
 
@@ -273,7 +310,11 @@ class Engine:
         of a prompt longer than one (but the last), one StepEvent per new token, then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
         Closing the generator ends the run and gives its blocks back before it returns."""
         check_vocab(params, self.cfg.vocab_size, self.tokenizer)
+        check_ids(ids, self.cfg.vocab_size, self.cfg.max_seq_len)
         max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
+        if max_new < 1:
+            raise InputError(f"the prompt is {len(ids)} tokens and fills the context window of "
+                             f"{self.cfg.max_seq_len}")
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
         run = self.scheduler.submit(ids, params, max(0, min(top_n, self.cfg.vocab_size)),
                                     cancel or threading.Event(), max_new, max_new < params.max_new_tokens, seed)

@@ -353,4 +353,5 @@ class Scheduler:
             reason=reason, text="".join(run.parts) + tail, tail=tail, prompt_tokens=run.n_prompt,
             generated_tokens=n, ttft_ms=run.step_ms[0] if n else 0.0,
             decode_tokens_per_s=(n - 1) / decode_s if decode_s > 0 else 0.0,
-            seed=run.seed, max_new_tokens=run.max_new, capped=run.capped)
+            seed=run.seed, max_new_tokens=run.max_new, capped=run.capped,
+            stop_string=run.stops.matched if reason == "stop" else None)

@@ -1,0 +1,360 @@
+"""The API's routes, mounted on the page's own web server (ui/layout.py's launch): the same
+engine and scheduler, the same logins (an API key is USER:PASSWORD of a login, sent as
+`Authorization: Bearer USER:PASSWORD`) and the same per-visitor limits as the page (ui/public.py):
+each completion a request asks for is one of the visitor's runs, a request beyond their share is
+refused with 429, a body over the page's size limit with 413 (RouteGuard, before it is read).
+
+OpenAI's /v1/models, /v1/completions, /v1/chat/completions; vLLM's /tokenize, /detokenize and
+/tokenizer_info at the root, which Token Lab's own remote engine (--engine-url) and
+lm-evaluation-harness's remote tokenizer call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import uuid
+from functools import wraps
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
+
+from api.answers import Writer, usage
+from api.errors import APIError, bad, error_body, from_engine
+from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_model, completion_ask
+from api.runs import Runs
+from inference.errors import InputError, TokenLabError
+from inference.events import DoneEvent
+from ui.public import Limits, Refused, client_key
+
+log = logging.getLogger("tokenlab.api")
+
+
+def guarded(fn):
+    """A route whose every error is an OpenAI error body: the request's faults are 4xx with
+    their one-line message; anything else, a fault of the server's, a 500 saying so."""
+    @wraps(fn)
+    async def route(request: Request):
+        try:
+            return await fn(request)
+        except APIError as e:
+            return e.response()
+        except TokenLabError as e:
+            return from_engine(e).response()
+        except Exception:
+            log.exception("the API failed on %s", request.url.path)
+            return APIError(500, "the server failed on this request (its log has why)", type="api_error").response()
+    return route
+
+
+class ClosingStream(StreamingResponse):
+    """Closes its events however the response ends (a client gone mid-stream included), then
+    calls on_close: the request's runs are cancelled and the visitor's share given back at once."""
+
+    def __init__(self, content, on_close, **kwargs):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                await self.body_iterator.aclose()
+            finally:
+                self.on_close()
+
+
+def sse(obj) -> str:
+    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
+
+
+class API:
+    """The engine (inference.contract's Engine) behind OpenAI's API. registry and limits are
+    the page's (ui/streaming.RunRegistry, ui/public.Limits); logins the page's --auth logins."""
+
+    def __init__(self, engine, registry, limits: Limits | None = None, logins=()):
+        self.engine, self.registry, self.limits = engine, registry, limits or Limits()
+        self.logins = {user: password for user, password in logins}
+        info = engine.describe()
+        self.model, self.context = info.name, info.max_seq_len
+
+    def mount(self, app) -> None:
+        for path, fn, method in (("/v1/models", self.models, "GET"),
+                                 ("/v1/completions", self.completions, "POST"),
+                                 ("/v1/chat/completions", self.chat, "POST"),
+                                 ("/tokenize", self.tokenize, "POST"),
+                                 ("/detokenize", self.detokenize, "POST"),
+                                 ("/tokenizer_info", self.tokenizer_info, "GET")):
+            app.add_api_route(path, guarded(fn), methods=[method], include_in_schema=False)
+
+    # ------------------------------------------------------------ who asks
+
+    def client(self, request: Request) -> str:
+        """The visitor, as the page's limits count them: their login (the API key) when the
+        server has logins, else their address. 401 for a missing or wrong key."""
+        if not self.logins:
+            return client_key(request)
+        header = request.headers.get("authorization", "")
+        key = header[7:].strip() if header[:7].lower() == "bearer " else ""
+        user, _, password = key.partition(":")
+        expected = self.logins.get(user)
+        if expected is None or not secrets.compare_digest(password.encode(), expected.encode()):
+            raise APIError(401, "a login is required: send Authorization: Bearer USER:PASSWORD "
+                                "(the API key is one of the page's logins)", code="invalid_api_key")
+        return f"user {user}"
+
+    def start_jobs(self, client: str, k: int) -> tuple[list[str], list]:
+        """Register a request's k engine jobs as the visitor's: (their names, cancel flags).
+        429 when the visitor's share cannot hold them."""
+        cap = self.limits.runs_per_client
+        if cap is not None and k > cap:
+            raise APIError(429, f"This request asks for {k} runs at once; the server allows {cap} "
+                                "at a time per visitor. Ask for fewer (n, prompts).",
+                           type="rate_limit_error", code="rate_limit_exceeded")
+        base = f"api-{uuid.uuid4().hex}"
+        names, cancels = [], []
+        try:
+            for i in range(k):
+                cancels.append(self.registry.start(f"{base}-{i}", client, cap))
+                names.append(f"{base}-{i}")
+        except Refused as e:
+            self.finish_jobs(names, cancels)
+            raise APIError(429, str(e), type="rate_limit_error", code="rate_limit_exceeded") from None
+        return names, cancels
+
+    def finish_jobs(self, names, cancels) -> None:
+        for name, cancel in zip(names, cancels):
+            self.registry.finish(name, cancel)
+
+    async def body(self, request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except ClientDisconnect:  # (RouteGuard ends a body that grows past the page's limit so)
+            raise APIError(413, "Request too large", code="request_too_large") from None
+        except (ValueError, UnicodeDecodeError):
+            raise bad("the request body must be JSON") from None
+        if not isinstance(body, dict):
+            raise bad("the request body must be a JSON object")
+        return body
+
+    # ------------------------------------------------------------ the routes
+
+    async def models(self, request: Request):
+        self.client(request)
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model, "object": "model", "created": 0, "owned_by": "token-lab",
+             "max_model_len": self.context}]})
+
+    def _room(self, ids: list[int]) -> int:
+        return self.context - len(ids)
+
+    def _prompt(self, prompt) -> tuple[list[int], str]:
+        """A completions prompt's ids and text: a text through the model's tokenizer (its BOS
+        where the model wants one), token ids as they are."""
+        if isinstance(prompt, str):
+            return self.engine.prompt_ids(prompt), prompt
+        if len(prompt) >= self.context:
+            raise InputError(f"the prompt is {len(prompt)} tokens but the context window is {self.context}")
+        self._check_ids(prompt, "prompt")
+        return prompt, self.engine.tokenizer.decode(prompt)
+
+    def _check_ids(self, ids, key: str) -> None:
+        vocab = getattr(self.engine.tokenizer, "vocab_size", None)  # (a server's tokenizer checks its own)
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
+                                                and (vocab is None or i < vocab) for i in ids):
+            raise bad(f"{key} must be a list of token ids" + (f" in [0, {vocab})" if vocab else ""), key)
+
+    def _max_tokens(self, ask, ids_list, default: int | None) -> int:
+        """The tokens each completion may make: asked, else the endpoint's default (None: the
+        rest of the context window), within the page's cap."""
+        if ask.max_tokens is not None:
+            return ask.max_tokens
+        room = min(self._room(ids) for ids in ids_list)
+        n = room if default is None else min(default, room)
+        cap = self.limits.max_new_tokens
+        return max(1, min(n, cap) if cap is not None else n)
+
+    async def completions(self, request: Request):
+        client = self.client(request)
+        prompts, ask = completion_ask(await self.body(request), self.model, self.engine.generation_defaults,
+                                      self.limits.max_new_tokens)
+        prepared = [await run_in_threadpool(self._prompt, p) for p in prompts]
+        ids_list = [ids for ids, _ in prepared]
+        max_tokens = self._max_tokens(ask, ids_list, COMPLETIONS_MAX_TOKENS)
+        choices = [(p, j) for p in range(len(prompts)) for j in range(ask.n)]
+        names, cancels = self.start_jobs(client, len(choices))
+        streaming = False
+        try:
+            scored = [None] * len(prompts)
+            if ask.echo or ask.prompt_logprobs is not None:
+                top = max((ask.logprobs or 0) if ask.echo else 0, ask.prompt_logprobs or 0)
+                scored = [await run_in_threadpool(self.engine.prompt_logprobs, ids, top) for ids in ids_list]
+            known = [(ids, s, text) if s is not None else None for (ids, text), s in zip(prepared, scored)]
+            jobs = [(ids_list[p], ask.seeded(j, max_tokens)) for p, j in choices] if max_tokens else []
+            runs = Runs(self.engine, jobs, _top_n(ask), cancels[:len(jobs)])
+            writer = Writer(self.model, self.engine.tokenizer, ask, "completion")
+            n_prompt = sum(len(ids) for ids in ids_list) * ask.n
+            if ask.stream:
+                response = await self._stream(self._completion_chunks(writer, runs, choices, known, n_prompt, ask),
+                                              names, cancels)
+                streaming = True
+                return response
+            steps, done = await _collect(runs, len(jobs))
+            out = [writer.completion_choice(c, steps.get(c, []), done.get(c), known[p]) for c, (p, _) in enumerate(choices)]
+            generated = sum(d.generated_tokens for d in done.values())
+            return JSONResponse(writer.envelope(out, usage=usage(n_prompt, generated)))
+        finally:
+            if not streaming:
+                self.finish_jobs(names, cancels)
+
+    async def _completion_chunks(self, writer, runs, choices, known, n_prompt, ask):
+        """(chunk, written before any run's event)."""
+        for c, (p, _) in enumerate(choices):
+            if known[p] is not None:
+                yield writer.completion_prompt_chunk(c, known[p]), True
+        generated = [0]
+        if runs.jobs:
+            async for item in _run_chunks(runs, writer.completion_step_chunk, writer.completion_done_chunk, generated):
+                yield item
+        else:  # max_tokens 0: the prompt only
+            for c in range(len(choices)):
+                yield writer.envelope([{"index": c, "text": "", "logprobs": None, "finish_reason": "length",
+                                        "stop_reason": None}], chunk=True), False
+        if ask.include_usage:
+            yield writer.usage_chunk(usage(n_prompt, generated[0])), False
+
+    async def chat(self, request: Request):
+        client = self.client(request)
+        body = await self.body(request)
+        chat, ask = chat_ask(body, self.model, self.engine.generation_defaults, self.limits.max_new_tokens)
+        ids = await run_in_threadpool(self.engine.prompt_ids, chat["prompt"], True, chat["system"], chat["history"])
+        max_tokens = self._max_tokens(ask, [ids], None)
+        names, cancels = self.start_jobs(client, ask.n)
+        streaming = False
+        try:
+            runs = Runs(self.engine, [(ids, ask.seeded(j, max_tokens)) for j in range(ask.n)], _top_n(ask), cancels)
+            writer = Writer(self.model, self.engine.tokenizer, ask, "chat")
+            if ask.stream:
+                response = await self._stream(self._chat_chunks(writer, runs, len(ids) * ask.n, ask), names, cancels)
+                streaming = True
+                return response
+            steps, done = await _collect(runs, ask.n)
+            out = [writer.chat_choice(c, steps[c], done[c]) for c in range(ask.n)]
+            generated = sum(d.generated_tokens for d in done.values())
+            return JSONResponse(writer.envelope(out, usage=usage(len(ids) * ask.n, generated)))
+        finally:
+            if not streaming:
+                self.finish_jobs(names, cancels)
+
+    async def _chat_chunks(self, writer, runs, n_prompt, ask):
+        """(chunk, written before any run's event)."""
+        for c in range(len(runs.jobs)):
+            yield writer.chat_role_chunk(c), True
+        generated = [0]
+        async for item in _run_chunks(runs, writer.chat_step_chunk, writer.chat_done_chunk, generated):
+            yield item
+        if ask.include_usage:
+            yield writer.usage_chunk(usage(n_prompt, generated[0])), False
+
+    async def _stream(self, chunks, names, cancels) -> StreamingResponse:
+        """The chunks as server-sent events, ending with `data: [DONE]`. The first chunk of the
+        runs is waited for before the answer starts, so that a setting the engine refuses is
+        still a 400; an error after that is an error event, as vLLM sends it."""
+        first = []
+        async for obj, opening in chunks:
+            first.append(obj)
+            if not opening:
+                break
+
+        async def events():
+            try:
+                for obj in first:
+                    yield sse(obj)
+                try:
+                    async for obj, _ in chunks:
+                        yield sse(obj)
+                except TokenLabError as e:
+                    err = from_engine(e)
+                    yield sse(error_body(err.message, err.type, err.param, err.status))
+                yield "data: [DONE]\n\n"
+            finally:
+                await chunks.aclose()
+
+        return ClosingStream(events(), lambda: self.finish_jobs(names, cancels), media_type="text/event-stream",
+                             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    # ------------------------------------------------------------ vLLM's tokenizer routes
+
+    async def tokenize(self, request: Request):
+        """vLLM's /tokenize: {"prompt"} (add_special_tokens true: BOS where the model wants it;
+        false: the text as a continuation of earlier text) or {"messages"} through the chat
+        template, as a chat completion's prompt."""
+        self.client(request)
+        body = await self.body(request)
+        check_model(body, self.model)
+        if "messages" in body:
+            if body.get("add_generation_prompt", True) is not True:
+                raise bad("add_generation_prompt false is not served", "add_generation_prompt")
+            chat = chat_arguments(body["messages"])
+            ids = await run_in_threadpool(self.engine.prompt_ids, chat["prompt"], True, chat["system"],
+                                          chat["history"])
+        else:
+            text = body.get("prompt")
+            if not isinstance(text, str):
+                raise bad("prompt must be text", "prompt")
+            special = body.get("add_special_tokens", True)
+            tok = self.engine.tokenizer
+            self.engine.check_prompt_size(text)  # by its length, before any tokenizing
+            ids = await run_in_threadpool(tok.encode if special else tok.encode_continuation, text)
+        return JSONResponse({"count": len(ids), "max_model_len": self.context, "tokens": ids})
+
+    async def detokenize(self, request: Request):
+        self.client(request)
+        body = await self.body(request)
+        ids = body.get("tokens")
+        self._check_ids(ids, "tokens")
+        if len(ids) > self.context:
+            raise bad(f"at most {self.context} tokens (the context window)", "tokens")
+        return JSONResponse({"prompt": self.engine.tokenizer.decode(ids)})
+
+    async def tokenizer_info(self, request: Request):
+        """vLLM's /tokenizer_info: the special tokens and the chat template."""
+        self.client(request)
+        tok = self.engine.tokenizer
+        return JSONResponse({"tokenizer_class": "TokenLab", "model_max_length": self.context,
+                             "bos_token": getattr(tok, "bos_token", None), "eos_token": getattr(tok, "eos_token", None),
+                             "chat_template": getattr(tok, "chat_template", None)})
+
+
+def _top_n(ask) -> int:
+    """Candidates the engine reports per step: at least one when log-probabilities are asked
+    for (0 skips the step's statistics altogether)."""
+    return 0 if ask.logprobs is None else max(1, ask.logprobs)
+
+
+async def _run_chunks(runs: Runs, step_chunk, done_chunk, generated: list):
+    """The runs' events as (chunk, False); generated[0] counts the tokens made."""
+    async for c, ev in runs.events():
+        if isinstance(ev, DoneEvent):
+            generated[0] += ev.generated_tokens
+            yield done_chunk(c, ev), False
+        else:
+            yield step_chunk(c, ev), False
+
+
+async def _collect(runs: Runs, k: int) -> tuple[dict, dict]:
+    """Every run's steps and its end: ({index: [StepEvent]}, {index: DoneEvent})."""
+    steps: dict = {i: [] for i in range(k)}
+    done: dict = {}
+    if k:
+        async for i, ev in runs.events():
+            if isinstance(ev, DoneEvent):
+                done[i] = ev
+            else:
+                steps[i].append(ev)
+    return steps, done
+

@@ -1,0 +1,298 @@
+"""The OpenAI-compatible API beside the page, driven by the official `openai` client (and plain
+HTTP where a client would not send what is tested), on the real page's server and a tiny model.
+What it answers is checked against the page's own API (/generate), transformers, and the engine."""
+
+import json
+import math
+import re
+import socket
+import threading
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import torch
+
+from engine_hold import wait_until
+from page_api import call, output
+
+openai = pytest.importorskip("openai")
+gradio_client = pytest.importorskip("gradio_client")
+
+PROMPT = "The quick"
+
+
+@pytest.fixture(scope="module")
+def client(live_app):
+    url, engine, _ = live_app
+    return openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+
+
+def test_completion_logprobs_are_the_pages_numbers(live_app, client):
+    """The same prompt, settings and seed as a page run: the same tokens, and each token's
+    log-probability (and each candidate's) is the log of the model's own probability that the
+    page's bars show for it, the very number of the run's record the bars are drawn from."""
+    from ui.controls import Controls
+    from ui.format import bars_html, fmt_p
+    url, engine, h = live_app
+    c = Controls(prompt=PROMPT, temperature=0.7, top_p=0.8, max_new_tokens=8, seed="11")
+    rec = list(h.generate(*c.values(), SimpleNamespace(session_hash="api-test")))[-1]["record"]
+    answer = client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=8, seed=11, logprobs=3,
+                                       temperature=0.7, top_p=0.8)
+    choice = answer.choices[0]
+    assert choice.text == rec.done.text and len(rec.steps) == 8
+    lps = choice.logprobs
+    assert lps.tokens == [s.piece for s in rec.steps]
+    for step, lp, top in zip(rec.steps, lps.token_logprobs, lps.top_logprobs):
+        assert lp == math.log(step.raw_prob)
+        assert list(top.values())[:3] == [math.log(cand.raw_prob) for cand in step.top[:3]]
+        # The bars print these numbers: the same digits from the API's log-probabilities.
+        shown = re.findall(r"<span class='tl-p'>([^<]*)</span>", bars_html(step))
+        assert all(fmt_p(math.exp(v)) in shown for v in list(top.values())[:3])
+    assert answer.usage.completion_tokens == 8
+
+
+def test_final_logprobs_are_the_probabilities_the_page_api_gives(live_app, client):
+    """logprobs_distribution "final": the distribution sampled from, as /generate's tokens give it."""
+    url, engine, _ = live_app
+    page = gradio_client.Client(url, verbose=False)
+    controls = dict(prompt=PROMPT, max_new_tokens=8, seed="11", temperature=0.7, top_p=0.8)
+    tokens = output(page.predict(*call(**controls), api_name="/generate"), "api_tokens")
+    answer = client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=8, seed=11, logprobs=1,
+                                       temperature=0.7, top_p=0.8, extra_body={"logprobs_distribution": "final"})
+    lps = answer.choices[0].logprobs.token_logprobs
+    assert len(tokens) == 8 and all(t["step"] == i for i, t in enumerate(tokens))  # one chip a token
+    assert [math.exp(lp) for lp in lps] == [t["prob"] for t in tokens]
+    assert answer.choices[0].text == "".join(t["token"] for t in tokens)
+
+
+def test_a_streamed_chat_joins_to_the_unstreamed_text(live_app, client):
+    url, engine, _ = live_app
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a fox."}]
+    whole = client.chat.completions.create(model=engine.name, messages=messages, temperature=0, max_tokens=12)
+    chunks = list(client.chat.completions.create(model=engine.name, messages=messages, temperature=0,
+                                                 max_tokens=12, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == whole.choices[0].message.content and len(text) > 0
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage.completion_tokens == 12 == whole.usage.completion_tokens
+    # The conversation went through the model's chat template, as the page's chat mode does.
+    assert whole.usage.prompt_tokens == len(engine.prompt_ids("Name a fox.", chat=True, system="Be brief."))
+
+
+def test_chat_logprobs_and_a_streamed_completion(live_app, client):
+    url, engine, _ = live_app
+    chat = client.chat.completions.create(model=engine.name, messages=[{"role": "user", "content": "Hi"}],
+                                          temperature=0, max_tokens=4, logprobs=True, top_logprobs=3)
+    content = chat.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(c.top_logprobs) == 3 for c in content)
+    # Greedy: the chosen token is the most likely one.
+    assert all(c.logprob == c.top_logprobs[0].logprob for c in content)
+    streamed = list(client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=6, temperature=0,
+                                              stream=True))
+    whole = client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=6, temperature=0)
+    assert "".join(c.choices[0].text for c in streamed) == whole.choices[0].text
+
+
+def test_echo_gives_the_prompts_logprobs_as_transformers(tiny_dirs, live_app, client):
+    transformers = pytest.importorskip("transformers")
+    url, engine, _ = live_app
+    prompt = "Paris is the capital of France."
+    answer = client.completions.create(model=engine.name, prompt=prompt, max_tokens=0, echo=True, logprobs=2,
+                                       extra_body={"return_token_ids": True})
+    choice = answer.choices[0]
+    ids = choice.model_extra["prompt_token_ids"]
+    assert ids == engine.prompt_ids(prompt) and choice.text == prompt
+    lps = choice.logprobs
+    assert lps.token_logprobs[0] is None and lps.top_logprobs[0] is None
+    ref = transformers.LlamaForCausalLM.from_pretrained(tiny_dirs["gqa_tied"], dtype=torch.float32,
+                                                        attn_implementation="eager").eval()
+    with torch.inference_mode():
+        logp = ref(torch.tensor([ids])).logits[0].log_softmax(-1)  # (T, vocab)
+    expected = [logp[k - 1, ids[k]].item() for k in range(1, len(ids))]
+    assert len(lps.token_logprobs) == len(ids)
+    assert max(abs(a - b) for a, b in zip(lps.token_logprobs[1:], expected)) <= 1e-4
+    # Each position's candidates: the 2 most likely there, and the prompt's own token.
+    for k in range(1, len(ids)):
+        best = logp[k - 1].topk(2).values.tolist()
+        got = sorted(lps.top_logprobs[k].values(), reverse=True)
+        assert got[0] == pytest.approx(best[0], abs=1e-4) and len(got) in (2, 3)
+
+
+# ---------------------------------------------------------------- errors
+
+BAD = [
+    ({"prompt": PROMPT, "temperature": 3}, 400, "temperature"),
+    ({"prompt": PROMPT, "top_p": 0}, 400, "top_p"),
+    ({"prompt": PROMPT, "temperature": "hot"}, 400, "temperature"),
+    ({"prompt": PROMPT, "logprobs": 50}, 400, "logprobs"),
+    ({"prompt": PROMPT, "max_tokens": -1}, 400, "max_tokens"),
+    ({"prompt": PROMPT, "n": 0}, 400, "n"),
+    ({"prompt": PROMPT, "stop": 5}, 400, "stop"),
+    ({"prompt": PROMPT, "seed": "x"}, 400, "seed"),
+    ({"prompt": PROMPT, "logit_bias": {"99999": 5}}, 400, None),
+    ({"prompt": PROMPT, "logit_bias": {"x": 5}}, 400, "logit_bias"),
+    ({"prompt": PROMPT, "response_format": {"type": "json_object"}}, 400, "response_format"),
+    ({"prompt": PROMPT, "skip_special_tokens": True}, 400, "skip_special_tokens"),
+    ({"prompt": ""}, 400, None),
+    ({"prompt": []}, 400, "prompt"),
+    ({"prompt": [1, -4]}, 400, "prompt"),
+    ({"prompt": [1, 10**9]}, 400, "prompt"),
+    ({"prompt": "x " * 5000}, 400, None),
+    ({"prompt": [5] * 300}, 400, None),
+    ({"prompt": PROMPT, "max_tokens": 3, "model": "gpt-5"}, 404, "model"),
+    ({"prompt": PROMPT, "dry_sequence_breakers": '"a'}, 400, "dry_sequence_breakers"),
+]
+
+
+@pytest.mark.parametrize("body,status,param", BAD)
+def test_bad_input_is_a_4xx_with_openais_error_body(live_app, body, status, param):
+    url, _, _ = live_app
+    r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["param"] == param
+    assert err["message"] and "\n" not in err["message"] and "Traceback" not in err["message"]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", {"messages": []}),
+    ("/v1/chat/completions", {"messages": [{"role": "assistant", "content": "hi"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "top_logprobs": 2}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 0}),
+    ("/v1/completions", b"{not json"),
+    ("/v1/completions", b"[1, 2]"),
+    ("/tokenize", {"prompt": 5}),
+    ("/detokenize", {"tokens": ["a"]}),
+])
+def test_more_bad_input_is_400(live_app, path, body):
+    url, _, _ = live_app
+    kw = {"content": body} if isinstance(body, bytes) else {"json": body}
+    r = httpx.post(url + path, timeout=60, **kw)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_the_openai_client_raises_bad_request_with_the_message(live_app, client):
+    url, engine, _ = live_app
+    with pytest.raises(openai.BadRequestError, match="temperature must be in"):
+        client.completions.create(model=engine.name, prompt=PROMPT, temperature=9)
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="nope", messages=[{"role": "user", "content": "x"}])
+    with pytest.raises(openai.BadRequestError, match="context window"):
+        client.completions.create(model=engine.name, prompt=list(range(3, 300)))
+
+
+def test_models_and_tokenizer_routes(live_app, client):
+    url, engine, _ = live_app
+    [model] = client.models.list().data
+    assert model.id == engine.name and model.model_extra["max_model_len"] == engine.cfg.max_seq_len
+    ids = httpx.post(url + "/tokenize", json={"prompt": PROMPT}).json()["tokens"]
+    assert ids == engine.prompt_ids(PROMPT)
+    assert httpx.post(url + "/tokenize", json={"prompt": " fox", "add_special_tokens": False}).json()["tokens"] \
+        == engine.tokenizer.encode_continuation(" fox")
+    chat = httpx.post(url + "/tokenize", json={"messages": [{"role": "user", "content": "Hi"}]}).json()["tokens"]
+    assert chat == engine.prompt_ids("Hi", chat=True)
+    assert httpx.post(url + "/detokenize", json={"tokens": ids[1:]}).json()["prompt"] == engine.tokenizer.decode(ids[1:])
+    info = httpx.get(url + "/tokenizer_info").json()
+    assert info["eos_token"] == engine.tokenizer.eos_token and "im_start" in info["chat_template"]
+
+
+def test_n_completions_differ_and_the_first_is_the_seeds(live_app, client):
+    url, engine, _ = live_app
+    one = client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=8, temperature=1, seed=4)
+    three = client.completions.create(model=engine.name, prompt=[PROMPT, PROMPT], max_tokens=8, temperature=1,
+                                      seed=4, n=3)
+    texts = [c.text for c in sorted(three.choices, key=lambda c: c.index)]
+    assert len(texts) == 6 and texts[0] == texts[3] == one.choices[0].text
+    assert len(set(texts[:3])) == 3
+    assert three.usage.completion_tokens == 48
+
+
+def test_a_stop_string_ends_the_completion_and_is_named(live_app, client):
+    url, engine, _ = live_app
+    run = dict(model=engine.name, prompt=PROMPT, max_tokens=12, temperature=1, seed=2)
+    text = client.completions.create(**run).choices[0].text
+    at = next(i for i in range(2, len(text) - 1) if text.find(text[i:i + 2]) == i)  # its first occurrence
+    stop = text[at:at + 2]
+    answer = client.completions.create(**run, stop=[stop, "zzz"])
+    choice = answer.choices[0]
+    assert choice.text == text[:text.index(stop)] and choice.finish_reason == "stop"
+    assert choice.model_extra["stop_reason"] == stop
+
+
+# ---------------------------------------------------------------- logins and limits
+
+@pytest.fixture(scope="module")
+def guarded_app(tiny_dirs):
+    """The page with a login and a shared page's limits (one run per visitor, 6 tokens a run)."""
+    from conftest import no_early_end
+    from inference.serving.engine import Engine
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+    from ui.public import Limits
+
+    engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
+    no_early_end(engine)
+    handlers = Handlers(engine, limits=Limits.shared(max_new_tokens=6))
+    demo = build_ui(engine, handlers)
+    _, url, _ = launch(demo, engine, port=None, block=False, auth=[("ann", "s3cret")])
+    yield url.rstrip("/"), engine
+    demo.close()
+    engine.close()
+
+
+def test_a_login_is_the_api_key(guarded_app):
+    url, engine = guarded_app
+    wrong = openai.OpenAI(base_url=url + "/v1", api_key="ann:wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.completions.create(model=engine.name, prompt=PROMPT, max_tokens=2)
+    assert httpx.post(url + "/tokenize", json={"prompt": "a"}).status_code == 401
+    right = openai.OpenAI(base_url=url + "/v1", api_key="ann:s3cret", max_retries=0)
+    assert right.completions.create(model=engine.name, prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+
+
+def test_the_shared_pages_limits_hold_for_the_api(guarded_app, hold):
+    url, engine = guarded_app
+    api = openai.OpenAI(base_url=url + "/v1", api_key="ann:s3cret", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="at most 6 new tokens"):
+        api.completions.create(model=engine.name, prompt=PROMPT, max_tokens=7)
+    with pytest.raises(openai.RateLimitError, match="allows 1 at a time"):
+        api.completions.create(model=engine.name, prompt=PROMPT, max_tokens=2, n=2)
+    # Without max_tokens a chat gets the cap, not the rest of the context window.
+    chat = api.chat.completions.create(model=engine.name, messages=[{"role": "user", "content": "Hi"}])
+    assert chat.usage.completion_tokens == 6
+    # One run at a time per visitor: a second while the first is held is refused with 429.
+    h = hold(engine)
+    first = threading.Thread(target=api.completions.create,
+                             kwargs=dict(model=engine.name, prompt=PROMPT, max_tokens=2))
+    first.start()
+    wait_until(lambda: h.started >= 1)
+    with pytest.raises(openai.RateLimitError, match="already have 1 run"):
+        api.completions.create(model=engine.name, prompt=PROMPT, max_tokens=2)
+    h.open()
+    first.join(60)
+    assert api.completions.create(model=engine.name, prompt=PROMPT, max_tokens=2).usage.completion_tokens == 2
+    # A body over the page's limit is refused before it is read, in OpenAI's shape.
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=60) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer ann:s3cret\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (17 * 1024 * 1024))
+        head, _, body = s.makefile("rb").read().partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413") and json.loads(body)["error"]["code"] == "request_too_large"
+
+
+def test_a_stream_left_early_ends_its_run(live_app, client, hold):
+    """A client that stops reading a stream (and closes it) cancels the run on the engine."""
+    url, engine, _ = live_app
+    h = hold(engine)
+    h.allow(3)
+    stream = client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=200, temperature=0, stream=True)
+    for i, _ in zip(range(2), stream):
+        pass
+    stream.close()
+    h.open()
+    wait_until(lambda: engine.active_runs == 0)
