@@ -94,11 +94,13 @@ def check_fields(body, allowed: set[str]) -> None:
                   "what it serves", unknown[0])
 
 
-def check_model(body: dict, served: str) -> None:
-    """The model asked for must be the one served (absent: the one served)."""
+def check_model(body: dict, served: str, offered: list[str] | None = None) -> None:
+    """The model asked for must be the one served (absent: the one served); `offered`: every
+    model the server offers, named in the refusal."""
     model = body.get("model")
     if model is not None and model != served:
-        raise APIError(404, f"The model {shown(model)} does not exist; this server serves {served!r}",
+        names = ", ".join(repr(m) for m in (offered or [served]))
+        raise APIError(404, f"The model {shown(model)} does not exist; this server serves {names}",
                        param="model", code="model_not_found")
 
 

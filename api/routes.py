@@ -11,6 +11,7 @@ lm-evaluation-harness's remote tokenizer call.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import secrets
@@ -76,11 +77,27 @@ class API:
     """The engine (inference.contract's Engine) behind OpenAI's API. registry and limits are
     the page's (ui/streaming.RunRegistry, ui/public.Limits); logins the page's --auth logins."""
 
-    def __init__(self, engine, registry, limits: Limits | None = None, logins=()):
+    def __init__(self, engine, registry, limits: Limits | None = None, logins=(), models=None):
+        """models: the models the page offers (inference.serving.models.Models; `engine` the
+        default); each is served under its label, loaded on its first request."""
+        from inference.serving.models import Models
         self.engine, self.registry, self.limits = engine, registry, limits or Limits()
         self.logins = {user: password for user, password in logins}
-        info = engine.describe()
-        self.model, self.context = info.name, info.max_seq_len
+        self.offered = models or Models.of(engine)
+        self.model, self.context = self.offered.default, engine.describe().max_seq_len
+
+    def pick(self, body) -> "API":
+        """This API for the model the request names (absent: the default): a copy sharing the
+        registry, limits and logins, with that model's engine. 404 for a model not offered."""
+        name = body.get("model") if isinstance(body, dict) else None
+        if name is None or name == self.model:
+            return self
+        if not isinstance(name, str) or name not in self.offered.labels:
+            check_model(body, self.model, self.offered.labels)
+        view = copy.copy(self)
+        view.engine = self.offered.engine(name)  # loaded now on its first use
+        view.model, view.context = name, view.engine.describe().max_seq_len
+        return view
 
     def mount(self, app) -> None:
         for path, fn, method in (("/v1/models", self.models, "GET"),
@@ -146,8 +163,10 @@ class API:
     async def models(self, request: Request):
         self.client(request)
         return JSONResponse({"object": "list", "data": [
-            {"id": self.model, "object": "model", "created": 0, "owned_by": "token-lab",
-             "max_model_len": self.context}]})
+            {"id": name, "object": "model", "created": 0, "owned_by": "token-lab",
+             **({"max_model_len": self.offered.engine(name).describe().max_seq_len}
+                if self.offered.loaded(name) else {})}
+            for name in self.offered.labels]})
 
     def _room(self, ids: list[int]) -> int:
         return self.context - len(ids)
@@ -180,7 +199,11 @@ class API:
 
     async def completions(self, request: Request):
         client = self.client(request)
-        prompts, ask = completion_ask(await self.body(request), self.model, self.engine.generation_defaults,
+        body = await self.body(request)
+        return await (await run_in_threadpool(self.pick, body))._completions(client, body)
+
+    async def _completions(self, client: str, body: dict):
+        prompts, ask = completion_ask(body, self.model, self.engine.generation_defaults,
                                       self.limits.max_new_tokens)
         prepared = [await run_in_threadpool(self._prompt, p) for p in prompts]
         ids_list = [ids for ids, _ in prepared]
@@ -230,6 +253,9 @@ class API:
     async def chat(self, request: Request):
         client = self.client(request)
         body = await self.body(request)
+        return await (await run_in_threadpool(self.pick, body))._chat(client, body)
+
+    async def _chat(self, client: str, body: dict):
         chat, ask = chat_ask(body, self.model, self.engine.generation_defaults, self.limits.max_new_tokens)
         ids = await run_in_threadpool(self.engine.prompt_ids, chat["prompt"], True, chat["system"], chat["history"])
         max_tokens = self._max_tokens(ask, [ids], None)
@@ -295,6 +321,9 @@ class API:
         template, as a chat completion's prompt."""
         self.client(request)
         body = await self.body(request)
+        return await (await run_in_threadpool(self.pick, body))._tokenize(body)
+
+    async def _tokenize(self, body: dict):
         check_model(body, self.model)
         if "messages" in body:
             if body.get("add_generation_prompt", True) is not True:
@@ -315,6 +344,9 @@ class API:
     async def detokenize(self, request: Request):
         self.client(request)
         body = await self.body(request)
+        return await (await run_in_threadpool(self.pick, body))._detokenize(body)
+
+    async def _detokenize(self, body: dict):
         ids = body.get("tokens")
         self._check_ids(ids, "tokens")
         if len(ids) > self.context:

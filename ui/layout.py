@@ -144,7 +144,7 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
         serve_downloads(served[0], h)
         # OpenAI's API beside the page: the same engine, logins and per-visitor limits.
         logins = [auth] if isinstance(auth, tuple) else list(auth or [])
-        API(engine, h.registry, limits, logins).mount(served[0])
+        API(engine, h.registry, limits, logins, h.models).mount(served[0])
         h.keeper.attach(served[0])
     if block:
         _, local_url, share_url = served

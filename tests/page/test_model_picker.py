@@ -4,6 +4,7 @@ A/B across two models gives the per-step KL and the first greedy split (checked 
 transformers)."""
 
 import json
+import math
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -149,3 +150,27 @@ def test_a_single_model_page_has_no_picker_but_takes_no_model_field(tiny_engine)
     assert rec.model == tiny_engine.describe().name
     with pytest.raises(Exception, match="not offered here"):
         list(h.generate(*replace(c, model="other").values(), REQ))
+
+
+def test_the_api_serves_every_offered_model_by_its_name(two, tiny_dirs):
+    """/v1/models lists both; a completion naming the second is that model's run."""
+    openai = pytest.importorskip("openai")
+    from ui.layout import build_ui, launch
+    demo = build_ui(two.models.engine(), two.h)
+    _, url, _ = launch(demo, two.models.engine(), block=False)
+    try:
+        client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["mha", "gqa_tied"]
+        answer = client.completions.create(model="gqa_tied", prompt="The quick brown", max_tokens=6, seed=4, top_p=1.0,
+                                           temperature=1.0, logprobs=1)
+        with Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32") as alone:
+            ids = alone.tokenizer.encode("The quick brown")
+            steps = [e for e in alone.generate_ids(ids, SamplingParams(temperature=1.0, max_new_tokens=6, seed=4))
+                     if hasattr(e, "token_id")]
+        assert answer.choices[0].logprobs.tokens == [s.piece for s in steps]
+        assert max(abs(lp - math.log(s.raw_prob)) for lp, s in
+                   zip(answer.choices[0].logprobs.token_logprobs, steps)) < 1e-9
+        with pytest.raises(openai.NotFoundError, match="serves 'mha', 'gqa_tied'"):
+            client.completions.create(model="elsewhere", prompt="x", max_tokens=1)
+    finally:
+        demo.close()
