@@ -344,8 +344,8 @@ def server_settings(params, tokenizer=None, **given) -> dict:
         value = values[s.name]
         if s.server_key is not None:
             if s.kind is not str or value != s.off:
-                out[s.server_key] = s.server_form(value, tokenizer) if s.server_form else value
-        elif value != s.off and not (s.part_of and values[s.part_of] == BY_NAME[s.part_of].neutral):
+                out[s.server_key] = s.server_form(value, tokenizer, values) if s.server_form else value
+        elif value != s.off and not s.sent_by_stage and not (s.part_of and values[s.part_of] == BY_NAME[s.part_of].neutral):
             raise NotAvailable(f"{s.label.lower()} is not available in front of a model server ({s.flag})")
     return out
 
