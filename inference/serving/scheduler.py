@@ -291,7 +291,7 @@ class Scheduler:
         """The run's new token: its event, and the end of the run if it ends here."""
         token_id = info.token_id
         constraint = run.state.constraint
-        if constraint is not None and not constraint.allowed[token_id]:
+        if constraint is not None and (info.nothing_left or not constraint.allowed[token_id]):
             # Nothing was left to draw from: the stages before the constraint kept no token it allows.
             self._finish(run, "constraint")
             return
