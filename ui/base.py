@@ -167,5 +167,6 @@ class PageBase:
             self.registry.finish(session, cancel)
 
     def _bars(self, step, title: str = "", rec=None) -> str:
-        """A step's bars; `rec` (the run) tags the candidates its logit bias moved."""
-        return bars_html(step, title, self.bars_note, rec.bias if rec is not None else None)
+        """A step's bars; `rec` (the run) tags the candidates its logit bias moved or its constraint forbade."""
+        constrained = rec is not None and rec.params is not None and bool(rec.params.constraint)
+        return bars_html(step, title, self.bars_note, rec.bias if rec is not None else None, constrained)

@@ -33,7 +33,7 @@ def _message(kind: str, error: Exception) -> str:
     """xgrammar's error as one line: its source location dropped, its first line kept."""
     text = _LOCATION.sub("", str(error).strip()).split("\n")[0].strip()
     text = text if len(text) <= 200 else text[:200] + "…"
-    return f"the {KINDS[kind][0]} is invalid: {text}"
+    return f"constraint_text is not a valid {KINDS[kind][0]}: {text}"
 
 
 @lru_cache(maxsize=64)
@@ -125,6 +125,6 @@ def matcher(kind: str, text: str, tokenizer, vocab: int, generated: list[int]) -
 @stage("constraint")
 def apply_constraint(logits: torch.Tensor, params, state) -> torch.Tensor:
     """Forbidden tokens (the run's matcher's mask) -> -inf. (vocab,) -> (vocab,)"""
-    if state is None or state.constraint is None:
+    if not params.constraint or state is None or state.constraint is None:
         return logits
     return logits.masked_fill(~state.constraint.allowed.to(logits.device), float("-inf"))

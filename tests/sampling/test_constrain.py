@@ -161,10 +161,10 @@ def test_the_stages_before_leaving_no_allowed_token_end_the_run_with_that_reason
 
 
 @pytest.mark.parametrize("kind,text,says", [
-    ("json_schema", '{"type": "object", "properties": 3}', "the JSON schema is invalid: properties must be an object"),
-    ("json_schema", "{not json", "the JSON schema is invalid"),
-    ("regex", "a(b", "the regular expression is invalid: Regex parsing error at position 4"),
-    ("grammar", 'root ::= "a" | b', 'the grammar (EBNF) is invalid: EBNF parser error at line 1, column 16: Rule "b" is not defined'),
+    ("json_schema", '{"type": "object", "properties": 3}', "constraint_text is not a valid JSON schema: properties must be an object"),
+    ("json_schema", "{not json", "constraint_text is not a valid JSON schema: Failed to parse JSON"),
+    ("regex", "a(b", "constraint_text is not a valid regular expression: Regex parsing error at position 4"),
+    ("grammar", 'root ::= "a" | b', 'constraint_text is not a valid grammar (EBNF): EBNF parser error at line 1, column 16: Rule "b" is not defined'),
     ("regex", "", "constraint_text is empty"),
     ("yaml", "x", "constraint must be empty or one of json_schema, regex, grammar"),
 ])
@@ -195,7 +195,7 @@ def test_cli_flags_and_jsonl_masked_mass(engine, tmp_path, capsys, monkeypatch):
     jsonschema.validate(json.loads(lines[-1]["text"]), SCHEMA)
     assert lines[-1]["settings"]["constraint"] == "json_schema"
     assert cli.main(["generate", "--prompt", "x", "--regex", "a(b"]) == 2
-    assert "error: the regular expression is invalid" in capsys.readouterr().err
+    assert "error: constraint_text is not a valid regular expression" in capsys.readouterr().err
 
 
 class engine_view:
