@@ -276,7 +276,7 @@ SETTINGS: tuple[Setting, ...] = (
             "expression or grammar allows is sampled; empty = off", group="constrain", neutral="",
             control="choice", decode=decode_constraint_kind, example="json_schema",
             choices=(("", "none"), *((k, v[0]) for k, v in CONSTRAINT_KINDS.items())),
-            server_key="structured_outputs", server_form=_server_constraint),
+            server_key="structured_outputs", server_form=_server_constraint, stage_label="constraint"),
     Setting("constraint_text", str, "", 0, None, "Constraint", "the JSON schema, regular expression "
             "or grammar (xgrammar's EBNF: root ::= ...)", group="constrain", part_of="constraint",
             control="text", decode=str, example='{"type": "object"}', max_chars=MAX_CONSTRAINT_CHARS,
