@@ -31,7 +31,7 @@ class Candidate:
     piece: str
     prob: float | None  # in the final distribution, the one sampled from
     raw_prob: float | None  # softmax of the model's logits at temperature 1, nothing filtered
-    forbidden: bool = False  # the run's constraint does not allow it at this step
+    forbidden: bool | None = False  # the run's constraint does not allow it here (None: not known, a server's)
 
 
 @dataclass
