@@ -113,7 +113,9 @@ def bias_mark(bias: float | None) -> str:
     return f"<span class='tl-mark' title='logit bias added to its logit'>bias {bias:+g}</span>"
 
 
-FORBIDDEN_MARK = "<span class='tl-mark tl-banned' title='the constraint forbids it at this step'>forbidden</span>"
+# On a narrow screen the final bar is narrower than the word: a cross instead (page.css).
+FORBIDDEN_MARK = ("<span class='tl-mark tl-banned' title='the constraint forbids it at this step'>"
+                  "<span class='tl-long'>forbidden</span><span class='tl-short'>✕</span></span>")
 
 
 def masked_html(step: StepEvent) -> str:
