@@ -24,6 +24,7 @@ from inference.sampling.params import SamplingParams  # noqa: E402
 from inference.sampling.state import RunState  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
 from inference.serving.step_stats import pick  # noqa: E402
+from bench.samplers import write_measured  # noqa: E402
 
 SCHEMA = {"type": "object", "additionalProperties": False,
           "required": ["name", "year", "tags", "summary"],
@@ -109,10 +110,7 @@ def main() -> None:
              "A whole decode step includes the machine's noise (it is shared); the matcher and sampling rows "
              "are measured alone.",
              "", "Schema: `" + json.dumps(SCHEMA) + "`"]
-    text_md = "\n".join(lines) + "\n"
-    print(text_md)
-    out = Path(__file__).parent / "measured" / f"{dev}-constrain-{engine.name.lower().split('/')[-1]}.md"
-    out.write_text(text_md, encoding="utf-8")
+    write_measured("constrain", engine, lines)
 
 
 if __name__ == "__main__":
