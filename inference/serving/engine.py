@@ -21,6 +21,7 @@ from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
 from inference.sampling.replay import StageStat, pipeline
+from inference.sampling.constrain import compile_constraint
 from inference.sampling.state import RunState, check_vocab
 from inference.sampling.params import SamplingParams
 from inference.serving.scheduler import Scheduler
@@ -273,6 +274,8 @@ class Engine:
         of a prompt longer than one (but the last), one StepEvent per new token, then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
         Closing the generator ends the run and gives its blocks back before it returns."""
         check_vocab(params, self.cfg.vocab_size, self.tokenizer)
+        if params.constraint:  # compiled here, on the caller's thread: the scheduler's finds it cached
+            compile_constraint(params.constraint, params.constraint_text, self.tokenizer, self.cfg.vocab_size)
         max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
         run = self.scheduler.submit(ids, params, max(0, min(top_n, self.cfg.vocab_size)),

@@ -78,3 +78,14 @@ def test_the_live_check_says_what_is_wrong_in_one_line():
     assert constrain.check_text("", "anything") == ""
     said = constrain.check_text("grammar", 'root ::= "a" | b')
     assert said.startswith("⚠ constraint_text is not a valid grammar (EBNF)") and 'Rule "b" is not defined' in said
+
+
+def test_a_link_with_a_constraint_restores_it_and_opens_its_box(h):
+    from ui.controls import share_url
+    from urllib.parse import parse_qsl, urlsplit
+    c = Controls(**constrain.pick_example("Regex: a date (YYYY-MM-DD)"))
+    query = dict(parse_qsl(urlsplit(share_url("http://x/", c)).query))
+    out = h.restore(SimpleNamespace(query_params=query))
+    assert (out["constraint"], out["constraint_text"]) == (c.constraint, c.constraint_text)
+    assert out["constrain_box"]["open"] is True and out["notice"] == ""
+    assert "constrain_box" not in h.restore(SimpleNamespace(query_params={}))

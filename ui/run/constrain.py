@@ -14,6 +14,10 @@ def _schema(properties: dict, required=None) -> str:
                        "additionalProperties": False}, indent=2)
 
 
+# Said in the box where the engine cannot report the masked mass (contract.Capabilities).
+NO_MASKED_MASS = ("The server applies the constraint (vLLM's structured outputs); the probability it "
+                  "removes at each step is not reported, so the bars cannot show it.")
+
 # Ready examples: name -> (kind, text).
 EXAMPLES = {
     "JSON: a person": ("json_schema", _schema({"name": {"type": "string", "maxLength": 30},

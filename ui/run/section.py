@@ -97,12 +97,14 @@ def build(page, h: Handlers, limits_md: str) -> None:
                         add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
                                                     available=s.name in h.caps.settings))
                 add("seed", gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed"))
-                with gr.Accordion("Constrain output: JSON schema, regular expression, grammar", open=False,
-                                  elem_id="constrain"):
+                with add("constrain_box", gr.Accordion("Constrain output: JSON schema, regular expression, grammar",
+                                                       open=False, elem_id="constrain")):
                     for s in BY_NAME.values():
                         if s.group == "constrain":
                             add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
                                                         available=s.name in h.caps.settings))
+                    if not h.caps.masked_mass:
+                        gr.Markdown(constrain.NO_MASKED_MASS, elem_id="constraint-note")
                     add("constraint_check", gr.Markdown(constrain.check_text(d.constraint, d.constraint_text),
                                                         elem_id="constraint-check"))
                     add("constraint_example", gr.Dropdown(list(constrain.EXAMPLES), value=None,
