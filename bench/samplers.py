@@ -65,10 +65,16 @@ def main() -> None:
                   f"Every stage on costs {med['every stage'] - med['plain']:.3f} ms more than plain sampling "
                   f"({(med['every stage'] - med['plain']) / step:.1%} of a decode step).",
                   "", "Settings: " + ", ".join(f"{k}={v}" for k, v in EVERY.items())]
-        text = "\n".join(lines) + "\n"
-        print(text)
-        out = Path(__file__).parent / "measured" / f"{dev}-samplers-{engine.name.lower().split('/')[-1]}.md"
-        out.write_text(text, encoding="utf-8")
+        write_measured("samplers", engine, lines)
+
+
+def write_measured(kind: str, engine, lines: list[str]) -> None:
+    """Print the result and keep it as bench/measured/<device>-<kind>-<model>.md."""
+    text = "\n".join(lines) + "\n"
+    print(text)
+    dev = "h200" if engine.device.type == "cuda" else "cpu"
+    out = Path(__file__).parent / "measured" / f"{dev}-{kind}-{engine.name.lower().split('/')[-1]}.md"
+    out.write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

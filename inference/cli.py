@@ -16,7 +16,7 @@ import threading
 from contextlib import contextmanager
 
 from inference.errors import InputError, TokenLabError
-from inference.sampling.settings import SETTINGS, defaults, how_made
+from inference.sampling.settings import CONSTRAINT_KINDS, MAX_CONSTRAINT_CHARS, SETTINGS, defaults, how_made
 
 
 class _Parser(argparse.ArgumentParser):
@@ -147,8 +147,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "settings count them as generated; the output is the tokens after them")
     # Sampling defaults: the model's generation_config.json, else the settings' own.
     for s in SETTINGS:  # a text setting takes its items as one argument or several
+        if s.stage_name == "constraint":  # the flags of each kind of constraint, below
+            continue
         g.add_argument(s.flag, type=s.kind, default=None, nargs="+" if s.kind is str else None,
                        help=f"{s.help}; {'' if s.kind is str else 'in '}{s.range_text()}, default {s.default_text()}")
+    kinds = g.add_mutually_exclusive_group()
+    for kind, (what, arg, _) in CONSTRAINT_KINDS.items():
+        kinds.add_argument("--" + kind.replace("_", "-"), default=None, metavar=arg,
+                           help=f"only text this {what} allows is sampled"
+                                + (" (a file)" if arg == "PATH" else "") + "; a run ends when it is complete")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
     g.add_argument("--top", type=int, default=5, help="candidates reported per step")
@@ -172,10 +179,28 @@ def build_parser() -> argparse.ArgumentParser:
 def _sampling_params(args, model_defaults: dict):
     from inference.sampling.params import SamplingParams
 
-    values = {k: getattr(args, k) if getattr(args, k) is not None else v
+    values = {k: getattr(args, k, None) if getattr(args, k, None) is not None else v
               for k, v in defaults(model_defaults).items()}
     values = {k: ", ".join(v) if isinstance(v, list) else v for k, v in values.items()}
+    values.update(_constraint(args))
     return SamplingParams(**values, seed=args.seed, stop=tuple(args.stop))
+
+
+def _constraint(args) -> dict:
+    """--json-schema PATH, --regex PATTERN or --grammar PATH as the constraint settings."""
+    for kind, (what, arg, _) in CONSTRAINT_KINDS.items():
+        given = getattr(args, kind, None)
+        if given is None:
+            continue
+        if arg != "PATH":
+            return {"constraint": kind, "constraint_text": given}
+        try:
+            with open(given, encoding="utf-8") as f:
+                text = f.read(MAX_CONSTRAINT_CHARS + 1)
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"--{kind.replace('_', '-')}: cannot read {given!r} ({e.__class__.__name__})") from None
+        return {"constraint": kind, "constraint_text": text}
+    return {}
 
 
 @contextmanager
@@ -237,7 +262,8 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
             sys.stdout.write(ev.text[len(printed):] + "\n")
             print(f"[{ev.reason}: {ev.generated_tokens} tokens, TTFT {ev.ttft_ms:.0f} ms, "
                   f"{ev.decode_tokens_per_s:.1f} tok/s, seed {ev.seed}"
-                  + (f", max new tokens capped at {ev.max_new_tokens}" if ev.capped else "") + "]",
+                  + (f", max new tokens capped at {ev.max_new_tokens}" if ev.capped else "")
+                  + (", the constraint is not complete" if ev.constraint_complete is False else "") + "]",
                   file=sys.stderr)
         else:
             shown.append(ev.text)

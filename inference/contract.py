@@ -38,6 +38,8 @@ class Capabilities:
     logprobs: str = "both"
     # Times are measured where the model runs (True) or at the page, network and queue included.
     local_timing: bool = True
+    # The probability mass a constraint (JSON schema, regex, grammar) removed at each step.
+    masked_mass: bool = True
     # The sampling settings (settings.SETTINGS names) it honours; the page offers only these.
     settings: frozenset = frozenset(s.name for s in SETTINGS)
 

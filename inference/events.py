@@ -31,6 +31,7 @@ class Candidate:
     piece: str
     prob: float | None  # in the final distribution, the one sampled from
     raw_prob: float | None  # softmax of the model's logits at temperature 1, nothing filtered
+    forbidden: bool | None = False  # the run's constraint does not allow it here (None: not known, a server's)
 
 
 @dataclass
@@ -57,6 +58,9 @@ class StepEvent:
     # The run's sampling state this step was sampled in that replay cannot recompute from the
     # ids (Mirostat's μ), or None.
     sampler_state: dict | None = None
+    # The raw probability mass the run's constraint removed at this step: 1 - the sum of the raw
+    # probabilities of the tokens it allows (0 without a constraint; None: not known, a server's).
+    masked_mass: float | None = 0.0
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "pool"}
@@ -88,7 +92,10 @@ class PrefillEvent:
 
 @dataclass
 class DoneEvent:
-    reason: str  # "eos", "length", "stop", "context", "cancelled" ("interrupted": the CLI's, Ctrl-C)
+    # "eos", "length", "stop", "context", "cancelled" ("interrupted": the CLI's, Ctrl-C), "complete"
+    # (the constraint ended with an end-of-sequence token the engine does not stop at), "constraint"
+    # (the stages before the constraint kept no token it allows)
+    reason: str
     text: str  # the whole generated text: every step's text, then `tail`
     tail: str  # text held back until the end (an incomplete character, a possible stop string)
     prompt_tokens: int
@@ -100,6 +107,7 @@ class DoneEvent:
     capped: bool  # max_new_tokens was lowered to fit the context window
     done: bool = True
     stop_string: str | None = None  # reason "stop": the stop string that ended the run
+    constraint_complete: bool | None = None  # the output is a whole match of the constraint (None: no constraint)
 
     def to_json(self) -> dict:
         return asdict(self)

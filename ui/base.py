@@ -165,8 +165,9 @@ class PageBase:
             self.registry.finish(session, cancel)
 
     def _bars(self, step, title: str = "", rec=None) -> str:
-        """A step's bars; `rec` (the run) tags the candidates its logit bias moved and names
-        the model whose note goes under them."""
+        """A step's bars; `rec` (the run) tags the candidates its logit bias moved or its
+        constraint forbade, and names the model whose note goes under them."""
         if rec is None:
             return bars_html(step, title, self.bars_note, None)
-        return bars_html(step, title, self.view(rec.model).bars_note, rec.bias)
+        constrained = rec.params is not None and bool(rec.params.constraint)
+        return bars_html(step, title, self.view(rec.model).bars_note, rec.bias, constrained)

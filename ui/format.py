@@ -25,7 +25,10 @@ COMPARE_COLOR_MAP = {**COLOR_MAP, "diverges here": "#8e24aa"}
 # Why a run ended, as the page says it after "Run ended:".
 REASONS = {"eos": "the model emitted its end-of-sequence token", "length": "max new tokens reached",
            "stop": "a stop string was found", "context": "the context window is full",
-           "cancelled": "stopped on request (Stop, or a new run in this tab)"}
+           "cancelled": "stopped on request (Stop, or a new run in this tab)",
+           "complete": "the constraint is complete",
+           "constraint": "the constraint allowed none of the tokens the stages before it kept (put constraint "
+                         "first in the sampler order, or loosen those stages)"}
 
 
 def si(n: float, unit: str = "") -> str:
@@ -110,13 +113,27 @@ def bias_mark(bias: float | None) -> str:
     return f"<span class='tl-mark' title='logit bias added to its logit'>bias {bias:+g}</span>"
 
 
+# On a narrow screen the final bar is narrower than the word: a cross instead (page.css).
+FORBIDDEN_MARK = ("<span class='tl-mark tl-banned' title='the constraint forbids it at this step'>"
+                  "<span class='tl-long'>forbidden</span><span class='tl-short'>✕</span></span>")
+
+
+def masked_html(step: StepEvent) -> str:
+    """The line a constrained step's bars carry: the raw mass its constraint removed."""
+    if step.masked_mass is None:
+        return "<div class='tl-approx'>Constrained: the mass the constraint removed is not reported by the server.</div>"
+    return (f"<div class='tl-masked'>Constraint removed <b>{fmt_p(step.masked_mass)}</b> of the raw "
+            f"probability at this step (masked mass).</div>")
+
+
 def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
-              bias: dict[int, float] | None = None) -> str:
+              bias: dict[int, float] | None = None, constrained: bool = False) -> str:
     """Horizontal bars: raw model probability and final sampling probability per candidate;
     `approx` says how approximate the numbers are, or where they come from (empty when they are
     the model's). A column the engine cannot give (in front of a server) says so in its header
     and shows dashes, never zeros. `bias` (token id -> logit bias) tags the candidates the
-    run's logit bias moved or banned."""
+    run's logit bias moved or banned; under a constraint (`constrained`) the candidates it
+    forbade are tagged and the mass it removed is given."""
     if step is None:
         return "<div class='tl-bars tl-empty'>Generate to see each step's candidates.</div>"
     rows = []
@@ -126,7 +143,8 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
         rows.append(
             f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
             f"<span class='tl-tok' title='id {c.id}'>{'▶ ' if chosen else ''}{label}</span>"
-            f"{_bar('tl-raw', c.raw_prob)}{_bar('tl-final', c.prob, bias_mark((bias or {}).get(c.id)))}</div>")
+            f"{_bar('tl-raw', c.raw_prob)}"
+            f"{_bar('tl-final', c.prob, FORBIDDEN_MARK if c.forbidden else bias_mark((bias or {}).get(c.id)))}</div>")
     missing = " (not given by the server)"
     raw_head = "raw model probability" + ("" if any(known(c.raw_prob) for c in step.top) else missing)
     final_head = "final (sampled from)" + ("" if any(known(c.prob) for c in step.top) else missing)
@@ -136,6 +154,7 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
             f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with "
             f"{chosen_prob_html(step.prob, step.raw_prob)}{rank}</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
+            + (masked_html(step) if constrained else "")
             + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
             f"<span class='tl-h2'>{raw_head}</span>"
             f"<span class='tl-h2'>{final_head}</span></div>")

@@ -69,6 +69,8 @@ class ShareHandlers(PageBase):
         out = {**dict(zip(NAMES, c.values())), "notice": notice}
         if any(getattr(c, n) != getattr(self.defaults, n) for n in MORE_SETTINGS):
             out["more"] = gr.update(open=True)
+        if c.constraint:  # the link's constraint is shown, not folded away
+            out["constrain_box"] = gr.update(open=True)
         return out
 
     @takes_controls("base", after=("run_seed",))
@@ -105,5 +107,5 @@ def wire(page, h: ShareHandlers, demo: gr.Blocks) -> None:
     page.on(page["share_button"].click, h.share_link, inputs=(*NAMES, "page_url", "run_seed"),
             outputs=("share_link",), js=share_js(h.defaults), api_visibility="private",
             concurrency_limit=None).failure(None, js=UNCOPY_JS)
-    page.on(demo.load, h.restore, outputs=(*NAMES, "more", "notice"), api_visibility="private",
+    page.on(demo.load, h.restore, outputs=(*NAMES, "more", "constrain_box", "notice"), api_visibility="private",
             queue=False).then(None, js=READY_JS)

@@ -37,9 +37,14 @@ def setting_control(s: Setting, value, context: int, label_prefix: str = "", ele
     info = None if label_prefix else s.help
     if not available:
         value, info = s.off, "not available with this engine"
+    if s.control == "choice":
+        return gr.Radio([(shown, v) for v, shown in s.choices], value=value, label=label, info=info,
+                        elem_id=elem_id, visible=visible, interactive=None if available else False)
     if s.control == "text":
+        long = s.max_chars > 2000  # a schema or a grammar: several lines
         return gr.Textbox(value, label=label, info=info, placeholder=f"e.g. {s.example}", elem_id=elem_id,
-                          visible=visible, interactive=None if available else False, max_length=2000)
+                          visible=visible, interactive=None if available else False, max_length=s.max_chars,
+                          lines=6 if long else 1, max_lines=20 if long else None)
     if s.control == "number":
         return gr.Number(value, label=f"{label} ({s.off} = {'off' if s.neutral is not None else 'default'})", precision=None, info=info,
                          elem_id=elem_id, visible=visible, interactive=None if available else False)

@@ -21,7 +21,8 @@ def server_info(name: str, url: str, max_seq_len: int, logprobs: str, logprobs_s
     """A served model's EngineInfo. logprobs: "raw" or "processed", which distribution the
     server's numbers are; kv_bytes: bytes per KV-cache value on the server, where known."""
     caps = Capabilities(internals=False, whole_distribution=False, measured_kv=False, server_load=True,
-                        settings=frozenset(s.name for s in SETTINGS if s.server_key is not None),
+                        settings=frozenset(s.name for s in SETTINGS if s.server_key is not None or s.sent_by_stage),
+                        masked_mass=False,
                         logprobs=logprobs, local_timing=False)
     return EngineInfo(name, max_seq_len, cfg, caps, url, kv_bytes, kv_bytes_source,
                       logprobs_source=logprobs_source, config_source=config_source, config_dtype=config_dtype)

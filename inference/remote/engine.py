@@ -262,6 +262,8 @@ class RemoteEngine:
 
     def _run(self, body, n_prompt, max_new, capped, seed, top_n, m, cancel):
         self._check_open()
+        # The mass a constraint removed is not reported by the server (None); without one it is 0.
+        masked = None if "structured_outputs" in body else 0.0
         with self._active_lock:
             self._active += 1
         t0 = time.perf_counter()
@@ -313,10 +315,11 @@ class RemoteEngine:
                         parts.append(texts[j])
                         yield StepEvent(
                             step=step, token_id=t, piece=pieces[t], text=texts[j], prob=nb.prob,
-                            raw_prob=nb.raw_prob, top=candidates(nb.top, pieces), entropy=None,
+                            raw_prob=nb.raw_prob, top=candidates(nb.top, pieces, masked is None), entropy=None,
                             rank=nb.rank, kv_cache_bytes=None, kv_cache_capacity_bytes=None,
                             ms=ms, prefill_ms=ms if step == 0 else None,
-                            prompt_tokens=n_prompt if step == 0 else None, kv_blocks=None)
+                            prompt_tokens=n_prompt if step == 0 else None, kv_blocks=None,
+                            masked_mass=masked)
                         step += 1
                 if choice.get("finish_reason") is not None:
                     reason = _reason(choice, capped, step, max_new)
@@ -371,8 +374,8 @@ def server_settings(params, tokenizer=None, **given) -> dict:
         value = values[s.name]
         if s.server_key is not None:
             if s.kind is not str or value != s.off:
-                out[s.server_key] = s.server_form(value, tokenizer) if s.server_form else value
-        elif value != s.off and not (s.part_of and values[s.part_of] == BY_NAME[s.part_of].neutral):
+                out[s.server_key] = s.server_form(value, tokenizer, values) if s.server_form else value
+        elif value != s.off and not s.sent_by_stage and not (s.part_of and values[s.part_of] == BY_NAME[s.part_of].neutral):
             raise NotAvailable(f"{s.label.lower()} is not available in front of a model server ({s.flag})")
     return out
 

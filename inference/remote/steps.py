@@ -99,5 +99,7 @@ def split_text(text: str, pieces: list[str]) -> list[str]:
     return [""] * (len(pieces) - 1) + [text]
 
 
-def candidates(top: list[tuple[int, float | None, float | None]], pieces: dict[int, str]) -> list[Candidate]:
-    return [Candidate(i, pieces[i], p, r) for i, p, r in top]
+def candidates(top: list[tuple[int, float | None, float | None]], pieces: dict[int, str],
+               constrained: bool = False) -> list[Candidate]:
+    """The server's candidates; under a constraint, which it forbade is not known (None)."""
+    return [Candidate(i, pieces[i], p, r, None if constrained else False) for i, p, r in top]

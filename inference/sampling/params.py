@@ -19,6 +19,9 @@ def validate(p) -> None:
         if s.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
             raise InputError(f"{s.name} must be an integer, got {shown(value)}")
         s.parse(value)
+    if p.constraint:  # the schema, expression or grammar parses (compiled when a run starts)
+        from inference.sampling.constrain import check
+        check(p.constraint, p.constraint_text)
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
                                or not 0 <= p.seed < 2**63):
         raise InputError(f"seed must be an integer in [0, 2^63), got {shown(p.seed)}")

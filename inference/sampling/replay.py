@@ -38,10 +38,21 @@ def _stat(name: str, logits: torch.Tensor, removed_mass: float, chosen: int, not
     return StageStat(name, kept, removed_mass, rank, float(probs[chosen]) if alive else 0.0, note, key or name)
 
 
-def _note(name: str, params: SamplingParams, state: RunState | None) -> str:
+def masked_mass(raw_logits: torch.Tensor, state: RunState | None) -> float | None:
+    """The raw probability mass the run's constraint forbids at this step (None: no constraint)."""
+    if state is None or state.constraint is None:
+        return None
+    allowed = state.constraint.allowed.to(raw_logits.device)
+    return float(raw_logits.double().softmax(-1)[~allowed].sum())
+
+
+def _note(name: str, params: SamplingParams, state: RunState | None, raw: torch.Tensor) -> str:
     """What a stage read from the run's state this step, in words."""
     if state is None:
         return ""
+    if name == "constraint" and state.constraint is not None:
+        allowed = int(state.constraint.allowed.sum())
+        return f"allows {allowed:,} tokens; raw mass forbidden {masked_mass(raw, state):.4g}"
     if name == "xtc_probability" and state.coin is not None:
         fell = "acts" if state.coin < params.xtc_probability else "does not act"
         return f"coin {state.coin:.3f} vs p {params.xtc_probability:g}: {fell}"
@@ -57,13 +68,13 @@ def pipeline(logits: torch.Tensor, params: SamplingParams, state: RunState | Non
     settings move from neutral) and the final distribution; every stage runs, as in
     sampling.final_logits."""
     shown = set(params.changed if shown is None else shown)
-    stats = [_stat("raw", logits, 0.0, chosen)]
+    raw, stats = logits, [_stat("raw", logits, 0.0, chosen)]
     for name, label, fn in stages(params, state):
         before = logits.softmax(-1)
         logits = fn(logits)
         if name in shown:
             removed = float(before[~torch.isfinite(logits)].sum())
-            stats.append(_stat(label, logits, removed, chosen, _note(name, params, state), name))
+            stats.append(_stat(label, logits, removed, chosen, _note(name, params, state, raw), name))
     final = logits.softmax(-1)
     stats.append(_stat("final (renormalized)", logits, 0.0, chosen, key="final"))
     return stats, final

@@ -44,6 +44,10 @@ class Setting:
     example: str = ""
     server_form: Callable | None = None  # the value as the server's request carries it (None: as is)
     stage_label: str = ""  # its stage's name where the label names a parameter (DRY, not "DRY multiplier")
+    choices: tuple = ()  # control "choice": (value, what the page calls it), the first the neutral one
+    max_chars: int = 2000  # text settings: the most characters taken
+    strip: bool = True  # text settings: surrounding white space dropped (a regular expression keeps it)
+    sent_by_stage: bool = False  # a server gets it inside its stage's server_form (not on its own)
 
     @property
     def is_stage(self) -> bool:
@@ -78,10 +82,11 @@ class Setting:
         setting. Whole numbers written as 3.0 are accepted for integers, 2.5 is not. Text
         settings are checked by decoding them, and kept as written (stripped)."""
         if self.kind is str:
-            if not isinstance(raw, str) or len(raw) > MAX_TEXT:
-                raise InputError(f"{self.name} must be text of at most {MAX_TEXT} characters, e.g. {self.example}")
-            self.decode(raw.strip())
-            return raw.strip()
+            if not isinstance(raw, str) or len(raw) > self.max_chars:
+                raise InputError(f"{self.name} must be text of at most {self.max_chars:,} characters, e.g. {self.example}")
+            value = raw.strip() if self.strip else raw
+            self.decode(value)
+            return value
         if isinstance(raw, bool):
             raise InputError(f"{self.name} must be a number, got {shown(raw)}")
         try:
@@ -100,7 +105,6 @@ class Setting:
         return value
 
 
-MAX_TEXT = 2000  # characters of a text setting
 
 
 def _items(text: str) -> list[str]:
@@ -183,7 +187,28 @@ def decode_breakers(text: str) -> tuple[str, ...]:
     return tuple(items)
 
 
-def _server_bias(text: str, tokenizer=None) -> dict[str, float]:
+# The kinds of constraint on the output (the constraint setting's values): value -> (what the
+# page and the messages call it, the CLI flag's argument, vLLM's structured_outputs key).
+CONSTRAINT_KINDS = {"json_schema": ("JSON schema", "PATH", "json"),
+                    "regex": ("regular expression", "PATTERN", "regex"),
+                    "grammar": ("grammar (EBNF)", "PATH", "grammar")}
+MAX_CONSTRAINT_CHARS = 16_000  # characters of a schema, regular expression or grammar
+
+
+def decode_constraint_kind(text: str) -> str:
+    if text and text not in CONSTRAINT_KINDS:
+        raise InputError(f"constraint must be empty or one of {', '.join(CONSTRAINT_KINDS)}, got {shown(text)}")
+    return text
+
+
+def _server_constraint(kind: str, tokenizer=None, values=None) -> dict:
+    """vLLM's structured_outputs: {"json": schema} (the schema as an object), {"regex": ...}
+    or {"grammar": ...}."""
+    text = values["constraint_text"]
+    return {CONSTRAINT_KINDS[kind][2]: json.loads(text) if kind == "json_schema" else text}
+
+
+def _server_bias(text: str, tokenizer=None, values=None) -> dict[str, float]:
     """OpenAI's logit_bias: {"id": bias}, the bias within [-100, 100] (vLLM clamps to it)."""
     return {str(i): max(-100.0, min(100.0, b)) for i, b in decode_logit_bias(text, tokenizer)}
 
@@ -247,6 +272,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("sampler_order", str, "", 0, None, "Sampler order", "setting names of the stages to "
             "run first, in this order; the rest follow in the default order", group="more",
             control="text", decode=decode_order, example="top_k,temperature"),
+    Setting("constraint", str, "", 0, None, "Constrain output", "only text this JSON schema, regular "
+            "expression or grammar allows is sampled; empty = off", group="constrain", neutral="",
+            control="choice", decode=decode_constraint_kind, example="json_schema",
+            choices=(("", "none"), *((k, v[0]) for k, v in CONSTRAINT_KINDS.items())),
+            server_key="structured_outputs", server_form=_server_constraint, stage_label="constraint"),
+    Setting("constraint_text", str, "", 0, None, "Constraint", "the JSON schema, regular expression "
+            "or grammar (xgrammar's EBNF: root ::= ...)", group="constrain", part_of="constraint",
+            control="text", decode=str, example='{"type": "object"}', max_chars=MAX_CONSTRAINT_CHARS,
+            strip=False, sent_by_stage=True),
     Setting("max_new_tokens", int, 128, 1, None, "Max new tokens", "at most this many tokens "
             "are generated", step=1, server_key="max_tokens", shapes=False),
 )
@@ -257,7 +291,8 @@ FILTER_SETTINGS = tuple(s.name for s in SETTINGS if s.is_stage)
 # The order the stages run in unless sampler_order says otherwise: written down here only.
 DEFAULT_ORDER = ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty",
                  "dry_multiplier", "temperature", "top_k", "top_p", "min_p", "typical_p",
-                 "epsilon_cutoff", "eta_cutoff", "top_n_sigma", "xtc_probability", "mirostat_tau")
+                 "epsilon_cutoff", "eta_cutoff", "top_n_sigma", "xtc_probability", "mirostat_tau",
+                 "constraint")  # the constraint last: it masks what the user's stages kept
 assert sorted(DEFAULT_ORDER) == sorted(FILTER_SETTINGS)
 # Every setting that shapes the distribution sampled from: what replay and compare can change.
 SHAPING_SETTINGS = tuple(s.name for s in SETTINGS if s.shapes)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from inference.sampling import cutoffs, dynamic, penalties  # noqa: F401 - they register the stages
+from inference.sampling import constrain, cutoffs, dynamic, penalties  # noqa: F401 - they register the stages
 from inference.sampling.cutoffs import (TOP_P_FIRST, apply_epsilon, apply_eta, apply_min_p,  # noqa: F401
                                         apply_top_k, apply_top_n_sigma, apply_top_p, apply_typical_p)
 from inference.sampling.dynamic import apply_temperature, apply_xtc, dynamic_temperature  # noqa: F401
@@ -48,12 +48,15 @@ def final_probs(logits: torch.Tensor, params: SamplingParams, state: RunState | 
 def greedy_logits(logits: torch.Tensor, params: SamplingParams, state: RunState | None) -> torch.Tensor:
     """What greedy decoding takes the argmax of (the first of equal maxima): the logits after
     the stages that run before temperature (temperature 0 keeps one token, which no later
-    filter removes)."""
+    filter removes), and the constraint wherever it stands: greedy takes the most likely token
+    the constraint allows."""
+    constrained = False
     for name, _, fn in stages(params, state):
         if name == "temperature":
             break
         logits = fn(logits)
-    return logits
+        constrained |= name == "constraint"
+    return logits if constrained else constrain.apply_constraint(logits, params, state)
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:

@@ -53,6 +53,7 @@ class RunState:
     mu: float | None = None  # Mirostat's μ entering this step (None: Mirostat off)
     coin: float | None = None  # XTC's coin this step (None: XTC off)
     tokenizer: object = None  # encodes logit bias's text (None: the bias names token ids only)
+    constraint: object = None  # constrain.Matcher: the tokens the run's constraint allows (None: none)
 
     @classmethod
     def at(cls, params, prompt_ids: list[int], generated: list[int], vocab: int, seed: int = 0,
@@ -71,6 +72,9 @@ class RunState:
         if params.mirostat_tau > 0:
             state.mu = mu if mu is not None else 2.0 * params.mirostat_tau
         state.coin = xtc_coin(seed, state.step) if params.xtc_probability > 0 else None
+        if params.constraint:
+            from inference.sampling.constrain import matcher
+            state.constraint = matcher(params.constraint, params.constraint_text, tokenizer, vocab, generated)
         return state
 
     @classmethod
@@ -90,6 +94,9 @@ class RunState:
             self.mu -= params.mirostat_eta * (surprise - params.mirostat_tau)
         if self.coin is not None:
             self.coin = xtc_coin(self.seed, self.step)
+        if self.constraint is not None and not self.constraint.accept(token):
+            raise InputError(f"the constraint does not allow token {token} ({self.tokenizer.piece(token)!r}) at step "
+                             f"{self.step - 1}: the stages before it kept no token it allows")
 
     def recorded(self) -> dict | None:
         """What a step must record for replay to start from the same state (None: nothing)."""

@@ -21,6 +21,7 @@ from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
 from inference.sampling.replay import StageStat, pipeline
+from inference.sampling.constrain import compile_constraint
 from inference.sampling.state import RunState, check_vocab
 from inference.sampling.params import SamplingParams
 from inference.serving.scheduler import Scheduler
@@ -336,6 +337,8 @@ class Engine:
         given = list(given)
         ids = list(ids) + given
         check_ids(ids, self.cfg.vocab_size, self.cfg.max_seq_len)
+        if params.constraint:  # compiled here, on the caller's thread: the scheduler's finds it cached
+            compile_constraint(params.constraint, params.constraint_text, self.tokenizer, self.cfg.vocab_size)
         max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
         if max_new < 1:
             raise InputError(f"the prompt is {len(ids)} tokens and fills the context window of "

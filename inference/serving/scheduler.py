@@ -296,6 +296,11 @@ class Scheduler:
     def _emit(self, run: Run, info: StepInfo) -> None:
         """The run's new token: its event, and the end of the run if it ends here."""
         token_id = info.token_id
+        constraint = run.state.constraint
+        if constraint is not None and (info.nothing_left or not constraint.allowed[token_id]):
+            # Nothing was left to draw from: the stages before the constraint kept no token it allows.
+            self._finish(run, "constraint")
+            return
         recorded = run.state.recorded()  # the state this step was sampled in, for replay
         run.state.advance(token_id, info.prob, run.params)
         run.next_token = token_id
@@ -320,9 +325,11 @@ class Scheduler:
             ms=ms, prefill_ms=ms if first else None, prompt_tokens=run.n_prompt if first else None,
             wait_ms=(run.admitted - run.submitted) * 1000 if first else None,
             prompt_tokens_reused=run.reused if first else None,
-            kv_blocks=len(run.table.blocks), pool=pool, sampler_state=recorded))
+            kv_blocks=len(run.table.blocks), pool=pool, sampler_state=recorded, masked_mass=info.masked_mass))
         if is_eos:
             self._finish(run, "eos")
+        elif constraint is not None and constraint.terminated:
+            self._finish(run, "complete")
         elif run.stops.matched is not None:
             self._finish(run, "stop")
         elif len(run.step_ms) == run.max_new:
@@ -360,4 +367,5 @@ class Scheduler:
             generated_tokens=n, ttft_ms=run.step_ms[0] if n else 0.0,
             decode_tokens_per_s=(n - 1) / decode_s if decode_s > 0 else 0.0,
             seed=run.seed, max_new_tokens=run.max_new, capped=run.capped,
-            stop_string=run.stops.matched if reason == "stop" else None)
+            stop_string=run.stops.matched if reason == "stop" else None,
+            constraint_complete=None if run.state is None or run.state.constraint is None else run.state.constraint.complete)

@@ -24,6 +24,9 @@ class StepInfo:
     top: list[tuple[int, float, float]]  # (id, final p, raw p), most likely first; the chosen one always in
     entropy: float  # of the raw distribution, nats
     rank: int  # of the chosen token in the raw distribution, 1 = most likely
+    masked_mass: float = 0.0  # raw probability mass the run's constraint forbade (0: no constraint)
+    forbidden: frozenset = frozenset()  # the candidates the constraint forbade
+    nothing_left: bool = False  # the stages and the constraint together kept no token: no draw
 
 
 class _Packed:
@@ -79,12 +82,20 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         if row.params.temperature != 0:
             finals[i] = final_probs(logits[i], row.params, row.state)
             next_id[i] = sample(finals[i].unsqueeze(0), row.generator)[0, 0]
+    constrained = [i for i, row in enumerate(rows) if row.state is not None and row.state.constraint is not None]
+    if constrained:
+        # A constraint can forbid every token the stages before it kept: an empty distribution
+        # (its draw runs past the vocabulary), or greedy's argmax of -inf everywhere.
+        empty = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)  # (R,)
+        for i in constrained:
+            empty[i] = ~(finals[i].sum() > 0) if i in finals else ~torch.isfinite(penalized[greedy.index(i)].max())
+        next_id.clamp_(max=logits.shape[-1] - 1)
     top_n = min(max(row.top_n for row in rows), logits.shape[-1])
     if top_n == 0:
         nan = float("nan")
         # Mirostat's μ moves by the chosen token's final probability: read for its rows only.
         return [StepInfo(t, (float(finals[i][t]) if i in finals else 1.0) if row.params.mirostat_tau > 0 else nan,
-                         nan, [], nan, 0)
+                         nan, [], nan, 0, nan, nothing_left=bool(empty[i]) if constrained else False)
                 for i, (t, row) in enumerate(zip(next_id.tolist(), rows))]
 
     # From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, sum(e * logits) / Z the mean
@@ -112,6 +123,13 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     packed.add("top_logits", top_logits)
     packed.add("top_ids", top_ids)
     packed.add("final_top", final_top)
+    if constrained:  # the raw mass of the forbidden tokens, and which candidates they are
+        forbidden = torch.zeros_like(logits, dtype=torch.bool)  # (R, vocab)
+        for i in constrained:
+            forbidden[i] = ~rows[i].state.constraint.allowed.to(logits.device)
+        packed.add("forbidden_z", e.masked_fill(~forbidden, 0).sum(dim=-1, dtype=torch.float64))
+        packed.add("top_forbidden", forbidden.gather(1, top_ids))
+        packed.add("empty", empty)
     host = {name: t.view(len(rows), -1) for name, t in packed.to_host().items()}
     return [_info(host, r, row.top_n) for r, row in enumerate(rows)]
 
@@ -132,9 +150,14 @@ def _info(host: dict[str, torch.Tensor], r: int, top_n: int) -> StepInfo:
         host["top_logits"][r, :top_n].tolist())]
     if token_id not in {i for i, _, _ in top}:  # the chosen token is always listed
         top.append((token_id, prob, raw_prob))
-    return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r, 0]))
+    masked, forbidden, empty = 0.0, frozenset(), False
+    if "forbidden_z" in host:
+        masked = float(host["forbidden_z"][r, 0]) / z
+        forbidden = frozenset(i for (i, _, _), f in zip(top, host["top_forbidden"][r, :top_n].tolist()) if f)
+        empty = bool(host["empty"][r, 0])
+    return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r, 0]), masked, forbidden, empty)
 
 
 def candidates(info: StepInfo, piece) -> list[Candidate]:
     """The step's candidates as events carry them; piece(id) spells a token."""
-    return [Candidate(i, piece(i), p, r) for i, p, r in info.top]
+    return [Candidate(i, piece(i), p, r, i in info.forbidden) for i, p, r in info.top]

@@ -230,5 +230,32 @@ def test_jsonl_keeps_its_keys_and_writes_null(capsys):
     assert first["entropy"] is None and first["kv_cache_bytes"] is None
     assert first["prob"] is None  # temperature 0.5 and raw log-probabilities: not the sampled distribution
     assert first["raw_prob"] == pytest.approx(0.7788007830714049)
-    assert first["top"] == [{"id": 120, "piece": "x", "prob": None, "raw_prob": first["raw_prob"]}]
+    assert first["top"] == [{"id": 120, "piece": "x", "prob": None, "raw_prob": first["raw_prob"], "forbidden": False}]
     assert done["text"] == "xy" and done["reason"] == "length" and done["generated_tokens"] == 2
+
+
+def test_a_constraint_goes_as_vllms_structured_outputs_and_its_masked_mass_is_unknown():
+    """vLLM 0.32 takes {"structured_outputs": {"json": schema}} (guided_json went in 0.12); the
+    server reports no masked mass, so each step says None, and the capabilities say so first."""
+    sent = []
+
+    def completions(h, body):
+        sent.append(body)
+        h.start_stream()
+        h.event(chunk(123, "{"))
+        h.event(chunk(125, "}", finish="stop"))
+        h.wfile.write(b"data: [DONE]\n\n")
+
+    with FakeServer({}) as server:
+        server.routes.update(tokenizing({"/v1/completions": completions}))
+        e = engine(server)
+        assert e.info.capabilities.masked_mass is False
+        assert {"constraint", "constraint_text"} <= e.info.capabilities.settings
+        params = SamplingParams(temperature=1.0, max_new_tokens=4, constraint="json_schema",
+                                constraint_text='{"type": "object"}')
+        events = list(e.generate_ids([104, 105], params, top_n=1))
+        e.close()
+    assert sent[0]["structured_outputs"] == {"json": {"type": "object"}}
+    assert not any(k.startswith("guided_") for k in sent[0])
+    assert [ev.masked_mass for ev in events[:-1]] == [None, None] and events[-1].text == "{}"
+    assert all(c.forbidden is None for ev in events[:-1] for c in ev.top)  # not known either

@@ -160,3 +160,4 @@ def test_the_page_in_front_of_a_server_says_what_it_cannot_show():
     texts = " ".join(str(getattr(b, "value", "")) for b in blocks)
     assert "not available when the page is in front of a server" in texts
     assert "46,080 bytes per position" in texts and "served by vLLM" in texts
+    assert "constraint-note" in ids and "is not reported" in texts  # the masked mass: said in its place

@@ -44,14 +44,37 @@ def test_sampling_params_has_one_field_per_setting_with_its_default():
 @pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
 def test_each_setting_is_checked_with_its_name(s):
     bad = "@@nope" if s.kind is str else (s.maximum + 1) if s.maximum is not None else (s.minimum - 1)
+    on = {"constraint": "json_schema"} if s.name == "constraint_text" else {}  # checked against its kind
     with pytest.raises(Exception, match=s.name):
-        SamplingParams(**{s.name: s.kind(bad)})
+        SamplingParams(**{s.name: s.kind(bad)}, **on)
 
 
 def moving(name):
-    """Settings that move stage `name` off neutral: its switch (and a DRY whose breakers miss)."""
+    """Settings that move stage `name` off neutral: its switch (and a DRY whose breakers miss, a
+    constraint's text: bytes 1 to 5, any number)."""
     s = BY_NAME[name]
-    return {name: off_default(s), **({"dry_sequence_breakers": '"@"'} if name == "dry_multiplier" else {})}
+    return {name: off_default(s), **({"dry_sequence_breakers": '"@"'} if name == "dry_multiplier" else {}),
+            **({"constraint": "regex", "constraint_text": "[\\x01-\\x05]*"} if name == "constraint" else {})}
+
+
+def with_stage(s):
+    """The setting off its default, with what its stage needs to be valid (a constraint's text
+    and kind go together)."""
+    if s.stage_name == "constraint":
+        return {"constraint": BY_NAME["constraint"].example, "constraint_text": BY_NAME["constraint_text"].example}
+    return {s.name: off_default(s)}
+
+
+class ByteVocab:
+    """257 tokens: byte i is token i, token 256 the end of sequence (what a constraint compiles against)."""
+    token_bytes = [bytes([i]) for i in range(256)] + [b""]
+    eos_ids = (256,)
+
+    def is_control(self, i):
+        return i == 256
+
+    def piece(self, i):
+        return repr(self.token_bytes[i])
 
 
 @pytest.mark.parametrize("name", FILTER_SETTINGS)
@@ -62,7 +85,8 @@ def test_each_stage_at_its_neutral_value_changes_nothing(name):
     logits[:3] = torch.tensor([9.0, 8.8, 8.5])  # three likely tokens: XTC has top choices to cut
     params = SamplingParams(**moving(name))
     # A context with a repeat ending in its last token, generated tokens, μ and a coin that acts.
-    state = RunState.at(params, [1, 2, 3, 4, 5, 1, 2], [3, 4, 1, 2, 3], 257)
+    state = RunState.at(params, [1, 2, 3, 4, 5, 1, 2], [3, 4, 1, 2, 3], 257,
+                        tokenizer=ByteVocab() if name == "constraint" else None)
     state.coin = 0.0 if state.coin is not None else None
     assert torch.equal(fn(logits, SamplingParams(), state), logits)
     moved = fn(logits, params, state)
@@ -74,6 +98,10 @@ def test_each_stage_at_its_neutral_value_changes_nothing(name):
 
 @pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
 def test_each_setting_is_a_cli_flag(s):
+    if s.stage_name == "constraint":  # a flag per kind: --json-schema PATH, --regex PATTERN, --grammar PATH
+        p = _sampling_params(build_parser().parse_args(["generate", "--prompt", "x", "--regex", " a+"]), {})
+        assert (p.constraint, p.constraint_text) == ("regex", " a+")
+        return
     value = off_default(s)
     args = build_parser().parse_args(["generate", "--prompt", "x", s.flag, str(value)])
     assert getattr(_sampling_params(args, {}), s.name) == value
@@ -81,20 +109,21 @@ def test_each_setting_is_a_cli_flag(s):
 
 @pytest.mark.parametrize("s", SETTINGS, ids=lambda s: s.name)
 def test_each_setting_goes_through_the_share_link_and_the_page(s):
-    c = Controls(**{s.name: off_default(s)})
+    c = Controls(**with_stage(s))
     query = dict(parse_qsl(urlsplit(share_url("http://x/", c)).query))
     assert s.name in query
     back, problems = controls_from_query(query)
-    assert problems == [] and getattr(back, s.name) == off_default(s)
-    assert getattr(sampling_params(back, None), s.name) == off_default(s)
+    assert problems == [] and getattr(back, s.name) == getattr(c, s.name) != s.default
+    assert getattr(sampling_params(back, None), s.name) == getattr(c, s.name)
 
 
 def test_a_servers_request_carries_each_setting_under_the_schemas_key():
     taken = [s for s in SETTINGS if s.server_key is not None]
-    p = SamplingParams(**{s.name: off_default(s) for s in taken})
+    p = SamplingParams(**{k: v for s in taken for k, v in with_stage(s).items()})
     body = remote_engine.server_settings(p, max_new_tokens=7)
-    assert body == {s.server_key: (7 if s.name == "max_new_tokens" else s.server_form(off_default(s)) if s.server_form
-                                   else off_default(s)) for s in taken}
+    assert body == {s.server_key: (7 if s.name == "max_new_tokens" else s.server_form(off_default(s), None, vars(p))
+                                   if s.server_form else off_default(s)) for s in taken}
+    assert body["structured_outputs"] == {"json": {"type": "object"}}  # vLLM's form: the schema as an object
 
 
 def test_a_setting_no_server_takes_is_refused_unless_neutral(monkeypatch):

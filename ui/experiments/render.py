@@ -28,6 +28,8 @@ def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
             rows.append({"step": s.step, "value": shown_prob(s), "metric": "chosen-token probability"})
         if s.entropy is not None:
             rows.append({"step": s.step, "value": s.entropy, "metric": "raw entropy (nats)"})
+        if rec.params is not None and rec.params.constraint and s.masked_mass is not None:
+            rows.append({"step": s.step, "value": s.masked_mass, "metric": "masked mass (constraint)"})
     ranks = pd.DataFrame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None],
                          columns=["step", "rank"])
     return pd.DataFrame(rows, columns=["step", "value", "metric"]), ranks

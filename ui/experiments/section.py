@@ -26,7 +26,7 @@ def build(page, h: Handlers) -> None:
         run_frame, rank_frame = run_chart_frames(RunRecord())
         with gr.Row():
             add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric",
-                                         title="Per step: chosen-token probability and raw entropy",
+                                         title="Per step: chosen-token probability, raw entropy (and masked mass under a constraint)",
                                          elem_id="run-chart", min_width=320))
             add("rank_chart", gr.LinePlot(rank_frame, **step_axis(), y="rank",
                                           title="Rank of the chosen token in the raw distribution",

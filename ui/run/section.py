@@ -13,7 +13,7 @@ from ui.controls import NAMES
 from ui.format import bars_html, step_axis
 from ui.handlers import RUN_OUTPUTS, STALE_PANELS, Handlers
 from ui.public import ENGINE
-from ui.run import kv, render
+from ui.run import constrain, kv, render
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
 from ui.widgets import setting_control
@@ -103,6 +103,18 @@ def build(page, h: Handlers, limits_md: str) -> None:
                         add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
                                                     available=s.name in h.caps.settings))
                 add("seed", gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed"))
+                with add("constrain_box", gr.Accordion("Constrain output: JSON schema, regular expression, grammar",
+                                                       open=False, elem_id="constrain")):
+                    for s in BY_NAME.values():
+                        if s.group == "constrain":
+                            add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
+                                                        available=s.name in h.caps.settings))
+                    if not h.caps.masked_mass:
+                        gr.Markdown(constrain.NO_MASKED_MASS, elem_id="constraint-note")
+                    add("constraint_check", gr.Markdown(constrain.check_text(d.constraint, d.constraint_text),
+                                                        elem_id="constraint-check"))
+                    add("constraint_example", gr.Dropdown(list(constrain.EXAMPLES), value=None,
+                                                          label="Ready examples", elem_id="constraint-example"))
                 more = [s for s in BY_NAME.values() if s.group == "more"]
                 with add("more", gr.Accordion("More settings: min-p, penalties, logit bias, typical-p, cutoffs, "
                                               "top-nσ, dynamic temperature, XTC, DRY, Mirostat, sampler order, "
@@ -175,6 +187,12 @@ def wire(page, h: Handlers, demo: gr.Blocks) -> None:
     gr.on([page[n].change for n in SHAPING_SETTINGS], h.order_view, inputs=page.all(SHAPING_SETTINGS),
           outputs=page["order_view"], queue=False, show_progress="hidden", trigger_mode="always_last",
           api_visibility="private")
+    # The constraint: a ready example fills the kind and the text; the text is checked as typed.
+    page.on(page["constraint_example"].input, constrain.pick_example, inputs=("constraint_example",),
+            outputs=("constraint", "constraint_text"), api_visibility="private", queue=False, show_progress="hidden")
+    gr.on([page["constraint"].change, page["constraint_text"].change], constrain.check_text,
+          inputs=page.all(("constraint", "constraint_text")), outputs=page["constraint_check"], queue=False,
+          show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     page.on(page["output"].select, h.select_token, inputs=("record",), outputs=("bars", "step"),
             api_visibility="private", queue=False)
     if h.caps.server_load:  # the whole server's load: at load, while a run streams (the chart timer), after it

@@ -1,0 +1,91 @@
+"""The page's "Constrain output": a constrained run's bars tag the forbidden candidates and give
+the masked mass, its per-step chart has the masked mass, replay of a constrained step rebuilds
+the matcher, a bad constraint is refused in one line, and the ready examples are valid."""
+
+from __future__ import annotations
+
+import re
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from inference.sampling.settings import SHAPING_SETTINGS
+from ui.controls import Controls
+from ui.experiments.render import run_chart_frames
+from ui.handlers import Handlers
+from ui.run import constrain
+
+pytest.importorskip("xgrammar")
+REGEX = "[a-z ]{3,40}"
+
+
+@pytest.fixture
+def h(tiny_engine):
+    return Handlers(tiny_engine, top_n=8)
+
+
+def run(h, **kw):
+    c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 12, "seed": "3", "temperature": 1.0, **kw})
+    return list(h.generate(*c.values(), SimpleNamespace(session_hash="c"), None))[-1]["record"]
+
+
+def test_a_constrained_run_tags_forbidden_candidates_and_charts_the_masked_mass(h):
+    rec = run(h, constraint="regex", constraint_text=REGEX)
+    text = rec.done.text
+    assert re.fullmatch(r"[a-z ]*", text)  # at any end; a whole match where the constraint ended it
+    assert rec.done.reason == "length" or re.fullmatch(REGEX, text)
+    masked = [s.masked_mass for s in rec.steps]
+    assert all(0.0 <= m <= 1.0 for m in masked) and any(m > 0 for m in masked)
+    step = next(s for s in rec.steps if any(c.forbidden for c in s.top))
+    bars = h._bars(step, rec=rec)
+    assert "Constraint removed" in bars and "masked mass" in bars and ">forbidden<" in bars
+    assert bars.count(">forbidden<") == sum(c.forbidden for c in step.top)
+    frame, _ = run_chart_frames(rec)
+    chart = frame[frame.metric == "masked mass (constraint)"]
+    assert chart.value.tolist() == pytest.approx(masked)
+    # An unconstrained run: no tag, no masked-mass line or series.
+    plain = run(h)
+    assert "Constraint removed" not in h._bars(plain.steps[0], rec=plain)
+    assert "masked mass (constraint)" not in set(run_chart_frames(plain)[0].metric)
+
+
+def test_replay_of_a_constrained_step_is_the_run_and_another_constraint_says_why_not(h):
+    rec = run(h, constraint="regex", constraint_text=REGEX)
+    values = [getattr(rec.params, n) for n in SHAPING_SETTINGS]
+    out = h.replay_step(rec, 2, *values)
+    assert "constraint" in out["replay_md"] and "raw mass forbidden" in out["replay_md"]
+    other = dict(zip(SHAPING_SETTINGS, values), constraint_text="[0-9]+")
+    out = h.replay_step(rec, 2, *other.values())
+    assert out["replay_md"].startswith("⚠ Replay: the regular expression does not allow token 0")
+
+
+def test_a_bad_constraint_is_refused_before_the_run_in_one_line(h):
+    with pytest.raises(gr.Error) as e:
+        run(h, constraint="json_schema", constraint_text='{"type": "object", "properties": 3}')
+    assert "constraint_text is not a valid JSON schema: properties must be an object" in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name", list(constrain.EXAMPLES))
+def test_every_ready_example_is_valid_and_fills_both_boxes(name):
+    picked = constrain.pick_example(name)
+    assert set(picked) == {"constraint", "constraint_text"}
+    assert constrain.check_text(picked["constraint"], picked["constraint_text"]).startswith("✓")
+
+
+def test_the_live_check_says_what_is_wrong_in_one_line():
+    assert constrain.check_text("", "anything") == ""
+    said = constrain.check_text("grammar", 'root ::= "a" | b')
+    assert said.startswith("⚠ constraint_text is not a valid grammar (EBNF)") and 'Rule "b" is not defined' in said
+
+
+def test_a_link_with_a_constraint_restores_it_and_opens_its_box(h):
+    from ui.controls import share_url
+    from urllib.parse import parse_qsl, urlsplit
+    c = Controls(**constrain.pick_example("Regex: a date (YYYY-MM-DD)"))
+    query = dict(parse_qsl(urlsplit(share_url("http://x/", c)).query))
+    out = h.restore(SimpleNamespace(query_params=query))
+    assert (out["constraint"], out["constraint_text"]) == (c.constraint, c.constraint_text)
+    assert out["constrain_box"]["open"] is True and out["notice"] == ""
+    assert "constrain_box" not in h.restore(SimpleNamespace(query_params={}))
