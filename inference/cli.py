@@ -142,6 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True)
     g.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
     g.add_argument("--system", default=None, help="system prompt for --chat")
+    g.add_argument("--prefix-ids", default=None, metavar="ID,ID,...",
+                   help="continue after the prompt and these token ids, as a branch of a run: the "
+                        "settings count them as generated; the output is the tokens after them")
     # Sampling defaults: the model's generation_config.json, else the settings' own.
     for s in SETTINGS:  # a text setting takes its items as one argument or several
         if s.stage_name == "constraint":  # the flags of each kind of constraint, below
@@ -221,7 +224,7 @@ def _ctrl_c_cancels(cancel: threading.Event):
 
 
 def _cmd_generate(args) -> int:
-    from inference.serving.engine import Request
+    from inference.serving.engine import parse_ids
 
     _sampling_params(args, {})  # bad values fail before the model loads
     if args.top < 1:
@@ -234,8 +237,10 @@ def _cmd_generate(args) -> int:
     # computing while the interpreter finalizes.
     with _ctrl_c_cancels(cancel), engine:
         params = _sampling_params(args, engine.generation_defaults)
-        request = Request(args.prompt, params, chat=args.chat, system=args.system, top_n=args.top)
-        return _print_run(engine.generate(request, cancel), args.jsonl, cancel, params, engine.describe().name)
+        given = parse_ids(args.prefix_ids, "--prefix-ids")
+        ids = engine.prompt_ids(args.prompt, args.chat, args.system)
+        events = engine.generate_ids(ids, params, args.top, cancel, given=given)
+        return _print_run(events, args.jsonl, cancel, params, engine.describe().name)
 
 
 def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model: str | None = None) -> int:

@@ -102,8 +102,9 @@ class Engine(Protocol):
 
     # -- generation and scoring
     def generate_ids(self, ids: list[int], params: "SamplingParams", top_n: int = 10,
-                     cancel: threading.Event | None = None
-                     ) -> "Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]": ...
+                     cancel: threading.Event | None = None, given: list[int] = ()
+                     ) -> "Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]":
+        """given: tokens generated already after the prompt ids (a branch continues after them)."""
 
     def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]: ...
 

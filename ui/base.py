@@ -164,10 +164,12 @@ class PageBase:
         finally:
             self.registry.finish(session, cancel)
 
-    def _bars(self, step, title: str = "", rec=None) -> str:
+    def _bars(self, step, title: str = "", rec=None, pick: bool = False) -> str:
         """A step's bars; `rec` (the run) tags the candidates its logit bias moved or its
         constraint forbade, and names the model whose note goes under them."""
         if rec is None:
             return bars_html(step, title, self.bars_note, None)
         constrained = rec.params is not None and bool(rec.params.constraint)
-        return bars_html(step, title, self.view(rec.model).bars_note, rec.bias, constrained)
+        # pick: the main bars of a run that has ended, whose candidates start a branch.
+        return bars_html(step, title, self.view(rec.model).bars_note, rec.bias, constrained,
+                         pick and rec.done is not None and rec.controls is not None)

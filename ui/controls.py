@@ -23,14 +23,15 @@ def _values(self) -> list:
 
 
 # The page's inputs, in the order the layout passes them: prompt, mode, system, model (empty: the
-# page's default), every sampling
-# setting, seed (text: empty = random) and stop strings (one per line).
+# page's default), every sampling setting, seed (text: empty = random), stop strings (one per line) and the token ids a branch
+# continues after (ID,ID,...; empty: none).
 Controls = make_dataclass(
     "Controls",
     [("prompt", str, field(default=DEFAULT_PROMPT)), ("mode", str, field(default="completion")),
      ("system", str, field(default="")), ("model", str, field(default=""))]
     + [(s.name, s.kind, field(default=s.default)) for s in SETTINGS]
-    + [("seed", str, field(default="")), ("stop", str, field(default=""))],
+    + [("seed", str, field(default="")), ("stop", str, field(default="")),
+       ("prefix_ids", str, field(default=""))],
     namespace={"values": _values, "names": classmethod(lambda cls: [f.name for f in fields(cls)]),
                # The page's defaults, with the model's generation_config.json where it has one.
                "for_model": classmethod(lambda cls, generation_defaults: cls(**defaults(generation_defaults))),

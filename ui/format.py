@@ -126,14 +126,18 @@ def masked_html(step: StepEvent) -> str:
             f"probability at this step (masked mass).</div>")
 
 
+PICK_TITLE = " · click to continue the run from this token"
+
+
 def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
-              bias: dict[int, float] | None = None, constrained: bool = False) -> str:
+              bias: dict[int, float] | None = None, constrained: bool = False, pick: bool = False) -> str:
     """Horizontal bars: raw model probability and final sampling probability per candidate;
     `approx` says how approximate the numbers are, or where they come from (empty when they are
     the model's). A column the engine cannot give (in front of a server) says so in its header
     and shows dashes, never zeros. `bias` (token id -> logit bias) tags the candidates the
     run's logit bias moved or banned; under a constraint (`constrained`) the candidates it
-    forbade are tagged and the mass it removed is given."""
+    forbade are tagged and the mass it removed is given. pick: each candidate can be clicked
+    (the run continues from it: ui/branches)."""
     if step is None:
         return "<div class='tl-bars tl-empty'>Generate to see each step's candidates.</div>"
     rows = []
@@ -141,8 +145,9 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
         chosen = c.id == step.token_id
         label = html.escape(visible(c.piece))
         rows.append(
-            f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
-            f"<span class='tl-tok' title='id {c.id}'>{'▶ ' if chosen else ''}{label}</span>"
+            f"<div class='tl-row{' tl-chosen' if chosen else ''}{' tl-pick' if pick else ''}'"
+            + (f" data-pick='{step.step}:{c.id}' tabindex='0'" if pick else "") + ">"
+            f"<span class='tl-tok' title='id {c.id}{PICK_TITLE if pick else ''}'>{'▶ ' if chosen else ''}{label}</span>"
             f"{_bar('tl-raw', c.raw_prob)}"
             f"{_bar('tl-final', c.prob, FORBIDDEN_MARK if c.forbidden else bias_mark((bias or {}).get(c.id)))}</div>")
     missing = " (not given by the server)"

@@ -2,6 +2,7 @@
 shared state. Its methods are plain functions tests can call; multi-output ones return
 {component name: value}."""
 
+from ui.branches.handlers import BranchHandlers
 from ui.chat import ChatHandlers
 from ui.experiments.handlers import ExperimentHandlers
 from ui.inside.handlers import InsideHandlers
@@ -9,5 +10,5 @@ from ui.run.handlers import DOWNLOAD_ROUTE, KEEP_FILES, RUN_OUTPUTS, STALE_PANEL
 from ui.share import ShareHandlers
 
 
-class Handlers(RunHandlers, ExperimentHandlers, InsideHandlers, ChatHandlers, ShareHandlers):
+class Handlers(RunHandlers, ExperimentHandlers, InsideHandlers, ChatHandlers, ShareHandlers, BranchHandlers):
     """The engine (inference.contract's Engine), the run registry and the limits, passed in."""

@@ -15,6 +15,7 @@ from starlette.middleware import Middleware
 from api.routes import API
 from inference.device import available_memory_bytes
 from ui import chat, share
+from ui.branches import section as branches
 from ui.experiments import section as experiments
 from ui.handlers import DOWNLOAD_ROUTE, Handlers
 from ui.inside import section as inside
@@ -54,7 +55,8 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         run.build(page, h, limits_markdown(h.limits))
         experiments.build(page, h)
         inside.build(page, h)
-        run.wire(page, h, demo)
+        chain_run = run.wire(page, h, demo)
+        branches.wire(page, h, chain_run)
         chat.wire(page, h)
         experiments.wire(page, h)
         inside.wire(page, h)

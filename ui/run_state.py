@@ -42,6 +42,15 @@ class RunRecord:
     # slider on the same step then costs no forward pass.
     _logits: tuple | None = field(default=None, repr=False, compare=False)
     kv_bytes_per_token: int | None = None  # the formula's, for a run whose engine does not measure it
+    # A branch continues after these ids (generated before, by the run it branched from), as
+    # token ids: the model read them after the prompt; given_text is their text.
+    given: list[int] = field(default_factory=list)
+    given_text: str = ""
+
+    @property
+    def answer_text(self) -> str:
+        """The whole text after the prompt: the given tokens' and the generated ones'."""
+        return self.given_text + (self.done.text if self.done is not None else "".join(s.text for s in self.steps))
 
     def add(self, ev) -> None:
         """Take one engine event."""
@@ -56,8 +65,12 @@ class RunRecord:
             self.waiting = None
 
     def seen_before(self, step: int) -> list[int]:
-        """Ids the repetition penalty saw at `step`: the prompt and the tokens before it."""
-        return self.prompt_ids + [s.token_id for s in self.steps[:step]]
+        """Ids the model read before `step`: the prompt, the given tokens and those generated."""
+        return self.prompt_ids + self.given + [s.token_id for s in self.steps[:step]]
+
+    def generated_before(self, step: int) -> list[int]:
+        """The tokens the run's stages counted as generated at `step` (the given ones first)."""
+        return self.given + [s.token_id for s in self.steps[:step]]
 
     # The last capture looked inside, ((step, layer), what compute returned): another head of
     # the same step and layer costs no forward pass.
@@ -80,7 +93,7 @@ def turn_messages(rec: RunRecord) -> list[dict]:
     """The chat turn a run made: its user message and the answer (empty for other runs)."""
     if rec.mode != "chat" or rec.done is None or not rec.user_message:
         return []
-    return [{"role": "user", "content": rec.user_message}, {"role": "assistant", "content": rec.done.text}]
+    return [{"role": "user", "content": rec.user_message}, {"role": "assistant", "content": rec.answer_text}]
 
 
 def run_jsonl(rec: RunRecord) -> str:

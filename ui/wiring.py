@@ -19,6 +19,9 @@ class Page:
 
     def __init__(self):
         self._by_name: dict[str, gr.blocks.Block] = {}
+        # (fn, inputs, outputs) run after every run of the page has ended (a section's own
+        # bookkeeping of runs: ui/branches), in order, outside the queue.
+        self.after_run: list[tuple] = []
 
     def add(self, name: str, component):
         if name in self._by_name:

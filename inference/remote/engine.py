@@ -231,10 +231,17 @@ class RemoteEngine:
         return self.generate_ids(ids, req.params, req.top_n, cancel)
 
     def generate_ids(self, ids: list[int], params, top_n: int = 10,
-                     cancel: threading.Event | None = None) -> Iterator[StepEvent | DoneEvent]:
+                     cancel: threading.Event | None = None, given: list[int] = ()
+                     ) -> Iterator[StepEvent | DoneEvent]:
         """One streamed request. Setting `cancel` (or closing this generator) closes the
         connection, which aborts the request on the server. Times are measured here, at the
-        page: they include the network and the server's queue."""
+        page: they include the network and the server's queue. given: tokens generated already
+        (a branch's); the server reads them as prompt, so a setting that counts generated
+        tokens apart from the prompt's (presence and frequency penalties) is refused with them."""
+        if given and (params.presence_penalty or params.frequency_penalty):
+            raise InputError("a branch in front of a server cannot use presence or frequency penalties: the "
+                             "server would count its given tokens as prompt, not as generated")
+        ids = list(ids) + list(given)
         n_prompt = len(ids)
         max_new = min(params.max_new_tokens, self.max_seq_len - n_prompt)
         if max_new < 1:

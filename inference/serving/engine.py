@@ -53,6 +53,26 @@ def check_ids(ids, vocab_size: int, max_seq_len: int) -> None:
         raise InputError(f"the prompt is {len(ids)} tokens but the context window is {max_seq_len}")
 
 
+# The most ids a text of given ids may list: more than any context window here. Longer text is
+# refused by its length before it is split.
+MAX_GIVEN_IDS = 131_072
+
+
+def parse_ids(text, what: str = "prefix ids") -> list[int]:
+    """Token ids written as ID,ID,... (spaces allowed; empty: none); InputError naming `what`."""
+    if text is None or (isinstance(text, str) and not text.strip()):
+        return []
+    if not isinstance(text, str) or len(text) > 8 * MAX_GIVEN_IDS:
+        raise InputError(f"{what} must be token ids written as ID,ID,...")
+    try:
+        ids = [int(x) for x in text.replace(" ", "").split(",") if x != ""]
+    except ValueError:
+        raise InputError(f"{what} must be token ids written as ID,ID,..., got {shown(text)}") from None
+    if any(i < 0 for i in ids):
+        raise InputError(f"{what} must be token ids (0 or more), got {shown(text)}")
+    return ids
+
+
 # The local engine computes everything: its numbers are the model's own.
 CAPABILITIES = Capabilities(internals=True, whole_distribution=True, measured_kv=True, server_load=False)
 
@@ -304,13 +324,18 @@ class Engine:
         return self.generate_ids(ids, params, req.top_n, cancel)
 
     def generate_ids(self, ids: list[int], params: SamplingParams, top_n: int = 10,
-                     cancel: threading.Event | None = None
+                     cancel: threading.Event | None = None, given: list[int] = ()
                      ) -> Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]:
         """Generate from prompt ids through the scheduler, beside whoever else is running.
         Yields WaitEvents while the run is queued for KV blocks, a PrefillEvent after each chunk
         of a prompt longer than one (but the last), one StepEvent per new token, then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
-        Closing the generator ends the run and gives its blocks back before it returns."""
+        Closing the generator ends the run and gives its blocks back before it returns.
+        given: tokens generated already after the prompt (a branch of a run continues after
+        them, as token ids): the model reads them, the stages count them as generated (penalties,
+        DRY, XTC's and Mirostat's steps), and the events are the new tokens only."""
         check_vocab(params, self.cfg.vocab_size, self.tokenizer)
+        given = list(given)
+        ids = list(ids) + given
         check_ids(ids, self.cfg.vocab_size, self.cfg.max_seq_len)
         if params.constraint:  # compiled here, on the caller's thread: the scheduler's finds it cached
             compile_constraint(params.constraint, params.constraint_text, self.tokenizer, self.cfg.vocab_size)
@@ -320,7 +345,8 @@ class Engine:
                              f"{self.cfg.max_seq_len}")
         seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
         run = self.scheduler.submit(ids, params, max(0, min(top_n, self.cfg.vocab_size)),
-                                    cancel or threading.Event(), max_new, max_new < params.max_new_tokens, seed)
+                                    cancel or threading.Event(), max_new, max_new < params.max_new_tokens, seed,
+                                    len(given))
         try:
             while True:
                 ev = run.events.get()

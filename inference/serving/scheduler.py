@@ -58,6 +58,7 @@ class Run:
     admitted: float | None = None
     last_step_end: float | None = None
     wait_position: int | None = None
+    given: int = 0  # of `ids`, the last ones already generated (a branch's): its stages count them
 
     @property
     def n_prompt(self) -> int:
@@ -84,13 +85,15 @@ class Scheduler:
     # ------------------------------------------------------------ the callers' side
 
     def submit(self, ids: list[int], params: SamplingParams, top_n: int, cancel: threading.Event,
-               max_new: int, capped: bool, seed: int) -> Run:
+               max_new: int, capped: bool, seed: int, given: int = 0) -> Run:
+        """given: how many of ids' last tokens the run counts as generated already (a branch
+        continuing after them): its sampling state starts after them, its text after them."""
         needed = blocks_for(len(ids) + max_new)
         if needed > self.pool.n_blocks:
             raise ResourceError(
                 f"this run needs {needed} KV blocks ({len(ids)} prompt + {max_new} new tokens) but "
                 f"the server's pool has {self.pool.n_blocks}; lower max new tokens or shorten the prompt")
-        run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed)
+        run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed, given=given)
         with self._cv:
             if self._closed:
                 raise EngineClosed("the engine is closed: it takes no more runs")
@@ -204,9 +207,12 @@ class Scheduler:
         run.prefilled = run.reused = run.table.length
         run.generator = torch.Generator(device=dev)
         run.generator.manual_seed(run.seed)
-        run.state = RunState.at(run.params, run.ids, [], self.model.cfg.vocab_size, run.seed,
+        prompt, given = run.ids[:run.n_prompt - run.given], run.ids[run.n_prompt - run.given:]
+        run.state = RunState.at(run.params, prompt, given, self.model.cfg.vocab_size, run.seed,
                                 tokenizer=self.tokenizer, device=dev)
         run.stream, run.stops = self.tokenizer.stream(), StopMatcher(run.params.stop)
+        for token in given:  # the text goes on from theirs (a character split across the seam)
+            run.stream.push(token)
 
     def _step(self, active: list[Run]) -> None:
         """One forward pass: a decode row per generating run, prompt chunks within the budget."""

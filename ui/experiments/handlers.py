@@ -38,7 +38,7 @@ class ExperimentHandlers(PageBase):
                 logits = rec.logits_at(i, m.engine.step_logits)
             except TokenLabError as e:  # an engine without the whole logit vector
                 return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
-        generated = [s.token_id for s in rec.steps[:i]]
+        generated = rec.generated_before(i)
         vocab, tok = logits.shape[-1], m.tokenizer
         shown = set(rec.params.changed) | set(new.changed)
         try:

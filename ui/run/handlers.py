@@ -16,6 +16,7 @@ import gradio as gr
 
 from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
+from inference.serving.engine import check_ids, parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
 from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls, who
 from ui.chat import conversation_html, turn_if_answered
@@ -35,6 +36,14 @@ RUN_OUTPUTS = ("output", "bars", "stats", "kv_text", "notice", "status", "step",
 STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
 KEEP_FILES = 200
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
+
+
+def continued_text(tokenizer, ids: list[int]) -> str:
+    """The text of tokens that follow a prompt, as a run streams it (a piece's leading space
+    kept, which decoding them alone would drop). Bytes of a character the last of them leaves
+    unfinished are not in it: the run that continues after them streams that character."""
+    stream = tokenizer.stream()
+    return "".join(stream.push(t) for t in ids)
 
 
 class RunHandlers(PageBase):
@@ -101,11 +110,13 @@ class RunHandlers(PageBase):
 
     def _stream(self, rec: RunRecord, cancel) -> Iterator[dict]:
         notice, m = "", self.view(rec.model)
-        n, room = len(rec.prompt_ids), m.context - len(rec.prompt_ids)
+        n = len(rec.prompt_ids) + len(rec.given)
+        room = m.context - n
         if rec.params.max_new_tokens > room:
             notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
                       f"uses {n} of the {m.context}-token context window.")
-        stream = EventPump(m.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel), cancel)
+        stream = EventPump(m.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel, given=rec.given),
+                           cancel)
         try:
             yield self.outputs(rec, notice)
             for batch in stream.batches(lambda: paced_interval(m.update_interval_s, m.engine.active_runs)):
@@ -149,7 +160,7 @@ class RunHandlers(PageBase):
                    f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…")
         return {
             "output": render.output_html(rec, tok, empty=waiting),
-            "bars": self._bars(last, rec=rec),
+            "bars": self._bars(last, rec=rec, pick=True),
             "stats": inspect.cleandoc(render.stats_markdown(m.info, rec)),
             "kv_text": inspect.cleandoc(self._kv_text(rec)),
             "notice": inspect.cleandoc(notice),  # the wait, if any, is on the status line
@@ -202,28 +213,32 @@ class RunHandlers(PageBase):
                 idle["status"] = "The run did not start: see the message."
             return idle
         rec.finished, m = True, self.view(rec.model)
-        n = len(rec.steps)
         # The turn is added once, to the conversation it continued.
         turn = turn_if_answered(rec) if history == list(rec.history) else []
         new_history = history + turn
-        run_chart, rank_chart = run_chart_frames(rec)
-        out = {**idle, "regenerate": gr.update(interactive=bool(new_history)),
-               "kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
-               "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-               "run_chart": run_chart, "rank_chart": rank_chart,
-               **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
-               "tokens": render.run_tokens_html(m.tokenizer, rec.prompt_ids,
-                                                [s.token_id for s in rec.steps]),
-               "downloads": render.downloads_html(
-                   self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
-                   self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec))),
-               "run_seed": "" if rec.seed is None else str(rec.seed),
+        out = {**idle, "regenerate": gr.update(interactive=bool(new_history)), **self.drawn(rec),
                "history": new_history, "conversation": conversation_html(new_history),
                "status": (render.status_text(rec, m.context, time.monotonic()) if rec.done is not None
                           else "The run failed: see the message.")}
         if turn:  # a chat turn was sent: the box is ready for the next
             out["prompt"] = ""
         return out
+
+    def drawn(self, rec: RunRecord) -> dict:
+        """What an ended run shows besides its streamed panels: the final charts, the step slider
+        spanning its steps, the whole-run charts, the replay controls at its settings (an
+        untouched replay is the run), the tokens of prompt and output, the downloads and its seed."""
+        n, tok = len(rec.steps), self.view(rec.model).tokenizer
+        run_chart, rank_chart = run_chart_frames(rec)
+        return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
+                "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
+                "run_chart": run_chart, "rank_chart": rank_chart,
+                **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
+                "tokens": render.run_tokens_html(tok, rec.prompt_ids, rec.generated_before(n)),
+                "downloads": render.downloads_html(
+                    self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
+                    self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec))),
+                "run_seed": "" if rec.seed is None else str(rec.seed)}
 
     def _settings_json(self, rec: RunRecord) -> str:
         """The run's settings, as the page's controls (and the link's query) name them, with the
@@ -322,7 +337,7 @@ class RunHandlers(PageBase):
     def select_step(self, rec: RunRecord | None, step) -> str:
         if rec is None or not rec.steps:
             return self._bars(None)
-        return self._bars(rec.steps[step_index(rec, step)], rec=rec)
+        return self._bars(rec.steps[step_index(rec, step)], rec=rec, pick=True)
 
     def select_token(self, rec: RunRecord | None, evt: gr.SelectData) -> dict:
         """Clicking a generated token (or character) shows its (first) step's bars and moves the
@@ -337,7 +352,7 @@ class RunHandlers(PageBase):
             i = chips[min(max(int(index), 0), len(chips) - 1)].steps[0]
         except (TypeError, ValueError, OverflowError):
             return {}
-        return {"bars": self._bars(rec.steps[i], rec=rec), "step": gr.update(value=i)}
+        return {"bars": self._bars(rec.steps[i], rec=rec, pick=True), "step": gr.update(value=i)}
 
     def _prepare(self, c: Controls, seed: int, history=None, **override) -> RunRecord:
         """Validate the controls and tokenize the prompt: an empty record ready to run."""
@@ -350,10 +365,14 @@ class RunHandlers(PageBase):
         chat, m = c.mode == "chat", self.view(c.model)
         turns = list(history or []) if chat else []
         ids = m.engine.prompt_ids(c.prompt, chat, c.system, turns)
+        given = parse_ids(c.prefix_ids, "prefix ids")
+        if given:  # the ids and the room they leave, checked before the run is queued
+            check_ids(ids + given, getattr(m.tokenizer, "vocab_size", None) or 2**62, m.context - 1)
         return RunRecord(m.label, m.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
+                         given=given, given_text=continued_text(m.tokenizer, given),
                          params=params, bias=dict(decode_logit_bias(params.logit_bias, m.tokenizer)),
                          mode=c.mode, user_message=c.prompt, system=c.system or "",
-                         history=turns, max_steps=min(params.max_new_tokens, m.context - len(ids)),
+                         history=turns, max_steps=min(params.max_new_tokens, m.context - len(ids) - len(given)),
                          controls=c, kv_bytes_per_token=m.info.kv_bytes_per_position)
 
     # -------------------------------------------------------- the server's own load

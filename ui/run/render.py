@@ -111,7 +111,10 @@ def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, em
         tail = tail.replace("\ufffd", "")
     if tail:
         parts.append(f"<span class='tl-tail' title='text held back until the end'>{_shown(tail)}</span>")
-    text = rec.done.text if rec.done is not None else "".join(s.text for s in rec.steps)
+    if rec.given:  # a branch: the tokens it continued after, as given
+        parts.insert(0, f"<span class='tl-given' title='given: the {len(rec.given)} tokens this branch "
+                        f"continued after'>{_shown(rec.given_text)}</span>")
+    text = rec.answer_text
     # No legend under a run that ended without a coloured token: there is nothing for it to explain.
     return (f"<div class='tl-out' data-text='{html.escape(text, quote=True)}'>{''.join(parts)}</div>"
             + (legend_html() if chips else ""))

@@ -9,6 +9,7 @@ import gradio as gr
 
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui import chat, share
+from ui.branches import section as branches
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
 from ui.handlers import RUN_OUTPUTS, STALE_PANELS, Handlers
@@ -125,13 +126,18 @@ def build(page, h: Handlers, limits_md: str) -> None:
                         if s.name == "sampler_order":  # the order these settings run in, live
                             add("order_view", gr.HTML(h.order_view(*(getattr(d, n) for n in SHAPING_SETTINGS)),
                                                       elem_id="order-view"))
+                    add("prefix_ids", gr.Textbox(d.prefix_ids, label="Continue after these token ids (a branch; "
+                                                 "ID,ID,...)", elem_id="prefix-ids", max_lines=3,
+                                                 info="set by clicking a candidate in the bars; the settings "
+                                                      "count them as generated"))
                     add("stop", gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
                                            elem_id="stop-strings"))
                 share.build(page)
         with gr.Column(elem_id="bars-col"):
             add("step", gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step"))
             add("show_logp", gr.Checkbox(False, label="Show log p instead of p", elem_id="show-logp"))
-            add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk"))
+            add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk", js_on_load=branches.PICK_JS))
+            branches.build(page, h)
     with gr.Row():
         with gr.Column(min_width=320):
             add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(-1), y="MiB", color="series",
@@ -148,7 +154,8 @@ def build(page, h: Handlers, limits_md: str) -> None:
     add("api_tokens", gr.JSON(visible=False, label="Tokens"))
 
 
-def wire(page, h: Handlers, demo: gr.Blocks) -> None:
+def wire(page, h: Handlers, demo: gr.Blocks):
+    """The run section's events; returns chain_run, which starts a run from another trigger."""
     def chain_run(started):
         """begin -> generate -> after_run, from an event or a trigger. begin runs in the queue,
         unlimited: its refusal (this tab has a run going, or its visitor their share) is a
@@ -158,8 +165,11 @@ def wire(page, h: Handlers, demo: gr.Blocks) -> None:
                     show_progress="hidden", api_visibility="private")
         r = page.on(b.success, h.generate_on_page, inputs=RUN_INPUTS, outputs=RUN_OUTPUTS,
                     show_progress="hidden", concurrency_id=ENGINE, api_visibility="private", postprocess=False)
-        page.on(r.then, h.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
-                show_progress="hidden", api_visibility="private")
+        a = page.on(r.then, h.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
+                    show_progress="hidden", api_visibility="private")
+        for fn, inputs, outputs in page.after_run:
+            a = page.on(a.then, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
+                        api_visibility="private")
         return r
 
     runs = [chain_run(page["generate"].click)]
@@ -209,5 +219,4 @@ def wire(page, h: Handlers, demo: gr.Blocks) -> None:
     # A display switch only: every number is rendered both ways and CSS shows one.
     page["show_logp"].change(None, inputs=page["show_logp"], outputs=None, js=SHOW_LOGP_JS)
     demo.unload(h.closed)
-
-
+    return chain_run

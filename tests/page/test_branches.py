@@ -1,0 +1,122 @@
+"""Branches on the page: a candidate clicked in the bars continues the run from it as token ids
+(the run's settings and seed), the tree keeps each branch with where it split, a branch can be
+put on view again, and its link restores it (ui/branches)."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from inference.events import StepEvent
+from inference.sampling.params import SamplingParams
+from inference.sampling.replay import replay_state
+from ui.controls import NAMES, Controls, controls_from_query
+from ui.handlers import Handlers
+
+REQ = SimpleNamespace(session_hash="branches")
+
+
+@pytest.fixture
+def h(tiny_engine):
+    return Handlers(tiny_engine, top_n=5)
+
+
+def run(h, c: Controls, history=None):
+    rec = list(h.generate(*c.values(), REQ, history))[-1]["record"]
+    h.after_run(rec, history, REQ)
+    return rec
+
+
+def click(h, rec, step, token, nodes):
+    """The bars' candidate `token` of `step` clicked: the controls the branch runs with."""
+    out = h.branch(rec, nodes, SimpleNamespace(value=f"{step}:{token}"))
+    return Controls(*[out[n] for n in NAMES]), out["branches"]
+
+
+SETTINGS = dict(prompt="The quick brown fox", temperature=1.0, frequency_penalty=0.4, presence_penalty=0.2,
+                max_new_tokens=10, seed="7")
+
+
+def test_a_candidate_clicked_continues_the_run_from_it(h, tiny_engine):
+    root = run(h, Controls(**SETTINGS))
+    tree = h.grow_tree(root, [])
+    nodes = tree["branches"]
+    assert len(nodes) == 1 and nodes[0]["record"] is root
+    cand = next(c for c in root.steps[4].top if c.id != root.steps[4].token_id)  # not the one taken
+    c, nodes = click(h, root, 4, cand.id, nodes)
+    expected_prefix = [s.token_id for s in root.steps[:4]] + [cand.id]
+    assert c.prefix_ids == ",".join(map(str, expected_prefix)) and c.seed == "7"
+    assert c.max_new_tokens == 5  # what the run had left after that step
+    branch = run(h, c)
+    assert branch.given == expected_prefix and branch.prompt_ids == root.prompt_ids
+    # The engine's own continuation after those ids, its stages counting them as generated.
+    alone = [e for e in tiny_engine.generate_ids(root.prompt_ids, SamplingParams(
+        temperature=1.0, frequency_penalty=0.4, presence_penalty=0.2, max_new_tokens=5, seed=7), top_n=5,
+        given=expected_prefix) if isinstance(e, StepEvent)]
+    assert [s.token_id for s in branch.steps] == [s.token_id for s in alone]
+    assert branch.answer_text.startswith(tiny_engine.tokenizer.decode(expected_prefix))
+    tree = h.grow_tree(branch, nodes)
+    nodes = tree["branches"]
+    assert [n["parent"] for n in nodes] == [None, 0] and nodes[1]["record"] is branch
+    assert nodes[1]["at"] == 4 and nodes[1]["raw"] == cand.raw_prob
+    assert "step 4" in tree["branch_view"] and "tl-viewing" in tree["branch_view"]
+    # A branch of the branch: its split counts the given tokens too.
+    c2, nodes = click(h, branch, 1, branch.steps[1].top[1].id, nodes)
+    branch2 = run(h, c2)
+    nodes = h.grow_tree(branch2, nodes)["branches"]
+    assert [n["parent"] for n in nodes] == [None, 0, 1] and nodes[2]["at"] == 5 + 1
+    # The root put on view again, with its controls (its link restores it).
+    view = h.view_branch(nodes, SimpleNamespace(value="0"))
+    assert view["record"] is root and view["prefix_ids"] == "" and "▶" in view["bars"]
+    view = h.view_branch(nodes, SimpleNamespace(value="1"))
+    assert view["record"] is branch and view["prefix_ids"] == c.prefix_ids
+
+
+def test_a_greedy_branch_from_the_token_taken_is_the_run_to_the_letter(h):
+    """The seam: the given tokens' text and the branch's own join to the run's text exactly
+    (leading spaces and characters split across tokens included)."""
+    c = Controls(**{**SETTINGS, "temperature": 0.0, "prompt": "今天天气真", "max_new_tokens": 12})
+    root = run(h, c)
+    for k in (0, 3, 7):
+        c2, _ = click(h, root, k, root.steps[k].token_id, [])
+        branch = run(h, c2)
+        assert [s.token_id for s in branch.steps] == [s.token_id for s in root.steps[k + 1:]]
+        assert branch.answer_text == root.done.text
+
+
+def test_a_branchs_replay_is_its_run(h, tiny_engine):
+    """Replay rebuilds the state of a branch's step with its given tokens counted as generated."""
+    root = run(h, Controls(**SETTINGS))
+    c, _ = click(h, root, 3, root.steps[3].top[1].id, [])
+    branch = run(h, c)
+    i = 2
+    ev = branch.steps[i]
+    logits = tiny_engine.step_logits(branch.seen_before(i))
+    vocab = logits.shape[-1]
+    state = replay_state(branch.params, branch.params, branch.prompt_ids, branch.generated_before(i), vocab,
+                         branch.seed, ev.sampler_state, tiny_engine.tokenizer)
+    _, final = tiny_engine.replay(logits, branch.params, state, ev.token_id)
+    assert max(abs(final[c.id].item() - c.prob) for c in ev.top) < 1e-5
+
+
+def test_a_branch_link_restores_it_and_bad_ids_are_refused(h):
+    root = run(h, Controls(**SETTINGS))
+    c, _ = click(h, root, 2, root.steps[2].top[1].id, [])
+    link = h.share_link(*c.values(), "http://x/", REQ)
+    restored, problems = controls_from_query(dict(p.split("=", 1) for p in link.split("?")[1].split("&")))
+    assert not problems and restored.prefix_ids.replace("%2C", ",") == c.prefix_ids
+    for bad, message in (("1,x", "prefix ids must be token ids"), ("1,99999", "token ids must be integers in")):
+        begun = h.begin(*Controls(**{**SETTINGS, "prefix_ids": bad}).values(), REQ)
+        assert message in begun["status"]
+    with pytest.raises(Exception, match="Let the run end"):
+        h.branch(None, [], SimpleNamespace(value="0:1"))
+    with pytest.raises(Exception, match="not among step 2's candidates"):
+        h.branch(root, [], SimpleNamespace(value="2:383"))
+
+
+def test_a_chat_branch_answers_with_the_given_text_and_its_own(h):
+    c = Controls(**{**SETTINGS, "mode": "chat", "prompt": "Hello"})
+    root = run(h, c, [])
+    c2, _ = click(h, root, 1, root.steps[1].top[1].id, [])
+    branch = list(h.generate(*c2.values(), REQ, []))[-1]["record"]
+    after = h.after_run(branch, [], REQ)
+    assert after["history"][-1]["content"] == branch.given_text + branch.done.text

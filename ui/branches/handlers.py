@@ -1,0 +1,90 @@
+"""The branch tree's events: a candidate clicked in the bars starts a branch (the run continues
+from it as token ids, with the run's settings and seed); a run's end adds it to the tree; a
+branch clicked in the tree is put on view."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import gradio as gr
+
+from ui.base import PageBase, step_index
+from ui.branches.render import tree_html
+from ui.controls import NAMES
+from ui.run_state import RunRecord
+
+# Branches a tab keeps at once (each holds its run's record); a new run starts a new tree.
+MAX_BRANCHES = 16
+
+
+def node(rec: RunRecord, parent: int | None = None, at: int = 0, cand=None, prefix=()) -> dict:
+    """One branch: where it split from its parent (the step and the candidate taken there) and
+    its run (None while it runs)."""
+    return {"parent": parent, "at": at, "token": cand.id if cand else None, "piece": cand.piece if cand else "",
+            "raw": cand.raw_prob if cand else None, "final": cand.prob if cand else None,
+            "prefix": list(prefix), "record": rec}
+
+
+class BranchHandlers(PageBase):
+    def branch(self, rec: RunRecord | None, nodes, evt: gr.SelectData) -> dict:
+        """A candidate clicked in the bars (evt.value: "step:token id"): the controls are set to
+        the run's own (its model, settings and seed), continuing after the prompt, the tokens
+        before that step and the candidate, as token ids; its max new tokens, what the run had
+        left after it. The run then starts as for Generate (ui/run's chain), and its end adds
+        it to the tree."""
+        if rec is None or rec.done is None or rec.controls is None or not rec.steps:
+            raise gr.Error("Let the run end, then click a candidate to continue from it.", print_exception=False)
+        try:
+            step, chosen = (int(x) for x in str(evt.value).split(":"))
+        except (TypeError, ValueError, AttributeError):
+            raise gr.Error("No candidate was clicked.", print_exception=False) from None
+        i = step_index(rec, step)
+        cand = next((c for c in rec.steps[i].top if c.id == chosen), None)
+        if cand is None:
+            raise gr.Error(f"Token {chosen} is not among step {i}'s candidates.", print_exception=False)
+        nodes = list(nodes or [])
+        parent = next((k for k, n in enumerate(nodes) if n["record"] is rec), None)
+        if parent is None:  # the run on view is not in the tree: it starts one
+            nodes, parent = [node(rec, prefix=rec.given)], 0
+        if len(nodes) >= MAX_BRANCHES:
+            raise gr.Error(f"At most {MAX_BRANCHES} branches are kept: Generate starts a new tree.",
+                           print_exception=False)
+        prefix = rec.generated_before(i) + [chosen]
+        c = replace(rec.controls, prefix_ids=",".join(map(str, prefix)), seed=str(rec.seed),
+                    max_new_tokens=max(1, rec.params.max_new_tokens - i - 1))
+        nodes.append(node(None, parent, len(rec.given) + i, cand, prefix))
+        return {**dict(zip(NAMES, c.values())), "branches": nodes}
+
+    def grow_tree(self, rec: RunRecord | None, nodes) -> dict:
+        """After a run: a branch that was waiting for it gets it; any other run starts a new
+        tree. A branch whose run did not start is dropped."""
+        nodes = [n for n in (nodes or []) if n["record"] is not None or (rec is not None and n["prefix"] == rec.given)]
+        if rec is None or rec.done is None:
+            nodes = [n for n in nodes if n["record"] is not None]
+            return {"branches": nodes, "branch_view": tree_html(nodes, None)}
+        waiting = next((k for k, n in enumerate(nodes) if n["record"] is None), None)
+        if waiting is None:
+            nodes, waiting = [node(rec, prefix=rec.given)], 0
+        else:
+            nodes[waiting]["record"] = rec
+        return {"branches": nodes, "branch_view": tree_html(nodes, waiting)}
+
+    def view_branch(self, nodes, evt: gr.SelectData) -> dict:
+        """A branch clicked in the tree: its run on view (text, bars, statistics, charts) and
+        the controls set to it, so that a link made now restores this branch."""
+        nodes = list(nodes or [])
+        try:
+            k = int(evt.value)
+            rec = nodes[k]["record"]
+        except (TypeError, ValueError, AttributeError, IndexError):
+            return {}
+        if rec is None:
+            return {}
+        n = len(rec.steps)
+        out = {name: v for name, v in self.outputs(rec).items() if name != "api_tokens"}
+        out.update(self.drawn(rec))
+        out.update({"step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
+                    "prompt_view": rec.prompt_text, "branch_view": tree_html(nodes, k),
+                    **({} if rec.controls is None else dict(zip(NAMES, rec.controls.values()))),
+                    "seed": str(rec.seed)})
+        return out

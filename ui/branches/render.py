@@ -1,0 +1,40 @@
+"""What the branch tree shows: each branch with where it split from its parent, the token taken
+there and its probability, and its text. Pure functions, no Gradio."""
+
+from __future__ import annotations
+
+import html
+
+from ui.format import fmt_p, visible
+
+BRANCH_HINT = ("Click a candidate in the bars to continue the run from it (the same settings and seed, "
+               "the tokens before it as given ids). Each branch is listed here; click one to view it.")
+
+
+def tree_html(nodes: list[dict], viewing: int | None) -> str:
+    """The branches, each under its parent, the one on view marked."""
+    if not nodes:
+        return f"<div class='tl-branches tl-empty'>{html.escape(BRANCH_HINT)}</div>"
+    children: dict[int | None, list[int]] = {}
+    for i, n in enumerate(nodes):
+        children.setdefault(n["parent"], []).append(i)
+    rows = []
+
+    def walk(i: int, depth: int) -> None:
+        n = nodes[i]
+        text = n["record"].answer_text if n["record"] is not None else "(running…)"
+        if n["parent"] is None:
+            where = "the run"
+        else:
+            where = (f"step {n['at']}: <b>{html.escape(visible(n['piece']))}</b> "
+                     f"(raw p {fmt_p(n['raw'])}, final p {fmt_p(n['final'])})")
+        short = text if len(text) <= 80 else text[:80] + "…"
+        rows.append(f"<div class='tl-branch{' tl-viewing' if i == viewing else ''}' data-pick='{i}' tabindex='0' title='{html.escape(text, quote=True)}' "
+                    f"style='margin-left:{1.2 * depth:.1f}em'>{'↳ ' if depth else ''}{where} · "
+                    f"<span class='tl-branch-text'>{html.escape(short)}</span></div>")
+        for c in children.get(i, []):
+            walk(c, depth + 1)
+
+    for root in children.get(None, []):
+        walk(root, 0)
+    return f"<div class='tl-branches'><div class='tl-hint'>{html.escape(BRANCH_HINT)}</div>{''.join(rows)}</div>"

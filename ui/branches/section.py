@@ -1,0 +1,38 @@
+"""The branch tree's components and events: under the bars, the tree of a run's branches; a
+candidate clicked in the bars starts a branch through the run section's chain of events."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from inference.sampling.settings import SHAPING_SETTINGS
+from ui.branches.render import tree_html
+from ui.controls import NAMES
+from ui.handlers import Handlers
+
+PICK_JS = (Path(__file__).parent.parent / "assets" / "pick.js").read_text(encoding="utf-8")
+
+
+def build(page, h: Handlers) -> None:
+    """The tree (laid out by the run section, under the bars) and its state; a run's end adds
+    the run to it."""
+    page.add("branches", gr.State([]))
+    page.add("branch_view", gr.HTML(tree_html([], None), label="Branches", elem_id="branches",
+                                    js_on_load=PICK_JS))
+    page.after_run.append((h.grow_tree, ("record", "branches"), ("branches", "branch_view")))
+
+
+def wire(page, h: Handlers, chain_run) -> None:
+    """chain_run(trigger): the run section's begin -> generate -> after the run."""
+    # Queued (unlimited), so that its refusal is a message; only then does the branch run.
+    picked = page.on(page["bars"].select, h.branch, inputs=("record", "branches"),
+                     outputs=(*NAMES, "branches"), api_visibility="private", concurrency_limit=None,
+                     show_progress="hidden")
+    chain_run(picked.success)
+    shown = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
+             "run_chart", "rank_chart", "tokens", "downloads", "run_seed", "prompt_view", "branch_view",
+             *(f"replay_{n}" for n in SHAPING_SETTINGS), *NAMES)
+    page.on(page["branch_view"].select, h.view_branch, inputs=("branches",), outputs=shown,
+            api_visibility="private", queue=False, show_progress="hidden")
