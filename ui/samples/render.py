@@ -13,6 +13,7 @@ from ui.format import REASONS, fmt_p, token_label
 from ui.samples.stats import MIN_EXPECTED, OTHER, Fit, Row, first_step_rows, goodness_of_fit
 
 SEEDS_LISTED = 6  # an outcome lists this many of its seeds, then how many more
+POOL_NAMED = 5  # the chi-square's pooled group names this many of its rows
 
 
 @dataclass
@@ -109,9 +110,11 @@ def fit_html(fit: Fit | None, n: int) -> str:
     pooled = [g for g in fit.groups if len(g) > 1]
     how = ""
     if pooled:
-        names = ", ".join(_label(r) for r in pooled[0])
-        how = (f" Tokens expected fewer than {MIN_EXPECTED:g} times are pooled into one group ({names}), "
-               "as the test needs.")
+        group = pooled[0]
+        names = ", ".join(_label(r) for r in group[:POOL_NAMED])
+        more = f" and {len(group) - POOL_NAMED} more" if len(group) > POOL_NAMED else ""
+        how = (f" Tokens expected fewer than {MIN_EXPECTED:g} times are pooled into one group of {len(group)} "
+               f"rows ({names}{more}), as the test needs.")
     verdict = ("the samples agree with the model's probabilities" if fit.p_value >= 0.05 else
                "a deviation this large happens by chance less than 5% of the time")
     return (f"<p><b>Chi-square goodness of fit:</b> χ² = {fit.statistic:.3f}, {fit.df} degree"

@@ -9,6 +9,7 @@ from inference.samples import MAX_SAMPLES
 from ui.controls import NAMES
 from ui.handlers import Handlers
 from ui.public import ENGINE
+from ui.widgets import UNCHECKED
 
 DEFAULT_N = 16
 OUTPUTS = ("samples_md", "samples_outcomes", "samples_first", "samples_data")
@@ -24,7 +25,9 @@ def build(page, h: Handlers) -> None:
         with gr.Row():
             add("n_samples", gr.Slider(1, most, value=min(DEFAULT_N, most), step=1, label="Samples (N)",
                                        info=f"at most {most}" + (" on this server" if most < MAX_SAMPLES else ""),
-                                       elem_id="n-samples", min_width=200))
+                                       elem_id="n-samples", min_width=200,
+                                       # checked by the handler, with a message naming the field and the cap
+                                       elem_classes=[UNCHECKED]))
             with gr.Column(min_width=200):
                 add("samples_button", gr.Button("Draw N samples", variant="primary", elem_id="samples"))
                 add("samples_stop", gr.Button("Stop", interactive=False, elem_id="samples-stop"))
