@@ -330,7 +330,8 @@ def _cmd_score_text(args) -> int:
         if args.jsonl:
             print(json.dumps(sc.to_json(), ensure_ascii=False))
         else:
-            p = "–" if sc.prob is None else f"{sc.prob:.4f}"
+            # Below 1e-4 three significant digits, never 0.0000 (as the page shows them).
+            p = "–" if sc.prob is None else f"{sc.prob:.4f}" if sc.prob >= 1e-4 else f"{sc.prob:.3g}"
             bits = "–" if sc.surprisal_bits is None else f"{sc.surprisal_bits:.3f}"
             print(f"{sc.id:>8}  {sc.piece!r:<24} p {p:>8}  rank {sc.rank if sc.rank is not None else '–':>6}  "
                   f"surprisal {bits} bits")
