@@ -31,7 +31,7 @@ def build(page, h: Handlers) -> None:
             with gr.Column(min_width=200):
                 add("samples_button", gr.Button("Draw N samples", variant="primary", elem_id="samples"))
                 add("samples_stop", gr.Button("Stop", interactive=False, elem_id="samples-stop"))
-        add("samples_md", gr.Markdown("", elem_id="samples-summary"))
+        add("samples_md", gr.Markdown("", label="Samples summary", elem_id="samples-summary"))
         add("samples_outcomes", gr.HTML("", label="Distinct outcomes", elem_id="samples-outcomes"))
         add("samples_first", gr.HTML("", label="First step against the model", elem_id="samples-first"))
         add("samples_data", gr.JSON(visible=False, label="Samples"))

@@ -28,7 +28,7 @@ def build(page, h: Handlers) -> None:
         with gr.Row():
             add("score_button", gr.Button("Score the text", variant="primary", elem_id="score"))
             add("score_prompt_button", gr.Button("Score the prompt of the run", elem_id="score-prompt"))
-        add("score_md", gr.Markdown("", elem_id="score-summary"))
+        add("score_md", gr.Markdown("", label="Text summary", elem_id="score-summary"))
         add("score_view", gr.HTML(scored_html([]), label="Scored text", elem_id="score-view",
                                   js_on_load=POPOVER_JS))
         add("score_data", gr.JSON(visible=False, label="Scores"))
