@@ -76,6 +76,8 @@ def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
     lim.add_argument("--runs-per-client", type=count, default=None, metavar="N",
                      help="runs (and scores, comparisons, replays) queued or running per visitor, "
                           "a visitor being a login, else an IP address (1)")
+    lim.add_argument("--max-samples", type=count, default=None, metavar="N",
+                     help="at most N samples drawn at once by \"Many samples\" (16; without a limit 64)")
     lim.add_argument("--sessions-per-client", type=count, default=None, metavar="N",
                      help="open sessions (tabs, API clients) per visitor; one idle for 15 minutes "
                           "stops counting (8)")
@@ -90,7 +92,7 @@ def limits_for(args):
     """The limits of a --share page by default, none otherwise; the flags set each one."""
     from ui.public import Limits
     values = dict(max_new_tokens=args.max_new_tokens_cap, runs_per_client=args.runs_per_client,
-                  sessions_per_client=args.sessions_per_client)
+                  sessions_per_client=args.sessions_per_client, max_samples=args.max_samples)
     return Limits.shared(**values) if args.share else Limits.local(**values)
 
 

@@ -16,6 +16,7 @@ import threading
 from contextlib import contextmanager
 
 from inference.errors import InputError, TokenLabError
+from inference.samples import MAX_SAMPLES, first_seed
 from inference.sampling.settings import CONSTRAINT_KINDS, MAX_CONSTRAINT_CHARS, SETTINGS, defaults, how_made
 
 
@@ -160,6 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
     g.add_argument("--top", type=int, default=5, help="candidates reported per step")
     g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
+    g.add_argument("--n", type=int, default=1, metavar="N",
+                   help=f"draw N samples at once (1..{MAX_SAMPLES}), sample k with seed --seed + k "
+                        "(a random start without --seed); every line and summary says its sample and seed")
 
     sc = sub.add_parser("score", help="log-probabilities of a continuation, teacher-forced")
     add_model_args(sc)
@@ -168,6 +172,13 @@ def build_parser() -> argparse.ArgumentParser:
     sc.add_argument("--continuation", required=True)
     sc.add_argument("--chat", action="store_true", help="render the prompt with the chat template")
     sc.add_argument("--jsonl", action="store_true", help="one JSON object per token, then the sum")
+
+    st = sub.add_parser("score-text", help="the probability of every token of a text given the tokens before it")
+    add_model_args(st)
+    add_engine_args(st)
+    st.add_argument("--text", required=True)
+    st.add_argument("--top", type=int, default=5, help="tokens the model preferred, listed per token")
+    st.add_argument("--jsonl", action="store_true", help="one JSON object per token, then a summary")
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
     add_model_args(t)
@@ -229,6 +240,8 @@ def _cmd_generate(args) -> int:
     _sampling_params(args, {})  # bad values fail before the model loads
     if args.top < 1:
         raise InputError(f"--top must be >= 1, got {args.top}")
+    if not 1 <= args.n <= MAX_SAMPLES:
+        raise InputError(f"--n must be from 1 to {MAX_SAMPLES}, got {args.n}")
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
     engine = open_engine(args)
@@ -239,6 +252,13 @@ def _cmd_generate(args) -> int:
         params = _sampling_params(args, engine.generation_defaults)
         given = parse_ids(args.prefix_ids, "--prefix-ids")
         ids = engine.prompt_ids(args.prompt, args.chat, args.system)
+        if args.n != 1:
+            if given:
+                raise InputError("--prefix-ids and --n together are not served: draw the samples of a branch "
+                                 "by its prompt and ids on the page, or one branch at a time here")
+            params = dataclasses.replace(params, seed=first_seed(params.seed, args.n))
+            samples = engine.generate_many(ids, params, args.n, args.top, cancel)
+            return _print_samples(samples, args.jsonl, cancel, params, engine.describe().name)
         events = engine.generate_ids(ids, params, args.top, cancel, given=given)
         return _print_run(events, args.jsonl, cancel, params, engine.describe().name)
 
@@ -254,8 +274,7 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
         if isinstance(ev, DoneEvent) and ev.reason == "cancelled" and cancel.is_set():
             ev = dataclasses.replace(ev, reason="interrupted")
         if jsonl:
-            line = ev.to_json() if not isinstance(ev, DoneEvent) or params is None else {
-                **ev.to_json(), **how_made(params), **({"model": model} if model else {})}
+            line = _summary(ev, params, model, cancel) if isinstance(ev, DoneEvent) else ev.to_json()
             print(json.dumps(line, ensure_ascii=False), flush=True)
         elif isinstance(ev, DoneEvent):
             printed = "".join(shown)
@@ -272,6 +291,35 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
         if isinstance(ev, DoneEvent):
             return 130 if ev.reason == "interrupted" else 0
     return 0
+
+
+def _summary(ev, params, model: str | None, cancel: threading.Event) -> dict:
+    """A run's last JSONL line: its DoneEvent ("interrupted" after Ctrl-C), how it was made, the model."""
+    if ev.reason == "cancelled" and cancel.is_set():
+        ev = dataclasses.replace(ev, reason="interrupted")
+    return {**ev.to_json(), **(how_made(params) if params is not None else {}), **({"model": model} if model else {})}
+
+
+def _print_samples(samples, jsonl: bool, cancel: threading.Event, params, model: str | None) -> int:
+    """Print n samples: with --jsonl every step and summary as it comes, each with "sample" (k)
+    and its "seed"; else each sample's text when it ends, its summary on stderr. 130 after Ctrl-C."""
+    from inference.events import DoneEvent, StepEvent
+
+    interrupted = False
+    for k, ev in samples:
+        if not isinstance(ev, (StepEvent, DoneEvent)):
+            continue
+        if isinstance(ev, DoneEvent):
+            line = _summary(ev, params, model, cancel)
+            interrupted = interrupted or line["reason"] == "interrupted"
+            if jsonl:
+                print(json.dumps({"sample": k, **line}, ensure_ascii=False), flush=True)
+            else:
+                print(f"--- sample {k} (seed {ev.seed}) ---\n{ev.text}", flush=True)
+                print(f"[sample {k}: {line['reason']}: {ev.generated_tokens} tokens, seed {ev.seed}]", file=sys.stderr)
+        elif jsonl:  # the first seed is chosen before the samples start: sample k's is seed + k
+            print(json.dumps({"sample": k, "seed": params.seed + k, **ev.to_json()}, ensure_ascii=False), flush=True)
+    return 130 if interrupted else 0
 
 
 def _cmd_tokenize(args) -> int:
@@ -302,10 +350,40 @@ def _cmd_score(args) -> int:
     return 0
 
 
+def _cmd_score_text(args) -> int:
+    from inference.events import perplexity
+
+    if args.top < 0:
+        raise InputError(f"--top must be >= 0, got {args.top}")
+    with open_engine(args) as engine:
+        ids, before = engine.text_ids(args.text)
+        scores = engine.score_ids(ids, args.top)[before:]
+    ppl = perplexity(scores)
+    for sc in scores:
+        if args.jsonl:
+            print(json.dumps(sc.to_json(), ensure_ascii=False))
+        else:
+            # Below 1e-4 three significant digits, never 0.0000 (as the page shows them).
+            p = "–" if sc.prob is None else f"{sc.prob:.4f}" if sc.prob >= 1e-4 else f"{sc.prob:.3g}"
+            bits = "–" if sc.surprisal_bits is None else f"{sc.surprisal_bits:.3f}"
+            print(f"{sc.id:>8}  {sc.piece!r:<24} p {p:>8}  rank {sc.rank if sc.rank is not None else '–':>6}  "
+                  f"surprisal {bits} bits")
+    scored = sum(sc.logprob is not None for sc in scores)
+    if args.jsonl:
+        print(json.dumps({"done": True, "tokens": len(scores), "scored": scored, "bos": bool(before),
+                          "perplexity": ppl}))
+    else:
+        print(f"{len(scores)} tokens, {scored} with a probability"
+              + (" (after the BOS token the model adds)" if before else " (the first has nothing before it)")
+              + (f"; perplexity {ppl:.3f}" if ppl is not None else ""))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": _cmd_generate, "tokenize": _cmd_tokenize, "score": _cmd_score}[args.command](args)
+        return {"generate": _cmd_generate, "tokenize": _cmd_tokenize, "score": _cmd_score,
+                "score-text": _cmd_score_text}[args.command](args)
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

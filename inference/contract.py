@@ -13,7 +13,7 @@ from inference.sampling.settings import SETTINGS
 if TYPE_CHECKING:
     import torch
 
-    from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, WaitEvent
+    from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent
     from inference.model.anatomy import StepCapture
     from inference.model.config import ModelConfig
     from inference.sampling.replay import StageStat
@@ -109,6 +109,20 @@ class Engine(Protocol):
     def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]: ...
 
     def prompt_logprobs(self, ids: list[int], top_n: int = 0) -> "list[PromptToken]": ...
+
+    def text_ids(self, text: str) -> tuple[list[int], int]:
+        """A typed text's ids as fed (a BOS where the model adds one), and how many of them come
+        before the text's own tokens."""
+
+    def score_ids(self, ids: list[int], top_n: int = 10) -> "list[TokenScore]":
+        """Every token of ids given those before it, by one pass: log p in the model's own
+        distribution, rank (None where a server does not say), the top_n preferred tokens;
+        the first token's numbers are None (nothing precedes it)."""
+
+    def generate_many(self, ids: list[int], params: "SamplingParams", n: int, top_n: int = 10,
+                      cancel: threading.Event | None = None) -> "Iterator[tuple[int, object]]":
+        """n samples (1..samples.MAX_SAMPLES), sample k with seed params.seed + k (a random
+        start when None): (k, event) of each, as generate_ids yields them, until all end."""
 
     # -- what needs the model's insides (capabilities.internals)
     def step_logits(self, context_ids: list[int]) -> "torch.Tensor": ...

@@ -7,6 +7,7 @@ server's log-probabilities are not."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
 
@@ -122,3 +123,34 @@ class PromptToken:
     logprob: float
     rank: int
     top: list[tuple[int, float]]
+
+
+@dataclass
+class TokenScore:
+    """One token of a scored text (Engine.score_ids): how likely the model found it given the
+    tokens before it. The first token of a text has nothing before it: its numbers are None."""
+    id: int
+    piece: str
+    logprob: float | None  # natural log of its probability in the model's own distribution
+    rank: int | None  # 1 = the model's top choice there; None where unknown
+    top: list["Candidate"]  # the tokens the model preferred there, most likely first (prob = raw_prob)
+
+    @property
+    def prob(self) -> float | None:
+        return None if self.logprob is None else math.exp(self.logprob)
+
+    @property
+    def surprisal_bits(self) -> float | None:
+        """-log2 p: how surprised the model was, in bits."""
+        return None if self.logprob is None else -self.logprob / math.log(2)
+
+    def to_json(self) -> dict:
+        return {"id": self.id, "piece": self.piece, "prob": self.prob, "logprob": self.logprob,
+                "rank": self.rank, "surprisal_bits": self.surprisal_bits,
+                "top": [{"id": c.id, "piece": c.piece, "prob": c.raw_prob} for c in self.top]}
+
+
+def perplexity(scores: list[TokenScore]) -> float | None:
+    """exp of the mean surprisal (nats) over the tokens that have a probability; None if none has."""
+    known = [s.logprob for s in scores if s.logprob is not None]
+    return math.exp(-sum(known) / len(known)) if known else None

@@ -25,19 +25,25 @@ class Hold:
         self._cond = threading.Condition()
         self._held: set[int] = set()  # id() of the cancel flags of held runs
         self._monkeypatch = monkeypatch
-        step, generate_ids = engine.scheduler._step, engine.generate_ids
+        step, generate_ids, generate_many = engine.scheduler._step, engine.generate_ids, engine.generate_many
 
-        def tracked(ids, params, top_n=10, cancel=None):
+        def held_while(events, cancel):
             if cancel is not None:
                 self._held.add(id(cancel))
             try:
-                yield from generate_ids(ids, params, top_n, cancel)
+                yield from events
             finally:
                 if cancel is not None:
                     with self._cond:
                         self._held.discard(id(cancel))
                         self.ended += 1
                         self._cond.notify_all()
+
+        def tracked(ids, params, top_n=10, cancel=None):
+            return held_while(generate_ids(ids, params, top_n, cancel), cancel)
+
+        def tracked_many(ids, params, n, top_n=10, cancel=None):  # a batch of samples: one flag
+            return held_while(generate_many(ids, params, n, top_n, cancel), cancel)
 
         chunk = engine.scheduler.prefill_chunk
 
@@ -57,6 +63,7 @@ class Hold:
             return step(active)
 
         monkeypatch.setattr(engine, "generate_ids", tracked)
+        monkeypatch.setattr(engine, "generate_many", tracked_many)
         monkeypatch.setattr(engine.scheduler, "_step", held)
 
     def allow(self, n: int = 1) -> None:

@@ -193,3 +193,10 @@ def ended_markdown(done: DoneEvent, window: str, context: int) -> str:
     return (f"\nRun ended: **{REASONS.get(done.reason, done.reason)}**."
             + (f" Max new tokens was capped at {done.max_new_tokens} to fit {window} of {context}."
                if done.capped else ""))
+
+
+def token_label(piece: str) -> str:
+    """visible(piece), with every other character that would print as nothing (a control
+    character, a non-breaking or zero-width space) written as its code point: ⟨U+000C⟩."""
+    return "".join(ch if ch.isprintable() and not ch.isspace() or ch in "␣↵⇥" else f"⟨U+{ord(ch):04X}⟩"
+                   for ch in visible(piece))

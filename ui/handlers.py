@@ -7,8 +7,11 @@ from ui.chat import ChatHandlers
 from ui.experiments.handlers import ExperimentHandlers
 from ui.inside.handlers import InsideHandlers
 from ui.run.handlers import DOWNLOAD_ROUTE, KEEP_FILES, RUN_OUTPUTS, STALE_PANELS, RunHandlers  # noqa: F401
+from ui.samples.handlers import SampleHandlers
 from ui.share import ShareHandlers
+from ui.text_score.handlers import TextScoreHandlers
 
 
-class Handlers(RunHandlers, ExperimentHandlers, InsideHandlers, ChatHandlers, ShareHandlers, BranchHandlers):
+class Handlers(RunHandlers, ExperimentHandlers, SampleHandlers, TextScoreHandlers, InsideHandlers, ChatHandlers,
+               ShareHandlers, BranchHandlers):
     """The engine (inference.contract's Engine), the run registry and the limits, passed in."""

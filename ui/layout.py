@@ -1,6 +1,6 @@
 """The page: its sections laid out in order, their events wired, and the server launched. Each
-section (ui/run, ui/experiments, ui/inside, ui/chat.py, ui/share.py) owns its components, its
-handlers and its rendering; the page's styles and scripts are in ui/assets."""
+section (ui/run, ui/experiments, ui/samples, ui/text_score, ui/inside, ui/chat.py, ui/share.py)
+owns its components, its handlers and its rendering; the page's styles and scripts are in ui/assets."""
 
 from __future__ import annotations
 
@@ -22,10 +22,14 @@ from ui.inside import section as inside
 from ui.public import Limits, RouteGuard
 from ui.run import section as run
 from ui.run.render import model_card
+from ui.samples import section as samples
+from ui.text_score import section as text_score
 from ui.sessions import HeartbeatWatch, session_capacity
 from ui.wiring import Page
 
-PAGE_CSS = (Path(__file__).parent / "assets" / "page.css").read_text(encoding="utf-8")
+# The page's styles, and those of the panels to explore with (many samples, a text's probability).
+PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encoding="utf-8")
+                     for name in ("page.css", "explore.css"))
 
 
 def limits_markdown(limits: Limits) -> str:
@@ -38,6 +42,8 @@ def limits_markdown(limits: Limits) -> str:
         parts.append(f"at most {limits.max_new_tokens} new tokens a run")
     if limits.sessions_per_client is not None:
         parts.append(f"{limits.sessions_per_client} open tabs per visitor")
+    if limits.max_samples is not None:
+        parts.append(f"at most {limits.max_samples} samples at once")
     return ("**Shared page:** " + "; ".join(parts) + ".") if parts else ""
 
 
@@ -54,11 +60,15 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         page.add("model_card", gr.Markdown(model_card(h.info), elem_id="model-card"))
         run.build(page, h, limits_markdown(h.limits))
         experiments.build(page, h)
+        samples.build(page, h)
+        text_score.build(page, h)
         inside.build(page, h)
         chain_run = run.wire(page, h, demo)
         branches.wire(page, h, chain_run)
         chat.wire(page, h)
         experiments.wire(page, h)
+        samples.wire(page, h)
+        text_score.wire(page, h)
         inside.wire(page, h)
         share.wire(page, h, demo)
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them

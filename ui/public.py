@@ -7,8 +7,9 @@
   smaller one is checked against the context window before any tokenizing (the engine).
 - Fair shares: one engine job (a run, a comparison, a score, a look inside or a replay) per
   browser session, at most `runs_per_client` jobs queued or running per client, at most
-  `sessions_per_client` sessions per client, and at most `max_new_tokens` new tokens a run
-  (Limits; the queue's Admission and the handlers enforce them, and say so on the page).
+  `sessions_per_client` sessions per client, at most `max_new_tokens` new tokens a run and
+  `max_samples` samples at once (Limits; the queue's Admission and the handlers enforce them,
+  and say so on the page).
 
 A client is the visitor's login with --auth, else their IP address. Behind a proxy on this
 machine (the --share tunnel's client connects from 127.0.0.1), uvicorn takes the address from
@@ -43,6 +44,10 @@ def tokens_message(cap: int, asked=None) -> str:
     return f"The server allows at most {cap} new tokens" + (f"; got {asked}" if asked is not None else "") + "."
 
 
+def samples_message(cap: int, asked) -> str:
+    return f"The server allows at most {cap} samples at once; got {asked}."
+
+
 class Refused(Exception):
     """A limit said no; the message is shown as is."""
 
@@ -54,11 +59,13 @@ class Limits:
     runs_per_client: int | None = None  # engine jobs queued or running per client
     sessions_per_client: int | None = None  # sessions a client holds (idle ones expire)
     session_capacity: int | None = None  # sessions the server keeps state for, all clients
+    max_samples: int | None = None  # samples drawn at once by "Many samples" (at most samples.MAX_SAMPLES)
 
     @classmethod
     def shared(cls, **overrides) -> "Limits":
         """The defaults of a --share page; overrides of None keep the default, 0 means no limit."""
-        base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, session_capacity=256)
+        base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, session_capacity=256,
+                   max_samples=16)
         values = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **{k: (None if v == 0 else v) for k, v in values.items()})
 
@@ -68,7 +75,8 @@ class Limits:
 
     @property
     def any(self) -> bool:
-        return any(v is not None for v in (self.max_new_tokens, self.runs_per_client, self.sessions_per_client))
+        return any(v is not None for v in (self.max_new_tokens, self.runs_per_client, self.sessions_per_client,
+                                           self.max_samples))
 
 
 def client_key(request) -> str:

@@ -12,6 +12,8 @@ what needs the model's insides (attention, logit lens, replay) raises NotAvailab
 
 from __future__ import annotations
 
+import math
+import queue
 import secrets
 import threading
 import time
@@ -22,7 +24,8 @@ from inference.loading.chat import chat_messages
 from inference.model.config import ModelConfig
 from inference.contract import EngineInfo
 from inference.errors import EngineClosed, InputError, NotAvailable, ServerError
-from inference.events import DoneEvent, PromptToken, StepEvent
+from inference.events import Candidate, DoneEvent, PromptToken, StepEvent, TokenScore
+from inference.samples import first_seed, merged
 from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
 from inference.remote.discovery import pick_model, probe_logprobs_mode, read_config, server_info
 from inference.remote.http import ServerHTTP
@@ -224,6 +227,42 @@ class RemoteEngine:
                               "(prompt_logprobs); Token Lab needs vLLM's OpenAI API") from None
         return out
 
+    def text_ids(self, text: str) -> tuple[list[int], int]:
+        """The ids the server feeds a text as (its special tokens added), and how many come
+        before the text's own tokens (the server's tokens with and without them compared)."""
+        if not isinstance(text, str) or not text:
+            raise InputError("the text is empty")
+        ids, plain = self.tokenizer.encode(text), self.tokenizer.encode(text, add_bos=False)
+        before = len(ids) - len(plain)
+        return ids, before if before >= 0 and ids[before:before + len(plain)] == plain else 0
+
+    def score_ids(self, ids: list[int], top_n: int = 10) -> list[TokenScore]:
+        """Every token of ids given those before it: the server's prompt log-probabilities (the
+        model's own distribution), with the rank it gives each token and its top_n."""
+        self._check_open()
+        ids = list(ids)
+        if not ids:
+            raise InputError("the text is empty")
+        if len(ids) >= self.max_seq_len:  # the server generates one token after them
+            raise InputError(f"the text is {len(ids)} tokens but the context window is {self.max_seq_len}")
+        body = {"model": self.name, "prompt": ids, "max_tokens": 1, "temperature": 0,
+                "prompt_logprobs": max(0, top_n)}
+        answer = self.http.post_json("/completions", body)
+        try:
+            per_position = answer["choices"][0]["prompt_logprobs"]
+            entries = [{int(t): e for t, e in per_position[k].items()} for k in range(1, len(ids))]
+            picked = [(float(e[i]["logprob"]), e[i].get("rank")) for e, i in zip(entries, ids[1:])]
+        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
+            raise ServerError("the model server's answer has no prompt log-probabilities "
+                              "(prompt_logprobs); Token Lab needs vLLM's OpenAI API") from None
+        tops = [sorted(e.items(), key=lambda te: -float(te[1]["logprob"]))[:top_n] for e in entries]
+        pieces = self.tokenizer.pieces(ids + [t for top in tops for t, _ in top])
+        out = [TokenScore(ids[0], pieces[ids[0]], None, None, [])]
+        for i, (lp, rank), top in zip(ids[1:], picked, tops):
+            alts = [Candidate(t, pieces[t], math.exp(float(e["logprob"])), math.exp(float(e["logprob"]))) for t, e in top]
+            out.append(TokenScore(i, pieces[i], lp, int(rank) if isinstance(rank, int) else None, alts))
+        return out
+
     # ------------------------------------------------------------ generation
 
     def generate(self, req, cancel: threading.Event | None = None) -> Iterator[StepEvent | DoneEvent]:
@@ -259,6 +298,34 @@ class RemoteEngine:
             body["logprobs"] = top_n
         return self._run(body, n_prompt, max_new, capped, seed, top_n,
                          meaning(self.info.capabilities.logprobs, params), cancel)
+
+    def generate_many(self, ids: list[int], params, n: int, top_n: int = 10,
+                      cancel: threading.Event | None = None):
+        """n samples: n streamed requests at once, sample k with seed s + k (the server batches
+        them); (k, event) as each arrives, until all have ended."""
+        seed = first_seed(params.seed, n)
+        cancel = cancel or threading.Event()
+        shared: queue.Queue = queue.Queue()
+
+        def pump(k: int) -> None:
+            try:
+                for ev in self.generate_ids(ids, replace(params, seed=seed + k), top_n, cancel):
+                    shared.put((k, ev))
+            except BaseException as e:  # handed to the reader, who raises it
+                shared.put((k, e))
+
+        threads = [threading.Thread(target=pump, args=(k,), daemon=True, name="tokenlab-remote-sample")
+                   for k in range(n)]
+        try:
+            for t in threads:
+                t.start()
+            yield from merged(shared, n)
+        finally:  # the reader stopped early: the samples still streaming close their connections
+            if any(t.is_alive() for t in threads):
+                cancel.set()
+            for t in threads:
+                if t.ident is not None:  # started
+                    t.join()
 
     def _run(self, body, n_prompt, max_new, capped, seed, top_n, m, cancel):
         self._check_open()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import queue
+import math
 import secrets
 import threading
 from contextlib import contextmanager
@@ -16,7 +18,8 @@ from inference.loading.chat import chat_messages, default_system_prompt, render_
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
 from inference.errors import EngineClosed, InputError, ModelError, NotAvailable, shown
-from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, WaitEvent
+from inference.events import Candidate, DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent
+from inference.samples import Tagged, first_seed, merged
 from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
@@ -71,6 +74,8 @@ def parse_ids(text, what: str = "prefix ids") -> list[int]:
     if any(i < 0 for i in ids):
         raise InputError(f"{what} must be token ids (0 or more), got {shown(text)}")
     return ids
+
+SCORE_ROWS = 256  # positions of a scored text whose log-softmax is taken at once
 
 
 # The local engine computes everything: its numbers are the model's own.
@@ -314,6 +319,49 @@ class Engine:
                     out.append(PromptToken(ids[a + j + 1], lp, rank, list(zip(ti, tv))))
         return out
 
+    def text_ids(self, text: str) -> tuple[list[int], int]:
+        """The ids a typed text is fed as (with the BOS token where the model adds one), and
+        how many come before the text's own tokens (1 with a BOS, else 0). A text that cannot
+        fit the context window is refused by its length before it is tokenized."""
+        if not isinstance(text, str) or not text:
+            raise InputError("the text is empty")
+        n = self.cfg.max_seq_len
+        self.check_fits("the text is", len(text), n, f"the context window is {n}")
+        ids = self.tokenizer.encode(text)
+        bos = self.tokenizer.bos_id
+        return ids, int(bos is not None and ids[:1] == [bos])
+
+    def score_ids(self, ids: list[int], top_n: int = 10) -> list[TokenScore]:
+        """Every token of ids given the tokens before it, from one forward pass: its log
+        probability in the model's own distribution, its rank there (1 = the top choice) and the
+        top_n tokens the model preferred. The first token has nothing before it: None."""
+        if not ids:
+            raise InputError("the text is empty")
+        if len(ids) > self.cfg.max_seq_len:
+            raise InputError(f"the text is {len(ids)} tokens but the context window is {self.cfg.max_seq_len}; "
+                             f"shorten it by at least {len(ids) - self.cfg.max_seq_len} tokens")
+        top_n = max(0, min(top_n, self.cfg.vocab_size))
+        rows = []  # (log p, rank, top log p, top ids) per predicted token
+        with self._work(), torch.inference_mode():
+            tokens = torch.tensor([ids], device=self.device)  # (1, T)
+            logits = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True)[0]  # (T, vocab)
+            target = torch.tensor(ids[1:], device=self.device)[:, None]  # (T - 1, 1)
+            # Row i of logits predicts ids[i + 1]; a few hundred rows at a time, so that the
+            # log-softmax's copy stays small beside the logits of a long text.
+            for a in range(0, len(ids) - 1, SCORE_ROWS):
+                rows_logits = logits[a:min(a + SCORE_ROWS, len(ids) - 1)]  # (r, vocab)
+                logp = rows_logits.log_softmax(-1)  # (r, vocab)
+                t = target[a:a + len(rows_logits)]  # (r, 1)
+                rank = (rows_logits > rows_logits.gather(1, t)).sum(-1) + 1  # (r,): as a step's rank
+                top_lp, top_id = logp.topk(top_n, dim=-1)  # (r, top_n)
+                rows += zip(logp.gather(1, t)[:, 0].tolist(), rank.tolist(), top_lp.tolist(), top_id.tolist())
+        piece = self.tokenizer.piece
+        out = [TokenScore(ids[0], piece(ids[0]), None, None, [])]
+        for i, (lp, rank, top_lp, top_id) in zip(ids[1:], rows):
+            top = [Candidate(j, piece(j), math.exp(v), math.exp(v)) for j, v in zip(top_id, top_lp)]
+            out.append(TokenScore(i, piece(i), lp, rank, top))
+        return out
+
     # ------------------------------------------------------------ generation
 
     def generate(self, req: Request, cancel: threading.Event | None = None
@@ -358,6 +406,31 @@ class Engine:
         finally:  # also reached when the consumer closes the generator (stop, closed tab)
             if not run.released.is_set():
                 self.scheduler.abandon(run)
+
+    def generate_many(self, ids: list[int], params: SamplingParams, n: int, top_n: int = 10,
+                      cancel: threading.Event | None = None) -> Iterator[tuple[int, object]]:
+        """n samples of one prompt: n runs submitted to the scheduler together, sample k with
+        seed s + k (s: params.seed, else random), batched into one forward pass per step. Yields
+        (k, event) as generate_ids would yield each run's events, until every sample has ended.
+        Each sample reads the prompt itself: a run owns its blocks, and shared blocks would need
+        counting their owners. Only sample 0 leaves its blocks to the prefix cache. `cancel`
+        (or closing the generator) ends them all."""
+        check_vocab(params, self.cfg.vocab_size, self.tokenizer)
+        seed = first_seed(params.seed, n)
+        max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
+        cancel = cancel or threading.Event()
+        shared: queue.Queue = queue.Queue()
+        runs = []
+        try:
+            for k in range(n):
+                runs.append(self.scheduler.submit(
+                    ids, params, max(0, min(top_n, self.cfg.vocab_size)), cancel, max_new,
+                    max_new < params.max_new_tokens, seed + k, events=Tagged(shared, k), keep_prefix=k == 0))
+            yield from merged(shared, n)
+        finally:  # also reached when the consumer closes the generator (stop, closed tab)
+            for run in runs:
+                if not run.released.is_set():
+                    self.scheduler.abandon(run)
 
     # ------------------------------------------------------------ looking inside a step
 

@@ -41,7 +41,9 @@ class Run:
     capped: bool
     seed: int
     blocks_needed: int
+    # Where its events go: its own queue, or a batch of samples' shared one (engine.Tagged).
     events: queue.Queue = field(default_factory=queue.Queue)
+    keep_prefix: bool = True  # its whole blocks go to the prefix cache when it ends (not cancelled)
     released: threading.Event = field(default_factory=threading.Event)
     table: BlockTable | None = None
     generator: torch.Generator | None = None
@@ -85,15 +87,21 @@ class Scheduler:
     # ------------------------------------------------------------ the callers' side
 
     def submit(self, ids: list[int], params: SamplingParams, top_n: int, cancel: threading.Event,
-               max_new: int, capped: bool, seed: int, given: int = 0) -> Run:
-        """given: how many of ids' last tokens the run counts as generated already (a branch
-        continuing after them): its sampling state starts after them, its text after them."""
+               max_new: int, capped: bool, seed: int, given: int = 0, events=None,
+               keep_prefix: bool = True) -> Run:
+        """Queue a run. given: how many of ids' last tokens the run counts as generated already
+        (a branch continuing after them): its sampling state starts after them, its text after
+        them. events: where its events go (default: a queue of its own); keep_prefix: whether
+        its blocks go to the prefix cache at its end (a batch of samples keeps one sample's,
+        not 64 copies of one prompt that would push every chat out of the cache)."""
         needed = blocks_for(len(ids) + max_new)
         if needed > self.pool.n_blocks:
             raise ResourceError(
                 f"this run needs {needed} KV blocks ({len(ids)} prompt + {max_new} new tokens) but "
                 f"the server's pool has {self.pool.n_blocks}; lower max new tokens or shorten the prompt")
-        run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed, given=given)
+        run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed, given=given, keep_prefix=keep_prefix)
+        if events is not None:
+            run.events = events
         with self._cv:
             if self._closed:
                 raise EngineClosed("the engine is closed: it takes no more runs")
@@ -349,7 +357,7 @@ class Scheduler:
         run.released.set()
 
     def _finish(self, run: Run, reason: str) -> None:
-        self._release(run, keep=reason != "cancelled")
+        self._release(run, keep=reason != "cancelled" and run.keep_prefix)
         run.events.put(self._done(run, reason))
 
     def _fail(self, run: Run, error: Exception) -> None:

@@ -1,0 +1,1 @@
+"""The many-samples panel: N samples of the run at once, their outcomes and the first step against the model."""

@@ -1,0 +1,72 @@
+"""The many-samples panel's events: N samples of the page's prompt and settings in one batch
+(also the /samples API), and its buttons while they run."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import gradio as gr
+
+from inference.errors import InputError, TokenLabError, shown
+from inference.samples import MAX_SAMPLES
+from ui.base import PageBase, page_error, seed_or_random, takes_controls
+from ui.controls import Controls
+from ui.public import samples_message
+from ui.samples import render
+from ui.streaming import EventPump
+
+SAMPLE_TOP = 20  # candidates each step reports: the first step's table lists these
+UPDATE_S = 0.5  # the panel's progress line, at most twice a second
+
+
+def parse_samples(value, cap: int | None) -> int:
+    """The number of samples asked for: a whole number from 1 to MAX_SAMPLES, within the page's cap."""
+    try:
+        n = float(value)
+        ok = n.is_integer() and 1 <= n <= MAX_SAMPLES
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if isinstance(value, bool) or not ok:
+        raise InputError(f"the number of samples must be a whole number from 1 to {MAX_SAMPLES}, got {shown(value)}")
+    if cap is not None and n > cap:
+        raise InputError(samples_message(cap, int(n)))
+    return int(n)
+
+
+class SampleHandlers(PageBase):
+    @takes_controls("n_samples", after=("history",))
+    def samples(self, c: Controls, n_samples, request: gr.Request = None, history=None) -> Iterator[dict]:
+        """N samples of the prompt with the page's settings, seeds s..s+N-1 (s: the seed box, else
+        random), as N runs in one batch; the panel shows the progress, then the distinct texts
+        and the first step against the model. Stop ends them all; what ended is shown."""
+        try:
+            n = parse_samples(n_samples, self.limits.max_samples)
+            rec = self._prepare(c, seed_or_random(c.seed), history)  # the checks of a run, its token cap
+        except TokenLabError as e:
+            raise page_error(e) from None
+        m = self.view(rec.model)
+        batch = render.SampleBatch(n, rec.seed)
+        with self._job(request) as cancel:
+            pump = EventPump(m.engine.generate_many(rec.prompt_ids, rec.params, n, SAMPLE_TOP, cancel), cancel)
+            try:
+                yield {"samples_md": render.progress_md(batch), "samples_outcomes": "", "samples_first": "",
+                       "samples_data": None}
+                for events in pump.batches(lambda: UPDATE_S):
+                    for k, ev in events:
+                        batch.add(k, ev)
+                    yield {"samples_md": render.progress_md(batch)}
+            finally:
+                pump.close()
+        piece = m.tokenizer.piece
+        yield {"samples_md": render.summary_md(batch), "samples_outcomes": render.outcomes_html(batch),
+               "samples_first": render.first_step_html(batch, piece),
+               "samples_data": render.samples_json(batch, piece)}
+
+    def samples_started(self) -> dict:
+        """At the click: the button off and the panel's Stop on while the samples run."""
+        return {"samples_button": gr.update(interactive=False),
+                "samples_stop": gr.update(interactive=True, variant="stop")}
+
+    def samples_ended(self) -> dict:
+        return {"samples_button": gr.update(interactive=True),
+                "samples_stop": gr.update(interactive=False, variant="secondary")}

@@ -1,0 +1,1 @@
+"""The probability of a text: every token coloured by how likely the model found it."""

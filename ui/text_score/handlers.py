@@ -1,0 +1,44 @@
+"""The "probability of a text" panel's events: score a typed text (also the /score_text API), or
+the prompt of the run as it was fed."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from inference.errors import TokenLabError
+from ui.base import PageBase, named_args, page_error
+from ui.run_state import RunRecord
+from ui.text_score import render
+
+
+class TextScoreHandlers(PageBase):
+    @named_args("text", "model")
+    def score_text(self, text, model, request: gr.Request = None) -> dict:
+        """Every token of the text given the tokens before it, by one forward pass of the chosen
+        model (the BOS token the model adds, if any, read first)."""
+        try:
+            m = self.view(model or "")
+            with self._job(request):
+                ids, before = m.engine.text_ids(text)
+                scores = m.engine.score_ids(ids, render.TOP)
+        except TokenLabError as e:
+            raise page_error(e) from None
+        return self._shown(scores[before:], scores[:before], "The text", m.tokenizer)
+
+    def score_prompt(self, rec: RunRecord | None, request: gr.Request = None) -> dict:
+        """The run's prompt as it was fed (its ids: in chat mode the template's tokens too), in the
+        text box and scored."""
+        if rec is None or not rec.prompt_ids:
+            raise gr.Error("Generate first: this scores the prompt of the run.", print_exception=False)
+        try:
+            with self._job(request):
+                m = self.view(rec.model)
+                scores = m.engine.score_ids(rec.prompt_ids, render.TOP)
+        except TokenLabError as e:
+            raise page_error(e) from None
+        return {"score_box": rec.prompt_text, **self._shown(scores, [], "The prompt of the run, as fed", m.tokenizer)}
+
+    @staticmethod
+    def _shown(scores, before, what: str, tokenizer) -> dict:
+        return {"score_view": render.scored_html(scores, tokenizer), "score_md": render.summary_md(scores, before, what),
+                "score_data": render.scores_json(scores, len(before))}

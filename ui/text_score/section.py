@@ -1,0 +1,41 @@
+"""The "probability of a text" panel's components and events; /score_text for scripts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gradio as gr
+
+from ui.handlers import Handlers
+from ui.public import ENGINE
+from ui.text_score.render import scored_html
+
+# The output's script places a token's popover in the window (and ignores clicks on tokens
+# without a step): the same for the scored text.
+POPOVER_JS = (Path(__file__).parent.parent / "assets" / "output.js").read_text(encoding="utf-8")
+EXAMPLE = "The capital of France is Paris. The capital of Germany is Paris."
+OUTPUTS = ("score_view", "score_md", "score_data")
+
+
+def build(page, h: Handlers) -> None:
+    add = page.add
+    with gr.Accordion("Probability of a text: how likely the model finds every token of any text",
+                      open=False, elem_id="score-panel"):
+        gr.Markdown("Each token is coloured by its probability given the text before it (one forward pass). "
+                    "Hover or tap a token for its probability, its rank among all tokens (1 = the model's top "
+                    "choice) and its surprisal; click it for the tokens the model preferred there.")
+        add("score_box", gr.Textbox(EXAMPLE, label="Text", lines=3, elem_id="score-text"))
+        with gr.Row():
+            add("score_button", gr.Button("Score the text", variant="primary", elem_id="score"))
+            add("score_prompt_button", gr.Button("Score the prompt of the run", elem_id="score-prompt"))
+        add("score_md", gr.Markdown("", label="Text summary", elem_id="score-summary"))
+        add("score_view", gr.HTML(scored_html([]), label="Scored text", elem_id="score-view",
+                                  js_on_load=POPOVER_JS))
+        add("score_data", gr.JSON(visible=False, label="Scores"))
+
+
+def wire(page, h: Handlers) -> None:
+    page.on(page["score_button"].click, h.score_text, inputs=("score_box", "model"), outputs=OUTPUTS,
+            api_name="score_text", concurrency_id=ENGINE)
+    page.on(page["score_prompt_button"].click, h.score_prompt, inputs=("record",), outputs=("score_box", *OUTPUTS),
+            api_visibility="private", concurrency_id=ENGINE)
