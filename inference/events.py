@@ -121,7 +121,7 @@ class PromptToken:
     candidates there as (id, log p), most likely first."""
     token_id: int
     logprob: float
-    rank: int
+    rank: int | None  # None where a server does not say
     top: list[tuple[int, float]]
 
 
@@ -148,6 +148,16 @@ class TokenScore:
         return {"id": self.id, "piece": self.piece, "prob": self.prob, "logprob": self.logprob,
                 "rank": self.rank, "surprisal_bits": self.surprisal_bits,
                 "top": [{"id": c.id, "piece": c.piece, "prob": c.raw_prob} for c in self.top]}
+
+
+def token_scores(ids: list[int], scored: list[PromptToken], pieces: dict[int, str]) -> list[TokenScore]:
+    """A text's TokenScores from its tokens after the first, scored teacher-forced (an engine's
+    prompt_logprobs); pieces: {id: piece} of every id named. The first token has none."""
+    out = [TokenScore(ids[0], pieces[ids[0]], None, None, [])]
+    for p in scored:
+        top = [Candidate(j, pieces[j], math.exp(v), math.exp(v)) for j, v in p.top]
+        out.append(TokenScore(p.token_id, pieces[p.token_id], p.logprob, p.rank, top))
+    return out
 
 
 def perplexity(scores: list[TokenScore]) -> float | None:

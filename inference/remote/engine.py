@@ -12,7 +12,6 @@ what needs the model's insides (attention, logit lens, replay) raises NotAvailab
 
 from __future__ import annotations
 
-import math
 import queue
 import secrets
 import threading
@@ -24,7 +23,7 @@ from inference.loading.chat import chat_messages
 from inference.model.config import ModelConfig
 from inference.contract import EngineInfo
 from inference.errors import EngineClosed, InputError, NotAvailable, ServerError
-from inference.events import Candidate, DoneEvent, PromptToken, StepEvent, TokenScore
+from inference.events import DoneEvent, PromptToken, StepEvent, TokenScore, token_scores
 from inference.samples import first_seed, merged
 from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
 from inference.remote.discovery import pick_model, probe_logprobs_mode, read_config, server_info
@@ -221,7 +220,9 @@ class RemoteEngine:
                 chosen = entries[str(ids[k])]
                 top = sorted(((int(i), float(e["logprob"])) for i, e in entries.items()),
                              key=lambda e: (-e[1], e[0]))[:top_n]
-                out.append(PromptToken(ids[k], float(chosen["logprob"]), int(chosen["rank"]), top))
+                rank = chosen.get("rank")
+                out.append(PromptToken(ids[k], float(chosen["logprob"]), int(rank) if isinstance(rank, int) else None,
+                                       top))
         except (KeyError, IndexError, TypeError, ValueError, AttributeError):
             raise ServerError("the model server's answer has no prompt log-probabilities "
                               "(prompt_logprobs); Token Lab needs vLLM's OpenAI API") from None
@@ -245,23 +246,8 @@ class RemoteEngine:
             raise InputError("the text is empty")
         if len(ids) >= self.max_seq_len:  # the server generates one token after them
             raise InputError(f"the text is {len(ids)} tokens but the context window is {self.max_seq_len}")
-        body = {"model": self.name, "prompt": ids, "max_tokens": 1, "temperature": 0,
-                "prompt_logprobs": max(0, top_n)}
-        answer = self.http.post_json("/completions", body)
-        try:
-            per_position = answer["choices"][0]["prompt_logprobs"]
-            entries = [{int(t): e for t, e in per_position[k].items()} for k in range(1, len(ids))]
-            picked = [(float(e[i]["logprob"]), e[i].get("rank")) for e, i in zip(entries, ids[1:])]
-        except (KeyError, IndexError, TypeError, ValueError, AttributeError):
-            raise ServerError("the model server's answer has no prompt log-probabilities "
-                              "(prompt_logprobs); Token Lab needs vLLM's OpenAI API") from None
-        tops = [sorted(e.items(), key=lambda te: -float(te[1]["logprob"]))[:top_n] for e in entries]
-        pieces = self.tokenizer.pieces(ids + [t for top in tops for t, _ in top])
-        out = [TokenScore(ids[0], pieces[ids[0]], None, None, [])]
-        for i, (lp, rank), top in zip(ids[1:], picked, tops):
-            alts = [Candidate(t, pieces[t], math.exp(float(e["logprob"])), math.exp(float(e["logprob"]))) for t, e in top]
-            out.append(TokenScore(i, pieces[i], lp, int(rank) if isinstance(rank, int) else None, alts))
-        return out
+        scored = self.prompt_logprobs(ids, top_n) if len(ids) > 1 else []
+        return token_scores(ids, scored, self.tokenizer.pieces(ids + [j for p in scored for j, _ in p.top]))
 
     # ------------------------------------------------------------ generation
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import queue
-import math
 import secrets
 import threading
 from contextlib import contextmanager
@@ -18,7 +17,7 @@ from inference.loading.chat import chat_messages, default_system_prompt, render_
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
 from inference.errors import EngineClosed, InputError, ModelError, NotAvailable, shown
-from inference.events import Candidate, DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent
+from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent, token_scores
 from inference.samples import Tagged, first_seed, merged
 from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
@@ -75,7 +74,6 @@ def parse_ids(text, what: str = "prefix ids") -> list[int]:
         raise InputError(f"{what} must be token ids (0 or more), got {shown(text)}")
     return ids
 
-SCORE_ROWS = 256  # positions of a scored text whose log-softmax is taken at once
 
 
 # The local engine computes everything: its numbers are the model's own.
@@ -340,27 +338,10 @@ class Engine:
         if len(ids) > self.cfg.max_seq_len:
             raise InputError(f"the text is {len(ids)} tokens but the context window is {self.cfg.max_seq_len}; "
                              f"shorten it by at least {len(ids) - self.cfg.max_seq_len} tokens")
-        top_n = max(0, min(top_n, self.cfg.vocab_size))
-        rows = []  # (log p, rank, top log p, top ids) per predicted token
-        with self._work(), torch.inference_mode():
-            tokens = torch.tensor([ids], device=self.device)  # (1, T)
-            logits = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True)[0]  # (T, vocab)
-            target = torch.tensor(ids[1:], device=self.device)[:, None]  # (T - 1, 1)
-            # Row i of logits predicts ids[i + 1]; a few hundred rows at a time, so that the
-            # log-softmax's copy stays small beside the logits of a long text.
-            for a in range(0, len(ids) - 1, SCORE_ROWS):
-                rows_logits = logits[a:min(a + SCORE_ROWS, len(ids) - 1)]  # (r, vocab)
-                logp = rows_logits.log_softmax(-1)  # (r, vocab)
-                t = target[a:a + len(rows_logits)]  # (r, 1)
-                rank = (rows_logits > rows_logits.gather(1, t)).sum(-1) + 1  # (r,): as a step's rank
-                top_lp, top_id = logp.topk(top_n, dim=-1)  # (r, top_n)
-                rows += zip(logp.gather(1, t)[:, 0].tolist(), rank.tolist(), top_lp.tolist(), top_id.tolist())
+        scored = self.prompt_logprobs(ids, top_n) if len(ids) > 1 else []
         piece = self.tokenizer.piece
-        out = [TokenScore(ids[0], piece(ids[0]), None, None, [])]
-        for i, (lp, rank, top_lp, top_id) in zip(ids[1:], rows):
-            top = [Candidate(j, piece(j), math.exp(v), math.exp(v)) for j, v in zip(top_id, top_lp)]
-            out.append(TokenScore(i, piece(i), lp, rank, top))
-        return out
+        named = {j for p in scored for j, _ in p.top} | set(ids)
+        return token_scores(ids, scored, {j: piece(j) for j in named})
 
     # ------------------------------------------------------------ generation
 

@@ -42,6 +42,10 @@ def continued_text(tokenizer, ids: list[int]) -> str:
     """The text of tokens that follow a prompt, as a run streams it (a piece's leading space
     kept, which decoding them alone would drop). Bytes of a character the last of them leaves
     unfinished are not in it: the run that continues after them streams that character."""
+    if not ids:
+        return ""
+    if not hasattr(tokenizer, "stream"):  # a server's tokenizer: its own decoding of them
+        return tokenizer.decode(ids)
     stream = tokenizer.stream()
     return "".join(stream.push(t) for t in ids)
 
