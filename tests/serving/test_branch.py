@@ -78,3 +78,16 @@ def test_cli_prefix_ids(tiny_dirs, tiny_engine, capsys):
     assert "--prefix-ids must be token ids" in capsys.readouterr().err
     assert main([*args, "--prefix-ids", f"1,{10**9}"]) == 2
     assert "token ids must be integers in [0, 384)" in capsys.readouterr().err
+
+
+def test_a_branch_reads_its_shared_prefix_from_the_runs_cached_blocks(tiny_engine):
+    """The tree's shared prefix is not computed again: the run's whole blocks, kept in the prefix
+    cache at its end, hold the prompt and the tokens the branch is given."""
+    from inference.model.kv_cache import BLOCK_SIZE
+    ids = tiny_engine.prompt_ids(PROMPT)
+    run = tokens(tiny_engine.generate_ids(ids, SamplingParams(temperature=0.0, max_new_tokens=2 * BLOCK_SIZE)))
+    given = [s.token_id for s in run[:BLOCK_SIZE + 4]]
+    first = tokens(tiny_engine.generate_ids(ids, SamplingParams(temperature=0.0, max_new_tokens=1), given=given))[0]
+    held = (len(ids) + len(given)) // BLOCK_SIZE * BLOCK_SIZE
+    assert first.prompt_tokens == len(ids) + len(given)
+    assert first.prompt_tokens_reused >= held - BLOCK_SIZE > 0
