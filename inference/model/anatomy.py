@@ -55,6 +55,53 @@ def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int,
                             all_layers, head, total]
 
 
+def family_path(cfg: ModelConfig) -> list[str]:
+    """The turns this model's family takes on the one path, in the order a token meets them."""
+    turns = [f"{cfg.family}: embedding lookup" + (f" × {cfg.embed_scale:.4g} (√hidden)" if cfg.embed_scale != 1 else "")]
+    norm = "RMSNorm (1 + w)" if cfg.norm_unit_offset else "RMSNorm"
+    turns.append(f"per layer: {norm} before attention and before the MLP"
+                 + (", and after each (four a layer)" if cfg.sandwich_norms else ""))
+    attn = "Q, K, V projections" + (" with biases" if cfg.qkv_bias else "")
+    if cfg.qk_norm:
+        attn += ", an RMSNorm over each head's q and k"
+    attn += f", RoPE θ {cfg.rope_theta:g}"
+    if cfg.local_rope_theta:
+        attn += f" (sliding layers θ {cfg.local_rope_theta:g})"
+    if cfg.rope_scaling.rope_type != "default":
+        attn += f", {cfg.rope_scaling.rope_type} scaling"
+    attn += (f"; {cfg.n_heads} query heads share {cfg.n_kv_heads} KV heads" if cfg.n_rep > 1 else "")
+    scale = cfg.query_pre_attn_scalar or cfg.head_dim
+    attn += f"; scores scaled by {scale:g}^-0.5"
+    turns.append(attn)
+    sliding = [i for i, t in enumerate(cfg.layer_types) if t == "sliding"] if cfg.sliding_window else []
+    if sliding:
+        full = [i for i in range(cfg.n_layers) if i not in sliding]
+        turns.append(f"causal mask; layers {_ranges(sliding)} see only the last {cfg.sliding_window:,} "
+                     f"positions (a sliding window), layers {_ranges(full) or 'none'} see all")
+    elif cfg.sliding_window:
+        turns.append(f"causal mask; every layer sees only the last {cfg.sliding_window:,} positions")
+    else:
+        turns.append("causal mask; every layer sees every earlier position")
+    turns.append(("SwiGLU: silu(gate) × up" if cfg.activation == "silu" else "GeGLU: gelu_tanh(gate) × up")
+                 + " → down projection")
+    turns.append("final RMSNorm → LM head" + (" (tied to the embedding)" if cfg.tie_word_embeddings else "")
+                 + (f" → {cfg.final_logit_softcap:g} · tanh(logits / {cfg.final_logit_softcap:g})"
+                    if cfg.final_logit_softcap else ""))
+    return turns
+
+
+def _ranges(layers: list[int]) -> str:
+    """[0, 1, 2, 4] -> "0–2, 4"."""
+    out, start = [], None
+    for i, n in enumerate(layers):
+        if start is None:
+            start = n
+        if i + 1 == len(layers) or layers[i + 1] != n + 1:
+            out.append(f"{start}" if start == n else f"{start}–{n}")
+            start = None
+    return ", ".join(out)
+
+
 @dataclass(frozen=True)
 class TokenCost:
     flops: int

@@ -131,3 +131,19 @@ def test_inspect_handler_renders_all_parts(tiny_engine):
     # The full pattern: a row per position of the context, each with the positions it may see.
     assert pattern.count("<th class='tl-q'") == n + 3 and pattern.count("<td data-q=") == (n + 3) * (n + 4) // 2
     assert "shares the embedding matrix" in inside_render.memory_markdown(tiny_engine)
+
+
+def test_the_families_path_names_its_turns(tmp_path, sp_model_bytes):
+    """Inside one token names the family's turns, read from the config (issue 28)."""
+    from inference.model.anatomy import family_path
+    from tiny_families import make_family_model
+    gemma = ModelConfig.from_json(make_family_model(tmp_path, "gemma3_text", sp_model_bytes)[0] / "config.json")
+    path = " → ".join(family_path(gemma))
+    assert "× 8 (√hidden)" in path and "RMSNorm (1 + w)" in path and "four a layer" in path
+    assert "each head's q and k" in path and "sliding layers θ 10000" in path and "scores scaled by 24^-0.5" in path
+    assert "layers 0, 2 see only the last 8 positions" in path and "layers 1 see all" in path
+    assert "GeGLU" in path and "5 · tanh(logits / 5)" in path and "tied" in path
+    qwen2 = ModelConfig.from_json(make_family_model(tmp_path / "q", "qwen2", sp_model_bytes)[0] / "config.json")
+    path = " → ".join(family_path(qwen2))
+    assert "with biases" in path and "every layer sees every earlier position" in path and "SwiGLU" in path
+    assert "4 query heads share 2 KV heads" in path and "(1 + w)" not in path

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html
 
 from inference.device import dtype_name
-from inference.model.anatomy import memory_table, stages
+from inference.model.anatomy import family_path, memory_table, stages
 from ui.experiments.render import NOT_HERE
 from ui.format import prob_html, si, visible
 from ui.run.render import NO_CONFIG
@@ -23,7 +23,8 @@ def stages_markdown(info, n_prompt: int, step: int) -> str:
     ctx = n_prompt + step
     pre = stages(cfg, n_prompt, n_prompt, b)
     dec = stages(cfg, 1, ctx, b_dec, b)
-    lines = [f"Prefill: {n_prompt} prompt tokens at once. Decode step {step}: 1 token attending to "
+    lines = ["**This model's path**: " + " → ".join(family_path(cfg)) + ".", "",
+             f"Prefill: {n_prompt} prompt tokens at once. Decode step {step}: 1 token attending to "
              f"{ctx} positions. Decode bytes are the weights read at {dtype_name(info.decode_dtype)} "
              f"and the KV cache at {dtype_name(info.dtype)}.", "",
              "| stage | prefill shape | prefill FLOPs | decode shape | decode FLOPs | decode bytes |",
