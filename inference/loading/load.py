@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import torch
+
 from inference.loading.checkpoint import read_hf_weights, to_model_names
 from inference.model.config import ModelConfig
 from inference.device import resolve_decode_dtype, resolve_device, resolve_dtype
@@ -43,15 +45,19 @@ def weights_bytes(model_dir: str | Path, device: str = "auto", dtype: str = "aut
                   decode_dtype: str = "same") -> int:
     """What the model's weights will take once loaded, from its config alone (read before a
     load, to refuse one that cannot fit): every parameter at the dtype, and the matmul weights
-    again at a reduced decode dtype when one is asked for."""
+    again at a reduced decode dtype when one is asked for, or, for a float32 model on a CPU,
+    in oneDNN's layout for several rows (Transformer.keep_rows_copies, at most)."""
     cfg = ModelConfig.from_json(Path(model_dir) / "config.json")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     n = cfg.param_counts()
     size = n["total"] * dt.itemsize
+    matmuls = n["attention"] + n["ffn"] + (n["lm_head"] or n["embedding"])
     decode = resolve_decode_dtype(decode_dtype, dev, dt)
     if decode is not None and decode != dt:
-        size += (n["attention"] + n["ffn"] + (n["lm_head"] or n["embedding"])) * decode.itemsize
+        size += matmuls * decode.itemsize
+    elif dev.type == "cpu" and dt == torch.float32:
+        size += matmuls * dt.itemsize
     return size
 
 

@@ -28,7 +28,9 @@ class Footprint:
 
 
 def footprint_of(engine) -> Footprint:
-    """What a loaded local engine holds (a server's engine holds nothing here)."""
+    """What a loaded local engine holds (a server's engine holds nothing here): its parameters
+    and tables, and the linear layers' second copies (a reduced-precision one for decoding, or
+    oneDNN's layout for several rows: model.layers.Linear)."""
     model = getattr(engine, "model", None)
     if model is None:
         return Footprint(0, 0)
@@ -37,6 +39,9 @@ def footprint_of(engine) -> Footprint:
         if t.data_ptr() not in seen:  # a tied LM head is the embedding
             seen.add(t.data_ptr())
             weights += t.numel() * t.element_size()
+    copies = {id(c): c for m in model.modules()
+              for c in (getattr(m, "decode_weight", None), getattr(m, "rows_weight", None)) if c is not None}
+    weights += sum(c.numel() * c.element_size() for c in copies.values())
     pool = engine.scheduler.pool
     return Footprint(weights, pool.n_blocks * pool.bytes_per_block)
 

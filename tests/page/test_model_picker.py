@@ -45,7 +45,7 @@ def tiny_dirs_cfg(name):
     return {**BASE, **CONFIGS[name]}
 
 
-def test_each_model_loads_on_first_use_only(two):
+def test_each_model_loads_on_first_use_only(two, tiny_dirs):
     assert two.opened == ["mha"] and not two.models.loaded("gqa_tied")
     assert "not loaded yet" in two.h.models_markdown()
     out = two.h.choose_model("gqa_tied", "The quick", "completion", "", 5)
@@ -58,7 +58,13 @@ def test_each_model_loads_on_first_use_only(two):
     # Every parameter at 4 bytes (the tied head is the embedding, counted once), and the RoPE
     # tables: cos and sin, (positions, head dim / 2) each.
     params = (384 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64) + 2 * 3 * 64 * 160 + 2 * 2 * 64 + 64)
-    assert f.weights_bytes == 4 * params + 2 * 4 * cfg["max_position_embeddings"] * 16
+    engine = two.models.engine("gqa_tied")
+    copies = sum(m.rows_weight.numel() * 4 for m in engine.model.modules() if getattr(m, "rows_weight", None) is not None)
+    assert copies in (0, 4 * (params - 384 * 64 - 2 * 2 * 64 - 64 + 384 * 64))  # every matmul's, or none
+    assert f.weights_bytes == 4 * params + 2 * 4 * cfg["max_position_embeddings"] * 16 + copies
+    # What a load is checked against beforehand, from the config: the weights and their copies.
+    from inference.loading.load import weights_bytes
+    assert weights_bytes(tiny_dirs["gqa_tied"], "cpu", "float32") == 4 * params + copies > 0
     assert f"{f.pool_bytes / 2**20:,.0f} MiB KV pool" in two.h.models_markdown()
 
 
