@@ -39,8 +39,8 @@ class Hold:
                         self.ended += 1
                         self._cond.notify_all()
 
-        def tracked(ids, params, top_n=10, cancel=None):
-            return held_while(generate_ids(ids, params, top_n, cancel), cancel)
+        def tracked(ids, params, top_n=10, cancel=None, given=()):
+            return held_while(generate_ids(ids, params, top_n, cancel, given=given), cancel)
 
         def tracked_many(ids, params, n, top_n=10, cancel=None):  # a batch of samples: one flag
             return held_while(generate_many(ids, params, n, top_n, cancel), cancel)
