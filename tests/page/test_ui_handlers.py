@@ -131,10 +131,10 @@ def test_the_bars_tag_the_tokens_the_logit_bias_moved_or_banned(handlers, tiny_e
     updates = run(handlers, logit_bias=f"{json.dumps(piece)}:-100 {first[1].id}:2")
     rec = updates[-1]["record"]
     for html_bars in (updates[-1]["bars"], handlers.select_step(rec, 0), handlers.select_token(rec, SimpleNamespace(index=0))["bars"]):
-        rows = re.findall(r"<div class='tl-row(?! tl-head)[^']*'>(.*?)</div>", html_bars)
+        rows = re.findall(r"<div class='tl-row(?! tl-head)[^']*'[^>]*>(.*?)</div>", html_bars)
         assert len(rows) >= 5
         for row in rows:
-            tid = int(re.search(r"title='id (\d+)'", row).group(1))
+            tid = int(re.search(r"title='id (\d+)", row).group(1))
             tag = re.findall(r"<span class='tl-mark[^']*'[^>]*>([^<]*)</span>", row)
             assert tag == (["bias +2"] if tid == first[1].id else ["banned"] if tid in text_ids else []), row
     assert rec.steps[0].token_id != first[0].id  # a banned token is never chosen
