@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.model import kernels
 from inference.model.config import ModelConfig
 from inference.model.kv_cache import BLOCK_SIZE
 from inference.model.layers import Linear, RMSNorm
@@ -136,8 +137,14 @@ class Attention(nn.Module):
         v_cache[:, :, start_pos:end] = v
         keys, values = k_cache[:, :, :end], v_cache[:, :, :end]  # (bsz, n_kv_heads, end, head_dim)
         mask, causal = visible_keys(start_pos, T, end, self.window, x.device)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
-                                             scale=self.scale, enable_gqa=self.gqa)
+        out = None
+        if bsz == 1 and T == 1 and mask is None:  # one query that sees every key
+            out = self._attend_one(q[0, :, 0], keys[0].transpose(0, 1), values[0].transpose(0, 1))
+        if out is None:
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
+                                                 scale=self.scale, enable_gqa=self.gqa)
+        else:
+            out = out.view(1, self.n_heads, 1, self.head_dim)  # (heads, head_dim) -> (bsz, heads, T, head_dim)
         if probe is not None and (layer in probe.attention_layers or layer in probe.pattern_layers):
             # Query i (position start_pos + i) sees keys 0 .. start_pos + i, within its window.
             visible = mask if mask is not None else torch.ones(
@@ -173,6 +180,11 @@ class Attention(nn.Module):
             out[row:row + n] = op[0].transpose(0, 1)  # (n, n_heads, head_dim)
         return self.wo(out.reshape(1, N, self.q_dim))
 
+    def _attend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
+        """q (n_heads, head_dim) over keys and values (L, n_kv_heads, head_dim), every key
+        visible -> (n_heads, head_dim); None where the CPU kernel does not apply."""
+        return kernels.attend_one(q, k, v, self.head_dim ** -0.5 if self.scale is None else self.scale)
+
     def _decode(self, q: torch.Tensor, k_pool, v_pool, batch: PagedBatch) -> torch.Tensor:
         """Attention of B decode rows q (B, n_heads, head_dim), each over its own run's context
         (batch.decode_blocks): gathered a block at a time, or one run's slots read in place."""
@@ -186,6 +198,10 @@ class Attention(nn.Module):
             kd = k_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
             vd = v_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
         mask = batch.window_mask if self.window is not None and batch.window_mask is not None else batch.decode_mask
+        if B == 1 and mask is None:  # one run's query over all its keys, read in place
+            od = self._attend_one(q[0], kd[0], vd[0])  # (n_heads, head_dim)
+            if od is not None:
+                return od.unsqueeze(0)
         od = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),
                                             attn_mask=mask, scale=self.scale, enable_gqa=self.gqa)
         return od.squeeze(2)  # (B, n_heads, head_dim)

@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inference.model import kernels
 from inference.model.config import ModelConfig
 
 
@@ -43,8 +44,11 @@ class Linear(nn.Linear):
             w = self.decode_weight
             if w is not None:
                 return F.linear(x.to(w.dtype), w).to(x.dtype)
-            if rows == 1:  # one token: a matrix-vector product, whose kernel reads the weight fastest
-                return torch.mv(self.weight, x.reshape(-1)).view(*x.shape[:-1], -1)  # (..., out_features)
+            if rows == 1:  # one token: a matrix-vector product, read at the memory's pace
+                y = kernels.gemv(self.weight, x.reshape(-1))  # (out_features,); None: no kernel here
+                if y is None:
+                    y = torch.mv(self.weight, x.reshape(-1))
+                return y.view(*x.shape[:-1], -1)  # (..., out_features)
         if self.rows_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.rows_weight, None, "none", [], "")
         return F.linear(x, self.weight)
@@ -58,7 +62,11 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:  # one fused op
+        if x.dtype == torch.float32:
+            if x.numel() <= DECODE_ROWS * x.shape[-1]:  # a decode step's rows: one call, not five ops
+                y = kernels.rms_norm(x, self.weight, self.eps)
+                if y is not None:
+                    return y
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # Normalize in float32 whatever the weight dtype, then scale in the model dtype.
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)

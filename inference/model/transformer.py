@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from inference.device import available_memory_bytes
+from inference.model import kernels
 from inference.model.attention import Attention, PagedBatch, Probe, window_decode_mask  # noqa: F401 (Probe, PagedBatch: the model's API)
 from inference.model.config import ModelConfig
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
@@ -98,9 +99,12 @@ class Transformer(nn.Module):
         is copied once and its first copy freed (if nothing else holds it): SmolLM2's engine
         holds 894 MiB resident after loading, against 918 MiB with the weights as read (1,414
         MiB with the copies for several rows, keep_rows_copies)."""
+        # Our matrix-vector kernel reads the weights as stored, row by row (kernels/gemv.c).
+        transpose = not kernels.available()
         for module in self.modules():
             if isinstance(module, Linear) and module.weight.is_contiguous():
-                module.weight = nn.Parameter(module.weight.t().contiguous().t(), requires_grad=False)
+                w = module.weight.t().contiguous().t() if transpose else module.weight.clone()
+                module.weight = nn.Parameter(w, requires_grad=False)
             elif isinstance(module, RMSNorm):
                 # Copied too: any tensor read from a mapped checkpoint file keeps all of it mapped.
                 module.weight = nn.Parameter(module.weight.clone(), requires_grad=False)

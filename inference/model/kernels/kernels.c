@@ -1,0 +1,125 @@
+/* Kernels for a decode step of one run on a CPU, float32 (loaded by __init__.py).
+
+/* ---------------------------------------------------------------- matrix-vector product
+ * y = W x for one row of activations: a decode step's matrix-vector products.
+ *
+ * A decode step reads every weight once, so its products are bound by memory bandwidth. MKL's
+ * sgemv reaches 13-23 GB/s on SmolLM2's shapes on a 2-core machine whose read bandwidth is
+ * ~28 GB/s; this reads each (out, in) row-major weight as one stream per thread and reaches
+ * 26-34 GB/s (bench/measured/). Each output is the float32 sum of its row's products, in 16
+ * lanes then added up: the same arithmetic as any float32 product, in another order.
+ *
+ * Threads: OpenMP, from the runtime torch already loaded (libgomp.so.1), so torch's ops and
+ * these share one pool. Vector width: GCC's vector extension, lowered to what the CPU has. */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+
+static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline float sum8(v8 v) {
+    float s = 0.0f;
+    for (int k = 0; k < 8; ++k) s += v[k];
+    return s;
+}
+
+/* One output: the dot product of row r (length n) with x. */
+static inline float dot(const float *r, const float *x, int64_t n) {
+    v8 a = {0}, b = {0};
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        a += load8(r + i) * load8(x + i);
+        b += load8(r + i + 8) * load8(x + i + 8);
+    }
+    float s = sum8(a + b);
+    for (; i < n; ++i) s += r[i] * x[i];
+    return s;
+}
+
+/* w: (out, in) with rows `stride` floats apart; x: (in,); y: (out,). Four rows at a time share
+ * each load of x; the rows are split evenly between `threads` threads. */
+void token_lab_gemv(const float *w, const float *x, float *y, int64_t out, int64_t in,
+                    int64_t stride, int threads) {
+    const int64_t quads = out / 4;
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t q = 0; q < quads; ++q) {
+        const int64_t o = 4 * q;
+        const float *r0 = w + o * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
+        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        int64_t i = 0;
+        for (; i + 16 <= in; i += 16) {
+            const v8 x0 = load8(x + i), x1 = load8(x + i + 8);
+            a0 += load8(r0 + i) * x0; b0 += load8(r0 + i + 8) * x1;
+            a1 += load8(r1 + i) * x0; b1 += load8(r1 + i + 8) * x1;
+            a2 += load8(r2 + i) * x0; b2 += load8(r2 + i + 8) * x1;
+            a3 += load8(r3 + i) * x0; b3 += load8(r3 + i + 8) * x1;
+        }
+        float s0 = sum8(a0 + b0), s1 = sum8(a1 + b1), s2 = sum8(a2 + b2), s3 = sum8(a3 + b3);
+        for (; i < in; ++i) {
+            s0 += r0[i] * x[i]; s1 += r1[i] * x[i]; s2 += r2[i] * x[i]; s3 += r3[i] * x[i];
+        }
+        y[o] = s0; y[o + 1] = s1; y[o + 2] = s2; y[o + 3] = s3;
+    }
+    for (int64_t o = 4 * quads; o < out; ++o) y[o] = dot(w + o * stride, x, in);
+}
+
+/* ---------------------------------------------------------------- attention, one query
+ * Attention of one query per head over L keys, float32: a lone run's decode step.
+ *
+ * q: (heads, d); key j of kv head g at k + j * k_pos + g * k_head (likewise v); out: (heads, d).
+ * Query head h reads kv head h / (heads / kv_heads) (grouped-query attention). Scores, softmax
+ * and the weighted sum in float32, like SDPA's CPU kernel; every key is visible (the caller
+ * passes only what the query sees). SDPA's dispatch and its blocking for long queries cost ~100
+ * us a call for one query; this is one pass over the keys and values, heads split between
+ * threads. */
+
+void token_lab_attend_one(const float *q, const float *k, const float *v, float *out,
+                          int64_t L, int64_t k_pos, int64_t k_head, int64_t v_pos, int64_t v_head,
+                          int64_t heads, int64_t kv_heads, int64_t d, float scale, int threads) {
+    const int64_t rep = heads / kv_heads;
+    #pragma omp parallel num_threads(threads)
+    {
+        float *p = malloc(sizeof(float) * (L > 0 ? L : 1));
+        #pragma omp for schedule(static)
+        for (int64_t h = 0; h < heads; ++h) {
+            const float *qh = q + h * d;
+            const float *kh = k + (h / rep) * k_head, *vh = v + (h / rep) * v_head;
+            float m = -INFINITY;
+            for (int64_t j = 0; j < L; ++j) {
+                p[j] = dot(kh + j * k_pos, qh, d) * scale;
+                if (p[j] > m) m = p[j];
+            }
+            float z = 0.0f;
+            for (int64_t j = 0; j < L; ++j) { p[j] = expf(p[j] - m); z += p[j]; }
+            float *o = out + h * d;
+            for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
+            for (int64_t j = 0; j < L; ++j) {
+                const float w = p[j] / z, *vj = vh + j * v_pos;
+                for (int64_t i = 0; i < d; ++i) o[i] += w * vj[i];
+            }
+        }
+        free(p);
+    }
+}
+
+/* ---------------------------------------------------------------- RMSNorm
+ * RMSNorm of n rows of length d, float32: y = x / sqrt(mean(x^2) + eps) * w. torch's CPU
+ * rms_norm is five operators (pow, mean, add, rsqrt, mul) for one decode row. */
+void token_lab_rms_norm(const float *x, const float *w, float *y, int64_t n, int64_t d, float eps) {
+    for (int64_t r = 0; r < n; ++r) {
+        const float *xr = x + r * d;
+        float *yr = y + r * d;
+        v8 a = {0}, b = {0};
+        int64_t i = 0;
+        for (; i + 16 <= d; i += 16) {
+            const v8 x0 = load8(xr + i), x1 = load8(xr + i + 8);
+            a += x0 * x0; b += x1 * x1;
+        }
+        float s = sum8(a + b);
+        for (; i < d; ++i) s += xr[i] * xr[i];
+        const float inv = 1.0f / sqrtf(s / (float)d + eps);
+        for (i = 0; i < d; ++i) yr[i] = xr[i] * inv * w[i];
+    }
+}
