@@ -24,17 +24,13 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import prompts  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
 from inference.model.anatomy import decode_cost  # noqa: E402
 from inference.cli import add_model_args  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
 from inference.sampling.state import RunState  # noqa: E402
 from inference.serving.step_stats import pick  # noqa: E402
-
-FILLER = ("The history of computing is a story of people who wanted to calculate faster. "
-          "Mechanical calculators gave way to relays, relays to vacuum tubes, and tubes to "
-          "transistors, each step making machines smaller, cheaper and more reliable. ")
-
 
 def copy_bandwidth_gbs(device: torch.device, mib: int = 256) -> float:
     """Bytes moved (read + written) per second by a large tensor copy: the memory roofline."""
@@ -107,8 +103,7 @@ def random_engine(name: str, device: str, dtype: str) -> Engine:
 
 
 def prompt_ids(engine: Engine, n: int) -> list[int]:
-    ids = engine.tokenizer.encode(FILLER * (n // 20 + 2), add_bos=False)
-    return ids[:n]
+    return prompts.prompt_ids(engine.tokenizer, n)
 
 
 def peak_rss_mib() -> float:
@@ -161,35 +156,36 @@ def pick_overhead_ms(engine: Engine, top_n: int, n: int = 300) -> float:
     return 1000 * (statistics.median(times[top_n]) - statistics.median(times[0]))
 
 
-def transformers_peer(model_dir: Path | None):
-    """transformers' LlamaForCausalLM on the same weights, float32, or None if not installed."""
+class TransformersPeer:
+    """transformers generate() on the same weights, float32, in a process of its own
+    (bench/peer_transformers.py): measured as it runs best, not beside our loaded engine."""
+
+    def __init__(self, model_dir: Path, tokens: int):
+        import subprocess
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.peer_transformers", str(model_dir), str(tokens)],
+                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.ready = json.loads(self.proc.stdout.readline() or "null")  # after its own warm-up
+        if not self.ready:
+            self.close()
+            raise RuntimeError("the transformers peer did not start")
+
+    def measure(self) -> dict:
+        self.proc.stdin.write("round\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def close(self) -> None:
+        if self.proc.stdin:
+            self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+def transformers_peer(model_dir: Path | None, tokens: int) -> TransformersPeer | None:
+    """The peer, or None without a checkpoint or without transformers installed."""
     if model_dir is None:
         return None
-    try:
-        import transformers
-    except ImportError:
-        return None
-    model = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    return model, Engine.from_hf_dir(model_dir)  # the engine only tokenizes, identically to ours
-
-
-def measure_transformers(peer, tokens: int) -> dict:
-    """generate(): TTFT = a 1-token generation; decode = the extra time of `tokens` tokens."""
-    model, tok_engine = peer
-
-    def run(ids, new):
-        x = torch.tensor([ids])
-        t = time.perf_counter()
-        with torch.inference_mode():
-            model.generate(x, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-        return time.perf_counter() - t
-
-    out = {f"ttft_{n}_ms": 1000 * run(prompt_ids(tok_engine, n), 1) for n in (128, 512)}
-    ids = prompt_ids(tok_engine, 32)
-    one, full = run(ids, 1), run(ids, tokens)
-    out["decode_tok_s"] = (tokens - 1) / (full - one)
-    out["p50_ms"] = out["p95_ms"] = None  # generate() gives no per-step times
-    return out
+    import importlib.util
+    return TransformersPeer(model_dir, tokens) if importlib.util.find_spec("transformers") else None
 
 
 def measure_vllm(url: str, model: str | None, tokenizer_engine: Engine, tokens: int, top_n: int) -> dict:
@@ -239,7 +235,7 @@ def measure_llama_cpp(gguf_path: Path | None, tokens: int) -> dict | None:
     if gguf_path is None:
         return None
     llm = llama_cpp.Llama(str(gguf_path), n_ctx=1024, verbose=False)
-    ids = llm.tokenize(FILLER.encode() * 20)[:512]
+    ids = llm.tokenize(prompts.FILLER.encode() * 20)[:512]
     out = {}
     for n in (128, 512):
         llm.reset()
@@ -271,7 +267,7 @@ def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict:
     from ui.handlers import Handlers
     from ui.layout import build_ui, launch
 
-    c = Controls(prompt=FILLER, temperature=0.0, max_new_tokens=tokens, seed="1")
+    c = Controls(prompt=prompts.FILLER, temperature=0.0, max_new_tokens=tokens, seed="1")
     ids = engine.prompt_ids(c.prompt)
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
     demo = build_ui(engine, Handlers(engine))
@@ -318,14 +314,14 @@ def main(argv=None) -> int:
     device = engine.device
     copy_gbs, read_gbs = copy_bandwidth_gbs(device), read_bandwidth_gbs(device)
     rows = {}
-    peer = transformers_peer(model_dir) if device.type == "cpu" else None
+    peer = transformers_peer(model_dir, args.tokens) if device.type == "cpu" else None
     measure_engine(engine, args.tokens, args.top)  # unmeasured: first passes pay one-time costs
     rounds = {"ours": [], "bare": [], "peer": [], "vllm": []}
     for _ in range(args.repeats):  # one round of each system in turn
         rounds["ours"].append(measure_engine(engine, args.tokens, args.top))
         rounds["bare"].append(measure_engine(engine, args.tokens, 0))
         if peer is not None:
-            rounds["peer"].append(measure_transformers(peer, args.tokens))
+            rounds["peer"].append(peer.measure())
         if args.vllm_url:
             rounds["vllm"].append(measure_vllm(args.vllm_url, args.vllm_model, engine, args.tokens, args.top))
     ours, bare = combine(rounds["ours"]), combine(rounds["bare"])
@@ -342,8 +338,8 @@ def main(argv=None) -> int:
     rows["token-lab"] = ours
     rows["token-lab (no instrumentation)"] = bare
     if peer is not None:
-        rows["transformers generate() fp32"] = combine(rounds["peer"])
-        del peer
+        rows["transformers generate() fp32, own process"] = combine(rounds["peer"])
+        peer.close()
     if rounds["vllm"]:
         rows[f"vLLM server, top-{args.top} log-probabilities"] = combine(rounds["vllm"])
     page = measure_page(engine, args.tokens) if not args.no_page else None
@@ -355,7 +351,7 @@ def main(argv=None) -> int:
 
     quality = vars(info.decode_error) if info.decode_error is not None else None
 
-    base = rows.get("transformers generate() fp32")
+    base = rows.get("transformers generate() fp32, own process")
     ratios = {}
     if base:
         ratios["decode_vs_transformers"] = ours["decode_tok_s"] / base["decode_tok_s"]

@@ -51,6 +51,8 @@ class PagedBatch:
     # Sliding layers' decode mask, (B, 1, 1, context): the run's last `window` positions. Set by
     # the model (Transformer.forward_paged) when a window bites; None: decode_mask serves.
     window_mask: torch.Tensor | None = None
+    # (B,) int64: each decoding run's positions held, its new one included. Set by the model.
+    decode_lengths: torch.Tensor | None = None
 
 
 # ---------------------------------------------------------------- which keys a query sees
@@ -105,6 +107,7 @@ class Attention(nn.Module):
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
         # None: SDPA's own 1/sqrt(head_dim), so families without a scale of their own run as before.
         self.scale = cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None
+        self.softmax_scale = self.head_dim ** -0.5 if self.scale is None else self.scale  # the kernels'
         self.gqa = cfg.n_heads != cfg.n_kv_heads
         # Q, K and V projections fused into one matmul: rows are [q; k; v].
         self.wqkv = Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
@@ -139,7 +142,7 @@ class Attention(nn.Module):
         mask, causal = visible_keys(start_pos, T, end, self.window, x.device)
         out = None
         if bsz == 1 and T == 1 and mask is None:  # one query that sees every key
-            out = self._attend_one(q[0, :, 0], keys[0].transpose(0, 1), values[0].transpose(0, 1))
+            out = kernels.attend_one(q[0, :, 0], keys[0].transpose(0, 1), values[0].transpose(0, 1), self.softmax_scale)
         if out is None:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
                                                  scale=self.scale, enable_gqa=self.gqa)
@@ -180,15 +183,19 @@ class Attention(nn.Module):
             out[row:row + n] = op[0].transpose(0, 1)  # (n, n_heads, head_dim)
         return self.wo(out.reshape(1, N, self.q_dim))
 
-    def _attend_one(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor | None:
-        """q (n_heads, head_dim) over keys and values (L, n_kv_heads, head_dim), every key
-        visible -> (n_heads, head_dim); None where the CPU kernel does not apply."""
-        return kernels.attend_one(q, k, v, self.head_dim ** -0.5 if self.scale is None else self.scale)
-
     def _decode(self, q: torch.Tensor, k_pool, v_pool, batch: PagedBatch) -> torch.Tensor:
         """Attention of B decode rows q (B, n_heads, head_dim), each over its own run's context
-        (batch.decode_blocks): gathered a block at a time, or one run's slots read in place."""
+        (batch.decode_blocks): through its blocks (CPU kernel) or gathered a block at a time, or
+        one run's slots read in place."""
         B, ctx = q.shape[0], batch.decode_blocks
+        lengths = batch.decode_lengths
+        first = (lengths - self.window).clamp_(min=0) if self.window is not None else torch.zeros_like(lengths)
+        if isinstance(ctx, slice):  # one run's keys read in place
+            od = kernels.attend(q, k_pool[ctx], v_pool[ctx], self.softmax_scale, first, lengths)
+        else:  # each run's keys through its blocks, none gathered
+            od = kernels.attend(q, k_pool, v_pool, self.softmax_scale, first, lengths, ctx, BLOCK_SIZE)
+        if od is not None:  # (B, n_heads, head_dim)
+            return od
         if isinstance(ctx, slice):
             kd, vd = k_pool[ctx].unsqueeze(0), v_pool[ctx].unsqueeze(0)  # (1, L, n_kv_heads, head_dim)
         else:
@@ -198,10 +205,6 @@ class Attention(nn.Module):
             kd = k_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
             vd = v_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
         mask = batch.window_mask if self.window is not None and batch.window_mask is not None else batch.decode_mask
-        if B == 1 and mask is None:  # one run's query over all its keys, read in place
-            od = self._attend_one(q[0], kd[0], vd[0])  # (n_heads, head_dim)
-            if od is not None:
-                return od.unsqueeze(0)
         od = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),
                                             attn_mask=mask, scale=self.scale, enable_gqa=self.gqa)
         return od.squeeze(2)  # (B, n_heads, head_dim)

@@ -187,6 +187,8 @@ class Transformer(nn.Module):
         h = self.embed(tokens).unsqueeze(0)  # (1, N, hidden)
         ropes = self._ropes(batch.positions)  # each (N, 1, head_dim): broadcasts over heads
         window = self.cfg.sliding_window
+        if batch.decode_rows is not None:
+            batch.decode_lengths = batch.positions[batch.decode_rows] + 1  # (B,)
         if window is not None and batch.decode_rows is not None and batch.window_mask is None:
             positions = batch.positions[batch.decode_rows]  # (B,)
             if int(positions.max()) >= window:  # a run reaches past its window: sliding layers mask

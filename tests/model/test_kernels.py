@@ -31,6 +31,35 @@ def test_gemv_reads_rows_a_stride_apart_and_refuses_what_it_cannot_read():
     assert kernels.gemv(w.double(), x.double()) is None
 
 
+def test_a_rows_product_gives_each_row_the_bits_it_has_alone():
+    """gemm_rows: every row equal to gemv of that row alone, bit for bit, so a run's numbers do
+    not depend on who else is in the step; and within float32 rounding of the float64 product."""
+    gen = torch.Generator().manual_seed(2)
+    for out, inn in ((960, 576), (37, 1539)):
+        w, x = torch.randn(out, inn, generator=gen), torch.randn(11, inn, generator=gen)
+        together = kernels.gemm_rows(w, x)
+        assert all(torch.equal(together[r], kernels.gemv(w, x[r])) for r in range(11))
+        assert torch.allclose(together.double(), x.double() @ w.double().t(), rtol=1e-5, atol=1e-5)
+
+
+def test_linear_layers_route_few_rows_through_the_kernels(tiny_dirs):
+    """1 to 16 rows read the weight through our kernels; 17 or more (a prefill) oneDNN's copy."""
+    from inference.model.layers import DECODE_ROWS
+    from inference.model.transformer import Linear
+    from inference.serving.engine import Engine
+    model = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32").model
+    head = next(m for m in model.modules() if isinstance(m, Linear))
+    if head.rows_weight is None:
+        pytest.skip("no oneDNN copy in this build of torch")
+    head.rows_weight = torch.ops.mkldnn._reorder_linear_weight(2 * head.weight.detach(), 8)  # marks oneDNN's path
+    gen = torch.Generator().manual_seed(5)
+    with torch.inference_mode():
+        for rows in (1, 2, DECODE_ROWS, DECODE_ROWS + 1):
+            x = torch.randn(1, rows, head.in_features, generator=gen)
+            expected = (x @ head.weight.t()) * (1 if rows <= DECODE_ROWS else 2)
+            assert torch.allclose(head(x), expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("heads, kv_heads, L", [(9, 3, 1), (9, 3, 37), (4, 4, 200), (8, 1, 17)])
 def test_attend_one_equals_sdpa_and_float64(heads, kv_heads, L):
     d = 64
@@ -59,6 +88,27 @@ def test_attend_one_reads_a_static_cache_layout():
     sdpa = F.scaled_dot_product_attention(q[None, :, None], cache_k[None, :, :20], cache_v[None, :, :20],
                                           scale=0.3, enable_gqa=True)[0, :, 0]
     assert (kernels.attend_one(q, k, v, 0.3) - sdpa).abs().max() < 1e-5
+
+
+def test_attention_through_blocks_equals_in_place_bit_for_bit_and_sees_its_window():
+    """Two runs' queries over their blocks of a pool: each the same bits as its keys read in
+    place alone; a window start hides the keys before it, as SDPA with a mask does."""
+    gen = torch.Generator().manual_seed(6)
+    bs, kv_heads, heads, d = 4, 2, 6, 16
+    k_pool, v_pool = torch.randn(40, kv_heads, d, generator=gen), torch.randn(40, kv_heads, d, generator=gen)
+    q = torch.randn(2, heads, d, generator=gen)
+    blocks = torch.tensor([[7, 2, 5], [1, 9, 9]])  # run 1's last block is padding
+    lengths, first = torch.tensor([11, 6]), torch.tensor([0, 2])
+    got = kernels.attend(q, k_pool, v_pool, 0.25, first, lengths, blocks, bs)
+    for b in range(2):
+        slots = torch.cat([torch.arange(blk * bs, blk * bs + bs) for blk in blocks[b].tolist()])[:lengths[b]]
+        alone = kernels.attend(q[b:b + 1], k_pool[slots], v_pool[slots], 0.25, first[b:b + 1], lengths[b:b + 1])
+        assert torch.equal(got[b], alone[0])
+        visible = torch.zeros(1, 1, int(lengths[b]), dtype=torch.bool)
+        visible[..., int(first[b]):] = True
+        sdpa = F.scaled_dot_product_attention(q[b][:, None], k_pool[slots].transpose(0, 1), v_pool[slots].transpose(0, 1),
+                                              attn_mask=visible, scale=0.25, enable_gqa=True)[:, 0]
+        assert (got[b] - sdpa).abs().max() < 1e-5
 
 
 def test_rms_norm_equals_torch():

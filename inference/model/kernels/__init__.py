@@ -80,7 +80,9 @@ def _library() -> ctypes.CDLL | None:
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     signatures = {
         "token_lab_gemv": [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int],
-        "token_lab_attend_one": [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, i64, i64, f32, ctypes.c_int],
+        "token_lab_gemm_rows": [ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int],
+        "token_lab_attend": [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64,
+                             i64, i64, i64, i64, i64, i64, i64, f32, ctypes.c_int],
         "token_lab_rms_norm": [ptr, ptr, ptr, i64, i64, f32],
     }
     for name, args in signatures.items():
@@ -111,20 +113,49 @@ def _f32_cpu(*tensors: torch.Tensor) -> bool:
     return all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors)
 
 
-def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
-    """q (heads, d); k, v (L, kv_heads, d), any strides over L and heads but unit stride over d;
-    -> (heads, d): softmax(q k^T * scale) v for every query head over all L keys."""
+def gemm_rows(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    """weight (out, in), x (rows, in) -> (rows, out) = x @ weight^T, each row the same bits as
+    gemv gives it alone; None where the kernel does not apply."""
     lib = _library()
-    if lib is None or not _f32_cpu(q, k, v) or k.stride(2) != 1 or v.stride(2) != 1:
+    if (lib is None or not _f32_cpu(weight, x) or weight.dim() != 2 or weight.stride(1) != 1
+            or x.dim() != 2 or x.stride(1) != 1):
         return None
-    q = q.contiguous()
-    heads, d = q.shape
-    L, kv_heads, _ = k.shape
-    out = torch.empty(heads, d, dtype=torch.float32)
-    lib.token_lab_attend_one(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), L,
-                             k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads, kv_heads, d,
-                             scale, torch.get_num_threads())
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    lib.token_lab_gemm_rows(weight.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], weight.shape[0],
+                            weight.shape[1], weight.stride(0), x.stride(0), torch.get_num_threads())
+    return y
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first: torch.Tensor,
+           lengths: torch.Tensor, blocks: torch.Tensor | None = None, block_size: int = 1) -> torch.Tensor | None:
+    """One query per row: q (B, heads, d) -> (B, heads, d), softmax(q k^T * scale) v with row b
+    seeing its keys first[b] .. lengths[b] - 1 (int64 (B,) each). Keys and values: with `blocks`
+    (B, nb) int64, each row's blocks of the pool k, v (slots, kv_heads, d) in position order;
+    without, one row's keys (L, kv_heads, d) read in place (any strides but unit over d). A row's
+    output is the same bits either way. None where the kernel does not apply."""
+    lib = _library()
+    if lib is None or not _f32_cpu(q, k, v) or k.stride(-1) != 1 or v.stride(-1) != 1:
+        return None
+    if blocks is not None and blocks.dtype != torch.int64:
+        return None
+    q, first, lengths = q.contiguous(), first.contiguous(), lengths.contiguous()
+    blocks = None if blocks is None else blocks.contiguous()
+    rows, heads, d = q.shape
+    out = torch.empty_like(q)
+    lib.token_lab_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows,
+                         None if blocks is None else blocks.data_ptr(),
+                         0 if blocks is None else blocks.shape[1], block_size,
+                         first.data_ptr(), lengths.data_ptr(), int(lengths.max()),
+                         k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads, k.shape[1], d,
+                         scale, torch.get_num_threads())
     return out
+
+
+def attend_one(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor | None:
+    """q (heads, d) over every key of k, v (L, kv_heads, d) read in place -> (heads, d)."""
+    bounds = torch.tensor([0, k.shape[0]], dtype=torch.int64)
+    out = attend(q.unsqueeze(0), k, v, scale, bounds[:1], bounds[1:])
+    return None if out is None else out[0]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

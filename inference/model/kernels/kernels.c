@@ -1,4 +1,4 @@
-/* Kernels for a decode step of one run on a CPU, float32 (loaded by __init__.py).
+/* Kernels for a decode step on a CPU, float32 (loaded by __init__.py). */
 
 /* ---------------------------------------------------------------- matrix-vector product
  * y = W x for one row of activations: a decode step's matrix-vector products.
@@ -7,7 +7,8 @@
  * sgemv reaches 13-23 GB/s on SmolLM2's shapes on a 2-core machine whose read bandwidth is
  * ~28 GB/s; this reads each (out, in) row-major weight as one stream per thread and reaches
  * 26-34 GB/s (bench/measured/). Each output is the float32 sum of its row's products, in 16
- * lanes then added up: the same arithmetic as any float32 product, in another order.
+ * lanes then added up, the tail with explicit fused multiply-adds (the compiler contracts the
+ * vector ones): one order of arithmetic for every kernel that sums a row.
  *
  * Threads: OpenMP, from the runtime torch already loaded (libgomp.so.1), so torch's ops and
  * these share one pool. Vector width: GCC's vector extension, lowered to what the CPU has. */
@@ -34,7 +35,7 @@ static inline float dot(const float *r, const float *x, int64_t n) {
         b += load8(r + i + 8) * load8(x + i + 8);
     }
     float s = sum8(a + b);
-    for (; i < n; ++i) s += r[i] * x[i];
+    for (; i < n; ++i) s = fmaf(r[i], x[i], s);
     return s;
 }
 
@@ -58,47 +59,94 @@ void token_lab_gemv(const float *w, const float *x, float *y, int64_t out, int64
         }
         float s0 = sum8(a0 + b0), s1 = sum8(a1 + b1), s2 = sum8(a2 + b2), s3 = sum8(a3 + b3);
         for (; i < in; ++i) {
-            s0 += r0[i] * x[i]; s1 += r1[i] * x[i]; s2 += r2[i] * x[i]; s3 += r3[i] * x[i];
+            s0 = fmaf(r0[i], x[i], s0); s1 = fmaf(r1[i], x[i], s1);
+            s2 = fmaf(r2[i], x[i], s2); s3 = fmaf(r3[i], x[i], s3);
         }
         y[o] = s0; y[o + 1] = s1; y[o + 2] = s2; y[o + 3] = s3;
     }
     for (int64_t o = 4 * quads; o < out; ++o) y[o] = dot(w + o * stride, x, in);
 }
 
-/* ---------------------------------------------------------------- attention, one query
- * Attention of one query per head over L keys, float32: a lone run's decode step.
- *
- * q: (heads, d); key j of kv head g at k + j * k_pos + g * k_head (likewise v); out: (heads, d).
- * Query head h reads kv head h / (heads / kv_heads) (grouped-query attention). Scores, softmax
- * and the weighted sum in float32, like SDPA's CPU kernel; every key is visible (the caller
- * passes only what the query sees). SDPA's dispatch and its blocking for long queries cost ~100
- * us a call for one query; this is one pass over the keys and values, heads split between
- * threads. */
+/* Y = X W^T for a few rows of activations (a decode step of several runs): X (rows, in) with
+ * rows x_stride floats apart, Y (rows, out). Each weight row is read from memory once for all
+ * rows of X, and every output is summed exactly as token_lab_gemv sums it (two 8-lane
+ * accumulators over alternate chunks of 8, then the tail): a run's numbers are the same bits
+ * whoever else is in the step. */
+static inline void rows_block(const float *wr, const float *x, int64_t x_stride, float *y,
+                              int64_t y_stride, int64_t in, int n) {
+    v8 a[4] = {{0}}, b[4] = {{0}};
+    int64_t i = 0;
+    for (; i + 16 <= in; i += 16) {
+        const v8 w0 = load8(wr + i), w1 = load8(wr + i + 8);
+        for (int r = 0; r < n; ++r) {
+            a[r] += w0 * load8(x + r * x_stride + i);
+            b[r] += w1 * load8(x + r * x_stride + i + 8);
+        }
+    }
+    for (int r = 0; r < n; ++r) {
+        float s = sum8(a[r] + b[r]);
+        for (int64_t t = i; t < in; ++t) s = fmaf(wr[t], x[r * x_stride + t], s);
+        y[r * y_stride] = s;
+    }
+}
 
-void token_lab_attend_one(const float *q, const float *k, const float *v, float *out,
-                          int64_t L, int64_t k_pos, int64_t k_head, int64_t v_pos, int64_t v_head,
-                          int64_t heads, int64_t kv_heads, int64_t d, float scale, int threads) {
+void token_lab_gemm_rows(const float *w, const float *x, float *y, int64_t rows, int64_t out,
+                         int64_t in, int64_t stride, int64_t x_stride, int threads) {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t o = 0; o < out; ++o) {
+        const float *wr = w + o * stride;
+        int64_t r = 0;
+        for (; r + 4 <= rows; r += 4) rows_block(wr, x + r * x_stride, x_stride, y + r * out + o, out, in, 4);
+        for (; r < rows; ++r) rows_block(wr, x + r * x_stride, x_stride, y + r * out + o, out, in, 1);
+    }
+}
+
+/* ---------------------------------------------------------------- attention, one query
+ * Attention of one query per head over its keys, float32: a decode row.
+ *
+ * Key j of kv head g lies at k + row(j) * k_pos + g * k_head (likewise v), where row(j) = j for
+ * keys read in place, or, through a block table, blocks[j / block_size] * block_size + j %
+ * block_size (the paged pool's slots). Keys `first` .. L-1 are visible (a sliding window starts
+ * past 0). Query head h reads kv head h / (heads / kv_heads) (grouped-query attention). Scores,
+ * softmax and the weighted sum in float32 like SDPA's CPU kernel, in one order whatever the
+ * layout, so a row's output is the same bits read in place or through blocks. SDPA's dispatch
+ * costs ~100 us a call for one query; this is one pass over the keys and values. */
+static void attend_head(const float *qh, const float *k, const float *v, float *o, float *p,
+                        const int64_t *blocks, int64_t block_size, int64_t first, int64_t L,
+                        int64_t k_pos, int64_t v_pos, int64_t d, float scale) {
+    float m = -INFINITY;
+    for (int64_t j = first; j < L; ++j) {
+        const int64_t row = blocks ? blocks[j / block_size] * block_size + j % block_size : j;
+        p[j] = dot(k + row * k_pos, qh, d) * scale;
+        if (p[j] > m) m = p[j];
+    }
+    float z = 0.0f;
+    for (int64_t j = first; j < L; ++j) { p[j] = expf(p[j] - m); z += p[j]; }
+    for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
+    for (int64_t j = first; j < L; ++j) {
+        const int64_t row = blocks ? blocks[j / block_size] * block_size + j % block_size : j;
+        const float w = p[j] / z, *vj = v + row * v_pos;
+        for (int64_t i = 0; i < d; ++i) o[i] += w * vj[i];
+    }
+}
+
+/* rows queries q (rows, heads, d) -> out (rows, heads, d). Row r sees keys first[r] .. L[r]-1
+ * through its block table blocks + r * n_blocks, or (blocks NULL, one row) keys 0 .. L-1 in place. */
+void token_lab_attend(const float *q, const float *k, const float *v, float *out, int64_t rows,
+                      const int64_t *blocks, int64_t n_blocks, int64_t block_size,
+                      const int64_t *first, const int64_t *L, int64_t max_L,
+                      int64_t k_pos, int64_t k_head, int64_t v_pos, int64_t v_head,
+                      int64_t heads, int64_t kv_heads, int64_t d, float scale, int threads) {
     const int64_t rep = heads / kv_heads;
     #pragma omp parallel num_threads(threads)
     {
-        float *p = malloc(sizeof(float) * (L > 0 ? L : 1));
+        float *p = malloc(sizeof(float) * (max_L > 0 ? max_L : 1));
         #pragma omp for schedule(static)
-        for (int64_t h = 0; h < heads; ++h) {
-            const float *qh = q + h * d;
-            const float *kh = k + (h / rep) * k_head, *vh = v + (h / rep) * v_head;
-            float m = -INFINITY;
-            for (int64_t j = 0; j < L; ++j) {
-                p[j] = dot(kh + j * k_pos, qh, d) * scale;
-                if (p[j] > m) m = p[j];
-            }
-            float z = 0.0f;
-            for (int64_t j = 0; j < L; ++j) { p[j] = expf(p[j] - m); z += p[j]; }
-            float *o = out + h * d;
-            for (int64_t i = 0; i < d; ++i) o[i] = 0.0f;
-            for (int64_t j = 0; j < L; ++j) {
-                const float w = p[j] / z, *vj = vh + j * v_pos;
-                for (int64_t i = 0; i < d; ++i) o[i] += w * vj[i];
-            }
+        for (int64_t rh = 0; rh < rows * heads; ++rh) {
+            const int64_t r = rh / heads, h = rh % heads, g = h / rep;
+            attend_head(q + rh * d, k + g * k_head, v + g * v_head, out + rh * d, p,
+                        blocks ? blocks + r * n_blocks : NULL, block_size, first[r], L[r],
+                        k_pos, v_pos, d, scale);
         }
         free(p);
     }
