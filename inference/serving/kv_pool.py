@@ -28,18 +28,21 @@ def blocks_for(positions: int) -> int:
 class KVPool:
     """Keys and values of every layer for n_blocks blocks, and which blocks are free.
 
-    k, v: (n_layers, n_blocks * BLOCK_SIZE, n_kv_heads, head_dim): a layer's slots in one
+    k, v: (n_layers, (n_blocks + 1) * BLOCK_SIZE, n_kv_heads, head_dim): a layer's slots in one
     tensor, so writing new positions is one index_copy_ and gathering a run's is one index.
     """
 
     def __init__(self, cfg: ModelConfig, n_blocks: int, device: torch.device, dtype: torch.dtype):
         if n_blocks < 1:
             raise ValueError("the KV pool needs at least one block")
-        shape = (cfg.n_layers, n_blocks * BLOCK_SIZE, cfg.n_kv_heads, cfg.head_dim)
+        # One block more than handed out: the scratch block, which the padding rows of a
+        # fixed-shape step (static_step.py) write and read, and no run owns.
+        shape = (cfg.n_layers, (n_blocks + 1) * BLOCK_SIZE, cfg.n_kv_heads, cfg.head_dim)
         # empty, not zeros: untouched pages cost no memory until a run writes them.
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.n_blocks = n_blocks
+        self.scratch_block = n_blocks
         self.bytes_per_block = BLOCK_SIZE * cfg.kv_bytes_per_token(self.k.element_size())
         self._free = list(range(n_blocks - 1, -1, -1))  # pop() hands out low blocks first
         self._lock = threading.Lock()

@@ -43,7 +43,7 @@ def footprint_of(engine) -> Footprint:
               for c in (getattr(m, "decode_weight", None), getattr(m, "rows_weight", None)) if c is not None}
     weights += sum(c.numel() * c.element_size() for c in copies.values())
     pool = engine.scheduler.pool
-    return Footprint(weights, pool.n_blocks * pool.bytes_per_block)
+    return Footprint(weights, pool.k.numel() * pool.k.element_size() + pool.v.numel() * pool.v.element_size())
 
 
 class Models:

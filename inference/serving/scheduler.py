@@ -27,6 +27,7 @@ from inference.model.transformer import PagedBatch, Transformer
 from inference.sampling.params import SamplingParams
 from inference.sampling.state import RunState
 from inference.serving.step_stats import RowSampling, StepInfo, candidates, pick_rows
+from inference.serving.static_step import StaticDecode, bucket_for
 from inference.serving.stop import StopMatcher
 
 
@@ -71,9 +72,14 @@ class Scheduler:
     """Owns the model's forward passes and the KV pool; runs a thread that steps every run."""
 
     def __init__(self, model: Transformer, tokenizer, eos_ids: set[int], pool: KVPool,
-                 prefill_chunk: int | None = None):
+                 prefill_chunk: int | None = None, static_decode: bool | None = None):
         self.model, self.tokenizer, self.eos_ids, self.pool = model, tokenizer, eos_ids, pool
         self.prefill_chunk = prefill_chunk or (1024 if model.device.type == "cuda" else 128)
+        # Steps of decoding runs only, over fixed buffers replayed as CUDA graphs (static_step.py);
+        # by default on CUDA, where a step is otherwise launch-bound. On a CPU the eager step is
+        # as fast (nothing to launch) and its lone run reads its keys in place.
+        on = model.device.type == "cuda" if static_decode is None else static_decode
+        self.static = StaticDecode(model, pool) if on else None
         self._waiting: deque[Run] = deque()
         self._active: list[Run] = []
         self._reserved = 0  # blocks promised to admitted runs
@@ -254,16 +260,12 @@ class Scheduler:
                 reading.append(run)
         if not tokens:
             return
-        batch = PagedBatch(
-            positions=torch.tensor(positions, device=dev), write_slots=torch.cat(slots),
-            decode_rows=None, decode_blocks=None, decode_mask=None, prefills=prefills,
-            logit_rows=torch.tensor([row for row, _ in sampling], dtype=torch.long, device=dev))
-        if decode:
-            batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
-            batch.decode_blocks, batch.decode_mask = self._decode_context(decode, dev)
         try:
             with torch.inference_mode():
-                logits = self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k, self.pool.v)
+                if self.static is not None and not prefills and bucket_for(len(decode)):
+                    logits = self.static(tokens, positions, *self._static_rows(decode))
+                else:
+                    logits = self._forward(tokens, positions, slots, decode, prefills, sampling)
                 runs = [run for _, run in sampling]
                 infos = pick_rows(logits, [RowSampling(r.params, r.state, r.generator, r.top_n) for r in runs])
             for run, info in zip(runs, infos):
@@ -280,6 +282,29 @@ class Scheduler:
         except Exception as e:  # handed to each run's caller, who reports it; the scheduler goes on
             for run in active:
                 self._fail(run, e)
+
+    def _forward(self, tokens, positions, slots, decode, prefills, sampling) -> torch.Tensor:
+        """The eager step: any mix of decode rows and prompt chunks."""
+        dev = self.model.device
+        batch = PagedBatch(
+            positions=torch.tensor(positions, device=dev), write_slots=torch.cat(slots),
+            decode_rows=None, decode_blocks=None, decode_mask=None, prefills=prefills,
+            logit_rows=torch.tensor([row for row, _ in sampling], dtype=torch.long, device=dev))
+        if decode:
+            batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
+            batch.decode_blocks, batch.decode_mask = self._decode_context(decode, dev)
+        return self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k, self.pool.v)
+
+    @staticmethod
+    def _static_rows(decode: list[tuple[int, Run, int]]) -> tuple[list[int], list[list[int]]]:
+        """Each decoding run's write slot and blocks, from the host's block tables (no read of
+        a device tensor: the fixed-shape step makes no host sync)."""
+        slots, blocks = [], []
+        for _, run, n in decode:
+            held = run.table.blocks[:blocks_for(n)]
+            slots.append(held[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE)
+            blocks.append(held)
+        return slots, blocks
 
     @staticmethod
     def _decode_context(decode: list[tuple[int, Run, int]], dev) -> tuple[torch.Tensor | slice, torch.Tensor | None]:
