@@ -12,6 +12,7 @@ sampling only its own generator.
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -75,10 +76,10 @@ class Scheduler:
                  prefill_chunk: int | None = None, static_decode: bool | None = None):
         self.model, self.tokenizer, self.eos_ids, self.pool = model, tokenizer, eos_ids, pool
         self.prefill_chunk = prefill_chunk or (1024 if model.device.type == "cuda" else 128)
-        # Steps of decoding runs only, over fixed buffers replayed as CUDA graphs (static_step.py);
-        # by default on CUDA, where a step is otherwise launch-bound. On a CPU the eager step is
-        # as fast (nothing to launch) and its lone run reads its keys in place.
-        on = model.device.type == "cuda" if static_decode is None else static_decode
+        # Steps of decoding runs only, over fixed buffers replayed as CUDA graphs (static_step.py),
+        # with TOKEN_LAB_CUDA_GRAPHS=1: checked against the eager step on a CPU, not yet measured
+        # on a GPU, so off by default. (On a CPU the eager step is as fast: nothing to launch.)
+        on = os.environ.get("TOKEN_LAB_CUDA_GRAPHS") == "1" if static_decode is None else static_decode
         self.static = StaticDecode(model, pool) if on else None
         self._waiting: deque[Run] = deque()
         self._active: list[Run] = []
