@@ -13,7 +13,7 @@ from torch import nn
 from inference.model import kernels
 from inference.model.config import ModelConfig
 from inference.model.kv_cache import BLOCK_SIZE
-from inference.model.layers import Linear, RMSNorm
+from inference.model.layers import DECODE_ROWS, Linear, RMSNorm
 from inference.model.rope import apply_rope
 
 
@@ -164,9 +164,18 @@ class Attention(nn.Module):
         """x (1, N, hidden): rows of several runs (see PagedBatch); k_pool, v_pool: this
         layer's (slots, n_kv_heads, head_dim)."""
         _, N, _ = x.shape
-        q, k, v = (t[0] for t in self.project(x, cos, sin))  # (N, heads | kv_heads, head_dim)
-        k_pool.index_copy_(0, batch.write_slots, k)
-        v_pool.index_copy_(0, batch.write_slots, v)
+        q = None
+        if N <= DECODE_ROWS and self.q_norm is None and kernels.available():  # a decode step's rows
+            qkv = self.wqkv(x)[0]  # (N, q_dim + 2 kv_dim)
+            if self.bqkv is not None:
+                qkv = qkv + self.bqkv
+            # q (N, heads, head_dim) rotated; k rotated and v written to their slots, in one call
+            q = kernels.rope_store(qkv, cos.reshape(N, -1), sin.reshape(N, -1), k_pool, v_pool,
+                                   batch.write_slots, self.n_heads)
+        if q is None:
+            q, k, v = (t[0] for t in self.project(x, cos, sin))  # (N, heads | kv_heads, head_dim)
+            k_pool.index_copy_(0, batch.write_slots, k)
+            v_pool.index_copy_(0, batch.write_slots, v)
         if not batch.prefills:  # every row is a decoding run's new token, in order
             out = self._decode(q, k_pool, v_pool, batch)
             return self.wo(out.view(1, N, self.q_dim))

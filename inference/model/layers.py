@@ -82,11 +82,16 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ffn_dim = cfg.intermediate_size
-        self.act = F.silu if cfg.activation == "silu" else partial(F.gelu, approximate="tanh")
+        self.gelu = cfg.activation != "silu"
+        self.act = partial(F.gelu, approximate="tanh") if self.gelu else F.silu
         # Gate and up projections fused: rows are [gate; up].
         self.w13 = Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.w2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.w13(x).split(self.ffn_dim, dim=-1)  # each (bsz, T, ffn_dim)
-        return self.w2(self.act(gate).mul_(up))
+        h = self.w13(x)  # (bsz, T, 2 ffn_dim): [gate | up]
+        y = kernels.glu(h, self.gelu) if h.numel() <= DECODE_ROWS * h.shape[-1] else None  # a decode step's rows
+        if y is None:
+            gate, up = h.split(self.ffn_dim, dim=-1)  # each (bsz, T, ffn_dim)
+            y = self.act(gate).mul_(up)
+        return self.w2(y)

@@ -155,3 +155,32 @@ def test_without_a_compiler_nothing_is_built_and_torch_serves(monkeypatch, tmp_p
         monkeypatch.undo()
         kernels._library.cache_clear()
     assert kernels.available()
+
+
+def test_rope_store_equals_torch_rotation_and_writes_only_its_slots():
+    from inference.model.rope import apply_rope
+    gen = torch.Generator().manual_seed(7)
+    n, heads, kv_heads, d = 3, 6, 2, 16
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=gen)
+    cos, ssin = torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)
+    k_pool, v_pool = torch.randn(20, kv_heads, d, generator=gen), torch.randn(20, kv_heads, d, generator=gen)
+    k_before, v_before = k_pool.clone(), v_pool.clone()
+    slots = torch.tensor([17, 2, 9])
+    q = kernels.rope_store(qkv, cos, ssin, k_pool, v_pool, slots, heads)
+    parts = qkv.view(n, heads + 2 * kv_heads, d)
+    rotated = apply_rope(parts[:, :heads + kv_heads], cos[:, None], ssin[:, None])  # (n, heads + kv_heads, d)
+    assert torch.allclose(q, rotated[:, :heads], rtol=1e-6, atol=1e-6)
+    assert torch.allclose(k_pool[slots], rotated[:, heads:], rtol=1e-6, atol=1e-6)
+    assert torch.equal(v_pool[slots], parts[:, heads + kv_heads:])
+    others = torch.ones(20, dtype=torch.bool)
+    others[slots] = False
+    assert torch.equal(k_pool[others], k_before[others]) and torch.equal(v_pool[others], v_before[others])
+
+
+@pytest.mark.parametrize("gelu", [False, True])
+def test_glu_equals_torch(gelu):
+    gen = torch.Generator().manual_seed(8)
+    x = torch.randn(2, 1, 2 * 77, generator=gen) * 4
+    gate, up = x.split(77, dim=-1)
+    act = F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)
+    assert torch.allclose(kernels.glu(x, gelu), act * up, rtol=1e-5, atol=1e-6)

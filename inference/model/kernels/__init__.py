@@ -1,9 +1,10 @@
 """Hand-written CPU kernels for a decode step of one run, compiled on first use with the
 machine's C compiler and cached (kernels.c).
 
-Only where torch's own operator is measurably short of the hardware on one row of float32
-activations: `gemv` (MKL runs SmolLM2's matrix-vector products at 50-80% of the read bandwidth),
-`attend_one` (SDPA costs ~100 us a call for one query) and `rms_norm` (five operators on CPU).
+Only where torch's own operators are measurably short of the hardware on a decode step's few rows
+of float32 activations: `gemv` and `gemm_rows` (MKL runs SmolLM2's matrix-vector products at
+50-80% of the read bandwidth), `attend` (SDPA costs ~100 us a call for one query), and where a
+row takes several small operators: `rms_norm` (five), `rope_store` (seven), `glu` (three).
 Each returns None where it does not apply (another dtype, device or layout), and every one of
 them where there is no C compiler or TOKEN_LAB_KERNELS=0: callers then use torch's operators,
 the same float32 arithmetic in another order, only slower.
@@ -84,6 +85,8 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_attend": [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64,
                              i64, i64, i64, i64, i64, i64, i64, f32, ctypes.c_int],
         "token_lab_rms_norm": [ptr, ptr, ptr, i64, i64, f32],
+        "token_lab_rope_store": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64],
+        "token_lab_glu": [ptr, ptr, i64, i64, ctypes.c_int],
     }
     for name, args in signatures.items():
         getattr(lib, name).argtypes = args
@@ -166,4 +169,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     y = torch.empty_like(x)
     d = x.shape[-1]
     lib.token_lab_rms_norm(x.data_ptr(), weight.data_ptr(), y.data_ptr(), x.numel() // d, d, eps)
+    return y
+
+
+def rope_store(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_pool: torch.Tensor,
+               v_pool: torch.Tensor, slots: torch.Tensor, heads: int) -> torch.Tensor | None:
+    """qkv (n, (heads + 2 kv_heads) * d) -> q (n, heads, d) rotated; k rotated and v written to
+    the pool (slots, kv_heads, d) at slots (n,) int64. cos, signed_sin: (n, d) tables."""
+    lib = _library()
+    if (lib is None or not _f32_cpu(qkv, cos, signed_sin, k_pool, v_pool) or slots.dtype != torch.int64
+            or not all(t.is_contiguous() for t in (qkv, cos, signed_sin, k_pool, v_pool, slots))):
+        return None
+    n, (kv_heads, d) = qkv.shape[0], k_pool.shape[1:]
+    q = torch.empty(n, heads, d, dtype=torch.float32)
+    lib.token_lab_rope_store(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), q.data_ptr(),
+                             k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), n, heads, kv_heads, d)
+    return q
+
+
+def glu(x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
+    """x (..., 2f) = [gate | up] -> (..., f) = act(gate) * up (SiLU, or tanh GELU with gelu)."""
+    lib = _library()
+    if lib is None or not _f32_cpu(x) or not x.is_contiguous():
+        return None
+    f = x.shape[-1] // 2
+    y = torch.empty(*x.shape[:-1], f, dtype=torch.float32)
+    lib.token_lab_glu(x.data_ptr(), y.data_ptr(), x.numel() // (2 * f), f, int(gelu))
     return y

@@ -171,3 +171,43 @@ void token_lab_rms_norm(const float *x, const float *w, float *y, int64_t n, int
         for (i = 0; i < d; ++i) yr[i] = xr[i] * inv * w[i];
     }
 }
+
+/* ---------------------------------------------------------------- RoPE, and the cache write
+ * Rows of a fused q/k/v projection, qkv (n, (heads + 2 kv_heads) * d): each q and k head rotated
+ * by its row's tables, cos and signed_sin (n, d) ("rotate half": dimension i pairs with
+ * i + d/2, x * cos + roll(x, d/2) * signed_sin), q into q_out (n, heads, d), k and v into the
+ * pool's slot for the row (k_pool, v_pool: (slots, kv_heads, d)). Seven operators of torch's for
+ * a decode row, in one pass. */
+static inline void rotate(const float *x, const float *c, const float *s, float *out, int64_t d) {
+    const int64_t half = d / 2;
+    for (int64_t i = 0; i < d; ++i) out[i] = x[i] * c[i] + x[(i + half) % d] * s[i];
+}
+
+void token_lab_rope_store(const float *qkv, const float *cos, const float *signed_sin, float *q_out,
+                          float *k_pool, float *v_pool, const int64_t *slots, int64_t n,
+                          int64_t heads, int64_t kv_heads, int64_t d) {
+    const int64_t width = (heads + 2 * kv_heads) * d;
+    for (int64_t r = 0; r < n; ++r) {
+        const float *row = qkv + r * width, *c = cos + r * d, *s = signed_sin + r * d;
+        for (int64_t h = 0; h < heads; ++h) rotate(row + h * d, c, s, q_out + (r * heads + h) * d, d);
+        float *k = k_pool + slots[r] * kv_heads * d, *v = v_pool + slots[r] * kv_heads * d;
+        for (int64_t g = 0; g < kv_heads; ++g) rotate(row + (heads + g) * d, c, s, k + g * d, d);
+        memcpy(v, row + (heads + kv_heads) * d, sizeof(float) * kv_heads * d);
+    }
+}
+
+/* ---------------------------------------------------------------- gated activation
+ * x (n, 2f) = [gate | up] -> y (n, f) = act(gate) * up: SiLU (gelu 0) or tanh-approximated GELU
+ * (gelu 1, Gemma's GeGLU). */
+void token_lab_glu(const float *x, float *y, int64_t n, int64_t f, int gelu) {
+    for (int64_t r = 0; r < n; ++r) {
+        const float *g = x + r * 2 * f, *u = g + f;
+        float *o = y + r * f;
+        for (int64_t i = 0; i < f; ++i) {
+            const float a = g[i];
+            const float act = gelu ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
+                                   : a / (1.0f + expf(-a));
+            o[i] = act * u[i];
+        }
+    }
+}
