@@ -31,8 +31,9 @@ class Linear(nn.Linear):
     A few rows times every weight matrix (decode steps, the LM head) are bound by the bytes of
     weight read; many rows (a prefill) by arithmetic, which is fastest in float32 on CPUs
     without bf16 units. With `decode_weight` set, inputs of at most DECODE_ROWS rows use it.
-    With `rows_weight` set (oneDNN's layout, Transformer.keep_rows_copies), inputs of two rows
-    or more use it; one row always reads `weight`.
+    Otherwise up to DECODE_ROWS rows read `weight` through our kernels where they are built
+    (kernels/), and, with `rows_weight` set (oneDNN's layout, Transformer.keep_rows_copies),
+    more rows (or two or more without our kernels) use that copy; one row always reads `weight`.
     """
 
     decode_weight: torch.Tensor | None = None

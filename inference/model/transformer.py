@@ -91,15 +91,12 @@ class Transformer(nn.Module):
         return model.eval()
 
     def store_weights_transposed(self) -> None:
-        """Keep each linear weight (out, in) with its memory laid out as (in, out): the same
-        values and shape, a column-major copy. x @ W^T then reads W^T contiguously, and MKL's
-        products for a decode step's few rows run about 12% faster (30 layers and the LM head
-        of SmolLM2, 1 and 8 rows, interleaved runs on a 2-core Xeon). A tied embedding table
-        shares the LM head's copy; looking rows up in it costs 2 ms for 512 tokens. Each weight
-        is copied once and its first copy freed (if nothing else holds it): SmolLM2's engine
-        holds 894 MiB resident after loading, against 918 MiB with the weights as read (1,414
-        MiB with the copies for several rows, keep_rows_copies)."""
-        # Our matrix-vector kernel reads the weights as stored, row by row (kernels/gemv.c).
+        """Copy each weight out of the checkpoint file into the layout its few-row products read
+        fastest: row-major as read for our kernels (kernels/kernels.c streams rows), or, where
+        they are not built, column-major ((out, in) with its memory laid out as (in, out): MKL's
+        products for a decode step's few rows ran about 12% faster on it). A tied embedding
+        table shares the LM head's copy. Each weight is copied once and its first copy freed
+        (if nothing else holds it), so no tensor keeps the mapped file."""
         transpose = not kernels.available()
         for module in self.modules():
             if isinstance(module, Linear) and module.weight.is_contiguous():
