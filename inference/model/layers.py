@@ -15,6 +15,9 @@ from inference.model.config import ModelConfig
 
 # ---------------------------------------------------------------- linear layers, per phase
 DECODE_ROWS = 16  # inputs of at most this many rows are bound by the bytes of weight read
+# Products of at most this many rows go through our kernels (each row the same bits as alone);
+# more through oneDNN's copy, which ran 16 rows faster (bench/measured/cpu-kernels-*.md).
+KERNEL_ROWS = 8
 ROWS_HINT = 8  # the row count oneDNN's blocked layout is chosen for (any count runs on it)
 # oneDNN, and ideep above it, keep the kernel compiled for each shape of product run (rows,
 # in, out), about 0.7 MiB each on a 2-core AVX-512 Xeon, up to 1,024 of each by default: every
@@ -31,7 +34,7 @@ class Linear(nn.Linear):
     A few rows times every weight matrix (decode steps, the LM head) are bound by the bytes of
     weight read; many rows (a prefill) by arithmetic, which is fastest in float32 on CPUs
     without bf16 units. With `decode_weight` set, inputs of at most DECODE_ROWS rows use it.
-    Otherwise up to DECODE_ROWS rows read `weight` through our kernels where they are built
+    Otherwise up to KERNEL_ROWS rows read `weight` through our kernels where they are built
     (kernels/), and, with `rows_weight` set (oneDNN's layout, Transformer.keep_rows_copies),
     more rows (or two or more without our kernels) use that copy; one row always reads `weight`.
     """
@@ -50,8 +53,8 @@ class Linear(nn.Linear):
                 if y is None:
                     y = torch.mv(self.weight, x.reshape(-1))
                 return y.view(*x.shape[:-1], -1)  # (..., out_features)
-            y = kernels.gemm_rows(self.weight, x.reshape(rows, x.shape[-1])) if rows else None  # (rows, out_features)
-            if y is not None:  # each row the same bits as alone: whoever else runs
+            y = kernels.gemm_rows(self.weight, x.reshape(rows, x.shape[-1])) if 0 < rows <= KERNEL_ROWS else None
+            if y is not None:  # (rows, out_features), each row the same bits as alone: whoever else runs
                 return y.view(*x.shape[:-1], -1)
         if self.rows_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.rows_weight, None, "none", [], "")

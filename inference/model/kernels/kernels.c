@@ -6,9 +6,9 @@
  * A decode step reads every weight once, so its products are bound by memory bandwidth. MKL's
  * sgemv reaches 13-23 GB/s on SmolLM2's shapes on a 2-core machine whose read bandwidth is
  * ~28 GB/s; this reads each (out, in) row-major weight as one stream per thread and reaches
- * 26-34 GB/s (bench/measured/). Each output is the float32 sum of its row's products, in 16
- * lanes then added up, the tail with explicit fused multiply-adds (the compiler contracts the
- * vector ones): one order of arithmetic for every kernel that sums a row.
+ * 26-34 GB/s (bench/measured/). Each output is the float32 sum of its row's products in 8
+ * lanes then added up, the tail after, with fused multiply-adds throughout: one order and one
+ * rounding of arithmetic for every kernel that sums a row.
  *
  * Threads: OpenMP, from the runtime torch already loaded (libgomp.so.1), so torch's ops and
  * these share one pool. Vector width: GCC's vector extension, lowered to what the CPU has. */
@@ -20,6 +20,14 @@
 typedef float v8 __attribute__((vector_size(32)));
 
 static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+/* a * b + c in each lane, rounded once: written out (the file is compiled with
+ * -ffp-contract=off) so that every kernel rounds the same way, whatever the compiler would
+ * have contracted; GCC makes it one vector FMA where the CPU has them. */
+static inline v8 fma8(v8 a, v8 b, v8 c) {
+    v8 r;
+    for (int l = 0; l < 8; ++l) r[l] = fmaf(a[l], b[l], c[l]);
+    return r;
+}
 static inline float sum8(v8 v) {
     float s = 0.0f;
     for (int k = 0; k < 8; ++k) s += v[k];
@@ -28,13 +36,10 @@ static inline float sum8(v8 v) {
 
 /* One output: the dot product of row r (length n) with x. */
 static inline float dot(const float *r, const float *x, int64_t n) {
-    v8 a = {0}, b = {0};
+    v8 a = {0};
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        a += load8(r + i) * load8(x + i);
-        b += load8(r + i + 8) * load8(x + i + 8);
-    }
-    float s = sum8(a + b);
+    for (; i + 8 <= n; i += 8) a = fma8(load8(r + i), load8(x + i), a);
+    float s = sum8(a);
     for (; i < n; ++i) s = fmaf(r[i], x[i], s);
     return s;
 }
@@ -48,16 +53,16 @@ void token_lab_gemv(const float *w, const float *x, float *y, int64_t out, int64
     for (int64_t q = 0; q < quads; ++q) {
         const int64_t o = 4 * q;
         const float *r0 = w + o * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
-        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, b0 = {0}, b1 = {0}, b2 = {0}, b3 = {0};
+        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
         int64_t i = 0;
-        for (; i + 16 <= in; i += 16) {
-            const v8 x0 = load8(x + i), x1 = load8(x + i + 8);
-            a0 += load8(r0 + i) * x0; b0 += load8(r0 + i + 8) * x1;
-            a1 += load8(r1 + i) * x0; b1 += load8(r1 + i + 8) * x1;
-            a2 += load8(r2 + i) * x0; b2 += load8(r2 + i + 8) * x1;
-            a3 += load8(r3 + i) * x0; b3 += load8(r3 + i + 8) * x1;
+        for (; i + 8 <= in; i += 8) {
+            const v8 xv = load8(x + i);
+            a0 = fma8(load8(r0 + i), xv, a0);
+            a1 = fma8(load8(r1 + i), xv, a1);
+            a2 = fma8(load8(r2 + i), xv, a2);
+            a3 = fma8(load8(r3 + i), xv, a3);
         }
-        float s0 = sum8(a0 + b0), s1 = sum8(a1 + b1), s2 = sum8(a2 + b2), s3 = sum8(a3 + b3);
+        float s0 = sum8(a0), s1 = sum8(a1), s2 = sum8(a2), s3 = sum8(a3);
         for (; i < in; ++i) {
             s0 = fmaf(r0[i], x[i], s0); s1 = fmaf(r1[i], x[i], s1);
             s2 = fmaf(r2[i], x[i], s2); s3 = fmaf(r3[i], x[i], s3);
@@ -68,36 +73,45 @@ void token_lab_gemv(const float *w, const float *x, float *y, int64_t out, int64
 }
 
 /* Y = X W^T for a few rows of activations (a decode step of several runs): X (rows, in) with
- * rows x_stride floats apart, Y (rows, out). Each weight row is read from memory once for all
- * rows of X, and every output is summed exactly as token_lab_gemv sums it (two 8-lane
- * accumulators over alternate chunks of 8, then the tail): a run's numbers are the same bits
- * whoever else is in the step. */
-static inline void rows_block(const float *wr, const float *x, int64_t x_stride, float *y,
-                              int64_t y_stride, int64_t in, int n) {
+ * rows x_stride floats apart, Y (rows, out). Two weight rows at a time are read from memory
+ * once for up to four rows of X (each load of X serves both), and every output is summed
+ * exactly as token_lab_gemv sums it (one 8-lane accumulator, then the tail): a run's numbers
+ * are the same bits whoever else is in the step. */
+static inline void rows_block(const float *w0, const float *w1, const float *x, int64_t x_stride,
+                              float *y, int64_t y_stride, int64_t in, int pair, int n) {
     v8 a[4] = {{0}}, b[4] = {{0}};
     int64_t i = 0;
-    for (; i + 16 <= in; i += 16) {
-        const v8 w0 = load8(wr + i), w1 = load8(wr + i + 8);
+    for (; i + 8 <= in; i += 8) {
+        const v8 v0 = load8(w0 + i), v1 = pair ? load8(w1 + i) : v0;
         for (int r = 0; r < n; ++r) {
-            a[r] += w0 * load8(x + r * x_stride + i);
-            b[r] += w1 * load8(x + r * x_stride + i + 8);
+            const v8 xv = load8(x + r * x_stride + i);
+            a[r] = fma8(v0, xv, a[r]);
+            if (pair) b[r] = fma8(v1, xv, b[r]);
         }
     }
     for (int r = 0; r < n; ++r) {
-        float s = sum8(a[r] + b[r]);
-        for (int64_t t = i; t < in; ++t) s = fmaf(wr[t], x[r * x_stride + t], s);
+        const float *xr = x + r * x_stride;
+        float s = sum8(a[r]), t = sum8(b[r]);
+        for (int64_t k = i; k < in; ++k) {
+            s = fmaf(w0[k], xr[k], s);
+            if (pair) t = fmaf(w1[k], xr[k], t);
+        }
         y[r * y_stride] = s;
+        if (pair) y[r * y_stride + 1] = t;
     }
 }
 
 void token_lab_gemm_rows(const float *w, const float *x, float *y, int64_t rows, int64_t out,
                          int64_t in, int64_t stride, int64_t x_stride, int threads) {
+    const int64_t pairs = (out + 1) / 2;
     #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t o = 0; o < out; ++o) {
-        const float *wr = w + o * stride;
+    for (int64_t p = 0; p < pairs; ++p) {
+        const int64_t o = 2 * p;
+        const int pair = o + 1 < out;
+        const float *w0 = w + o * stride, *w1 = w0 + (pair ? stride : 0);
         int64_t r = 0;
-        for (; r + 4 <= rows; r += 4) rows_block(wr, x + r * x_stride, x_stride, y + r * out + o, out, in, 4);
-        for (; r < rows; ++r) rows_block(wr, x + r * x_stride, x_stride, y + r * out + o, out, in, 1);
+        for (; r + 4 <= rows; r += 4) rows_block(w0, w1, x + r * x_stride, x_stride, y + r * out + o, out, in, pair, 4);
+        for (; r < rows; ++r) rows_block(w0, w1, x + r * x_stride, x_stride, y + r * out + o, out, in, pair, 1);
     }
 }
 
