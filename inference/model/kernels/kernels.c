@@ -5,17 +5,103 @@
  *
  * A decode step reads every weight once, so its products are bound by memory bandwidth. MKL's
  * sgemv reaches 13-23 GB/s on SmolLM2's shapes on a 2-core machine whose read bandwidth is
- * ~28 GB/s; this reads each (out, in) row-major weight as one stream per thread and reaches
- * 26-34 GB/s (bench/measured/). Each output is the float32 sum of its row's products in 8
- * lanes then added up, the tail after, with fused multiply-adds throughout: one order and one
- * rounding of arithmetic for every kernel that sums a row.
+ * ~28 GB/s; this reads each (out, in) row-major weight as one stream per thread (see
+ * token_lab_gemm_rows). Each output is the float32 sum of its row's products in dot()'s order,
+ * with fused multiply-adds throughout: one order and one rounding of arithmetic for every
+ * kernel that sums a row.
  *
- * Threads: OpenMP, from the runtime torch already loaded (libgomp.so.1), so torch's ops and
- * these share one pool. Vector width: GCC's vector extension, lowered to what the CPU has. */
+ * Vector width: GCC's vector extension, lowered to what the CPU has. Threads: see split(). */
 #include <math.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+/* ---------------------------------------------------------------- two threads, work stolen back
+ * A product splits its rows in two: the calling thread does the first half and offers the second
+ * to one helper thread. If the helper has not taken it by the time the caller is done (it was
+ * asleep, or the machine is busy with other work and it is not running), the caller takes it
+ * back and does it too. An OpenMP team instead waits at its barrier for every thread: with other
+ * processes on the cores, a product waited for a descheduled thread's time slice, and ran ten
+ * times slower than on one thread (measured on 2 busy cores). The helper spins briefly between
+ * products (a decode step calls one every ~0.1 ms), then sleeps. One caller at a time uses it;
+ * another runs its product alone. */
+typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
+
+typedef struct {
+    range_fn fn;
+    void *ctx;
+    int64_t begin, end;
+    atomic_int done;
+} job_t;
+
+static _Atomic(job_t *) offered;
+static atomic_flag in_use = ATOMIC_FLAG_INIT;
+static atomic_int helper_asleep;
+static pthread_mutex_t helper_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t helper_wake = PTHREAD_COND_INITIALIZER;
+static pthread_once_t helper_once = PTHREAD_ONCE_INIT;
+static int helper_ok;
+
+static inline void relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static void *helper(void *unused) {
+    (void)unused;
+    for (;;) {
+        job_t *job = NULL;
+        for (int spin = 0; spin < 20000 && !(job = atomic_exchange(&offered, NULL)); ++spin) relax();
+        if (!job) {
+            pthread_mutex_lock(&helper_lock);
+            atomic_store(&helper_asleep, 1);
+            while (!(job = atomic_exchange(&offered, NULL))) pthread_cond_wait(&helper_wake, &helper_lock);
+            atomic_store(&helper_asleep, 0);
+            pthread_mutex_unlock(&helper_lock);
+        }
+        job->fn(job->ctx, job->begin, job->end);
+        atomic_store(&job->done, 1);  /* the last touch: the caller may return at once */
+    }
+    return NULL;
+}
+
+static void start_helper(void) {
+    pthread_t t;
+    pthread_attr_t attr;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    helper_ok = pthread_create(&t, &attr, helper, NULL) == 0;
+    pthread_attr_destroy(&attr);
+}
+
+/* fn over [0, n): two halves on two threads when threads > 1, split at `mid` (0: n / 2). */
+static void split(range_fn fn, void *ctx, int64_t n, int64_t mid, int threads) {
+    if (threads > 1) pthread_once(&helper_once, start_helper);
+    if (threads <= 1 || n < 2 || !helper_ok || atomic_flag_test_and_set(&in_use)) {
+        fn(ctx, 0, n);
+        return;
+    }
+    if (mid <= 0 || mid >= n) mid = n / 2;
+    job_t job = {fn, ctx, mid, n, 0};
+    atomic_store(&offered, &job);
+    if (atomic_load(&helper_asleep)) {
+        pthread_mutex_lock(&helper_lock);
+        pthread_cond_signal(&helper_wake);
+        pthread_mutex_unlock(&helper_lock);
+    }
+    fn(ctx, 0, mid);
+    if (atomic_exchange(&offered, NULL) == &job) {
+        fn(ctx, mid, n);  /* never taken: ours */
+    } else {
+        while (!atomic_load(&job.done)) relax();  /* taken: the helper is on it */
+    }
+    atomic_flag_clear(&in_use);
+}
 
 typedef float v8 __attribute__((vector_size(32)));
 
@@ -34,85 +120,80 @@ static inline float sum8(v8 v) {
     return s;
 }
 
-/* One output: the dot product of row r (length n) with x. */
+/* The dot product of r and x (length n), in the one order every product here uses: four 8-lane
+ * accumulators over chunks of 32, then chunks of 8 into the first, added as (a + b) + (c + d)
+ * and across lanes, then the tail; fused multiply-adds throughout. */
 static inline float dot(const float *r, const float *x, int64_t n) {
-    v8 a = {0};
+    v8 a = {0}, b = {0}, c = {0}, d = {0};
     int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        a = fma8(load8(r + i), load8(x + i), a);
+        b = fma8(load8(r + i + 8), load8(x + i + 8), b);
+        c = fma8(load8(r + i + 16), load8(x + i + 16), c);
+        d = fma8(load8(r + i + 24), load8(x + i + 24), d);
+    }
     for (; i + 8 <= n; i += 8) a = fma8(load8(r + i), load8(x + i), a);
-    float s = sum8(a);
+    float s = sum8((a + b) + (c + d));
     for (; i < n; ++i) s = fmaf(r[i], x[i], s);
     return s;
 }
 
-/* w: (out, in) with rows `stride` floats apart; x: (in,); y: (out,). Four rows at a time share
- * each load of x; the rows are split evenly between `threads` threads. */
-void token_lab_gemv(const float *w, const float *x, float *y, int64_t out, int64_t in,
-                    int64_t stride, int threads) {
-    const int64_t quads = out / 4;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t q = 0; q < quads; ++q) {
-        const int64_t o = 4 * q;
-        const float *r0 = w + o * stride, *r1 = r0 + stride, *r2 = r1 + stride, *r3 = r2 + stride;
-        v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-        int64_t i = 0;
-        for (; i + 8 <= in; i += 8) {
-            const v8 xv = load8(x + i);
-            a0 = fma8(load8(r0 + i), xv, a0);
-            a1 = fma8(load8(r1 + i), xv, a1);
-            a2 = fma8(load8(r2 + i), xv, a2);
-            a3 = fma8(load8(r3 + i), xv, a3);
-        }
-        float s0 = sum8(a0), s1 = sum8(a1), s2 = sum8(a2), s3 = sum8(a3);
-        for (; i < in; ++i) {
-            s0 = fmaf(r0[i], x[i], s0); s1 = fmaf(r1[i], x[i], s1);
-            s2 = fmaf(r2[i], x[i], s2); s3 = fmaf(r3[i], x[i], s3);
-        }
-        y[o] = s0; y[o + 1] = s1; y[o + 2] = s2; y[o + 3] = s3;
+/* Two dot products with one row r (x0, x1: two rows of activations), each in dot()'s order:
+ * each 32-float chunk of r is loaded once for both. */
+static inline void dot2(const float *r, const float *x0, const float *x1, int64_t n, float *s0, float *s1) {
+    v8 a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0}, g = {0}, h = {0};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        const v8 w0 = load8(r + i), w1 = load8(r + i + 8), w2 = load8(r + i + 16), w3 = load8(r + i + 24);
+        a = fma8(w0, load8(x0 + i), a); b = fma8(w1, load8(x0 + i + 8), b);
+        c = fma8(w2, load8(x0 + i + 16), c); d = fma8(w3, load8(x0 + i + 24), d);
+        e = fma8(w0, load8(x1 + i), e); f = fma8(w1, load8(x1 + i + 8), f);
+        g = fma8(w2, load8(x1 + i + 16), g); h = fma8(w3, load8(x1 + i + 24), h);
     }
-    for (int64_t o = 4 * quads; o < out; ++o) y[o] = dot(w + o * stride, x, in);
+    for (; i + 8 <= n; i += 8) {
+        const v8 w0 = load8(r + i);
+        a = fma8(w0, load8(x0 + i), a);
+        e = fma8(w0, load8(x1 + i), e);
+    }
+    float t0 = sum8((a + b) + (c + d)), t1 = sum8((e + f) + (g + h));
+    for (; i < n; ++i) {
+        t0 = fmaf(r[i], x0[i], t0);
+        t1 = fmaf(r[i], x1[i], t1);
+    }
+    *s0 = t0;
+    *s1 = t1;
 }
 
-/* Y = X W^T for a few rows of activations (a decode step of several runs): X (rows, in) with
- * rows x_stride floats apart, Y (rows, out). Two weight rows at a time are read from memory
- * once for up to four rows of X (each load of X serves both), and every output is summed
- * exactly as token_lab_gemv sums it (one 8-lane accumulator, then the tail): a run's numbers
- * are the same bits whoever else is in the step. */
-static inline void rows_block(const float *w0, const float *w1, const float *x, int64_t x_stride,
-                              float *y, int64_t y_stride, int64_t in, int pair, int n) {
-    v8 a[4] = {{0}}, b[4] = {{0}};
-    int64_t i = 0;
-    for (; i + 8 <= in; i += 8) {
-        const v8 v0 = load8(w0 + i), v1 = pair ? load8(w1 + i) : v0;
-        for (int r = 0; r < n; ++r) {
-            const v8 xv = load8(x + r * x_stride + i);
-            a[r] = fma8(v0, xv, a[r]);
-            if (pair) b[r] = fma8(v1, xv, b[r]);
-        }
-    }
-    for (int r = 0; r < n; ++r) {
-        const float *xr = x + r * x_stride;
-        float s = sum8(a[r]), t = sum8(b[r]);
-        for (int64_t k = i; k < in; ++k) {
-            s = fmaf(w0[k], xr[k], s);
-            if (pair) t = fmaf(w1[k], xr[k], t);
-        }
-        y[r * y_stride] = s;
-        if (pair) y[r * y_stride + 1] = t;
+/* Y = X W^T: W (out, in) row-major with rows `stride` floats apart, X (rows, in) with rows
+ * x_stride floats apart, Y (rows, out). Each weight row is read once, in order, for every row
+ * of X (two at a time share its loads): the matrix streams from memory as one sequence per
+ * thread, which read ~2x faster than four interleaved row streams on a busy 2-core machine.
+ * One row of X (a decode step of one run) is the same code: a row's numbers are the same bits
+ * whoever else is in the step. */
+typedef struct { const float *w, *x; float *y; int64_t rows, out, in, stride, x_stride; } rows_t;
+
+static void rows_range(void *ctx, int64_t begin, int64_t end) {
+    const rows_t *a = ctx;
+    for (int64_t o = begin; o < end; ++o) {
+        const float *wr = a->w + o * a->stride;
+        int64_t r = 0;
+        for (; r + 2 <= a->rows; r += 2)
+            dot2(wr, a->x + r * a->x_stride, a->x + (r + 1) * a->x_stride, a->in,
+                 a->y + r * a->out + o, a->y + (r + 1) * a->out + o);
+        if (r < a->rows) a->y[r * a->out + o] = dot(wr, a->x + r * a->x_stride, a->in);
     }
 }
 
 void token_lab_gemm_rows(const float *w, const float *x, float *y, int64_t rows, int64_t out,
                          int64_t in, int64_t stride, int64_t x_stride, int threads) {
-    const int64_t pairs = (out + 1) / 2;
-    #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t p = 0; p < pairs; ++p) {
-        const int64_t o = 2 * p;
-        const int pair = o + 1 < out;
-        const float *w0 = w + o * stride, *w1 = w0 + (pair ? stride : 0);
-        int64_t r = 0;
-        for (; r + 4 <= rows; r += 4) rows_block(w0, w1, x + r * x_stride, x_stride, y + r * out + o, out, in, pair, 4);
-        for (; r < rows; ++r) rows_block(w0, w1, x + r * x_stride, x_stride, y + r * out + o, out, in, pair, 1);
-    }
+    rows_t a = {w, x, y, rows, out, in, stride, x_stride};
+    split(rows_range, &a, out, 0, threads);
+}
+
+/* y = W x for one row of activations: a decode step of one run. */
+void token_lab_gemv(const float *w, const float *x, float *y, int64_t out, int64_t in,
+                    int64_t stride, int threads) {
+    token_lab_gemm_rows(w, x, y, 1, out, in, stride, in, threads);
 }
 
 /* ---------------------------------------------------------------- attention, one query
@@ -146,24 +227,35 @@ static void attend_head(const float *qh, const float *k, const float *v, float *
 
 /* rows queries q (rows, heads, d) -> out (rows, heads, d). Row r sees keys first[r] .. L[r]-1
  * through its block table blocks + r * n_blocks, or (blocks NULL, one row) keys 0 .. L-1 in place. */
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    const int64_t *blocks, *first, *L;
+    int64_t n_blocks, block_size, max_L, k_pos, k_head, v_pos, v_head, heads, rep, d;
+    float scale;
+} attend_t;
+
+static void attend_range(void *ctx, int64_t begin, int64_t end) {
+    const attend_t *a = ctx;
+    float *p = malloc(sizeof(float) * (a->max_L > 0 ? a->max_L : 1));
+    if (!p) abort();
+    for (int64_t rh = begin; rh < end; ++rh) {
+        const int64_t r = rh / a->heads, g = rh % a->heads / a->rep;
+        attend_head(a->q + rh * a->d, a->k + g * a->k_head, a->v + g * a->v_head, a->out + rh * a->d, p,
+                    a->blocks ? a->blocks + r * a->n_blocks : NULL, a->block_size, a->first[r], a->L[r],
+                    a->k_pos, a->v_pos, a->d, a->scale);
+    }
+    free(p);
+}
+
 void token_lab_attend(const float *q, const float *k, const float *v, float *out, int64_t rows,
                       const int64_t *blocks, int64_t n_blocks, int64_t block_size,
                       const int64_t *first, const int64_t *L, int64_t max_L,
                       int64_t k_pos, int64_t k_head, int64_t v_pos, int64_t v_head,
                       int64_t heads, int64_t kv_heads, int64_t d, float scale, int threads) {
-    const int64_t rep = heads / kv_heads;
-    #pragma omp parallel num_threads(threads)
-    {
-        float *p = malloc(sizeof(float) * (max_L > 0 ? max_L : 1));
-        #pragma omp for schedule(static)
-        for (int64_t rh = 0; rh < rows * heads; ++rh) {
-            const int64_t r = rh / heads, h = rh % heads, g = h / rep;
-            attend_head(q + rh * d, k + g * k_head, v + g * v_head, out + rh * d, p,
-                        blocks ? blocks + r * n_blocks : NULL, block_size, first[r], L[r],
-                        k_pos, v_pos, d, scale);
-        }
-        free(p);
-    }
+    attend_t a = {q, k, v, out, blocks, first, L, n_blocks, block_size, max_L,
+                  k_pos, k_head, v_pos, v_head, heads, heads / kv_heads, d, scale};
+    split(attend_range, &a, rows * heads, 0, threads);
 }
 
 /* ---------------------------------------------------------------- RMSNorm
