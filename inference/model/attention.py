@@ -51,8 +51,10 @@ class PagedBatch:
     # Sliding layers' decode mask, (B, 1, 1, context): the run's last `window` positions. Set by
     # the model (Transformer.forward_paged) when a window bites; None: decode_mask serves.
     window_mask: torch.Tensor | None = None
-    # (B,) int64: each decoding run's positions held, its new one included. Set by the model.
+    # (B,) int64: each decoding run's positions held, its new one included; and the first each
+    # sees, for full layers (False) and sliding ones (True). Set by the model, once a step.
     decode_lengths: torch.Tensor | None = None
+    decode_first: dict[bool, torch.Tensor] | None = None
 
 
 # ---------------------------------------------------------------- which keys a query sees
@@ -197,12 +199,13 @@ class Attention(nn.Module):
         (batch.decode_blocks): through its blocks (CPU kernel) or gathered a block at a time, or
         one run's slots read in place."""
         B, ctx = q.shape[0], batch.decode_blocks
-        lengths = batch.decode_lengths
-        first = (lengths - self.window).clamp_(min=0) if self.window is not None else torch.zeros_like(lengths)
+        lengths, first = batch.decode_lengths, batch.decode_first[self.window is not None]
         if isinstance(ctx, slice):  # one run's keys read in place
-            od = kernels.attend(q, k_pool[ctx], v_pool[ctx], self.softmax_scale, first, lengths)
+            od = kernels.attend(q, k_pool[ctx], v_pool[ctx], self.softmax_scale, first, lengths,
+                                max_length=ctx.stop - ctx.start)
         else:  # each run's keys through its blocks, none gathered
-            od = kernels.attend(q, k_pool, v_pool, self.softmax_scale, first, lengths, ctx, BLOCK_SIZE)
+            od = kernels.attend(q, k_pool, v_pool, self.softmax_scale, first, lengths, ctx, BLOCK_SIZE,
+                                max_length=ctx.shape[1] * BLOCK_SIZE)  # a bound: its table's positions
         if od is not None:  # (B, n_heads, head_dim)
             return od
         if isinstance(ctx, slice):

@@ -177,15 +177,17 @@ class Transformer(nn.Module):
             h = h[:, -1]  # (bsz, hidden): only the next token's logits are needed
         return self.head(h) if head else h
 
-    def forward_paged(self, tokens: torch.Tensor, batch: PagedBatch, k_pool: torch.Tensor,
-                      v_pool: torch.Tensor) -> torch.Tensor:
+    def forward_paged(self, tokens: torch.Tensor, batch: PagedBatch, k_pool, v_pool) -> torch.Tensor:
         """One scheduler step: tokens (N,) of several runs against the paged pool (k_pool,
-        v_pool: KVPool.k, .v). Returns float32 logits (R, vocab) for batch.logit_rows."""
+        v_pool: KVPool.k, .v, or their per-layer views KVPool.k_layers, .v_layers). Returns
+        float32 logits (R, vocab) for batch.logit_rows."""
         h = self.embed(tokens).unsqueeze(0)  # (1, N, hidden)
         ropes = self._ropes(batch.positions)  # each (N, 1, head_dim): broadcasts over heads
         window = self.cfg.sliding_window
         if batch.decode_rows is not None:
-            batch.decode_lengths = batch.positions[batch.decode_rows] + 1  # (B,)
+            lengths = batch.decode_lengths = batch.positions[batch.decode_rows] + 1  # (B,)
+            full = torch.zeros_like(lengths)
+            batch.decode_first = {False: full, True: full if window is None else (lengths - window).clamp_(min=0)}
         if window is not None and batch.decode_rows is not None and batch.window_mask is None:
             positions = batch.positions[batch.decode_rows]  # (B,)
             if int(positions.max()) >= window:  # a run reaches past its window: sliding layers mask

@@ -43,6 +43,8 @@ class KVPool:
         self.v = torch.empty(shape, device=device, dtype=dtype)
         self.n_blocks = n_blocks
         self.scratch_block = n_blocks
+        # Each layer's (slots, n_kv_heads, head_dim) view, made once: a step indexes 2 x layers.
+        self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))
         self.bytes_per_block = BLOCK_SIZE * cfg.kv_bytes_per_token(self.k.element_size())
         self._free = list(range(n_blocks - 1, -1, -1))  # pop() hands out low blocks first
         self._lock = threading.Lock()

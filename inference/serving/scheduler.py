@@ -294,7 +294,7 @@ class Scheduler:
         if decode:
             batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
             batch.decode_blocks, batch.decode_mask = self._decode_context(decode, dev)
-        return self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k, self.pool.v)
+        return self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k_layers, self.pool.v_layers)
 
     @staticmethod
     def _static_rows(decode: list[tuple[int, Run, int]]) -> tuple[list[int], list[list[int]]]:

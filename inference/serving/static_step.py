@@ -102,7 +102,7 @@ class StaticDecode:
         batch = PagedBatch(positions=buf.positions, write_slots=buf.slots, decode_rows=rows,
                            decode_blocks=buf.blocks, decode_mask=mask, prefills=[], logit_rows=rows,
                            window_mask=None if window is None else window_decode_mask(buf.positions, context, window))
-        return self.model.forward_paged(buf.tokens, batch, self.pool.k, self.pool.v)
+        return self.model.forward_paged(buf.tokens, batch, self.pool.k_layers, self.pool.v_layers)
 
     def _record(self, buf: Buffers) -> "torch.cuda.CUDAGraph":
         """Warm up on a side stream (first-use allocations and autotuning stay out of the graph),
