@@ -186,3 +186,17 @@ def test_glu_equals_torch(gelu):
     gate, up = x.split(77, dim=-1)
     act = F.gelu(gate, approximate="tanh") if gelu else F.silu(gate)
     assert torch.allclose(kernels.glu(x, gelu), act * up, rtol=1e-5, atol=1e-6)
+
+
+def test_a_forked_child_multiplies_alone(tmp_path):
+    """The helper thread does not survive a fork: a child forked after it started still gets
+    its products right (alone) and does not wait for a helper it does not have."""
+    import os
+    w, x = torch.randn(300, 64), torch.randn(64)
+    expected = kernels.gemv(w, x)  # the helper has started in this process
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if its product is right
+        ok = torch.equal(kernels.gemv(w, x), expected)
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

@@ -70,7 +70,15 @@ static void *helper(void *unused) {
     return NULL;
 }
 
+/* A child process forked after the helper started has no helper: it runs products alone. */
+static void forked_child(void) {
+    helper_ok = 0;
+    atomic_store(&offered, NULL);
+    atomic_flag_clear(&in_use);
+}
+
 static void start_helper(void) {
+    pthread_atfork(NULL, NULL, forked_child);
     pthread_t t;
     pthread_attr_t attr;
     pthread_attr_init(&attr);
