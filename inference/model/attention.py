@@ -167,7 +167,8 @@ class Attention(nn.Module):
         layer's (slots, n_kv_heads, head_dim)."""
         _, N, _ = x.shape
         q = None
-        if N <= DECODE_ROWS and self.q_norm is None and kernels.available():  # a decode step's rows
+        if N <= DECODE_ROWS and self.q_norm is None and x.dtype == torch.float32 and x.device.type == "cpu" \
+                and kernels.available():  # a decode step's rows on a CPU
             qkv = self.wqkv(x)[0]  # (N, q_dim + 2 kv_dim)
             if self.bqkv is not None:
                 qkv = qkv + self.bqkv
