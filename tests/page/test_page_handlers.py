@@ -355,7 +355,7 @@ def test_token_counts_have_a_thousands_separator(tiny_engine):
     tok = tiny_engine.tokenizer
     plain = next(i for i in range(tok.vocab_size) if not tok.is_control(i))
     view = run_render.run_tokens_html(tok, [plain] * 1441, [plain] * 1203)
-    assert "Prompt: 1,441 tokens" in view and "Generated: 1,203 tokens" in view
+    assert "Prompt of the run: 1,441 tokens" in view and "Generated: 1,203 tokens" in view
 
 
 def test_the_colour_legend_shows_only_under_output(h, tiny_engine):

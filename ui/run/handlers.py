@@ -281,6 +281,20 @@ class RunHandlers(PageBase):
     def count_context(self, prompt, mode, system, max_new_tokens, history=None, model=None) -> str:
         """The context counter while typing: the prompt's tokens (in chat mode with the template
         and the earlier turns) + the most new tokens / the context window, in the chosen model."""
+        return self._context(prompt, mode, system, max_new_tokens, history, model)[0]
+
+    def preview(self, prompt, mode, system, max_new_tokens, history=None, model=None, rec=None) -> dict:
+        """The context counter, and before the first run the tokenization view of the prompt as
+        it will be fed: both from one tokenization, so that their counts agree. Once a run has
+        been made the view shows that run's tokens (its title says so) until the next one."""
+        text, ids = self._context(prompt, mode, system, max_new_tokens, history, model)
+        out = {"context_count": text}
+        if rec is None:
+            out["tokens"] = render.run_tokens_html(self.view(model).tokenizer, ids or [], fed=False)
+        return out
+
+    def _context(self, prompt, mode, system, max_new_tokens, history=None, model=None) -> tuple[str, list[int] | None]:
+        """The counter's line and the prompt's ids as they will be fed (None: they cannot be)."""
         chat = mode == "chat"
         turns = list(history or []) if chat else []
         try:
@@ -289,14 +303,15 @@ class RunHandlers(PageBase):
         except TokenLabError as e:
             if isinstance(prompt, str) and not prompt.strip():
                 if turns:
-                    return f"Context: {len(turns) // 2} earlier turn(s) kept · type your next message"
-                return "Context: the prompt is empty"
-            return f"Context: {html.escape(str(e))}"
+                    n = len(turns) // 2
+                    return f"Context: {n} earlier turn{'s' * (n != 1)} kept · type your next message", None
+                return "Context: the prompt is empty", None
+            return f"Context: {html.escape(str(e))}", None
         try:
             max_new = BY_NAME["max_new_tokens"].parse(max_new_tokens)
         except TokenLabError:
             max_new = None
-        return render.context_text(len(ids), None, max_new, m.context)
+        return render.context_text(len(ids), None, max_new, m.context), ids
 
     # -------------------------------------------------------- the model picker
 

@@ -12,7 +12,7 @@ from inference.device import dtype_name
 from inference.model.anatomy import decode_cost
 from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, order
 from ui.format import (BUCKETS, REASONS, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
-                       approx_note, ordinal, prob_html, shown_prob, si, visible)
+                       approx_note, ordinal, prob_html, shown_prob, si, token_label, visible)
 from ui.run_state import RunRecord
 
 # Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
@@ -138,7 +138,7 @@ def _token_chips(tokenizer, ids: list[int]) -> str:
     for positions, complete in tokenizer.char_groups(ids):
         group = [ids[i] for i in positions]
         tokens = "".join(f"<span class='tl-tk{' tl-ctl' if tokenizer.is_control(i) else ''}'>"
-                         f"{html.escape(visible(tokenizer.piece(i)))}<sub>{i}</sub></span>" for i in group)
+                         f"{html.escape(token_label(tokenizer.piece(i)))}<sub>{i}</sub></span>" for i in group)
         if len(group) == 1:
             chips.append(f"<span class='tl-chip'>{tokens}</span>")
         else:
@@ -148,20 +148,22 @@ def _token_chips(tokenizer, ids: list[int]) -> str:
     return "".join(chips)
 
 
-def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] | None = None) -> str:
-    """The tokenization view: the prompt's tokens, and once there are any the generated ones."""
-    out = prompt_tokens_html(tokenizer, prompt_ids)
+def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] | None = None,
+                    fed: bool = True) -> str:
+    """The tokenization view: the prompt's tokens, and once there are any the generated ones.
+    fed: the prompt of a run (else the prompt as the next run will feed it, before any run)."""
+    out = prompt_tokens_html(tokenizer, prompt_ids, "Prompt of the run" if fed else "Prompt as it will be fed")
     if generated_ids:
         out += (f"<div class='tl-tokens tl-gen-tokens'><div class='tl-title'>Generated: {len(generated_ids):,} tokens"
                 f"</div><div class='tl-chips'>{_token_chips(tokenizer, generated_ids)}</div></div>")
     return out
 
 
-def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
+def prompt_tokens_html(tokenizer, ids: list[int], title: str = "Prompt") -> str:
     """The prompt's tokens as chips: one per token, and one per character made of byte tokens
     with those tokens beneath it; control tokens marked."""
     control = sum(tokenizer.is_control(i) for i in ids)
-    return (f"<div class='tl-tokens'><div class='tl-title'>Prompt: {len(ids):,} tokens"
+    return (f"<div class='tl-tokens'><div class='tl-title'>{html.escape(title)}: {len(ids):,} tokens"
             + (f", {control:,} of them control tokens (outlined)" if control else "")
             + f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
 

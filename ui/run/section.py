@@ -63,7 +63,8 @@ def build(page, h: Handlers, limits_md: str) -> None:
                                      info="each loads on its first use", elem_id="model"))
             add("model_md", gr.Markdown(h.models_markdown(), elem_id="model-memory", visible=many))
             add("prompt", gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt"))
-            add("context_count", gr.Markdown(h.count_context(d.prompt, d.mode, d.system, d.max_new_tokens),
+            first = h.preview(d.prompt, d.mode, d.system, d.max_new_tokens)  # the counter and the tokens agree
+            add("context_count", gr.Markdown(first["context_count"],
                                              label="Context", elem_id="context-count"))
             with gr.Row():
                 add("mode", gr.Radio(["completion", "chat"], value=d.mode, label="Mode",
@@ -76,7 +77,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
                     placeholder=h.default_system or "none",
                     info=("empty = the model's default, shown here: its chat template adds it"
                           if h.default_system else "empty = no system message")))
-            add("conversation", gr.HTML("", elem_id="conversation"))
+            add("conversation", gr.HTML("", elem_id="conversation", visible=d.mode == "chat"))
             with gr.Row():
                 add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
                 add("stop_button", gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop"))
@@ -96,7 +97,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
             with gr.Row():
                 add("copy_text", gr.Button("Copy text", size="sm", elem_id="copy-text"))
                 add("downloads", gr.HTML(render.downloads_html(None, None), elem_id="downloads"))
-            add("tokens", gr.HTML(render.run_tokens_html(tok, []), label="Tokenization", elem_id="tokens"))
+            add("tokens", gr.HTML(first["tokens"], label="Tokenization", elem_id="tokens"))
         with gr.Column(elem_id="settings-col"):
             with gr.Accordion("Sampling settings", open=True, elem_id="settings"):
                 for s in BY_NAME.values():
@@ -173,8 +174,8 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         return r
 
     runs = [chain_run(page["generate"].click)]
-    regenerate = page.on(page["regenerate"].click, h.pop_last_turn, inputs=("history",),
-                         outputs=("history", "prompt", "mode", "conversation"), api_visibility="private",
+    regenerate = page.on(page["regenerate"].click, h.pop_last_turn, inputs=("history", "seed"),
+                         outputs=("history", "prompt", "mode", "conversation", "chat_note"), api_visibility="private",
                          show_progress="hidden")
     runs.append(chain_run(regenerate.success))
     # /generate for scripts: the same run, refusing bad input with an error (gradio_client
@@ -186,9 +187,9 @@ def wire(page, h: Handlers, demo: gr.Blocks):
             api_visibility="private", queue=False, show_progress="hidden")
     page["stop_button"].click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
     context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model")
-    gr.on([page[n].change for n in context_inputs], h.count_context, inputs=page.all(context_inputs),
-          outputs=page["context_count"], queue=False, show_progress="hidden", trigger_mode="always_last",
-          api_visibility="private")
+    page.on(lambda fn, **kw: gr.on([page[n].change for n in context_inputs], fn, **kw), h.preview,
+            inputs=(*context_inputs, "record"), outputs=("context_count", "tokens"), queue=False,
+            show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     # Arrow keys and a typed number (input), a drag's end (release): the bars follow.
     gr.on([page["step"].input, page["step"].release], h.select_step, inputs=page.all(("record", "step")),
           outputs=page["bars"], api_visibility="private", queue=False, show_progress="hidden",
