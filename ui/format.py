@@ -39,6 +39,11 @@ def si(n: float, unit: str = "") -> str:
     return f"{n:.3g} {unit}".rstrip()
 
 
+def mib(n: float) -> str:
+    """Bytes in MiB, as the KV-cache panel gives every size (its chart's axis is in MiB)."""
+    return f"{n / 2**20:,.2f} MiB"
+
+
 def bucket(p: float | None) -> str | None:
     if p is None:
         return None

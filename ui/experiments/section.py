@@ -7,7 +7,7 @@ import gradio as gr
 
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
-from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, run_chart_frames, two_models_frame
+from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, entropy_frame, run_chart_frames, two_models_frame
 from ui.format import COMPARE_COLOR_MAP, step_axis
 from ui.handlers import Handlers
 from ui.public import ENGINE
@@ -25,9 +25,13 @@ def build(page, h: Handlers) -> None:
             gr.Markdown(CHARTS_NOTE, elem_id="charts-note")
         run_frame, rank_frame = run_chart_frames(RunRecord())
         with gr.Row():
-            add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric",
-                                         title="Per step: chosen-token probability, raw entropy (and masked mass under a constraint)",
+            add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric", y_lim=[0, 1],
+                                         y_title="probability", color_title="",
+                                         title="Per step: chosen-token probability (and masked mass under a constraint)",
                                          elem_id="run-chart", min_width=320))
+            add("entropy_chart", gr.LinePlot(entropy_frame(RunRecord()), **step_axis(), y="nats",
+                                             y_title="entropy (nats)", title="Entropy of the raw distribution per step",
+                                             elem_id="entropy-chart", min_width=320))
             add("rank_chart", gr.LinePlot(rank_frame, **step_axis(), y="rank",
                                           title="Rank of the chosen token in the raw distribution",
                                           elem_id="rank-chart", min_width=320))
@@ -75,7 +79,7 @@ def build(page, h: Handlers) -> None:
                 add(name, gr.HighlightedText(label=label, color_map=COMPARE_COLOR_MAP, show_legend=True,
                                              show_inline_category=False, elem_id=f"compare-{label.lower()}",
                                              min_width=300))
-        add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series",
+        add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series", color_title="",
                                          title="Two models along A's text", label="Two models per step", visible=many,
                                          elem_id="compare-chart"))
         with gr.Row():

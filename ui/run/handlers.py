@@ -21,7 +21,7 @@ from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_
 from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls, who
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
-from ui.experiments.render import run_chart_frames
+from ui.experiments.render import entropy_frame, run_chart_frames
 from ui.public import tokens_message
 from ui.inside.render import memory_markdown
 from ui.run import kv, render
@@ -92,6 +92,7 @@ class RunHandlers(PageBase):
             # What the previous run left: its downloads, its whole-run charts, and its seed
             # (which a link made during the new run would otherwise carry).
             "downloads": render.downloads_html(None, None), "run_chart": run_chart, "rank_chart": rank_chart,
+            "entropy_chart": entropy_frame(empty),
             "run_seed": "", "record": rec}
 
     @takes_controls(after=("history",))
@@ -236,7 +237,7 @@ class RunHandlers(PageBase):
         run_chart, rank_chart = run_chart_frames(rec)
         return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
                 "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-                "run_chart": run_chart, "rank_chart": rank_chart,
+                "run_chart": run_chart, "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec),
                 **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
                 "tokens": render.run_tokens_html(tok, rec.prompt_ids, rec.generated_before(n)),
                 "downloads": render.downloads_html(

@@ -43,11 +43,11 @@ OUTPUT_CAPTION_RAW = ("Generated text, coloured by the probability each token wa
 RUN_INPUTS = (*NAMES, "history")
 # after_run's outputs (it returns only those it changes).
 AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop_button", "kv_chart", "latency", "step", "run_chart",
-                 "rank_chart", *(f"replay_{n}" for n in SHAPING_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
+                 "rank_chart", "entropy_chart", *(f"replay_{n}" for n in SHAPING_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
                  "prompt", "status")
 BEGIN_OUTPUTS = ("prompt_view", "tokens", "kv_chart", "latency", "live", "generate", "regenerate",
                  "stop_button", "step", "status", "output", "bars", "stats", "notice", *STALE_PANELS,
-                 "downloads", "run_chart", "rank_chart", "run_seed", "record")
+                 "downloads", "run_chart", "rank_chart", "entropy_chart", "run_seed", "record")
 
 
 def build(page, h: Handlers, limits_md: str) -> None:
@@ -141,7 +141,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
             branches.build(page, h)
     with gr.Row():
         with gr.Column(min_width=320):
-            add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(-1), y="MiB", color="series",
+            add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(-1), y="MiB", color="series", color_title="",
                                         title="KV-cache memory per step", elem_id="kv-chart"))
             add("kv_text", gr.Markdown(kv.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula"))
             add("server_md", gr.Markdown("", elem_id="server-load", visible=h.caps.server_load))
