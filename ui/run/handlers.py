@@ -18,7 +18,7 @@ from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
 from inference.serving.engine import check_ids, parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
-from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls, who
+from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
 from ui.experiments.render import entropy_frame, run_chart_frames
@@ -63,11 +63,7 @@ class RunHandlers(PageBase):
         every panel kept as it was; `generate` refuses it too. A session with a job going, or a
         client at its share, is refused here with a page error (begin runs in the queue,
         unlimited, so that this is no HTTP 500), and the run is not queued."""
-        session, client = who(request)
-        self.registry.settle(session)  # a run just stopped ends within a step
-        refusal = self.admission.refusal(session, client)
-        if refusal is not None:
-            raise gr.Error(refusal, print_exception=False)
+        session = self.admit(request)
         try:
             parse_seed(c.seed)
             rec = self._prepare(c, 0, history)
@@ -232,13 +228,14 @@ class RunHandlers(PageBase):
     def drawn(self, rec: RunRecord) -> dict:
         """What an ended run shows besides its streamed panels: the final charts, the step slider
         spanning its steps, the whole-run charts, the replay controls at its settings (an
-        untouched replay is the run), the tokens of prompt and output, the downloads and its seed."""
+        untouched replay is the run), compare's B settings a copy of its own, the tokens of prompt and
+        output, the downloads and its seed."""
         n, tok = len(rec.steps), self.view(rec.model).tokenizer
         run_chart, rank_chart = run_chart_frames(rec)
         return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
                 "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
                 "run_chart": run_chart, "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec),
-                **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
+                **{f"{panel}_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS for panel in ("replay", "b")},
                 "tokens": render.run_tokens_html(tok, rec.prompt_ids, rec.generated_before(n)),
                 "downloads": render.downloads_html(
                     self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),

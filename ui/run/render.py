@@ -33,6 +33,7 @@ class Chip:
     prob: float | None  # the probability the chip was sampled with: the product over its tokens
     steps: range  # the steps it spans
     cut: bool = False  # a character the end of the run cut off
+    raw: float | None = None  # its probability in the model's raw distribution (the product likewise)
 
 
 def output_chips(rec: RunRecord, tokenizer) -> list[Chip]:
@@ -43,8 +44,9 @@ def output_chips(rec: RunRecord, tokenizer) -> list[Chip]:
         if not complete:
             held = "".join(s.piece for s in group)
             text = f"{text}[cut off: {held}]" if rec.done is not None else text
-        probs = [shown_prob(s) for s in group]
-        chips.append(Chip(text, None if None in probs else math.prod(probs), steps, not complete))
+        probs, raws = [shown_prob(s) for s in group], [s.raw_prob for s in group]
+        chips.append(Chip(text, None if None in probs else math.prod(probs), steps, not complete,
+                          None if None in raws else math.prod(raws)))
     return chips
 
 
@@ -66,9 +68,16 @@ def _shown(text: str) -> str:
     return html.escape(text).replace("\n", "↵\n")
 
 
+def chip_class(c: Chip) -> str:
+    """A chip's colour classes: by the probability it was sampled with (tl-b*), and by the
+    model's raw probability (tl-rb*), which the page shows instead when "Colour by" says raw."""
+    return f"tl-t {bucket_class(c.prob)} tl-rb{bucket_class(c.raw)[4:]}"
+
+
 def legend_html() -> str:
     """What the output's colours mean; only shown under output that has them (output_html)."""
-    return ("<div class='tl-legend'>colour = probability the token was sampled with: "
+    return ("<div class='tl-legend'><span class='tl-by-final'>colour = probability the token was sampled "
+            "with (final):</span><span class='tl-by-raw'>colour = the model's raw probability:</span> "
             + "".join(f"<span class='tl-key {bucket_class(t)}'>{html.escape(name)}</span>" for t, name in BUCKETS)
             + "</div>")
 
@@ -80,9 +89,10 @@ def _popover(rec: RunRecord, chip: "Chip", tokenizer) -> str:
     shown = first.top[:5]
     if all(c.id != first.token_id for c in shown):  # a sampled token further down: listed too, last
         shown = shown + [c for c in first.top if c.id == first.token_id]
-    rows = "".join(
-        f"<span class='tl-alt{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
-        f"<span>{html.escape(visible(c.piece))}</span><span>{prob_html(c.prob)}</span></span>"
+    rows = "<span class='tl-alt tl-alt3 tl-alt-head'><span>token</span><span>raw</span><span>final</span></span>" + "".join(
+        f"<span class='tl-alt tl-alt3{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
+        f"<span>{html.escape(token_label(c.piece))}</span><span>{prob_html(c.raw_prob)}</span>"
+        f"<span>{prob_html(c.prob)}</span></span>"
         for c in shown)
     span = f"steps {chip.steps[0]}–{chip.steps[-1]}" if len(chip.steps) > 1 else f"step {chip.steps[0]}"
     return (f"<span class='tl-pop' role='tooltip'><span class='tl-pop-head'>{span} · id {first.token_id} · "
@@ -101,10 +111,10 @@ def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, em
     parts = []
     for i, c in enumerate(chips):
         if detail:
-            parts.append(f"<span class='tl-t {bucket_class(c.prob)}' data-i='{i}' tabindex='0'>"
+            parts.append(f"<span class='{chip_class(c)}' data-i='{i}' tabindex='0'>"
                          f"{_shown(c.text) or '∅'}{_popover(rec, c, tokenizer)}</span>")
         else:
-            parts.append(f"<span class='tl-t {bucket_class(c.prob)}' data-i='{i}' title='p {fmt_p(c.prob)}'>"
+            parts.append(f"<span class='{chip_class(c)}' data-i='{i}' title='p {fmt_p(c.prob)}, raw p {fmt_p(c.raw)}'>"
                          f"{_shown(c.text) or '∅'}</span>")
     tail = rec.done.tail if rec.done else ""
     if chips and chips[-1].cut:
