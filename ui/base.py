@@ -150,7 +150,6 @@ class PageBase:
             self._waiting.pop(session, None)
             self._stopped_waiting.discard(session)
 
-    @contextmanager
     def admit(self, request: gr.Request | None) -> str:
         """At a click that will start an engine job: its session, or a page error (one line)
         when the session has a job going or its client is at its share. Runs in the queue,
@@ -162,6 +161,7 @@ class PageBase:
             raise gr.Error(refusal, print_exception=False)
         return session
 
+    @contextmanager
     def _job(self, request: gr.Request | None):
         """Hold the session's one engine job while the body runs; yields its cancel flag. A
         session with a job going, or a client at its share, is refused with a page error."""

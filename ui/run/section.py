@@ -27,6 +27,7 @@ EXAMPLES = [
     ["Explain in one sentence why the sky is blue.", "chat"],
 ]
 OUTPUT_JS = (Path(__file__).parent.parent / "assets" / "output.js").read_text(encoding="utf-8")
+CLAMP_JS = (Path(__file__).parent.parent / "assets" / "clamp.js").read_text(encoding="utf-8")
 COLOUR_BY = [("colour by final p (sampled from)", "final"), ("colour by raw p (the model's)", "raw")]
 COLOUR_BY_JS = "(by) => { document.body.classList.toggle('tl-colour-raw', by === 'raw'); return []; }"
 SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); return []; }"
@@ -231,5 +232,6 @@ def wire(page, h: Handlers, demo: gr.Blocks):
     # A display switch only: every number is rendered both ways and CSS shows one.
     page["show_logp"].change(None, inputs=page["show_logp"], outputs=None, js=SHOW_LOGP_JS)
     page["colour_by"].change(None, inputs=page["colour_by"], outputs=None, js=COLOUR_BY_JS)
+    demo.load(None, js=CLAMP_JS)  # a typed value beyond a slider's range is said, not silently clamped
     demo.unload(h.closed)
     return chain_run
