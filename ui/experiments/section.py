@@ -25,7 +25,7 @@ def build(page, h: Handlers) -> None:
         run_frame, rank_frame = run_chart_frames(RunRecord())
         with gr.Row():
             add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric", y_lim=[0, 1],
-                                         y_title="probability", color_title="",
+                                         y_title="probability", color_title=" ",
                                          title="Per step: chosen-token probability (and masked mass under a constraint)",
                                          elem_id="run-chart", min_width=320))
             add("entropy_chart", gr.LinePlot(entropy_frame(RunRecord()), **step_axis(), y="nats",
@@ -59,7 +59,7 @@ def build(page, h: Handlers) -> None:
                     "of the page); B is a run with the B settings below, which start as a copy of the last "
                     "run's. Change one of B's to compare; same prompt, same seed."
                     + (" With two models whose tokenizers agree, both also read A's text and their "
-                       "distributions are compared at every step." if many else ""))
+                       "distributions are compared at every step." if many else ""), elem_id="compare-label")
         add("model_b", gr.Dropdown([("A's model", ""), *h.models.labels], value="", label="B's model (empty: A's)",
                                    visible=many, elem_id="model-b"))
         with gr.Row():
@@ -80,7 +80,7 @@ def build(page, h: Handlers) -> None:
                 add(name, gr.HighlightedText(label=label, color_map=COMPARE_COLOR_MAP, show_legend=True,
                                              show_inline_category=False, elem_id=f"compare-{label.lower()}",
                                              min_width=300))
-        add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series", color_title="",
+        add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series", color_title=" ",
                                          title="Two models along A's text", label="Two models per step", visible=many,
                                          elem_id="compare-chart"))
         with gr.Row(elem_id="compare-bars"):
