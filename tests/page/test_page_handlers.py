@@ -375,7 +375,7 @@ def test_step_axes_start_at_the_first_step(tiny_engine):
     plots = {b.elem_id: b.x_lim for b in build_ui(tiny_engine).blocks.values() if isinstance(b, gr.LinePlot)}
     # The KV chart's first point, step -1, is the empty cache before prefill (kv_frame).
     assert plots == {"kv-chart": [-1, None], "latency-chart": [0, None], "run-chart": [0, None],
-                     "rank-chart": [0, None], "compare-chart": [0, None]}
+                     "rank-chart": [0, None], "compare-chart": [0, None], "entropy-chart": [0, None]}
 
 
 def test_the_pool_line_counts_blocks_in_words():
