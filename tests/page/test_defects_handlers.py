@@ -37,7 +37,7 @@ def run(h, **kw):
 
 def popover_rows(pop: str) -> list[list[str]]:
     """The popover's rows (token, raw, final) as the numbers it shows in p mode."""
-    rows = pop.split("<span class='tl-alt tl-alt3")[2:]  # [0]: the head line, [1]: the column names
+    rows = re.split(r"<span class='tl-alt[' ]", pop)[1:]  # [0]: the head line and the column names
     return [re.findall(r"<span class='tl-p'>(.*?)</span>", r) for r in rows]
 
 
@@ -54,7 +54,7 @@ def test_temperature_zero_popover_shows_raw_and_final_and_colours_by_either(h, t
         # Every alternative: the model's raw probability beside the final one (greedy: 1 and 0).
         assert numbers == [[fmt_p(c.raw_prob), fmt_p(c.prob)] for c in shown]
         assert any(c.id != step.token_id and c.raw_prob >= 1e-4 for c in shown)  # raw alternatives show
-        assert "<span>raw</span><span>final</span>" in pop
+        assert "<span class='tl-pop-cols'><span>token</span><span>raw</span><span>final</span>" in pop
     # Each chip carries its raw bucket too: colouring by raw differs from greedy's all-1 final.
     raw_classes = re.findall(r"class='tl-t tl-b0 tl-rb(\w)'", out)
     assert len(raw_classes) == len(chips)

@@ -342,7 +342,7 @@ def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):
     assert "with log p = -0.128 (raw log p = -0.693), rank 1" in as_seen(title, logp=True)
     rec = run(h)
     first = rec.steps[0]
-    head = re.search("<span class='tl-pop-head'>(.*?)</span><span class='tl-alt",
+    head = re.search("<span class='tl-pop-head'>(.*?)</span><span class='tl-(?:alt|pop-rows3)",
                      run_render.output_html(rec, tiny_engine.tokenizer)).group(1)
     assert as_seen(head, logp=False).endswith(f"p = {formatting.fmt_p(first.prob)} (raw p = {formatting.fmt_p(first.raw_prob)})")
     assert as_seen(head, logp=True).endswith(f"log p = {formatting.fmt_logp(first.prob)} "

@@ -89,14 +89,14 @@ def _popover(rec: RunRecord, chip: "Chip", tokenizer) -> str:
     shown = first.top[:5]
     if all(c.id != first.token_id for c in shown):  # a sampled token further down: listed too, last
         shown = shown + [c for c in first.top if c.id == first.token_id]
-    rows = "<span class='tl-alt tl-alt3 tl-alt-head'><span>token</span><span>raw</span><span>final</span></span>" + "".join(
-        f"<span class='tl-alt tl-alt3{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
+    rows = "<span class='tl-pop-cols'><span>token</span><span>raw</span><span>final</span></span>" + "".join(
+        f"<span class='tl-alt{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
         f"<span>{html.escape(token_label(c.piece))}</span><span>{prob_html(c.raw_prob)}</span>"
         f"<span>{prob_html(c.prob)}</span></span>"
         for c in shown)
     span = f"steps {chip.steps[0]}–{chip.steps[-1]}" if len(chip.steps) > 1 else f"step {chip.steps[0]}"
     return (f"<span class='tl-pop' role='tooltip'><span class='tl-pop-head'>{span} · id {first.token_id} · "
-            f"{chosen_prob_html(first.prob, first.raw_prob)}</span>{rows}</span>")
+            f"{chosen_prob_html(first.prob, first.raw_prob)}</span><span class='tl-pop-rows3'>{rows}</span></span>")
 
 
 def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, empty: str = "") -> str:
