@@ -150,6 +150,17 @@ class PageBase:
             self._waiting.pop(session, None)
             self._stopped_waiting.discard(session)
 
+    def admit(self, request: gr.Request | None) -> str:
+        """At a click that will start an engine job: its session, or a page error (one line)
+        when the session has a job going or its client is at its share. Runs in the queue,
+        unlimited, so that the refusal is a message and not an HTTP 500."""
+        session, client = who(request)
+        self.registry.settle(session)  # a run just stopped ends within a step
+        refusal = self.admission.refusal(session, client)
+        if refusal is not None:
+            raise gr.Error(refusal, print_exception=False)
+        return session
+
     @contextmanager
     def _job(self, request: gr.Request | None):
         """Hold the session's one engine job while the body runs; yields its cancel flag. A

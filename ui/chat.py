@@ -29,34 +29,55 @@ def turn_if_answered(rec: RunRecord) -> list[dict]:
     return turn
 
 
+def seed_note(seed) -> str:
+    """Under the chat buttons after Regenerate: why a fixed seed gives the same answer again."""
+    seed = "" if seed is None else str(seed).strip()
+    if not seed:
+        return ""
+    return (f"Seed {seed} is fixed, so the same settings give the same answer again: clear the seed box "
+            "for a different one.")
+
+
 class ChatHandlers(PageBase):
-    def pop_last_turn(self, history) -> dict:
+    def pop_last_turn(self, history, seed=None) -> dict:
         """Regenerate: the last answer dropped, its user message back in the prompt box (the
-        run then starts as for Generate). Queued, so that a refusal is a message, not an HTTP
-        error, and the run does not start."""
+        run then starts as for Generate), and with a seed in its box a note that the answer will
+        be the same. Queued, so that a refusal is a message, not an HTTP error, and the run does
+        not start."""
         history = list(history or [])
         if len(history) < 2 or history[-1].get("role") != "assistant":
             raise gr.Error("There is no answer to regenerate: send a message in chat mode first.",
                            print_exception=False)
         rest = history[:-2]
         return {"history": rest, "prompt": history[-2]["content"], "mode": "chat",
-                "conversation": conversation_html(rest)}
+                "conversation": conversation_html(rest), "chat_note": seed_note(seed)}
 
-    def new_conversation(self) -> dict:
-        return {"history": [], "conversation": conversation_html([]), "regenerate": gr.update(interactive=False)}
+    def new_conversation(self, prompt=None, mode="chat", system="", max_new_tokens=None, model=None) -> dict:
+        """The conversation forgotten, and the context counter without its turns."""
+        return {"history": [], "conversation": conversation_html([]), "regenerate": gr.update(interactive=False),
+                "chat_note": "", "context_count": self.count_context(prompt, mode, system, max_new_tokens, [], model)}
+
+    def switch_mode(self, mode) -> dict:
+        """The chat's buttons and its conversation show in chat mode only: a completion run
+        ignores the conversation (kept, and shown again back in chat mode)."""
+        chat = mode == "chat"
+        return {"chat_buttons": gr.update(visible=chat), "conversation": gr.update(visible=chat)}
 
 
 def build_buttons(page, mode: str) -> None:
-    """Under Generate and Stop: shown in chat mode only."""
-    with page.add("chat_buttons", gr.Row(visible=mode == "chat", elem_id="chat-buttons")):
-        page.add("regenerate", gr.Button("Regenerate last answer", size="sm", interactive=False,
-                                         elem_id="regenerate"))
-        page.add("new_chat", gr.Button("New conversation", size="sm", elem_id="new-conversation"))
+    """Under Generate and Stop: shown in chat mode only, with a note after Regenerate."""
+    with page.add("chat_buttons", gr.Column(visible=mode == "chat", elem_id="chat-buttons")):
+        with gr.Row():
+            page.add("regenerate", gr.Button("Regenerate last answer", size="sm", interactive=False,
+                                             elem_id="regenerate"))
+            page.add("new_chat", gr.Button("New conversation", size="sm", elem_id="new-conversation"))
+        page.add("chat_note", gr.Markdown("", elem_id="chat-note"))
 
 
 def wire(page, h: ChatHandlers) -> None:
-    page["mode"].change(lambda m: gr.update(visible=m == "chat"), inputs=page["mode"],
-                        outputs=page["chat_buttons"], queue=False, api_visibility="private",
-                        show_progress="hidden")
-    page.on(page["new_chat"].click, h.new_conversation, outputs=("history", "conversation", "regenerate"),
+    page.on(page["mode"].change, h.switch_mode, inputs=("mode",), outputs=("chat_buttons", "conversation"),
+            queue=False, api_visibility="private", show_progress="hidden")
+    page.on(page["new_chat"].click, h.new_conversation,
+            inputs=("prompt", "mode", "system", "max_new_tokens", "model"),
+            outputs=("history", "conversation", "regenerate", "chat_note", "context_count"),
             queue=False, api_visibility="private")

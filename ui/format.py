@@ -39,6 +39,11 @@ def si(n: float, unit: str = "") -> str:
     return f"{n:.3g} {unit}".rstrip()
 
 
+def mib(n: float) -> str:
+    """Bytes in MiB, as the KV-cache panel gives every size (its chart's axis is in MiB)."""
+    return f"{n / 2**20:,.2f} MiB"
+
+
 def bucket(p: float | None) -> str | None:
     if p is None:
         return None
@@ -143,7 +148,7 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
     rows = []
     for c in step.top:
         chosen = c.id == step.token_id
-        label = html.escape(visible(c.piece))
+        label = html.escape(token_label(c.piece))
         rows.append(
             f"<div class='tl-row{' tl-chosen' if chosen else ''}{' tl-pick' if pick else ''}'"
             + (f" data-pick='{step.step}:{c.id}' tabindex='0'" if pick else "") + ">"
@@ -156,7 +161,7 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
     rank = (f", rank {step.rank}" if step.rank is not None
             else ", rank not known (below the returned candidates)")
     head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
-            f"<b>{html.escape(visible(step.piece))}</b> (id {step.token_id}) with "
+            f"<b>{html.escape(token_label(step.piece))}</b> (id {step.token_id}) with "
             f"{chosen_prob_html(step.prob, step.raw_prob)}{rank}</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
             + (masked_html(step) if constrained else "")

@@ -12,7 +12,7 @@ import torch
 
 from inference.events import Candidate
 from inference.sampling.params import SamplingParams
-from inference.sampling.stages import final_probs, greedy_logits, sample
+from inference.sampling.stages import final_logits, greedy_logits, sample
 from inference.sampling.state import RunState
 
 
@@ -78,9 +78,15 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         penalized = torch.stack([greedy_logits(logits[i], rows[i].params, rows[i].state) for i in greedy])
         next_id[torch.tensor(greedy, device=logits.device)] = penalized.argmax(dim=-1)  # (greedy rows, vocab) -> ids
     finals = {}  # the distributions of the rows that draw, by row
+    # Rows whose stages all left the logits as they were: their final distribution is the raw
+    # one, and reports the raw numbers (a float32 softmax differs from them in the last digit).
+    unchanged = torch.zeros(len(rows), dtype=torch.bool)  # (R,)
     for i, row in enumerate(rows):
         if row.params.temperature != 0:
-            finals[i] = final_probs(logits[i], row.params, row.state)
+            row_logits = logits[i]
+            shaped = final_logits(row_logits, row.params, row.state)
+            unchanged[i] = shaped is row_logits
+            finals[i] = shaped.softmax(dim=-1)
             next_id[i] = sample(finals[i].unsqueeze(0), row.generator)[0, 0]
     constrained = [i for i, row in enumerate(rows) if row.state is not None and row.state.constraint is not None]
     if constrained:
@@ -123,6 +129,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     packed.add("top_logits", top_logits)
     packed.add("top_ids", top_ids)
     packed.add("final_top", final_top)
+    packed.add("unchanged", unchanged.to(logits.device))
     if constrained:  # the raw mass of the forbidden tokens, and which candidates they are
         forbidden = torch.zeros_like(logits, dtype=torch.bool)  # (R, vocab)
         for i in constrained:
@@ -148,6 +155,8 @@ def _info(host: dict[str, torch.Tensor], r: int, top_n: int) -> StepInfo:
     top = [(int(i), p, math.exp(v - lse)) for i, p, v in zip(
         host["top_ids"][r, :top_n].tolist(), host["final_top"][r, :top_n].tolist(),
         host["top_logits"][r, :top_n].tolist())]
+    if host["unchanged"][r, 0]:  # no stage moved the distribution: the final one is the raw one
+        prob, top = raw_prob, [(i, raw, raw) for i, _, raw in top]
     if token_id not in {i for i, _, _ in top}:  # the chosen token is always listed
         top.append((token_id, prob, raw_prob))
     masked, forbidden, empty = 0.0, frozenset(), False

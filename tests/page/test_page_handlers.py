@@ -342,7 +342,7 @@ def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):
     assert "with log p = -0.128 (raw log p = -0.693), rank 1" in as_seen(title, logp=True)
     rec = run(h)
     first = rec.steps[0]
-    head = re.search("<span class='tl-pop-head'>(.*?)</span><span class='tl-alt",
+    head = re.search("<span class='tl-pop-head'>(.*?)</span><span class='tl-(?:alt|pop-rows3)",
                      run_render.output_html(rec, tiny_engine.tokenizer)).group(1)
     assert as_seen(head, logp=False).endswith(f"p = {formatting.fmt_p(first.prob)} (raw p = {formatting.fmt_p(first.raw_prob)})")
     assert as_seen(head, logp=True).endswith(f"log p = {formatting.fmt_logp(first.prob)} "
@@ -355,7 +355,7 @@ def test_token_counts_have_a_thousands_separator(tiny_engine):
     tok = tiny_engine.tokenizer
     plain = next(i for i in range(tok.vocab_size) if not tok.is_control(i))
     view = run_render.run_tokens_html(tok, [plain] * 1441, [plain] * 1203)
-    assert "Prompt: 1,441 tokens" in view and "Generated: 1,203 tokens" in view
+    assert "Prompt of the run: 1,441 tokens" in view and "Generated: 1,203 tokens" in view
 
 
 def test_the_colour_legend_shows_only_under_output(h, tiny_engine):
@@ -375,7 +375,7 @@ def test_step_axes_start_at_the_first_step(tiny_engine):
     plots = {b.elem_id: b.x_lim for b in build_ui(tiny_engine).blocks.values() if isinstance(b, gr.LinePlot)}
     # The KV chart's first point, step -1, is the empty cache before prefill (kv_frame).
     assert plots == {"kv-chart": [-1, None], "latency-chart": [0, None], "run-chart": [0, None],
-                     "rank-chart": [0, None], "compare-chart": [0, None]}
+                     "rank-chart": [0, None], "compare-chart": [0, None], "entropy-chart": [0, None]}
 
 
 def test_the_pool_line_counts_blocks_in_words():

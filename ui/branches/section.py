@@ -32,7 +32,7 @@ def wire(page, h: Handlers, chain_run) -> None:
                      show_progress="hidden")
     chain_run(picked.success)
     shown = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
-             "run_chart", "rank_chart", "tokens", "downloads", "run_seed", "prompt_view", "branch_view",
-             *(f"replay_{n}" for n in SHAPING_SETTINGS), *NAMES)
+             "run_chart", "rank_chart", "entropy_chart", "tokens", "downloads", "run_seed", "prompt_view", "branch_view",
+             *(f"replay_{n}" for n in SHAPING_SETTINGS), *(f"b_{n}" for n in SHAPING_SETTINGS), *NAMES)
     page.on(page["branch_view"].select, h.view_branch, inputs=("branches",), outputs=shown,
             api_visibility="private", queue=False, show_progress="hidden")

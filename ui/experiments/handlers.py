@@ -58,6 +58,24 @@ class ExperimentHandlers(PageBase):
             rec.add(ev)
         return rec
 
+    def compare_begin(self, request: gr.Request = None) -> dict:
+        """At the compare click: refused (one line) as Generate is when a job is going; else
+        Generate, Regenerate, compare and "Score it" are off and Stop stops the comparison."""
+        self.admit(request)
+        off = gr.update(interactive=False)
+        return {"generate": off, "regenerate": off, "compare_button": off, "x_button": off,
+                "stop_button": gr.update(interactive=True, variant="stop")}
+
+    def compare_end(self, history=None) -> dict:
+        """Once the comparison has ended: the buttons back as they are between runs."""
+        on = gr.update(interactive=True)
+        return {"generate": on, "regenerate": gr.update(interactive=bool(history)), "compare_button": on,
+                "x_button": on, "stop_button": gr.update(interactive=False, variant="secondary")}
+
+    def likelihood_begin(self, request: gr.Request = None) -> None:
+        """At the "Score it" click: refused with its one-line reason while a job is going."""
+        self.admit(request)
+
     @takes_controls(*(f"{name}_b" for name in SHAPING_SETTINGS), "model_b")
     def compare(self, c: Controls, *b_values, request: gr.Request = None) -> dict:
         """Run A (the page's model and settings) and B (the compare settings, and model_b: the

@@ -22,17 +22,23 @@ CHARTS_NOTE = ("In front of a server: the raw entropy needs the whole distributi
 
 
 def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The per-step probabilities (the chosen token's; under a constraint the masked mass), on
+    an axis from 0 to 1, and the chosen token's rank."""
     rows = []
     for s in rec.steps:  # a number the engine does not know (None) is left out, not drawn as 0
         if shown_prob(s) is not None:
             rows.append({"step": s.step, "value": shown_prob(s), "metric": "chosen-token probability"})
-        if s.entropy is not None:
-            rows.append({"step": s.step, "value": s.entropy, "metric": "raw entropy (nats)"})
         if rec.params is not None and rec.params.constraint and s.masked_mass is not None:
             rows.append({"step": s.step, "value": s.masked_mass, "metric": "masked mass (constraint)"})
     ranks = pd.DataFrame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None],
                          columns=["step", "rank"])
     return pd.DataFrame(rows, columns=["step", "value", "metric"]), ranks
+
+
+def entropy_frame(rec: RunRecord) -> pd.DataFrame:
+    """The raw entropy per step, in nats: its own chart, as its unit is not a probability's."""
+    return pd.DataFrame([{"step": s.step, "nats": s.entropy} for s in rec.steps if s.entropy is not None],
+                        columns=["step", "nats"])
 
 
 def stages_table(original, replayed, tokenizer, chosen: int) -> str:
@@ -53,7 +59,8 @@ def stages_table(original, replayed, tokenizer, chosen: int) -> str:
 
 
 def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10) -> str:
-    """The step's candidates: raw, final in the run, final under the replayed settings."""
+    """The step's candidates: final in the run (the main bars' final colour), final under the
+    replayed settings (a colour of its own)."""
     ids = {c.id for c in step.top}
     values, top = final_replay.topk(n)
     ids |= {i for i, v in zip(top.tolist(), values.tolist()) if v > 0}
@@ -64,9 +71,9 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
         rows.append(
             f"<div class='tl-row{' tl-chosen' if chosen else ''}'>"
             f"<span class='tl-tok'>{'▶ ' if chosen else ''}{html.escape(visible(tokenizer.piece(i)))}</span>"
-            f"<span class='tl-bar'><span class='tl-raw' style='width:{100 * float(final_run[i]):.2f}%'></span></span>"
+            f"<span class='tl-bar'><span class='tl-final' style='width:{100 * float(final_run[i]):.2f}%'></span></span>"
             f"<span class='tl-num'>{prob_html(float(final_run[i]))}</span>"
-            f"<span class='tl-bar'><span class='tl-final' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
+            f"<span class='tl-bar'><span class='tl-replayed' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
             f"<span class='tl-num'>{prob_html(float(final_replay[i]))}</span></div>")
     head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-h2'>final in the run</span>"
             "<span class='tl-h2'>final, replayed</span></div>")

@@ -7,14 +7,13 @@ import gradio as gr
 
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
-from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, run_chart_frames, two_models_frame
+from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, entropy_frame, run_chart_frames, two_models_frame
 from ui.format import COMPARE_COLOR_MAP, step_axis
 from ui.handlers import Handlers
 from ui.public import ENGINE
 from ui.run_state import RunRecord
 from ui.widgets import setting_control
 
-B_DEFAULTS = {"temperature": 1.5}  # compare A/B starts from a visible difference
 
 
 def build(page, h: Handlers) -> None:
@@ -25,9 +24,13 @@ def build(page, h: Handlers) -> None:
             gr.Markdown(CHARTS_NOTE, elem_id="charts-note")
         run_frame, rank_frame = run_chart_frames(RunRecord())
         with gr.Row():
-            add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric",
-                                         title="Per step: chosen-token probability, raw entropy (and masked mass under a constraint)",
+            add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric", y_lim=[0, 1],
+                                         y_title="probability", color_title=" ",
+                                         title="Per step: chosen-token probability (and masked mass under a constraint)",
                                          elem_id="run-chart", min_width=320))
+            add("entropy_chart", gr.LinePlot(entropy_frame(RunRecord()), **step_axis(), y="nats",
+                                             y_title="entropy (nats)", title="Entropy of the raw distribution per step",
+                                             elem_id="entropy-chart", min_width=320))
             add("rank_chart", gr.LinePlot(rank_frame, **step_axis(), y="rank",
                                           title="Rank of the chosen token in the raw distribution",
                                           elem_id="rank-chart", min_width=320))
@@ -52,21 +55,23 @@ def build(page, h: Handlers) -> None:
         add("replay_md", gr.Markdown("", elem_id="replay-stages", visible=internals))
         add("replay_bars", gr.HTML("", elem_id="replay-bars", visible=internals))
         many = len(h.models.labels) > 1
-        gr.Markdown("**Compare A/B**: A uses the model and settings above, B these; same prompt, same seed."
+        gr.Markdown("**Compare A/B**: A is a run with the page's own model and *Sampling settings* (at the top "
+                    "of the page); B is a run with the B settings below, which start as a copy of the last "
+                    "run's. Change one of B's to compare; same prompt, same seed."
                     + (" With two models whose tokenizers agree, both also read A's text and their "
-                       "distributions are compared at every step." if many else ""))
+                       "distributions are compared at every step." if many else ""), elem_id="compare-label")
         add("model_b", gr.Dropdown([("A's model", ""), *h.models.labels], value="", label="B's model (empty: A's)",
                                    visible=many, elem_id="model-b"))
         with gr.Row():
             for n in SHAPING_SETTINGS:
                 if BY_NAME[n].group == "main":
-                    add(f"b_{n}", setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), h.context, "B ", "b-",
+                    add(f"b_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "B ", "b-",
                                                   available=n in h.caps.settings))
         with gr.Accordion("More B settings", open=False, elem_id="b-more"):
             with gr.Row():
                 for n in SHAPING_SETTINGS:
                     if BY_NAME[n].group != "main":
-                        add(f"b_{n}", setting_control(BY_NAME[n], B_DEFAULTS.get(n, getattr(d, n)), h.context, "B ",
+                        add(f"b_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "B ",
                                                       "b-", available=n in h.caps.settings))
         add("compare_button", gr.Button("Run A and B", elem_id="compare"))
         add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
@@ -75,10 +80,10 @@ def build(page, h: Handlers) -> None:
                 add(name, gr.HighlightedText(label=label, color_map=COMPARE_COLOR_MAP, show_legend=True,
                                              show_inline_category=False, elem_id=f"compare-{label.lower()}",
                                              min_width=300))
-        add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series",
+        add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series", color_title=" ",
                                          title="Two models along A's text", label="Two models per step", visible=many,
                                          elem_id="compare-chart"))
-        with gr.Row():
+        with gr.Row(elem_id="compare-bars"):
             for name, label in (("bars_a", "A"), ("bars_b", "B")):
                 add(name, gr.HTML("", label=f"{label}'s candidates at the divergence",
                                   elem_id=f"compare-bars-{label.lower()}", min_width=320))
@@ -103,8 +108,19 @@ def wire(page, h: Handlers) -> None:
                                                       (page[n].submit, page[n].blur) if isinstance(page[n], gr.Textbox) else
                                                       (page[n].input,))]
         page.on(lambda fn, **kw: gr.on(triggers, fn, trigger_mode="always_last", **kw), h.replay_step, **args)
-    page.on(page["compare_button"].click, h.compare, inputs=(*NAMES, *(f"b_{n}" for n in SHAPING_SETTINGS), "model_b"),
-            outputs=("out_a", "out_b", "compare_md", "compare_chart", "bars_a", "bars_b"), api_name="compare",
-            concurrency_id=ENGINE)
-    page.on(page["x_button"].click, h.likelihood, inputs=("record", "step", "x_text"), outputs=("x_md",),
+    # /compare for scripts, registered before the page's own compare event so that it keeps the
+    # name: the page's click first turns Generate off and Stop on, then compares, then turns them back.
+    compare = dict(inputs=(*NAMES, *(f"b_{n}" for n in SHAPING_SETTINGS), "model_b"),
+                   outputs=("out_a", "out_b", "compare_md", "compare_chart", "bars_a", "bars_b"), concurrency_id=ENGINE)
+    page.on(gr.Button(visible=False).click, h.compare, api_name="compare", **compare)
+    buttons = ("generate", "regenerate", "compare_button", "x_button", "stop_button")
+    begun = page.on(page["compare_button"].click, h.compare_begin, outputs=buttons, concurrency_limit=None,
+                    show_progress="hidden", api_visibility="private")
+    compared = page.on(begun.success, h.compare, api_visibility="private", **compare)
+    page.on(compared.then, h.compare_end, inputs=("history",), outputs=buttons, queue=False,
+            show_progress="hidden", api_visibility="private")
+    # "Score it": refused in one line (a toast) while a job is going, else scored.
+    scored = page.on(page["x_button"].click, h.likelihood_begin, concurrency_limit=None, show_progress="hidden",
+                     api_visibility="private")
+    page.on(scored.success, h.likelihood, inputs=("record", "step", "x_text"), outputs=("x_md",),
             api_visibility="private", concurrency_id=ENGINE)

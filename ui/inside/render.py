@@ -9,7 +9,7 @@ import html
 from inference.device import dtype_name
 from inference.model.anatomy import family_path, memory_table, stages
 from ui.experiments.render import NOT_HERE
-from ui.format import prob_html, si, visible
+from ui.format import prob_html, si, token_label
 from ui.run.render import NO_CONFIG
 
 INSIDE_NOTE = (f"**Inside one token**: the path through the layers, the attention weights and the "
@@ -48,7 +48,7 @@ def attention_html(capture, tokenizer, max_rows: int = 400) -> str:
             f"<td style='background: rgba(229,57,53,{min(1.0, float(att[h, pos]) ** 0.5):.3f})' "
             f"title='head {h}, position {pos}: {float(att[h, pos]):.4f}'>{float(att[h, pos]):.2f}</td>"
             for h in range(n_heads))
-        label = html.escape(visible(tokenizer.piece(capture.context_ids[pos])))
+        label = html.escape(token_label(tokenizer.piece(capture.context_ids[pos])))
         rows.append(f"<tr><th class='tl-pos'>{pos}</th><th class='tl-ctx'>{label}</th>{cells}</tr>")
     note = f"<div>showing the last {max_rows} of {T} positions</div>" if start else ""
     return (f"<div class='tl-att'><div class='tl-title'>Layer {capture.layer}: where the new token's "
@@ -63,7 +63,7 @@ def pattern_html(pattern, context_ids: list[int], tokenizer, layer: int, head: i
     head = min(max(int(head), 0), n_heads - 1)
     start = max(0, T - max_positions)
     w = pattern[head, start:, start:]
-    labels = [html.escape(visible(tokenizer.piece(i))) for i in context_ids[start:T]]
+    labels = [html.escape(token_label(tokenizer.piece(i))) for i in context_ids[start:T]]
     cols = "".join(f"<th class='tl-k' data-k='{start + j}' title='key {start + j}: {lab}'><span>{lab}</span></th>"
                    for j, lab in enumerate(labels))
     rows = []
@@ -90,7 +90,7 @@ def lens_html(capture, tokenizer) -> str:
     """The logit lens: each layer's residual stream through the final norm and LM head."""
     rows = []
     for layer, top in enumerate(capture.lens):
-        cells = "".join(f"<td>{html.escape(visible(tokenizer.piece(i)))} <small>{prob_html(p)}</small></td>"
+        cells = "".join(f"<td>{html.escape(token_label(tokenizer.piece(i)))} <small>{prob_html(p)}</small></td>"
                         for i, p in top)
         rows.append(f"<tr><th>after layer {layer}</th>{cells}</tr>")
     return ("<div class='tl-lens'><div class='tl-title'>Logit lens: the top tokens each layer's "

@@ -18,10 +18,10 @@ from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
 from inference.serving.engine import check_ids, parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
-from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls, who
+from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
-from ui.experiments.render import run_chart_frames
+from ui.experiments.render import entropy_frame, run_chart_frames
 from ui.public import tokens_message
 from ui.inside.render import memory_markdown
 from ui.run import kv, render
@@ -63,11 +63,7 @@ class RunHandlers(PageBase):
         every panel kept as it was; `generate` refuses it too. A session with a job going, or a
         client at its share, is refused here with a page error (begin runs in the queue,
         unlimited, so that this is no HTTP 500), and the run is not queued."""
-        session, client = who(request)
-        self.registry.settle(session)  # a run just stopped ends within a step
-        refusal = self.admission.refusal(session, client)
-        if refusal is not None:
-            raise gr.Error(refusal, print_exception=False)
+        session = self.admit(request)
         try:
             parse_seed(c.seed)
             rec = self._prepare(c, 0, history)
@@ -92,6 +88,7 @@ class RunHandlers(PageBase):
             # What the previous run left: its downloads, its whole-run charts, and its seed
             # (which a link made during the new run would otherwise carry).
             "downloads": render.downloads_html(None, None), "run_chart": run_chart, "rank_chart": rank_chart,
+            "entropy_chart": entropy_frame(empty),
             "run_seed": "", "record": rec}
 
     @takes_controls(after=("history",))
@@ -231,13 +228,14 @@ class RunHandlers(PageBase):
     def drawn(self, rec: RunRecord) -> dict:
         """What an ended run shows besides its streamed panels: the final charts, the step slider
         spanning its steps, the whole-run charts, the replay controls at its settings (an
-        untouched replay is the run), the tokens of prompt and output, the downloads and its seed."""
+        untouched replay is the run), compare's B settings a copy of its own, the tokens of prompt and
+        output, the downloads and its seed."""
         n, tok = len(rec.steps), self.view(rec.model).tokenizer
         run_chart, rank_chart = run_chart_frames(rec)
         return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
                 "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-                "run_chart": run_chart, "rank_chart": rank_chart,
-                **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
+                "run_chart": run_chart, "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec),
+                **{f"{panel}_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS for panel in ("replay", "b")},
                 "tokens": render.run_tokens_html(tok, rec.prompt_ids, rec.generated_before(n)),
                 "downloads": render.downloads_html(
                     self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
@@ -281,6 +279,20 @@ class RunHandlers(PageBase):
     def count_context(self, prompt, mode, system, max_new_tokens, history=None, model=None) -> str:
         """The context counter while typing: the prompt's tokens (in chat mode with the template
         and the earlier turns) + the most new tokens / the context window, in the chosen model."""
+        return self._context(prompt, mode, system, max_new_tokens, history, model)[0]
+
+    def preview(self, prompt, mode, system, max_new_tokens, history=None, model=None, rec=None) -> dict:
+        """The context counter, and before the first run the tokenization view of the prompt as
+        it will be fed: both from one tokenization, so that their counts agree. Once a run has
+        been made the view shows that run's tokens (its title says so) until the next one."""
+        text, ids = self._context(prompt, mode, system, max_new_tokens, history, model)
+        out = {"context_count": text}
+        if rec is None:
+            out["tokens"] = render.run_tokens_html(self.view(model).tokenizer, ids or [], fed=False)
+        return out
+
+    def _context(self, prompt, mode, system, max_new_tokens, history=None, model=None) -> tuple[str, list[int] | None]:
+        """The counter's line and the prompt's ids as they will be fed (None: they cannot be)."""
         chat = mode == "chat"
         turns = list(history or []) if chat else []
         try:
@@ -289,14 +301,15 @@ class RunHandlers(PageBase):
         except TokenLabError as e:
             if isinstance(prompt, str) and not prompt.strip():
                 if turns:
-                    return f"Context: {len(turns) // 2} earlier turn(s) kept · type your next message"
-                return "Context: the prompt is empty"
-            return f"Context: {html.escape(str(e))}"
+                    n = len(turns) // 2
+                    return f"Context: {n} earlier turn{'s' * (n != 1)} kept · type your next message", None
+                return "Context: the prompt is empty", None
+            return f"Context: {html.escape(str(e))}", None
         try:
             max_new = BY_NAME["max_new_tokens"].parse(max_new_tokens)
         except TokenLabError:
             max_new = None
-        return render.context_text(len(ids), None, max_new, m.context)
+        return render.context_text(len(ids), None, max_new, m.context), ids
 
     # -------------------------------------------------------- the model picker
 

@@ -9,7 +9,7 @@ import time
 import pandas as pd
 
 from inference.model.kv_cache import BLOCK_SIZE
-from ui.format import si
+from ui.format import mib
 from ui.run.render import NO_CONFIG
 from ui.run_state import RunRecord
 
@@ -26,15 +26,29 @@ def kv_frame(rec: RunRecord) -> pd.DataFrame:
             rows.append({"step": -1, "MiB": 0.0, "series": series})
             rows += [{"step": s.step, "MiB": per * (n + s.step) / 2**20, "series": series} for s in rec.steps]
         return pd.DataFrame(rows, columns=["step", "MiB", "series"])
-    if rec.steps:  # before prefill the cache is empty: the first step shows the prefill's jump
-        rows.append({"step": -1, "MiB": 0.0, "series": "used"})
-        rows.append({"step": -1, "MiB": 0.0, "series": "allocated"})
-    for s in rec.steps:
-        rows.append({"step": s.step, "MiB": s.kv_cache_bytes / 2**20, "series": "used"})
-        rows.append({"step": s.step, "MiB": s.kv_cache_capacity_bytes / 2**20, "series": "allocated"})
-        if s.pool is not None:
-            rows.append({"step": s.step, "MiB": s.pool.bytes_used / 2**20, "series": "server pool, all runs"})
+    series = {"used": [s.kv_cache_bytes for s in rec.steps],
+              "allocated": [s.kv_cache_capacity_bytes for s in rec.steps]}
+    if rec.steps and all(s.pool is not None for s in rec.steps):
+        series["server pool, all runs"] = [s.pool.bytes_used for s in rec.steps]
+    for name, values in _merged(series).items():
+        if values:  # before prefill the cache is empty: the first step shows the prefill's jump
+            rows.append({"step": -1, "MiB": 0.0, "series": name})
+        rows += [{"step": s.step, "MiB": v / 2**20, "series": name} for s, v in zip(rec.steps, values)]
     return pd.DataFrame(rows, columns=["step", "MiB", "series"])
+
+
+def _merged(series: dict[str, list]) -> dict[str, list]:
+    """Series equal at every step drawn as one line named after all of them ("allocated =
+    server pool, all runs" while this run is the pool's only one): a line hidden under another
+    would leave a legend entry with nothing to see."""
+    out: dict[str, list] = {}
+    for name, values in series.items():
+        same = next((n for n, v in out.items() if v == values), None)
+        if same is None:
+            out[name] = values
+        else:
+            out[f"{same} = {name}"] = out.pop(same)
+    return out
 
 
 def latency_frame(rec: RunRecord) -> pd.DataFrame:
@@ -48,9 +62,9 @@ def pool_markdown(step: StepEvent | None) -> str:
     p = step.pool
     return (f"\n\n**Paged KV cache**: this run holds **{step.kv_blocks} block{'s' * (step.kv_blocks != 1)}** "
             f"of {BLOCK_SIZE} positions "
-            f"({si(step.kv_cache_capacity_bytes, 'B')}). The server's pool (all runs): "
-            f"**{p.blocks_used:,} of {p.blocks_total:,} blocks** in use ({si(p.bytes_used, 'B')} of "
-            f"{si(p.blocks_total * p.bytes_per_block, 'B')}) by {p.active_runs} "
+            f"({mib(step.kv_cache_capacity_bytes)}). The server's pool (all runs): "
+            f"**{p.blocks_used:,} of {p.blocks_total:,} blocks** in use ({mib(p.bytes_used)} of "
+            f"{mib(p.blocks_total * p.bytes_per_block)}) by {p.active_runs} "
             f"run{'s' if p.active_runs != 1 else ''}, {p.blocks_reserved:,} promised to them"
             + (f", {p.waiting_runs} waiting" if p.waiting_runs else "")
             + (f"; {p.blocks_cached:,} kept from finished runs for a prompt that starts the same way (a chat's "
@@ -75,9 +89,9 @@ def kv_formula(info, positions: int | None = None, measured_bytes: int | None = 
     if not info.capabilities.measured_kv:
         text += f" ({b} bytes per value: {info.kv_value_bytes_source})"
     if measured_bytes:
-        text += f"; × {measured_bytes // per} positions held = {measured_bytes:,} bytes ({measured_bytes / 2**20:.2f} MiB)"
+        text += f"; × {measured_bytes // per} positions held = {measured_bytes:,} bytes ({mib(measured_bytes)})"
     elif positions:
-        text += (f"; × {positions} positions this run holds = {per * positions / 2**20:.2f} MiB, by the "
+        text += (f"; × {positions} positions this run holds = {mib(per * positions)}, by the "
                  "formula (the server does not say what one request holds)")
     return text
 
@@ -90,7 +104,7 @@ def server_load_markdown(load=None, error: str | None = None) -> str:
     usage = "not published" if load.kv_cache_usage is None else f"{100 * load.kv_cache_usage:.1f}% in use"
     pool = ""
     if load.pool_tokens:
-        pool = f" of {load.pool_tokens:,} positions" + (f" ({si(load.pool_bytes, 'B')})" if load.pool_bytes else "")
+        pool = f" of {load.pool_tokens:,} positions" + (f" ({mib(load.pool_bytes)})" if load.pool_bytes else "")
     running = "–" if load.running is None else load.running
     waiting = "–" if load.waiting is None else load.waiting
     return (f"**The whole server** (every request on it, not only this page's; its /metrics at {at}): "

@@ -12,7 +12,7 @@ from inference.device import dtype_name
 from inference.model.anatomy import decode_cost
 from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, order
 from ui.format import (BUCKETS, REASONS, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
-                       approx_note, ordinal, prob_html, shown_prob, si, visible)
+                       approx_note, ordinal, prob_html, shown_prob, si, token_label, visible)
 from ui.run_state import RunRecord
 
 # Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
@@ -33,6 +33,7 @@ class Chip:
     prob: float | None  # the probability the chip was sampled with: the product over its tokens
     steps: range  # the steps it spans
     cut: bool = False  # a character the end of the run cut off
+    raw: float | None = None  # its probability in the model's raw distribution (the product likewise)
 
 
 def output_chips(rec: RunRecord, tokenizer) -> list[Chip]:
@@ -43,8 +44,9 @@ def output_chips(rec: RunRecord, tokenizer) -> list[Chip]:
         if not complete:
             held = "".join(s.piece for s in group)
             text = f"{text}[cut off: {held}]" if rec.done is not None else text
-        probs = [shown_prob(s) for s in group]
-        chips.append(Chip(text, None if None in probs else math.prod(probs), steps, not complete))
+        probs, raws = [shown_prob(s) for s in group], [s.raw_prob for s in group]
+        chips.append(Chip(text, None if None in probs else math.prod(probs), steps, not complete,
+                          None if None in raws else math.prod(raws)))
     return chips
 
 
@@ -66,9 +68,16 @@ def _shown(text: str) -> str:
     return html.escape(text).replace("\n", "↵\n")
 
 
+def chip_class(c: Chip) -> str:
+    """A chip's colour classes: by the probability it was sampled with (tl-b*), and by the
+    model's raw probability (tl-rb*), which the page shows instead when "Colour by" says raw."""
+    return f"tl-t {bucket_class(c.prob)} tl-rb{bucket_class(c.raw)[4:]}"
+
+
 def legend_html() -> str:
     """What the output's colours mean; only shown under output that has them (output_html)."""
-    return ("<div class='tl-legend'>colour = probability the token was sampled with: "
+    return ("<div class='tl-legend'><span class='tl-by-final'>colour = probability the token was sampled "
+            "with (final):</span><span class='tl-by-raw'>colour = the model's raw probability:</span> "
             + "".join(f"<span class='tl-key {bucket_class(t)}'>{html.escape(name)}</span>" for t, name in BUCKETS)
             + "</div>")
 
@@ -80,13 +89,14 @@ def _popover(rec: RunRecord, chip: "Chip", tokenizer) -> str:
     shown = first.top[:5]
     if all(c.id != first.token_id for c in shown):  # a sampled token further down: listed too, last
         shown = shown + [c for c in first.top if c.id == first.token_id]
-    rows = "".join(
+    rows = "<span class='tl-pop-cols'><span>token</span><span>raw</span><span>final</span></span>" + "".join(
         f"<span class='tl-alt{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
-        f"<span>{html.escape(visible(c.piece))}</span><span>{prob_html(c.prob)}</span></span>"
+        f"<span>{html.escape(token_label(c.piece))}</span><span>{prob_html(c.raw_prob)}</span>"
+        f"<span>{prob_html(c.prob)}</span></span>"
         for c in shown)
     span = f"steps {chip.steps[0]}–{chip.steps[-1]}" if len(chip.steps) > 1 else f"step {chip.steps[0]}"
     return (f"<span class='tl-pop' role='tooltip'><span class='tl-pop-head'>{span} · id {first.token_id} · "
-            f"{chosen_prob_html(first.prob, first.raw_prob)}</span>{rows}</span>")
+            f"{chosen_prob_html(first.prob, first.raw_prob)}</span><span class='tl-pop-rows3'>{rows}</span></span>")
 
 
 def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, empty: str = "") -> str:
@@ -101,10 +111,10 @@ def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, em
     parts = []
     for i, c in enumerate(chips):
         if detail:
-            parts.append(f"<span class='tl-t {bucket_class(c.prob)}' data-i='{i}' tabindex='0'>"
+            parts.append(f"<span class='{chip_class(c)}' data-i='{i}' tabindex='0'>"
                          f"{_shown(c.text) or '∅'}{_popover(rec, c, tokenizer)}</span>")
         else:
-            parts.append(f"<span class='tl-t {bucket_class(c.prob)}' data-i='{i}' title='p {fmt_p(c.prob)}'>"
+            parts.append(f"<span class='{chip_class(c)}' data-i='{i}' title='p {fmt_p(c.prob)}, raw p {fmt_p(c.raw)}'>"
                          f"{_shown(c.text) or '∅'}</span>")
     tail = rec.done.tail if rec.done else ""
     if chips and chips[-1].cut:
@@ -138,7 +148,7 @@ def _token_chips(tokenizer, ids: list[int]) -> str:
     for positions, complete in tokenizer.char_groups(ids):
         group = [ids[i] for i in positions]
         tokens = "".join(f"<span class='tl-tk{' tl-ctl' if tokenizer.is_control(i) else ''}'>"
-                         f"{html.escape(visible(tokenizer.piece(i)))}<sub>{i}</sub></span>" for i in group)
+                         f"{html.escape(token_label(tokenizer.piece(i)))}<sub>{i}</sub></span>" for i in group)
         if len(group) == 1:
             chips.append(f"<span class='tl-chip'>{tokens}</span>")
         else:
@@ -148,20 +158,22 @@ def _token_chips(tokenizer, ids: list[int]) -> str:
     return "".join(chips)
 
 
-def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] | None = None) -> str:
-    """The tokenization view: the prompt's tokens, and once there are any the generated ones."""
-    out = prompt_tokens_html(tokenizer, prompt_ids)
+def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] | None = None,
+                    fed: bool = True) -> str:
+    """The tokenization view: the prompt's tokens, and once there are any the generated ones.
+    fed: the prompt of a run (else the prompt as the next run will feed it, before any run)."""
+    out = prompt_tokens_html(tokenizer, prompt_ids, "Prompt of the run" if fed else "Prompt as it will be fed")
     if generated_ids:
         out += (f"<div class='tl-tokens tl-gen-tokens'><div class='tl-title'>Generated: {len(generated_ids):,} tokens"
                 f"</div><div class='tl-chips'>{_token_chips(tokenizer, generated_ids)}</div></div>")
     return out
 
 
-def prompt_tokens_html(tokenizer, ids: list[int]) -> str:
+def prompt_tokens_html(tokenizer, ids: list[int], title: str = "Prompt") -> str:
     """The prompt's tokens as chips: one per token, and one per character made of byte tokens
     with those tokens beneath it; control tokens marked."""
     control = sum(tokenizer.is_control(i) for i in ids)
-    return (f"<div class='tl-tokens'><div class='tl-title'>Prompt: {len(ids):,} tokens"
+    return (f"<div class='tl-tokens'><div class='tl-title'>{html.escape(title)}: {len(ids):,} tokens"
             + (f", {control:,} of them control tokens (outlined)" if control else "")
             + f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
 

@@ -27,6 +27,9 @@ EXAMPLES = [
     ["Explain in one sentence why the sky is blue.", "chat"],
 ]
 OUTPUT_JS = (Path(__file__).parent.parent / "assets" / "output.js").read_text(encoding="utf-8")
+CLAMP_JS = (Path(__file__).parent.parent / "assets" / "clamp.js").read_text(encoding="utf-8")
+COLOUR_BY = [("colour by final p (sampled from)", "final"), ("colour by raw p (the model's)", "raw")]
+COLOUR_BY_JS = "(by) => { document.body.classList.toggle('tl-colour-raw', by === 'raw'); return []; }"
 SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); return []; }"
 COPY_TEXT_JS = """() => {
   const el = document.querySelector('#output .tl-out');
@@ -43,104 +46,114 @@ OUTPUT_CAPTION_RAW = ("Generated text, coloured by the probability each token wa
 RUN_INPUTS = (*NAMES, "history")
 # after_run's outputs (it returns only those it changes).
 AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop_button", "kv_chart", "latency", "step", "run_chart",
-                 "rank_chart", *(f"replay_{n}" for n in SHAPING_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
+                 "rank_chart", "entropy_chart", *(f"replay_{n}" for n in SHAPING_SETTINGS),
+                 *(f"b_{n}" for n in SHAPING_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
                  "prompt", "status")
 BEGIN_OUTPUTS = ("prompt_view", "tokens", "kv_chart", "latency", "live", "generate", "regenerate",
                  "stop_button", "step", "status", "output", "bars", "stats", "notice", *STALE_PANELS,
-                 "downloads", "run_chart", "rank_chart", "run_seed", "record")
+                 "downloads", "run_chart", "rank_chart", "entropy_chart", "run_seed", "record")
 
 
 def build(page, h: Handlers, limits_md: str) -> None:
     """The main grid (wide: prompt | settings over output | bars; narrow: prompt, output, bars,
     then the settings: page.css), then the KV-cache and latency row."""
     d, tok, add = h.defaults, h.engine.tokenizer, page.add
+    # Wide: the prompt over the settings on the left, the output over its bars on the right, so
+    # that a run's text and its bars are in view together; narrow (the wrappers dissolve, page.css):
+    # prompt, output, bars, the prompt as fed, then the settings.
     with gr.Row(elem_id="main-grid"):
-        with gr.Column(elem_id="input-col"):
-            many = len(h.models.labels) > 1
-            # The default model's value is "" (as /generate's default): a link to it names none.
-            choices = [(h.models.default, ""), *h.models.labels[1:]]
-            add("model", gr.Dropdown(choices, value=d.model, label="Model", visible=many,
-                                     info="each loads on its first use", elem_id="model"))
-            add("model_md", gr.Markdown(h.models_markdown(), elem_id="model-memory", visible=many))
-            add("prompt", gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt"))
-            add("context_count", gr.Markdown(h.count_context(d.prompt, d.mode, d.system, d.max_new_tokens),
-                                             label="Context", elem_id="context-count"))
-            with gr.Row():
-                add("mode", gr.Radio(["completion", "chat"], value=d.mode, label="Mode",
-                                     info="chat wraps the prompt in the model's chat template; "
-                                          "follow-ups continue the conversation", elem_id="mode"))
-                # min_width: on a narrow screen it goes under the mode, the whole column wide,
-                # so that the model's default (its placeholder) can be read.
-                add("system", gr.Textbox(
-                    d.system, label="System prompt (chat mode)", lines=2, elem_id="system", min_width=300,
-                    placeholder=h.default_system or "none",
-                    info=("empty = the model's default, shown here: its chat template adds it"
-                          if h.default_system else "empty = no system message")))
-            add("conversation", gr.HTML("", elem_id="conversation"))
-            with gr.Row():
-                add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
-                add("stop_button", gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop"))
-            chat.build_buttons(page, d.mode)
-            add("status", gr.Markdown("", label="Status", elem_id="status"))
-            add("notice", gr.Markdown("", label="Notice", elem_id="notice"))
-            if limits_md:
-                gr.Markdown(limits_md, elem_id="limits")
-            with gr.Accordion("Example prompts", open=False, elem_id="examples"):
-                gr.Examples(EXAMPLES, inputs=page.all(("prompt", "mode")), label=None)
-        with gr.Column(elem_id="output-col"):
-            add("prompt_view", gr.Textbox(label="Prompt as fed to the model", lines=2, max_lines=8,
-                                          interactive=False, elem_id="prompt-view"))
-            gr.Markdown(OUTPUT_CAPTION_RAW if h.caps.logprobs == "raw" else OUTPUT_CAPTION, elem_id="output-caption")
-            add("output", gr.HTML(render.output_html(None, tok), label="Generated text", elem_id="output",
-                                  js_on_load=OUTPUT_JS))
-            with gr.Row():
-                add("copy_text", gr.Button("Copy text", size="sm", elem_id="copy-text"))
-                add("downloads", gr.HTML(render.downloads_html(None, None), elem_id="downloads"))
-            add("tokens", gr.HTML(render.run_tokens_html(tok, []), label="Tokenization", elem_id="tokens"))
-        with gr.Column(elem_id="settings-col"):
-            with gr.Accordion("Sampling settings", open=True, elem_id="settings"):
-                for s in BY_NAME.values():
-                    if s.group == "main":
-                        add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
-                                                    available=s.name in h.caps.settings))
-                add("seed", gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed"))
-                with add("constrain_box", gr.Accordion("Constrain output: JSON schema, regular expression, grammar",
-                                                       open=False, elem_id="constrain")):
+        with gr.Column(elem_id="left-col"):
+            with gr.Column(elem_id="input-col"):
+                many = len(h.models.labels) > 1
+                # The default model's value is "" (as /generate's default): a link to it names none.
+                choices = [(h.models.default, ""), *h.models.labels[1:]]
+                add("model", gr.Dropdown(choices, value=d.model, label="Model", visible=many,
+                                         info="each loads on its first use", elem_id="model"))
+                add("model_md", gr.Markdown(h.models_markdown(), elem_id="model-memory", visible=many))
+                add("prompt", gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt"))
+                first = h.preview(d.prompt, d.mode, d.system, d.max_new_tokens)  # the counter and the tokens agree
+                add("context_count", gr.Markdown(first["context_count"],
+                                                 label="Context", elem_id="context-count"))
+                with gr.Row():
+                    add("mode", gr.Radio(["completion", "chat"], value=d.mode, label="Mode",
+                                         info="chat wraps the prompt in the model's chat template; "
+                                              "follow-ups continue the conversation", elem_id="mode"))
+                    # min_width: on a narrow screen it goes under the mode, the whole column wide,
+                    # so that the model's default (its placeholder) can be read.
+                    add("system", gr.Textbox(
+                        d.system, label="System prompt (chat mode)", lines=2, elem_id="system", min_width=300,
+                        placeholder=h.default_system or "none",
+                        info=("empty = the model's default, shown here: its chat template adds it"
+                              if h.default_system else "empty = no system message")))
+                add("conversation", gr.HTML("", elem_id="conversation", visible=d.mode == "chat"))
+                with gr.Row():
+                    add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
+                    add("stop_button", gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop"))
+                chat.build_buttons(page, d.mode)
+                add("status", gr.Markdown("", label="Status", elem_id="status"))
+                add("notice", gr.Markdown("", label="Notice", elem_id="notice"))
+                if limits_md:
+                    gr.Markdown(limits_md, elem_id="limits")
+                with gr.Accordion("Example prompts", open=False, elem_id="examples"):
+                    gr.Examples(EXAMPLES, inputs=page.all(("prompt", "mode")), label=None)
+            with gr.Column(elem_id="settings-col"):
+                with gr.Accordion("Sampling settings", open=True, elem_id="settings"):
                     for s in BY_NAME.values():
-                        if s.group == "constrain":
+                        if s.group == "main":
                             add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
                                                         available=s.name in h.caps.settings))
-                    if not h.caps.masked_mass:
-                        gr.Markdown(constrain.NO_MASKED_MASS, elem_id="constraint-note")
-                    add("constraint_check", gr.Markdown(constrain.check_text(d.constraint, d.constraint_text),
-                                                        elem_id="constraint-check"))
-                    add("constraint_example", gr.Dropdown(list(constrain.EXAMPLES), value=None,
-                                                          label="Ready examples", elem_id="constraint-example"))
-                more = [s for s in BY_NAME.values() if s.group == "more"]
-                with add("more", gr.Accordion("More settings: min-p, penalties, logit bias, typical-p, cutoffs, "
-                                              "top-nσ, dynamic temperature, XTC, DRY, Mirostat, sampler order, "
-                                              "stop strings", open=False, elem_id="more-settings")):
-                    for s in more:
-                        add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
-                                                    available=s.name in h.caps.settings))
-                        if s.name == "sampler_order":  # the order these settings run in, live
-                            add("order_view", gr.HTML(h.order_view(*(getattr(d, n) for n in SHAPING_SETTINGS)),
-                                                      elem_id="order-view"))
-                    add("prefix_ids", gr.Textbox(d.prefix_ids, label="Continue after these token ids (a branch; "
-                                                 "ID,ID,...)", elem_id="prefix-ids", max_lines=3,
-                                                 info="set by clicking a candidate in the bars; the settings "
-                                                      "count them as generated"))
-                    add("stop", gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
-                                           elem_id="stop-strings"))
-                share.build(page)
-        with gr.Column(elem_id="bars-col"):
-            add("step", gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step"))
-            add("show_logp", gr.Checkbox(False, label="Show log p instead of p", elem_id="show-logp"))
-            add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk", js_on_load=branches.PICK_JS))
-            branches.build(page, h)
+                    add("seed", gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed"))
+                    with add("constrain_box", gr.Accordion("Constrain output: JSON schema, regular expression, grammar",
+                                                           open=False, elem_id="constrain")):
+                        for s in BY_NAME.values():
+                            if s.group == "constrain":
+                                add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
+                                                            available=s.name in h.caps.settings))
+                        if not h.caps.masked_mass:
+                            gr.Markdown(constrain.NO_MASKED_MASS, elem_id="constraint-note")
+                        add("constraint_check", gr.Markdown(constrain.check_text(d.constraint, d.constraint_text),
+                                                            elem_id="constraint-check"))
+                        add("constraint_example", gr.Dropdown(list(constrain.EXAMPLES), value=None,
+                                                              label="Ready examples", elem_id="constraint-example"))
+                    more = [s for s in BY_NAME.values() if s.group == "more"]
+                    with add("more", gr.Accordion("More settings: min-p, penalties, logit bias, typical-p, cutoffs, "
+                                                  "top-nσ, dynamic temperature, XTC, DRY, Mirostat, sampler order, "
+                                                  "stop strings", open=False, elem_id="more-settings")):
+                        for s in more:
+                            add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
+                                                        available=s.name in h.caps.settings))
+                            if s.name == "sampler_order":  # the order these settings run in, live
+                                add("order_view", gr.HTML(h.order_view(*(getattr(d, n) for n in SHAPING_SETTINGS)),
+                                                          elem_id="order-view"))
+                        add("prefix_ids", gr.Textbox(d.prefix_ids, label="Continue after these token ids (a branch; "
+                                                     "ID,ID,...)", elem_id="prefix-ids", max_lines=3,
+                                                     info="set by clicking a candidate in the bars; the settings "
+                                                          "count them as generated"))
+                        add("stop", gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
+                                               elem_id="stop-strings"))
+                    share.build(page)
+        with gr.Column(elem_id="right-col"):
+            with gr.Column(elem_id="output-col"):
+                gr.Markdown(OUTPUT_CAPTION_RAW if h.caps.logprobs == "raw" else OUTPUT_CAPTION, elem_id="output-caption")
+                add("colour_by", gr.Radio(COLOUR_BY, value="final", show_label=False, container=False,
+                                          elem_id="colour-by"))
+                add("output", gr.HTML(render.output_html(None, tok), label="Generated text", elem_id="output",
+                                      js_on_load=OUTPUT_JS))
+                with gr.Row():
+                    add("copy_text", gr.Button("Copy text", size="sm", elem_id="copy-text"))
+                    add("downloads", gr.HTML(render.downloads_html(None, None), elem_id="downloads"))
+            with gr.Column(elem_id="bars-col"):
+                add("step", gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step"))
+                add("show_logp", gr.Checkbox(False, label="Show log p instead of p", elem_id="show-logp"))
+                add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk", js_on_load=branches.PICK_JS))
+                branches.build(page, h)
+            with gr.Column(elem_id="feed-col"):
+                add("prompt_view", gr.Textbox(label="Prompt as fed to the model", lines=2, max_lines=8,
+                                              interactive=False, elem_id="prompt-view"))
+                add("tokens", gr.HTML(first["tokens"], label="Tokenization", elem_id="tokens"))
     with gr.Row():
         with gr.Column(min_width=320):
-            add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(-1), y="MiB", color="series",
+            add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(-1), y="MiB", color="series", color_title=" ",
                                         title="KV-cache memory per step", elem_id="kv-chart"))
             add("kv_text", gr.Markdown(kv.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula"))
             add("server_md", gr.Markdown("", elem_id="server-load", visible=h.caps.server_load))
@@ -173,8 +186,8 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         return r
 
     runs = [chain_run(page["generate"].click)]
-    regenerate = page.on(page["regenerate"].click, h.pop_last_turn, inputs=("history",),
-                         outputs=("history", "prompt", "mode", "conversation"), api_visibility="private",
+    regenerate = page.on(page["regenerate"].click, h.pop_last_turn, inputs=("history", "seed"),
+                         outputs=("history", "prompt", "mode", "conversation", "chat_note"), api_visibility="private",
                          show_progress="hidden")
     runs.append(chain_run(regenerate.success))
     # /generate for scripts: the same run, refusing bad input with an error (gradio_client
@@ -186,9 +199,9 @@ def wire(page, h: Handlers, demo: gr.Blocks):
             api_visibility="private", queue=False, show_progress="hidden")
     page["stop_button"].click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
     context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model")
-    gr.on([page[n].change for n in context_inputs], h.count_context, inputs=page.all(context_inputs),
-          outputs=page["context_count"], queue=False, show_progress="hidden", trigger_mode="always_last",
-          api_visibility="private")
+    page.on(lambda fn, **kw: gr.on([page[n].change for n in context_inputs], fn, **kw), h.preview,
+            inputs=(*context_inputs, "record"), outputs=("context_count", "tokens"), queue=False,
+            show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     # Arrow keys and a typed number (input), a drag's end (release): the bars follow.
     gr.on([page["step"].input, page["step"].release], h.select_step, inputs=page.all(("record", "step")),
           outputs=page["bars"], api_visibility="private", queue=False, show_progress="hidden",
@@ -218,5 +231,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
     # A display switch only: every number is rendered both ways and CSS shows one.
     page["show_logp"].change(None, inputs=page["show_logp"], outputs=None, js=SHOW_LOGP_JS)
+    page["colour_by"].change(None, inputs=page["colour_by"], outputs=None, js=COLOUR_BY_JS)
+    demo.load(None, js=CLAMP_JS)  # a typed value beyond a slider's range is said, not silently clamped
     demo.unload(h.closed)
     return chain_run

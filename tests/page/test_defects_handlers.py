@@ -1,0 +1,229 @@
+"""Issue 25, item 6: the defects seen in the browser, each checked here at the handlers (the
+browser's own checks are in test_defects_browser.py). One test per defect, named after it."""
+
+import dataclasses
+import re
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+import torch
+
+from inference.sampling.params import SamplingParams
+from inference.serving.step_stats import RowSampling, pick_rows
+from ui.chat import conversation_html
+from ui.controls import Controls, shaping_values
+from ui.format import bars_html, fmt_p, token_label
+from ui.handlers import RUN_OUTPUTS, Handlers
+from ui.inside.render import lens_html
+from ui.layout import build_ui
+from ui.public import RUN_GOING
+import ui.experiments.render as exp_render
+import ui.run.kv as kv_panel
+import ui.run.render as run_render
+
+REQ = SimpleNamespace(session_hash="defects")
+
+
+@pytest.fixture
+def h(tiny_engine):
+    return Handlers(tiny_engine, top_n=5)
+
+
+def run(h, **kw):
+    c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
+    return list(h.generate(*c.values(), REQ))[-1]["record"]
+
+
+def popover_rows(pop: str) -> list[list[str]]:
+    """The popover's rows (token, raw, final) as the numbers it shows in p mode."""
+    rows = re.split(r"<span class='tl-alt[' ]", pop)[1:]  # [0]: the head line and the column names
+    return [re.findall(r"<span class='tl-p'>(.*?)</span>", r) for r in rows]
+
+
+def test_temperature_zero_popover_shows_raw_and_final_and_colours_by_either(h, tiny_engine):
+    rec = run(h, temperature=0.0)
+    out = run_render.output_html(rec, tiny_engine.tokenizer)
+    chips = run_render.output_chips(rec, tiny_engine.tokenizer)
+    pops = [p.split("data-i=")[0] for p in out.split("<span class='tl-pop'")[1:]]
+    assert len(pops) == len(chips)
+    for chip, pop in zip(chips, pops):
+        step = rec.steps[chip.steps[0]]
+        numbers = popover_rows(pop)
+        shown = step.top[:5] + [c for c in step.top[5:] if c.id == step.token_id]
+        # Every alternative: the model's raw probability beside the final one (greedy: 1 and 0).
+        assert numbers == [[fmt_p(c.raw_prob), fmt_p(c.prob)] for c in shown]
+        assert any(c.id != step.token_id and c.raw_prob >= 1e-4 for c in shown)  # raw alternatives show
+        assert "<span class='tl-pop-cols'><span>token</span><span>raw</span><span>final</span>" in pop
+    # Each chip carries its raw bucket too: colouring by raw differs from greedy's all-1 final.
+    raw_classes = re.findall(r"class='tl-t tl-b0 tl-rb(\w)'", out)
+    assert len(raw_classes) == len(chips)
+    assert raw_classes == [run_render.bucket_class(c.raw)[4:] for c in chips]
+    assert set(raw_classes) != {"0"}  # the tiny model is not that sure of its greedy tokens
+
+
+def test_output_and_bars_in_view_together_wide_layout(tiny_engine):
+    """The wide layout puts the output over its bars in one column (the browser test measures it)."""
+    page = build_ui(tiny_engine).tokenlab_page
+    right = page["output"].parent
+    while right is not None and getattr(right, "elem_id", None) != "right-col":
+        right = right.parent
+    assert right is not None
+    inside = []
+
+    def walk(block):
+        inside.append(getattr(block, "elem_id", None))
+        for child in getattr(block, "children", []):
+            walk(child)
+    walk(right)
+    assert inside.index("output") < inside.index("topk")
+    assert "settings" not in inside and "prompt" not in inside
+
+
+def test_compare_turns_generate_off_and_stop_on_and_b_copies_the_run(h, tiny_engine):
+    begun = h.compare_begin(REQ)
+    assert begun["generate"]["interactive"] is False and begun["stop_button"]["interactive"] is True
+    assert begun["x_button"]["interactive"] is False and begun["compare_button"]["interactive"] is False
+    ended = h.compare_end([])
+    assert ended["generate"]["interactive"] is True and ended["stop_button"]["interactive"] is False
+    # While a job is going, compare and "Score it" are refused in one line (not a bare "Error").
+    cancel = h.registry.start(REQ.session_hash)
+    try:
+        for fn in (h.compare_begin, h.likelihood_begin):
+            with pytest.raises(gr.Error) as e:
+                fn(REQ)
+            assert e.value.message == RUN_GOING and "\n" not in e.value.message
+    finally:
+        h.registry.finish(REQ.session_hash, cancel)
+    h.likelihood_begin(REQ)  # nothing going: no refusal
+    # B starts as a copy of the page's settings, and after a run as a copy of that run's.
+    page = build_ui(tiny_engine).tokenlab_page
+    d = h.defaults
+    from inference.sampling.settings import SHAPING_SETTINGS
+    assert [page[f"b_{n}"].value for n in SHAPING_SETTINGS] == [getattr(d, n) for n in SHAPING_SETTINGS]
+    rec = run(h, temperature=0.7, top_p=0.8)
+    after = h.after_run(rec, [], REQ)
+    assert (after["b_temperature"], after["b_top_p"]) == (0.7, 0.8)
+    # A is the main settings: the label says so, not "above" (replay's controls are above it).
+    md = [getattr(c, "value", "") for c in build_ui(tiny_engine).blocks.values() if isinstance(c, gr.Markdown)]
+    compare_md = next(v for v in md if isinstance(v, str) and v.startswith("**Compare A/B**"))
+    assert "Sampling settings" in compare_md and "settings above" not in compare_md
+
+
+def test_regenerate_with_a_seed_says_the_answer_will_be_the_same(h):
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    popped = h.pop_last_turn(history, "42")
+    assert "Seed 42 is fixed" in popped["chat_note"] and "clear the seed" in popped["chat_note"]
+    assert h.pop_last_turn(history, "")["chat_note"] == ""
+    # And it is true: the same seed gives the same answer, a cleared one a different seed.
+    a = run(h, mode="chat", prompt="Hi", seed="42", temperature=1.0)
+    b = run(h, mode="chat", prompt="Hi", seed="42", temperature=1.0)
+    assert [s.token_id for s in a.steps] == [s.token_id for s in b.steps]
+
+
+def test_new_conversation_and_completion_mode_clear_the_chat(h):
+    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    kept = h.count_context("", "chat", "", 8, history)
+    assert "1 earlier turn kept" in kept
+    new = h.new_conversation("", "chat", "", 8, "")
+    assert new["history"] == [] and new["conversation"] == "" and new["chat_note"] == ""
+    assert "earlier turn" not in new["context_count"] and new["context_count"] == h.count_context("", "chat", "", 8, [])
+    assert h.switch_mode("completion")["conversation"]["visible"] is False
+    assert h.switch_mode("chat")["conversation"]["visible"] is True
+    assert "1 turn" in conversation_html(history)  # kept, shown again back in chat mode
+
+
+def test_tokens_view_and_context_line_agree_before_the_first_run(tiny_engine, h):
+    page = build_ui(tiny_engine).tokenlab_page
+    context, tokens = page["context_count"].value, page["tokens"].value
+    ids = tiny_engine.prompt_ids(h.defaults.prompt, False, "", [])
+    assert re.search(r"Context: \*\*(\d+)\*\* prompt tokens", context).group(1) == str(len(ids))
+    assert f"Prompt as it will be fed: {len(ids)} tokens" in tokens
+    assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", tokens)] == ids
+    # Typing: both follow one tokenization; after a run the view is that run's, said so.
+    typed = h.preview("Once upon a time", "completion", "", 8)
+    n = len(tiny_engine.prompt_ids("Once upon a time", False, "", []))
+    assert f"**{n}** prompt tokens" in typed["context_count"] and f"fed: {n} tokens" in typed["tokens"]
+    assert "tokens" not in h.preview("Once upon a time", "completion", "", 8, None, None, run(h))
+
+
+def test_ab_bars_stack_on_a_narrow_screen():
+    css = (run_render.__file__.rsplit("/run/", 1)[0] + "/assets/page.css")
+    text = open(css, encoding="utf-8").read()
+    assert re.search(r"@media \(max-width: 860px\) \{ #compare-bars \{ flex-direction: column", text)
+
+
+def test_logit_lens_labels_an_invisible_token_visibly():
+    tok = SimpleNamespace(piece=lambda i: {0: "\u00a0", 1: "a"}[i])
+    lens = lens_html(SimpleNamespace(lens=[[(0, 0.5), (1, 0.25)]]), tok)
+    cells = re.findall(r"<td>(.*?) <small>", lens)
+    assert cells == [token_label("\u00a0"), "a"] and cells[0] == "⟨U+00A0⟩"
+    # The bars label it the same way.
+    step = SimpleNamespace(top=[SimpleNamespace(id=0, piece="\u00a0", raw_prob=0.5, prob=0.5, forbidden=False)],
+                           token_id=0, step=0, piece="\u00a0", prob=0.5, raw_prob=0.5, rank=1, masked_mass=None)
+    assert "⟨U+00A0⟩" in bars_html(step)
+
+
+def test_typed_temperature_beyond_its_range_is_said():
+    js = open(run_render.__file__.rsplit("/run/", 1)[0] + "/assets/clamp.js", encoding="utf-8").read()
+    assert "is above the maximum" in js and "tl-setting" in js  # the browser test types 5
+
+
+def test_raw_and_final_are_the_same_number_with_nothing_filtered(h, tiny_engine):
+    rec = run(h, temperature=1.0, max_new_tokens=12)
+    assert rec.params.plain
+    for i, s in enumerate(rec.steps):
+        assert s.prob == s.raw_prob and all(c.prob == c.raw_prob for c in s.top)
+        bars = bars_html(s)
+        for raw, final in re.findall(r"<span class='tl-p'>(.*?)</span>.*?<span class='tl-p'>(.*?)</span>",
+                                     bars.split("tl-head")[1]):
+            assert raw == final
+        # The reference: a float64 softmax of the step's logits.
+        logits = rec.logits_at(i, tiny_engine.step_logits)
+        ref = logits.double().softmax(-1)
+        assert s.raw_prob == pytest.approx(float(ref[s.token_id]), abs=1e-6)
+    # Directly: a float32 softmax differs from the raw number in its last digits; the no-op row
+    # reports the raw one, a filtered row its own renormalised distribution.
+    torch.manual_seed(0)
+    logits = torch.randn(2, 500) * 4
+    rows = [RowSampling(SamplingParams(temperature=1.0), None, torch.Generator().manual_seed(1), 8),
+            RowSampling(SamplingParams(temperature=1.0, top_k=3), None, torch.Generator().manual_seed(1), 8)]
+    plain, filtered = pick_rows(logits, rows)
+    assert all(p == r for _, p, r in plain.top) and plain.prob == plain.raw_prob
+    assert sum(p for _, p, _ in filtered.top) == pytest.approx(1.0) and filtered.prob > filtered.raw_prob
+
+
+def test_kv_chart_legend_has_a_line_for_each_entry_and_its_panel_says_mib(h):
+    rec = run(h)
+    frame = kv_panel.kv_frame(rec)
+    lines = {name: tuple(g.MiB) for name, g in frame.groupby("series")}
+    assert len(set(lines.values())) == len(lines)  # no entry whose line hides under another's
+    # This run alone in the pool: its allocation is the pool's use, one line named for both.
+    def pool_using(blocks):
+        return dataclasses.replace(rec, steps=[dataclasses.replace(
+            s, pool=dataclasses.replace(s.pool, blocks_used=blocks(s))) for s in rec.steps])
+    alone = pool_using(lambda s: s.kv_cache_capacity_bytes // s.pool.bytes_per_block)
+    assert set(kv_panel.kv_frame(alone).series) == {"used", "allocated = server pool, all runs"}
+    crowded = pool_using(lambda s: 3 * s.kv_cache_capacity_bytes // s.pool.bytes_per_block)
+    assert set(kv_panel.kv_frame(crowded).series) == {"used", "allocated", "server pool, all runs"}
+    text = kv_panel.pool_markdown(rec.steps[-1]) + kv_panel.kv_formula(h.info, None, rec.steps[-1].kv_cache_bytes)
+    assert "MiB" in text and not re.search(r"\d (k|M|G)B\b", text)
+
+
+def test_charts_name_their_axes_and_replay_keeps_the_bars_colours(tiny_engine, h):
+    page = build_ui(tiny_engine).tokenlab_page
+    for name in ("kv_chart", "run_chart", "compare_chart"):
+        # An empty chart shows no lone legend title ("" itself makes vega's chart endlessly tall).
+        assert page[name].color_title == " "
+    assert page["run_chart"].y_title == "probability" and page["run_chart"].y == "value"
+    assert page["entropy_chart"].y == "nats" and "nats" in page["entropy_chart"].y_title
+    rec = run(h)
+    assert set(exp_render.run_chart_frames(rec)[0].metric) == {"chosen-token probability"}
+    assert exp_render.entropy_frame(rec).nats.tolist() == [s.entropy for s in rec.steps]
+    out = h.replay_step(rec, 2, *shaping_values(temperature=0.5, top_k=3))
+    bars = out["replay_bars"]
+    head = re.search(r"tl-head'>(.*?)</div>", bars).group(1)
+    assert "final in the run" in head
+    # The run's final bars are the main bars' final colour (tl-final); blue (tl-raw) is raw only.
+    assert "tl-raw" not in bars and bars.count("class='tl-final'") == bars.count("class='tl-replayed'") > 0
+    assert set(RUN_OUTPUTS) >= {"bars"}
