@@ -16,6 +16,7 @@ from api.routes import API
 from inference.device import available_memory_bytes
 from ui import chat, share
 from ui.branches import section as branches
+from ui.edit import section as edit
 from ui.experiments import section as experiments
 from ui.handlers import DOWNLOAD_ROUTE, Handlers
 from ui.inside import section as inside
@@ -65,6 +66,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         inside.build(page, h)
         chain_run = run.wire(page, h, demo)
         branches.wire(page, h, chain_run)
+        edit.wire(page, h, chain_run)
         chat.wire(page, h)
         experiments.wire(page, h)
         samples.wire(page, h)

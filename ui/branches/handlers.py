@@ -80,11 +80,16 @@ class BranchHandlers(PageBase):
             return {}
         if rec is None:
             return {}
+        return {**self.show_run(rec), "branch_view": tree_html(nodes, k)}
+
+    def show_run(self, rec: RunRecord) -> dict:
+        """An ended run put on view again (text, bars, statistics, charts, tokens, downloads) and
+        the controls set to it, so that a link made now restores it (SHOWN's names, less the tree)."""
         n = len(rec.steps)
         out = {name: v for name, v in self.outputs(rec).items() if name != "api_tokens"}
         out.update(self.drawn(rec))
         out.update({"step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-                    "prompt_view": rec.prompt_text, "branch_view": tree_html(nodes, k),
+                    "prompt_view": rec.prompt_text,
                     **({} if rec.controls is None else dict(zip(NAMES, rec.controls.values()))),
                     "seed": str(rec.seed)})
         return out

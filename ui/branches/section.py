@@ -12,6 +12,10 @@ from ui.branches.render import tree_html
 from ui.controls import NAMES
 from ui.handlers import Handlers
 
+# What a run put on view again sets (BranchHandlers.show_run): its panels and the controls.
+SHOWN = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
+         "run_chart", "rank_chart", "tokens", "downloads", "run_seed", "prompt_view",
+         *(f"replay_{n}" for n in SHAPING_SETTINGS), *NAMES)
 PICK_JS = (Path(__file__).parent.parent / "assets" / "pick.js").read_text(encoding="utf-8")
 
 
@@ -31,8 +35,5 @@ def wire(page, h: Handlers, chain_run) -> None:
                      outputs=(*NAMES, "branches"), api_visibility="private", concurrency_limit=None,
                      show_progress="hidden")
     chain_run(picked.success)
-    shown = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
-             "run_chart", "rank_chart", "tokens", "downloads", "run_seed", "prompt_view", "branch_view",
-             *(f"replay_{n}" for n in SHAPING_SETTINGS), *NAMES)
-    page.on(page["branch_view"].select, h.view_branch, inputs=("branches",), outputs=shown,
+    page.on(page["branch_view"].select, h.view_branch, inputs=("branches",), outputs=(*SHOWN, "branch_view"),
             api_visibility="private", queue=False, show_progress="hidden")

@@ -10,6 +10,7 @@ import gradio as gr
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui import chat, share
 from ui.branches import section as branches
+from ui.edit import section as edit
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
 from ui.handlers import RUN_OUTPUTS, STALE_PANELS, Handlers
@@ -97,6 +98,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 add("copy_text", gr.Button("Copy text", size="sm", elem_id="copy-text"))
                 add("downloads", gr.HTML(render.downloads_html(None, None), elem_id="downloads"))
             add("tokens", gr.HTML(render.run_tokens_html(tok, []), label="Tokenization", elem_id="tokens"))
+            edit.build(page, h)
         with gr.Column(elem_id="settings-col"):
             with gr.Accordion("Sampling settings", open=True, elem_id="settings"):
                 for s in BY_NAME.values():
