@@ -5,9 +5,12 @@ branch clicked in the tree is put on view."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Iterator
 
 import gradio as gr
 
+from inference.errors import shown
 from ui.base import PageBase, step_index
 from ui.branches.render import tree_html
 from ui.controls import NAMES
@@ -54,6 +57,22 @@ class BranchHandlers(PageBase):
                     max_new_tokens=max(1, rec.params.max_new_tokens - i - 1))
         nodes.append(node(None, parent, len(rec.given) + i, cand, prefix))
         return {**dict(zip(NAMES, c.values())), "branches": nodes}
+
+    def branch_run(self, rec: RunRecord | None, step, token_id, request: gr.Request = None) -> Iterator[dict]:
+        """/branch for scripts: this session's last run (of /generate) continued from candidate
+        `token_id` of `step`, as a click on it in the bars: the same settings and seed, the
+        tokens before that step and the candidate as given ids; the same checks as /generate."""
+        if rec is None or rec.done is None:
+            raise gr.Error("There is no run to branch from: call /generate first (in the same session).",
+                           print_exception=False)
+        if not all(isinstance(v, (int, float)) and float(v).is_integer() for v in (step, token_id)):
+            raise gr.Error(f"step and token id must be whole numbers, got {shown(step)} and {shown(token_id)}",
+                           print_exception=False)
+        if not 0 <= step < len(rec.steps):
+            raise gr.Error(f"step must be from 0 to {len(rec.steps) - 1} (the run's steps), got {int(step)}",
+                           print_exception=False)
+        out = self.branch(rec, [], SimpleNamespace(value=f"{int(step)}:{int(token_id)}"))
+        yield from self.generate(*[out[n] for n in NAMES], request, list(rec.history))
 
     def grow_tree(self, rec: RunRecord | None, nodes) -> dict:
         """After a run: a branch that was waiting for it gets it; any other run starts a new

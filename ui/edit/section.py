@@ -46,7 +46,8 @@ def wire(page, h: Handlers, chain_run) -> None:
                      outputs=(*NAMES, "history", "edit_pending", "edit_seam"), api_visibility="private",
                      concurrency_limit=None, show_progress="hidden")
     chain_run(picked.success)
-    page.on(page["edit_undo"].click, h.edit_undo, inputs=("edit_undo_stack",),
+    undone = page.on(page["edit_undo"].click, h.edit_undo, inputs=("edit_undo_stack",),
             outputs=(*SHOWN, "branches", "branch_view", "history", "conversation", "edit_box", "edit_seam",
                      "edit_undo_stack", "edit_undo"),
             api_visibility="private", queue=False, show_progress="hidden")
+    page.chain(undone, page.after_view)
