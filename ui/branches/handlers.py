@@ -13,6 +13,7 @@ import gradio as gr
 from inference.errors import shown
 from ui.base import PageBase, step_index
 from ui.branches.render import tree_html
+from ui.chat import conversation_html
 from ui.controls import NAMES
 from ui.run_state import RunRecord
 
@@ -56,7 +57,9 @@ class BranchHandlers(PageBase):
         c = replace(rec.controls, prefix_ids=",".join(map(str, prefix)), seed=str(rec.seed),
                     max_new_tokens=max(1, rec.params.max_new_tokens - i - 1))
         nodes.append(node(None, parent, len(rec.given) + i, cand, prefix))
-        return {**dict(zip(NAMES, c.values())), "branches": nodes}
+        # In chat mode the branch continues the same turn: the conversation before it.
+        return {**dict(zip(NAMES, c.values())), "branches": nodes, "history": list(rec.history),
+                "conversation": conversation_html(list(rec.history))}
 
     def branch_run(self, rec: RunRecord | None, step, token_id, request: gr.Request = None) -> Iterator[dict]:
         """/branch for scripts: this session's last run (of /generate) continued from candidate

@@ -32,12 +32,14 @@ def build(page, h: Handlers) -> None:
 def wire(page, h: Handlers, chain_run) -> None:
     """chain_run(trigger): the run section's begin -> generate -> after the run."""
     # /branch for scripts: the session's last run (its /generate) continued from a candidate.
-    api, step, token = gr.Button(visible=False), gr.Number(visible=False), gr.Number(visible=False)
-    api.click(h.branch_run, inputs=[page["record"], step, token], outputs=page.all(RUN_OUTPUTS), api_name="branch",
-              show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
+    api = gr.Button(visible=False)
+    page.add("branch_step", gr.Number(visible=False, label="Step"))
+    page.add("branch_token", gr.Number(visible=False, label="Token id"))
+    page.on(api.click, h.branch_run, inputs=("record", "branch_step", "branch_token"), outputs=RUN_OUTPUTS,
+            api_name="branch", show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
     # Queued (unlimited), so that its refusal is a message; only then does the branch run.
     picked = page.on(page["bars"].select, h.branch, inputs=("record", "branches"),
-                     outputs=(*NAMES, "branches"), api_visibility="private", concurrency_limit=None,
+                     outputs=(*NAMES, "branches", "history", "conversation"), api_visibility="private", concurrency_limit=None,
                      show_progress="hidden")
     chain_run(picked.success)
     viewed = page.on(page["branch_view"].select, h.view_branch, inputs=("branches",),
