@@ -122,6 +122,8 @@ def test_undo_restores_the_run_before_each_edit(h):
     back = h.edit_undo(back["edit_undo_stack"])
     assert back["record"] is root and back["prefix_ids"] == "" and not back["edit_undo"]["interactive"]
     assert back["edit_undo_stack"] == [] and back["edit_box"] == root.answer_text
+    # A run put on view again (a branch clicked in the tree) brings its own text into the box.
+    assert h.edit_on_view(second) == {"edit_box": second.answer_text, "edit_seam": ""}
     # A run that is not a continue starts afresh: nothing to undo.
     _, after = run(h, Controls(**SETTINGS), undo=stack)
     assert after["edit_undo_stack"] == [] and after["edit_seam"] == ""

@@ -97,6 +97,10 @@ class EditHandlers(PageBase):
         return {**out, "edit_box": rec.answer_text, "edit_pending": None, "edit_undo_stack": undo,
                 "edit_undo": gr.update(interactive=bool(undo))}
 
+    def edit_on_view(self, rec: RunRecord | None) -> dict:
+        """A run put on view again (a branch, an undo): its text in the box, no seam table."""
+        return {} if rec is None or rec.done is None else {"edit_box": rec.answer_text, "edit_seam": ""}
+
     def edit_undo(self, undo=None) -> dict:
         """Back to the run on view before the last continue from an edit: its text, bars,
         statistics, controls, branch tree and conversation."""

@@ -29,6 +29,7 @@ def build(page, h: Handlers) -> None:
     add("edit_undo_stack", gr.State([]))
     page.after_run.append((h.edit_after_run, ("record", "edit_pending", "edit_undo_stack"),
                            ("edit_box", "edit_seam", "edit_pending", "edit_undo_stack", "edit_undo")))
+    page.after_view.append((h.edit_on_view, ("record",), ("edit_box", "edit_seam")))
 
 
 def wire(page, h: Handlers, chain_run) -> None:
