@@ -3,6 +3,8 @@ shared state. Its methods are plain functions tests can call; multi-output ones 
 {component name: value}."""
 
 from ui.branches.handlers import BranchHandlers
+from ui.edit.handlers import EditHandlers
+from ui.work.handlers import WorkHandlers
 from ui.chat import ChatHandlers
 from ui.experiments.handlers import ExperimentHandlers
 from ui.inside.handlers import InsideHandlers
@@ -13,5 +15,5 @@ from ui.text_score.handlers import TextScoreHandlers
 
 
 class Handlers(RunHandlers, ExperimentHandlers, SampleHandlers, TextScoreHandlers, InsideHandlers, ChatHandlers,
-               ShareHandlers, BranchHandlers):
+               ShareHandlers, BranchHandlers, EditHandlers, WorkHandlers):
     """The engine (inference.contract's Engine), the run registry and the limits, passed in."""

@@ -16,6 +16,7 @@ from api.routes import API
 from inference.device import available_memory_bytes
 from ui import chat, share
 from ui.branches import section as branches
+from ui.edit import section as edit
 from ui.experiments import section as experiments
 from ui.handlers import DOWNLOAD_ROUTE, Handlers
 from ui.inside import section as inside
@@ -24,12 +25,14 @@ from ui.run import section as run
 from ui.run.render import model_card
 from ui.samples import section as samples
 from ui.text_score import section as text_score
+from ui.work import section as work
 from ui.sessions import HeartbeatWatch, session_capacity
 from ui.wiring import Page
 
-# The page's styles, and those of the panels to explore with (many samples, a text's probability).
+# The page's styles, those of the panels to explore with (many samples, a text's probability),
+# and of editing and saved work.
 PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encoding="utf-8")
-                     for name in ("page.css", "explore.css"))
+                     for name in ("page.css", "explore.css", "work.css"))
 
 
 def limits_markdown(limits: Limits) -> str:
@@ -58,19 +61,22 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
         page.add("model_card", gr.Markdown(model_card(h.info), elem_id="model-card"))
+        work.build(page, h)
         run.build(page, h, limits_markdown(h.limits))
         experiments.build(page, h)
         samples.build(page, h)
         text_score.build(page, h)
         inside.build(page, h)
+        work.keep(page, h)  # its hooks last, before any run's events are wired
         chain_run = run.wire(page, h, demo)
         branches.wire(page, h, chain_run)
+        edit.wire(page, h, chain_run)
         chat.wire(page, h)
         experiments.wire(page, h)
         samples.wire(page, h)
         text_score.wire(page, h)
         inside.wire(page, h)
-        share.wire(page, h, demo)
+        work.wire(page, h, share.wire(page, h, demo))
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them
     demo.tokenlab_page = page
     return demo

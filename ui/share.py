@@ -101,11 +101,12 @@ def build(page) -> None:
                                             "to the clipboard)", buttons=["copy"], elem_id="share-link"))
 
 
-def wire(page, h: ShareHandlers, demo: gr.Blocks) -> None:
+def wire(page, h: ShareHandlers, demo: gr.Blocks):
+    """Returns the page's load event, once the link's settings are in."""
     # Its refusals (text no run could use) as a run's: in the queue, unlimited. The click copies
     # the link at once (share_js); a refused link is taken back off the clipboard.
     page.on(page["share_button"].click, h.share_link, inputs=(*NAMES, "page_url", "run_seed"),
             outputs=("share_link",), js=share_js(h.defaults), api_visibility="private",
             concurrency_limit=None).failure(None, js=UNCOPY_JS)
-    page.on(demo.load, h.restore, outputs=(*NAMES, "more", "constrain_box", "notice"), api_visibility="private",
+    return page.on(demo.load, h.restore, outputs=(*NAMES, "more", "constrain_box", "notice"), api_visibility="private",
             queue=False).then(None, js=READY_JS)

@@ -22,6 +22,8 @@ class Page:
         # (fn, inputs, outputs) run after every run of the page has ended (a section's own
         # bookkeeping of runs: ui/branches), in order, outside the queue.
         self.after_run: list[tuple] = []
+        # The same after an ended run is put on view again (a branch, an undo, the saved work).
+        self.after_view: list[tuple] = []
 
     def add(self, name: str, component):
         if name in self._by_name:
@@ -43,6 +45,14 @@ class Page:
         if fn is not None and len(outs) > 1:
             fn = keyed(fn, dict(zip(outputs, outs)))
         return trigger(fn, inputs=self.all(inputs), outputs=outs, **kwargs)
+
+
+    def chain(self, event, hooks: list[tuple]):
+        """event, then each (fn, inputs, outputs) of hooks in order, outside the queue."""
+        for fn, inputs, outputs in hooks:
+            event = self.on(event.then, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
+                            api_visibility="private")
+        return event
 
 
 def keyed(fn: Callable, components: dict[str, object]) -> Callable:

@@ -117,6 +117,8 @@ def test_a_chat_branch_answers_with_the_given_text_and_its_own(h):
     c = Controls(**{**SETTINGS, "mode": "chat", "prompt": "Hello"})
     root = run(h, c, [])
     c2, _ = click(h, root, 1, root.steps[1].top[1].id, [])
+    # The page's conversation holds the answered turn now: the branch continues the turn before it.
+    assert h.branch(root, [], SimpleNamespace(value=f"1:{root.steps[1].top[1].id}"))["history"] == root.history == []
     branch = list(h.generate(*c2.values(), REQ, []))[-1]["record"]
     after = h.after_run(branch, [], REQ)
     assert after["history"][-1]["content"] == branch.given_text + branch.done.text

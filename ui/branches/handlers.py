@@ -5,11 +5,15 @@ branch clicked in the tree is put on view."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
+from typing import Iterator
 
 import gradio as gr
 
+from inference.errors import shown
 from ui.base import PageBase, step_index
 from ui.branches.render import tree_html
+from ui.chat import conversation_html
 from ui.controls import NAMES
 from ui.run_state import RunRecord
 
@@ -53,7 +57,25 @@ class BranchHandlers(PageBase):
         c = replace(rec.controls, prefix_ids=",".join(map(str, prefix)), seed=str(rec.seed),
                     max_new_tokens=max(1, rec.params.max_new_tokens - i - 1))
         nodes.append(node(None, parent, len(rec.given) + i, cand, prefix))
-        return {**dict(zip(NAMES, c.values())), "branches": nodes}
+        # In chat mode the branch continues the same turn: the conversation before it.
+        return {**dict(zip(NAMES, c.values())), "branches": nodes, "history": list(rec.history),
+                "conversation": conversation_html(list(rec.history))}
+
+    def branch_run(self, rec: RunRecord | None, step, token_id, request: gr.Request = None) -> Iterator[dict]:
+        """/branch for scripts: this session's last run (of /generate) continued from candidate
+        `token_id` of `step`, as a click on it in the bars: the same settings and seed, the
+        tokens before that step and the candidate as given ids; the same checks as /generate."""
+        if rec is None or rec.done is None:
+            raise gr.Error("There is no run to branch from: call /generate first (in the same session).",
+                           print_exception=False)
+        if not all(isinstance(v, (int, float)) and float(v).is_integer() for v in (step, token_id)):
+            raise gr.Error(f"step and token id must be whole numbers, got {shown(step)} and {shown(token_id)}",
+                           print_exception=False)
+        if not 0 <= step < len(rec.steps):
+            raise gr.Error(f"step must be from 0 to {len(rec.steps) - 1} (the run's steps), got {int(step)}",
+                           print_exception=False)
+        out = self.branch(rec, [], SimpleNamespace(value=f"{int(step)}:{int(token_id)}"))
+        yield from self.generate(*[out[n] for n in NAMES], request, list(rec.history))
 
     def grow_tree(self, rec: RunRecord | None, nodes) -> dict:
         """After a run: a branch that was waiting for it gets it; any other run starts a new
@@ -80,11 +102,16 @@ class BranchHandlers(PageBase):
             return {}
         if rec is None:
             return {}
+        return {**self.show_run(rec), "branch_view": tree_html(nodes, k)}
+
+    def show_run(self, rec: RunRecord) -> dict:
+        """An ended run put on view again (text, bars, statistics, charts, tokens, downloads) and
+        the controls set to it, so that a link made now restores it (SHOWN's names, less the tree)."""
         n = len(rec.steps)
         out = {name: v for name, v in self.outputs(rec).items() if name != "api_tokens"}
         out.update(self.drawn(rec))
         out.update({"step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-                    "prompt_view": rec.prompt_text, "branch_view": tree_html(nodes, k),
+                    "prompt_view": rec.prompt_text,
                     **({} if rec.controls is None else dict(zip(NAMES, rec.controls.values()))),
                     "seed": str(rec.seed)})
         return out

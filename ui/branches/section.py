@@ -10,8 +10,13 @@ import gradio as gr
 from inference.sampling.settings import SHAPING_SETTINGS
 from ui.branches.render import tree_html
 from ui.controls import NAMES
-from ui.handlers import Handlers
+from ui.handlers import RUN_OUTPUTS, Handlers
+from ui.public import ENGINE
 
+# What a run put on view again sets (BranchHandlers.show_run): its panels and the controls.
+SHOWN = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
+         "run_chart", "rank_chart", "entropy_chart", "tokens", "downloads", "run_seed", "prompt_view",
+         *(f"replay_{n}" for n in SHAPING_SETTINGS), *(f"b_{n}" for n in SHAPING_SETTINGS), *NAMES)
 PICK_JS = (Path(__file__).parent.parent / "assets" / "pick.js").read_text(encoding="utf-8")
 
 
@@ -26,13 +31,17 @@ def build(page, h: Handlers) -> None:
 
 def wire(page, h: Handlers, chain_run) -> None:
     """chain_run(trigger): the run section's begin -> generate -> after the run."""
+    # /branch for scripts: the session's last run (its /generate) continued from a candidate.
+    api = gr.Button(visible=False)
+    page.add("branch_step", gr.Number(visible=False, label="Step"))
+    page.add("branch_token", gr.Number(visible=False, label="Token id"))
+    page.on(api.click, h.branch_run, inputs=("record", "branch_step", "branch_token"), outputs=RUN_OUTPUTS,
+            api_name="branch", show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
     # Queued (unlimited), so that its refusal is a message; only then does the branch run.
     picked = page.on(page["bars"].select, h.branch, inputs=("record", "branches"),
-                     outputs=(*NAMES, "branches"), api_visibility="private", concurrency_limit=None,
+                     outputs=(*NAMES, "branches", "history", "conversation"), api_visibility="private", concurrency_limit=None,
                      show_progress="hidden")
     chain_run(picked.success)
-    shown = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
-             "run_chart", "rank_chart", "entropy_chart", "tokens", "downloads", "run_seed", "prompt_view", "branch_view",
-             *(f"replay_{n}" for n in SHAPING_SETTINGS), *(f"b_{n}" for n in SHAPING_SETTINGS), *NAMES)
-    page.on(page["branch_view"].select, h.view_branch, inputs=("branches",), outputs=shown,
-            api_visibility="private", queue=False, show_progress="hidden")
+    viewed = page.on(page["branch_view"].select, h.view_branch, inputs=("branches",),
+                     outputs=(*SHOWN, "branch_view"), api_visibility="private", queue=False, show_progress="hidden")
+    page.chain(viewed, page.after_view)

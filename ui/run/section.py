@@ -10,6 +10,7 @@ import gradio as gr
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui import chat, share
 from ui.branches import section as branches
+from ui.edit import section as edit
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
 from ui.handlers import RUN_OUTPUTS, STALE_PANELS, Handlers
@@ -142,6 +143,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 with gr.Row():
                     add("copy_text", gr.Button("Copy text", size="sm", elem_id="copy-text"))
                     add("downloads", gr.HTML(render.downloads_html(None, None), elem_id="downloads"))
+                edit.build(page, h)
             with gr.Column(elem_id="bars-col"):
                 add("step", gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step"))
                 add("show_logp", gr.Checkbox(False, label="Show log p instead of p", elem_id="show-logp"))

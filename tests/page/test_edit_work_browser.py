@@ -1,0 +1,157 @@
+"""Edit and continue, and the work a page keeps, in chromium at 1400 and 420 px: the edit panel's
+seam table lists the tokens the tokenizer changed, undo goes back; a reload brings back the
+settings, the conversation, the branches and the run; "Clear saved work" returns the defaults; a
+link wins over saved work. Screenshots go to test-results/edit-work/."""
+
+from pathlib import Path
+
+import pytest
+
+from browser import open_page
+
+SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "edit-work"
+QUERY = "?prompt=The%20quick&temperature=0&seed=1&max_new_tokens=5"
+
+
+def shot(page, name: str) -> None:
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
+
+
+def wait_text(page, selector: str, needle: str) -> None:
+    page.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
+
+
+def loaded(page) -> None:
+    page.wait_for_selector("body[data-tl-ready='1']")
+    page.wait_for_selector("body[data-tl-restored='1']")
+
+
+def run_to_end(page, click) -> None:
+    """click(), then wait for that run's end (the status line watched from before the click)."""
+    page.evaluate("""() => { const el = document.querySelector('#status'); window.tlSeen = [];
+        new MutationObserver(() => window.tlSeen.push(el.innerText)).observe(el,
+            {subtree: true, childList: true, characterData: true}); }""")
+    click()
+    page.wait_for_function("window.tlSeen.some((t) => t.includes('Waiting for the engine')) && "
+                           "document.querySelector('#status').innerText.includes('Run ended')")
+    page.wait_for_function("!document.querySelector('#generate').disabled")
+
+
+def type_in(page, selector: str, text: str) -> None:
+    """Text into a box as a person types it (its last key is a keystroke: gradio's input event)."""
+    page.fill(selector, text[:-1])
+    page.locator(selector).type(text[-1])
+
+
+def link(page) -> str:
+    """The share link of the page as it is (the controls, the branch's ids among them)."""
+    page.click("#copy-link")
+    page.wait_for_function("(document.querySelector('#share-link textarea')?.value || '').includes('prompt=')")
+    return page.input_value("#share-link textarea")
+
+
+def output_text(page) -> str:
+    return page.evaluate("document.querySelector('#output .tl-out')?.dataset.text ?? null")
+
+
+def edit_box(page) -> str:
+    return page.input_value("#edit-text textarea")
+
+
+def overflows(page) -> bool:
+    return page.evaluate("document.documentElement.scrollWidth > document.documentElement.clientWidth + 1")
+
+
+@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
+def test_edit_and_continue(live_app, browser, width, height):
+    url, engine, _ = live_app
+    tok = engine.tokenizer
+    dot = tok.encode_continuation(".")[0]  # the runs make dots (a logit bias): the tokenizer's own tokens
+    page = open_page(browser, viewport={"width": width, "height": height})
+    page.goto(url + "/" + QUERY + f"&logit_bias={dot}%3A100")
+    loaded(page)
+    run_to_end(page, lambda: page.click("#generate"))
+    page.get_by_text("Edit the output and continue").click()
+    page.wait_for_function("document.querySelector('#edit-text textarea').value === "
+                           "document.querySelector('#output .tl-out').dataset.text")
+    first = output_text(page)
+    page.fill("#edit-text textarea", "Thee")
+    run_to_end(page, lambda: page.click("#edit-continue"))
+    assert output_text(page).startswith("Thee") and page.inner_text("#output .tl-given") == "Thee"
+    second = output_text(page)
+    assert edit_box(page) == second and page.is_enabled("#edit-undo")
+    # An x after the 'e' (text the edit does not touch): the tokenizer makes 'e' + 'x' one token.
+    type_in(page, "#edit-text textarea", "Theex" + second[4:])
+    wait_text(page, "#edit-seam", "different now")
+    row = page.locator("#edit-seam tr.tl-seam-moved")
+    assert row.count() == 1
+    e, ex = tok.encode_continuation("e")[0], tok.encode_continuation("ex")[0]
+    cells = row.locator("td")
+    assert cells.nth(1).inner_text().replace("\n", "") == f"e{e}" and cells.nth(2).inner_text().replace("\n", "") == f"ex{ex}"
+    page.locator("#edit-seam").scroll_into_view_if_needed()
+    assert not overflows(page)
+    shot(page, f"edit-seam-{width}")
+    run_to_end(page, lambda: page.click("#edit-continue"))
+    assert output_text(page).startswith("Theex") and "tl-seam-moved" in page.inner_html("#edit-seam")
+    page.click("#edit-undo")
+    page.wait_for_function(f"document.querySelector('#output .tl-out')?.dataset.text === {second!r}")
+    assert edit_box(page) == second
+    page.click("#edit-undo")
+    page.wait_for_function(f"document.querySelector('#output .tl-out')?.dataset.text === {first!r}")
+    page.wait_for_function("document.querySelector('#edit-undo').disabled")
+    assert page.input_value("#prefix-ids textarea, #prefix-ids input") == ""
+    page.close()
+
+
+@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
+def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser, width, height):
+    url, _, h = live_app
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(url + "/")
+    loaded(page)
+    assert "kept in this browser as you work" in page.inner_text("#saved-work")
+    type_in(page, "#prompt textarea", "Hello there")
+    page.locator("#mode").get_by_text("chat", exact=True).click()
+    type_in(page, "#seed input, #seed textarea", "4")
+    run_to_end(page, lambda: page.click("#generate"))
+    wait_text(page, "#conversation", "Hello there")
+    page.locator("#topk [data-pick]").nth(1).click()  # a branch from another candidate of the last step
+    page.wait_for_function("document.querySelectorAll('#branches .tl-branch').length === 2")
+    page.wait_for_function("!document.querySelector('#generate').disabled")
+    wait_text(page, "#saved-work", "a tree of 2 branches")
+    before = {"output": output_text(page), "conversation": page.inner_text("#conversation"),
+              "branches": page.inner_text("#branches"), "seed": page.input_value("#seed input, #seed textarea"),
+              "link": link(page)}
+    page.reload()
+    loaded(page)
+    wait_text(page, "#saved-work", "Restored from this browser")
+    page.wait_for_function("document.querySelector('#output .tl-out')?.dataset.text != null")
+    page.evaluate("window.scrollTo(0, 0)")
+    shot(page, f"restored-{width}")
+    page.locator("#branches").scroll_into_view_if_needed()
+    shot(page, f"restored-{width}-branches")
+    after = {"output": output_text(page), "conversation": page.inner_text("#conversation"),
+             "branches": page.inner_text("#branches"), "seed": page.input_value("#seed input, #seed textarea"),
+             "link": link(page)}
+    assert after == before and "prefix_ids=" in before["link"]
+    assert page.locator("#mode input[value='chat']").is_checked()
+    assert page.locator("#topk [data-pick]").count() > 0  # the bars, ready to branch again
+    assert not overflows(page)
+    # A link wins over saved work.
+    page.goto(url + "/?prompt=From%20a%20link")
+    loaded(page)
+    assert page.input_value("#prompt textarea") == "From a link" and "Opened from a link" in page.inner_text("#saved-work")
+    page.goto(url + "/")
+    loaded(page)
+    wait_text(page, "#saved-work", "Restored from this browser")
+    page.click("#clear-work")
+    page.wait_for_function("document.querySelector('#saved-work')?.innerText.includes('kept in this browser as you work')")
+    loaded(page)
+    page.reload()
+    loaded(page)
+    assert page.input_value("#prompt textarea") == h.defaults.prompt and output_text(page) is None
+    assert page.inner_text("#conversation").strip() == "" and "kept in this browser as you work" in page.inner_text("#saved-work")
+    context.close()

@@ -1,0 +1,1 @@
+"""Edit and continue: the output edited, tokenized in context, and the run continued from it as token ids."""

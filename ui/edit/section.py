@@ -1,0 +1,54 @@
+"""The edit panel's components and events: under the output, the run's text to edit, Continue
+and Undo, and the seam table; /continue_edit for scripts."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.branches.section import SHOWN
+from ui.controls import NAMES
+from ui.edit.render import EDIT_HINT
+from ui.handlers import Handlers
+from ui.public import ENGINE
+from ui.run.handlers import RUN_OUTPUTS
+
+
+def build(page, h: Handlers) -> None:
+    """The panel (closed until opened) and its state; a run's end puts its text in the box."""
+    add = page.add
+    with gr.Accordion("Edit the output and continue", open=False, elem_id="edit-panel"):
+        gr.Markdown(EDIT_HINT, elem_id="edit-hint")
+        add("edit_box", gr.Textbox("", label="The output, to edit", lines=4, max_lines=12, elem_id="edit-text",
+                                   placeholder="A run's text comes here when it ends."))
+        with gr.Row():
+            add("edit_continue", gr.Button("Continue from this text", variant="primary", size="sm",
+                                           elem_id="edit-continue"))
+            add("edit_undo", gr.Button("Undo", size="sm", interactive=False, elem_id="edit-undo"))
+        add("edit_seam", gr.HTML("", label="Tokens before and after the edit", elem_id="edit-seam"))
+    add("edit_pending", gr.State(None))  # what a continue waits to keep for undo
+    add("edit_undo_stack", gr.State([]))
+    page.after_run.append((h.edit_after_run, ("record", "edit_pending", "edit_undo_stack"),
+                           ("edit_box", "edit_seam", "edit_pending", "edit_undo_stack", "edit_undo")))
+    page.after_view.append((h.edit_on_view, ("record",), ("edit_box", "edit_seam")))
+
+
+def wire(page, h: Handlers, chain_run) -> None:
+    """chain_run(trigger): the run section's begin -> generate -> after the run."""
+    # /continue_edit for scripts, wired first so that it takes the name: /generate's inputs
+    # and the edited text.
+    api = gr.Button(visible=False)
+    page.on(api.click, h.continue_edit, inputs=(*NAMES, "edit_box"), outputs=RUN_OUTPUTS, api_name="continue_edit",
+            show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
+    page.on(page["edit_box"].input, h.edit_preview, inputs=("record", "edit_box"), outputs=("edit_seam",),
+            queue=False, api_visibility="private", show_progress="hidden", trigger_mode="always_last")
+    # Queued (unlimited), so that its refusal is a message; only then does the run start.
+    picked = page.on(page["edit_continue"].click, h.edit_continue,
+                     inputs=("record", "edit_box", "branches", "history"),
+                     outputs=(*NAMES, "history", "edit_pending", "edit_seam"), api_visibility="private",
+                     concurrency_limit=None, show_progress="hidden")
+    chain_run(picked.success)
+    undone = page.on(page["edit_undo"].click, h.edit_undo, inputs=("edit_undo_stack",),
+            outputs=(*SHOWN, "branches", "branch_view", "history", "conversation", "edit_box", "edit_seam",
+                     "edit_undo_stack", "edit_undo"),
+            api_visibility="private", queue=False, show_progress="hidden")
+    page.chain(undone, page.after_view)

@@ -1,0 +1,52 @@
+"""The saved-work line and its events: under the title, what the browser keeps and "Clear saved
+work"; the controls kept as typed, the work after each run, all of it restored at load (after a
+link's settings, which win)."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ui.branches.section import SHOWN
+from ui.controls import NAMES
+from ui.handlers import Handlers
+from ui.work.handlers import NOTHING
+
+# The browser's storage keys. The values are encrypted by gradio with this key, which the page
+# itself sends: it only keeps them from being read as plain text; they never leave the browser.
+SETTINGS_KEY, WORK_KEY, SECRET = "tokenlab-settings", "tokenlab-work", "token-lab-saved-work"
+# Forget both and open the page afresh (without a link's query): the defaults.
+CLEAR_JS = """() => {
+  localStorage.removeItem(%r); localStorage.removeItem(%r);
+  window.location.replace(window.location.origin + window.location.pathname);
+  return [];
+}""" % (SETTINGS_KEY, WORK_KEY)
+RESTORED_JS = "() => { document.body.dataset.tlRestored = '1'; return []; }"
+RESTORED = (*SHOWN, "more", "constrain_box", "branches", "branch_view", "history", "conversation", "regenerate",
+            "edit_box", "work_md")
+SAVED = ("saved_settings", "saved_work", "work_md")
+
+
+def build(page, h: Handlers) -> None:
+    with gr.Row(elem_id="saved-work-row"):
+        page.add("work_md", gr.Markdown(NOTHING, elem_id="saved-work"))
+        page.add("clear_work", gr.Button("Clear saved work", size="sm", scale=0, min_width=160, elem_id="clear-work"))
+    page.add("saved_settings", gr.BrowserState(None, storage_key=SETTINGS_KEY, secret=SECRET))
+    page.add("saved_work", gr.BrowserState(None, storage_key=WORK_KEY, secret=SECRET))
+
+
+def keep(page, h: Handlers) -> None:
+    """After every run (the last of its hooks: the tree and the edit panel have their run): the work."""
+    page.after_run.append((h.save_work, ("record", "branches", "history", *NAMES), SAVED))
+    page.after_view.append((h.save_work, ("record", "branches", "history", *NAMES), SAVED))
+
+
+def wire(page, h: Handlers, loaded) -> None:
+    """loaded: the page's load event, once a link's settings are in (ui/share)."""
+    restored = page.on(loaded.then, h.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
+                       api_visibility="private", queue=False, show_progress="hidden")
+    restored.then(None, js=RESTORED_JS)
+    gr.on([page[n].input for n in NAMES], h.save_settings, inputs=page.all(NAMES), outputs=page["saved_settings"],
+          queue=False, show_progress="hidden", trigger_mode="always_last", api_visibility="private")
+    page.on(page["new_chat"].click, h.save_new_chat, inputs=("record", "branches", *NAMES), outputs=SAVED,
+            queue=False, api_visibility="private", show_progress="hidden")
+    page["clear_work"].click(None, js=CLEAR_JS, api_visibility="private")
