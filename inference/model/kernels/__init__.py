@@ -50,7 +50,8 @@ def _build(compiler: str, target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, "-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC",
+        # -fopenmp links libgomp.so.1, which resolves to the one torch has loaded: one thread pool.
+        subprocess.run([compiler, "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC",
                         str(SOURCE), "-o", tmp], check=True, capture_output=True, timeout=120)
         os.replace(tmp, target)
     finally:

@@ -12,103 +12,67 @@
  *
  * Vector width: GCC's vector extension, lowered to what the CPU has. Threads: see split(). */
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-/* ---------------------------------------------------------------- two threads, work stolen back
- * A product splits its rows in two: the calling thread does the first half and offers the second
- * to one helper thread. If the helper has not taken it by the time the caller is done (it was
- * asleep, or the machine is busy with other work and it is not running), the caller takes it
- * back and does it too. An OpenMP team instead waits at its barrier for every thread: with other
- * processes on the cores, a product waited for a descheduled thread's time slice, and ran ten
- * times slower than on one thread (measured on 2 busy cores). The helper spins briefly between
- * products (a decode step calls one every ~0.1 ms), then sleeps. One caller at a time uses it;
- * another runs its product alone. */
+/* ---------------------------------------------------------------- threads, or one
+ * A product splits its rows evenly between two OpenMP threads, the runtime torch already loaded
+ * (libgomp.so.1), so torch's operators and these share one pool: on an idle 2-core machine that
+ * read SmolLM2's matrices 1.5x faster than one thread (and than MKL's sgemv, which runs them on
+ * one). But an OpenMP team waits at its barrier for every thread, and with other processes on
+ * the cores it waited for a descheduled thread's time slice: 2 threads then ran 10x slower than
+ * one. So each product times itself, and the next goes on the number of threads (1 or 2) whose
+ * recent cost per byte is lower; one product in 256 tries the other, to notice when the machine
+ * changes. Either way every output is the same dot product: the choice changes no bits. */
 typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct {
-    range_fn fn;
-    void *ctx;
-    int64_t begin, end;
-    atomic_int done;
-} job_t;
+    double ns_per_byte[2];  /* recent cost with 1 and 2 threads; 0: not measured yet */
+    unsigned long calls;
+} costs_t;
 
-static _Atomic(job_t *) offered;
-static atomic_flag in_use = ATOMIC_FLAG_INIT;
-static atomic_int helper_asleep;
-static pthread_mutex_t helper_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t helper_wake = PTHREAD_COND_INITIALIZER;
-static pthread_once_t helper_once = PTHREAD_ONCE_INIT;
-static int helper_ok;
+static costs_t rows_costs, attend_costs;  /* one record per kernel: their costs differ */
 
-static inline void relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
+/* A child forked from a process whose OpenMP pool has started cannot use that pool (GNU
+ * libgomp's threads are not in the child and its team would wait for them forever): the child
+ * runs every product on one thread, as torch does its own operators there. */
+static int forked;
+static void on_fork_child(void) { forked = 1; }
+__attribute__((constructor)) static void watch_forks(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+
+static inline double now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
-static void *helper(void *unused) {
-    (void)unused;
-    for (;;) {
-        job_t *job = NULL;
-        for (int spin = 0; spin < 20000 && !(job = atomic_exchange(&offered, NULL)); ++spin) relax();
-        if (!job) {
-            pthread_mutex_lock(&helper_lock);
-            atomic_store(&helper_asleep, 1);
-            while (!(job = atomic_exchange(&offered, NULL))) pthread_cond_wait(&helper_wake, &helper_lock);
-            atomic_store(&helper_asleep, 0);
-            pthread_mutex_unlock(&helper_lock);
-        }
-        job->fn(job->ctx, job->begin, job->end);
-        atomic_store(&job->done, 1);  /* the last touch: the caller may return at once */
-    }
-    return NULL;
-}
-
-/* A child process forked after the helper started has no helper: it runs products alone. */
-static void forked_child(void) {
-    helper_ok = 0;
-    atomic_store(&offered, NULL);
-    atomic_flag_clear(&in_use);
-}
-
-static void start_helper(void) {
-    pthread_atfork(NULL, NULL, forked_child);
-    pthread_t t;
-    pthread_attr_t attr;
-    pthread_attr_init(&attr);
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-    helper_ok = pthread_create(&t, &attr, helper, NULL) == 0;
-    pthread_attr_destroy(&attr);
-}
-
-/* fn over [0, n): two halves on two threads when threads > 1, split at `mid` (0: n / 2). */
-static void split(range_fn fn, void *ctx, int64_t n, int64_t mid, int threads) {
-    if (threads > 1) pthread_once(&helper_once, start_helper);
-    if (threads <= 1 || n < 2 || !helper_ok || atomic_flag_test_and_set(&in_use)) {
+/* fn over [0, n) on 1 or `threads` (> 1: two) threads; bytes: what it reads, for its cost. */
+static void split(range_fn fn, void *ctx, int64_t n, int64_t bytes, int threads, costs_t *costs) {
+    if (threads <= 1 || n < 2 || forked) {
         fn(ctx, 0, n);
         return;
     }
-    if (mid <= 0 || mid >= n) mid = n / 2;
-    job_t job = {fn, ctx, mid, n, 0};
-    atomic_store(&offered, &job);
-    if (atomic_load(&helper_asleep)) {
-        pthread_mutex_lock(&helper_lock);
-        pthread_cond_signal(&helper_wake);
-        pthread_mutex_unlock(&helper_lock);
-    }
-    fn(ctx, 0, mid);
-    if (atomic_exchange(&offered, NULL) == &job) {
-        fn(ctx, mid, n);  /* never taken: ours */
+    unsigned long k = __atomic_fetch_add(&costs->calls, 1, __ATOMIC_RELAXED);
+    const double one = costs->ns_per_byte[0], two = costs->ns_per_byte[1];
+    int pick = two == 0.0 ? 1 : one == 0.0 ? 0 : two <= one;  /* 1: two threads */
+    if (k % 256 == 255) pick = !pick;
+    const double t = now_ns();
+    if (pick) {
+        #pragma omp parallel num_threads(2)
+        {
+            const int i = omp_get_thread_num(), m = omp_get_num_threads();
+            fn(ctx, n * i / m, n * (i + 1) / m);
+        }
     } else {
-        while (!atomic_load(&job.done)) relax();  /* taken: the helper is on it */
+        fn(ctx, 0, n);
     }
-    atomic_flag_clear(&in_use);
+    const double c = (now_ns() - t) / (double)(bytes > 0 ? bytes : 1);
+    /* A data race between callers on different threads only blurs the estimate. */
+    costs->ns_per_byte[pick] = costs->ns_per_byte[pick] == 0.0 ? c : 0.5 * costs->ns_per_byte[pick] + 0.5 * c;
 }
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -195,7 +159,7 @@ static void rows_range(void *ctx, int64_t begin, int64_t end) {
 void token_lab_gemm_rows(const float *w, const float *x, float *y, int64_t rows, int64_t out,
                          int64_t in, int64_t stride, int64_t x_stride, int threads) {
     rows_t a = {w, x, y, rows, out, in, stride, x_stride};
-    split(rows_range, &a, out, 0, threads);
+    split(rows_range, &a, out, out * stride * (int64_t)sizeof(float), threads, &rows_costs);
 }
 
 /* y = W x for one row of activations: a decode step of one run. */
@@ -263,7 +227,8 @@ void token_lab_attend(const float *q, const float *k, const float *v, float *out
                       int64_t heads, int64_t kv_heads, int64_t d, float scale, int threads) {
     attend_t a = {q, k, v, out, blocks, first, L, n_blocks, block_size, max_L,
                   k_pos, k_head, v_pos, v_head, heads, heads / kv_heads, d, scale};
-    split(attend_range, &a, rows * heads, 0, threads);
+    split(attend_range, &a, rows * heads, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float), threads,
+          &attend_costs);
 }
 
 /* ---------------------------------------------------------------- RMSNorm
