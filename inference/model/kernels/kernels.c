@@ -1,14 +1,9 @@
-/* Kernels for a decode step on a CPU, float32 (loaded by __init__.py). */
-
-/* ---------------------------------------------------------------- matrix-vector product
- * y = W x for one row of activations: a decode step's matrix-vector products.
+/* Kernels for a decode step on a CPU, float32 (loaded by __init__.py; design: docs/design.md).
  *
- * A decode step reads every weight once, so its products are bound by memory bandwidth. MKL's
- * sgemv reaches 13-23 GB/s on SmolLM2's shapes on a 2-core machine whose read bandwidth is
- * ~28 GB/s; this reads each (out, in) row-major weight as one stream per thread (see
- * token_lab_gemm_rows). Each output is the float32 sum of its row's products in dot()'s order,
- * with fused multiply-adds throughout: one order and one rounding of arithmetic for every
- * kernel that sums a row.
+ * A decode step reads every weight once, so its products are bound by memory bandwidth: these
+ * read each (out, in) row-major weight as one stream per thread (token_lab_gemm_rows). Each
+ * output is the float32 sum of its row's products in dot()'s order, with fused multiply-adds
+ * throughout: one order and one rounding of arithmetic for every kernel that sums a row.
  *
  * Vector width: GCC's vector extension, lowered to what the CPU has. Threads: see split(). */
 #include <math.h>
