@@ -22,7 +22,9 @@
  * the cores it waited for a descheduled thread's time slice: 2 threads then ran 10x slower than
  * one. So each product times itself, and the next goes on the number of threads (1 or 2) whose
  * recent cost per byte is lower; one product in 256 tries the other, to notice when the machine
- * changes. Either way every output is the same dot product: the choice changes no bits. */
+ * changes (a record for each kernel and size: two threads paid off for the LM head sooner than
+ * for a small matrix). Either way every output is the same dot product: the choice changes no
+ * bits. */
 typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct {
@@ -30,7 +32,13 @@ typedef struct {
     unsigned long calls;
 } costs_t;
 
-static costs_t rows_costs, attend_costs;  /* one record per kernel: their costs differ */
+/* One record per kernel and power of two of bytes read: a small matrix and the LM head differ
+ * in which is faster. */
+static costs_t rows_costs[48], attend_costs[48];
+static inline costs_t *by_size(costs_t *table, int64_t bytes) {
+    const int b = bytes > 1 ? 63 - __builtin_clzll((unsigned long long)bytes) : 0;
+    return &table[b < 47 ? b : 47];
+}
 
 /* A child forked from a process whose OpenMP pool has started cannot use that pool (GNU
  * libgomp's threads are not in the child and its team would wait for them forever): the child
@@ -154,7 +162,8 @@ static void rows_range(void *ctx, int64_t begin, int64_t end) {
 void token_lab_gemm_rows(const float *w, const float *x, float *y, int64_t rows, int64_t out,
                          int64_t in, int64_t stride, int64_t x_stride, int threads) {
     rows_t a = {w, x, y, rows, out, in, stride, x_stride};
-    split(rows_range, &a, out, out * stride * (int64_t)sizeof(float), threads, &rows_costs);
+    split(rows_range, &a, out, out * stride * (int64_t)sizeof(float), threads,
+          by_size(rows_costs, out * stride * (int64_t)sizeof(float)));
 }
 
 /* y = W x for one row of activations: a decode step of one run. */
@@ -223,7 +232,7 @@ void token_lab_attend(const float *q, const float *k, const float *v, float *out
     attend_t a = {q, k, v, out, blocks, first, L, n_blocks, block_size, max_L,
                   k_pos, k_head, v_pos, v_head, heads, heads / kv_heads, d, scale};
     split(attend_range, &a, rows * heads, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float), threads,
-          &attend_costs);
+          by_size(attend_costs, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float)));
 }
 
 /* ---------------------------------------------------------------- RMSNorm
