@@ -1,4 +1,4 @@
-"""Hand-written CPU kernels for a decode step of one run, compiled on first use with the
+"""Hand-written CPU kernels for a decode step's few rows, compiled on first use with the
 machine's C compiler and cached (kernels.c).
 
 Only where torch's own operators are measurably short of the hardware on a decode step's few rows
@@ -30,8 +30,8 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "token-lab" / "kernels"
+    from inference.loading.default_model import cache_root
+    return cache_root() / "kernels"
 
 
 def _cpu_flags() -> str:
