@@ -306,10 +306,14 @@ def test_login_from_a_file_guards_the_page_and_names_the_visitor(tiny_dirs, tmp_
             gradio_client.Client(url, verbose=False, auth=("ann", "wrong"))
         assert httpx.get(url + "config").status_code in (401, 403)
         # One session each: ann and bob, from the same address, are two visitors.
+        # Counted while both are open: a client that closes its heartbeat is a closed tab, whose
+        # session stops counting (the page's unload), at once or a moment later.
+        clients = []
         for who in (("ann", "apple-pie"), ("bob", "banana-split")):
-            client = gradio_client.Client(url, verbose=False, auth=who)
-            assert len(output(client.predict(*call(max_new_tokens=2), api_name="/generate"), "api_tokens")) == 2  # the tokens
-            client.close()
+            clients.append(gradio_client.Client(url, verbose=False, auth=who))
+            assert len(output(clients[-1].predict(*call(max_new_tokens=2), api_name="/generate"), "api_tokens")) == 2
         assert h.admission.sessions.count("user ann") == 1 and h.admission.sessions.count("user bob") == 1
+        for client in clients:
+            client.close()
     finally:
         demo.close()
