@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from inference.events import StepEvent
 from ui.format import bucket, fmt_p, known, named_prob_html, prob_html, shown_prob, visible
 from ui.run_state import RunRecord, run_summary
 

@@ -8,6 +8,7 @@ import time
 
 import pandas as pd
 
+from inference.events import StepEvent
 from inference.model.kv_cache import BLOCK_SIZE
 from ui.format import mib
 from ui.run.render import NO_CONFIG
