@@ -73,14 +73,18 @@ def test_edit_and_continue(live_app, browser, width, height):
     loaded(page)
     run_to_end(page, lambda: page.click("#generate"))
     page.get_by_text("Edit the output and continue").click()
-    page.wait_for_function("document.querySelector('#edit-text textarea').value === "
-                           "document.querySelector('#output .tl-out').dataset.text")
+    page.wait_for_function("(document.querySelector('#edit-text textarea')?.value ?? 'no box') === "
+                           "(document.querySelector('#output .tl-out')?.dataset.text ?? 'no output')")
     first = output_text(page)
     page.fill("#edit-text textarea", "Thee")
     run_to_end(page, lambda: page.click("#edit-continue"))
     assert output_text(page).startswith("Thee") and page.inner_text("#output .tl-given") == "Thee"
     second = output_text(page)
-    assert edit_box(page) == second and page.is_enabled("#edit-undo")
+    # The edit box and Undo follow the run on view (an event chained after the run's end).
+    page.wait_for_function("(document.querySelector('#edit-text textarea')?.value ?? 'no box') === "
+                           "(document.querySelector('#output .tl-out')?.dataset.text ?? 'no output')")
+    page.wait_for_function("!document.querySelector('#edit-undo').disabled")
+    assert edit_box(page) == second
     # An x after the 'e' (text the edit does not touch): the tokenizer makes 'e' + 'x' one token.
     type_in(page, "#edit-text textarea", "Theex" + second[4:])
     wait_text(page, "#edit-seam", "different now")
