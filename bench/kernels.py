@@ -11,7 +11,6 @@ Writes bench/results/kernels.{md,json}.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -23,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import prompts  # noqa: E402
-from bench.run import read_bandwidth_gbs  # noqa: E402
+from bench.run import read_bandwidth_gbs, save  # noqa: E402
 from inference.model import kernels  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
@@ -115,11 +114,7 @@ def main(argv=None) -> int:
     lines += [f"| {r['shape']} | {r['rows']} | {r['ours']:.1f} | {r.get('mkl_mv', float('nan')):.1f} | {r['onednn']:.1f} |"
               for r in table]
     md = "\n".join(lines) + "\n"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "kernels.json").write_text(json.dumps(result, indent=2))
-    (out / "kernels.md").write_text(md)
-    print(md)
+    save(args.out, "kernels", result, md)
     return 0
 
 

@@ -77,11 +77,8 @@ def main(argv=None) -> int:
                      f"{best['decode_tok_s']:.1f} (rounds: {', '.join('%.1f' % r['decode_tok_s'] for r in rs)}) | "
                      f"{best['p50_ms']:.1f} | {best['p95_ms']:.1f} |")
     md = "\n".join(lines) + "\n"
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "models.json").write_text(json.dumps(rounds, indent=2))
-    (out / "models.md").write_text(md)
-    print(md)
+    from bench.run import save
+    save(args.out, "models", rounds, md)
     return 0
 
 

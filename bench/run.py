@@ -366,13 +366,17 @@ def main(argv=None) -> int:
               "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),
               "ratios": ratios, "systems": rows, "quality_guard": quality}
     md = to_markdown(result)
-    out = Path(args.out)
+    save(args.out, f"bench-{args.random}" if args.random else "bench", result, md)
+    return 0
+
+
+def save(out_dir, stem: str, data, md: str) -> None:
+    """Write a benchmark's results as out_dir/stem.json and .md, and print the markdown."""
+    out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"bench-{args.random}" if args.random else "bench"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2))
+    (out / f"{stem}.json").write_text(json.dumps(data, indent=2))
     (out / f"{stem}.md").write_text(md)
     print(md)
-    return 0
 
 
 def to_markdown(r: dict) -> str:

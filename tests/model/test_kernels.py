@@ -193,21 +193,26 @@ def test_a_forked_child_multiplies_right():
     returns (a deadline, not a hang, if it ever did not)."""
     import os
     import signal
-    import time
+
+    from engine_hold import wait_until
     w, x = torch.randn(3000, 64), torch.randn(64)
     expected = kernels.gemv(w, x)
     pid = os.fork()
     if pid == 0:  # the child: exit 0 only if its products are right
         ok = all(torch.equal(kernels.gemv(w, x), expected) for _ in range(20))
         os._exit(0 if ok else 1)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    waited = {}
+
+    def child_done() -> bool:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
-            break
-        time.sleep(0.05)
-    else:
+            waited["status"] = status
+        return bool(done)
+    try:
+        wait_until(child_done, "the forked child's products")
+    except AssertionError:
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
-        raise AssertionError("the forked child never finished its products")
+        raise
+    status = waited["status"]
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0

@@ -23,6 +23,12 @@ def opened(browser, url: str, width: int, height: int, query: str):
     return page
 
 
+def run_to_end(page) -> None:
+    """Generate, and wait for the run's end."""
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
+
+
 def box(page, selector: str) -> dict:
     return page.locator(selector).first.bounding_box()
 
@@ -61,8 +67,7 @@ def test_output_and_bars_in_view_together_during_a_run(live_app, browser, hold, 
 def test_compare_turns_generate_off_and_its_bars_fit(live_app, browser, hold, width, height):
     url, engine, _ = live_app
     page = opened(browser, url, width, height, "prompt=The%20quick&temperature=0.5&top_p=0.9&seed=5&max_new_tokens=12")
-    page.click("#generate")
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
+    run_to_end(page)
     page.get_by_text("Sampling experiments").click()
     # B starts as a copy of the run's settings (set at the run's end, by an event of its own);
     # the label says A is the page's own settings.
@@ -98,8 +103,7 @@ def test_compare_turns_generate_off_and_its_bars_fit(live_app, browser, hold, wi
 def test_temperature_zero_popover_shows_raw_and_final_and_colours_by_raw(live_app, browser, width, height):
     url, _, _ = live_app
     page = opened(browser, url, width, height, "prompt=The%20quick&temperature=0&seed=5&max_new_tokens=8")
-    page.click("#generate")
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
+    run_to_end(page)
     tok = page.locator("#output .tl-t").nth(1)
     tok.scroll_into_view_if_needed()
     tok.hover()
@@ -144,8 +148,7 @@ def test_typed_temperature_beyond_its_range_is_said(live_app, browser):
 def test_kv_chart_and_generated_tokens_box(live_app, browser, width, height):
     url, _, _ = live_app
     page = opened(browser, url, width, height, "prompt=Once%20upon%20a%20time&seed=3&max_new_tokens=120")
-    page.click("#generate")
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
+    run_to_end(page)
     chips = page.locator(".tl-gen-tokens .tl-chips")
     chips.scroll_into_view_if_needed()
     # Nothing of the generated tokens hidden in a box without a visible way to scroll.
