@@ -15,6 +15,7 @@ from inference.device import available_memory_bytes
 from inference.model import kernels
 from inference.model.attention import Attention, PagedBatch, Probe, window_decode_mask  # noqa: F401 (Probe, PagedBatch: the model's API)
 from inference.model.config import ModelConfig
+from inference.model.decode_step import DecodeStep
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
 from inference.model.layers import ONEDNN_CACHED_SHAPES, ROWS_HINT, FeedForward, Linear, RMSNorm  # noqa: F401 (Linear: the model's API)
 from inference.model.rope import rope_tables
@@ -54,6 +55,8 @@ class Block(nn.Module):
 
 # ---------------------------------------------------------------- the whole model
 class Transformer(nn.Module):
+    decode_step: DecodeStep | None = None
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -142,6 +145,7 @@ class Transformer(nn.Module):
             if isinstance(module, Linear):
                 module.decode_weight = None if same else module.weight.to(decode_dtype)
         self.decode_dtype = self.dtype if same else decode_dtype
+        self.decode_step = DecodeStep.for_model(self)  # a whole decode step in one call, where it applies
 
     @property
     def device(self) -> torch.device:
@@ -194,6 +198,11 @@ class Transformer(nn.Module):
                 ctx = batch.decode_blocks
                 context = ctx.stop - ctx.start if isinstance(ctx, slice) else ctx.shape[1] * BLOCK_SIZE
                 batch.window_mask = window_decode_mask(positions, context, window)
+        step = self.decode_step
+        if step is not None and step.applies(batch, len(tokens), k_pool):
+            logits = step(h[0], ropes, batch, k_pool, v_pool)  # (N, vocab): every row's
+            if logits is not None:
+                return self._softcap(logits[batch.logit_rows])
         for i, layer in enumerate(self.layers):
             cos, sin = ropes[self.cfg.is_sliding(i)]
             h = layer.forward_paged(h, cos, sin, k_pool[i], v_pool[i], batch)
@@ -217,7 +226,9 @@ class Transformer(nn.Module):
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden states (..., hidden) -> float32 logits (..., vocab),
         soft-capped where the config says (cap * tanh(logits / cap))."""
-        logits = self.output(self.norm(h)).float()
+        return self._softcap(self.output(self.norm(h)).float())
+
+    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

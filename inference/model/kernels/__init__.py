@@ -1,6 +1,9 @@
 """Hand-written CPU kernels for a decode step's few rows, compiled on first use with the
 machine's C compiler and cached (kernels.c).
 
+`decode` runs a whole decode step, every layer and the LM head, in one call
+(decode_step.py says when).
+
 Only where torch's own operators are measurably short of the hardware on a decode step's few rows
 of float32 activations: `gemv` and `gemm_rows` (MKL runs SmolLM2's matrix-vector products at
 50-80% of the read bandwidth), `attend` (SDPA costs ~100 us a call for one query), and where a
@@ -86,6 +89,7 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_rms_norm": [ptr, ptr, ptr, i64, i64, f32],
         "token_lab_rope_store": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64],
         "token_lab_glu": [ptr, ptr, i64, i64, ctypes.c_int],
+        "token_lab_decode": [ptr, ptr, ptr, f32, f32, i64, ctypes.c_int],
     }
     for name, args in signatures.items():
         getattr(lib, name).argtypes = args
@@ -197,3 +201,17 @@ def glu(x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
     y = torch.empty(*x.shape[:-1], f, dtype=torch.float32)
     lib.token_lab_glu(x.data_ptr(), y.data_ptr(), x.numel() // (2 * f), f, int(gelu))
     return y
+
+
+def decode(dims: list[int], layers: torch.Tensor, pointers: list[int], eps: float, scale: float,
+           bytes_read: int) -> bool:
+    """A whole decode step (kernels.c's token_lab_decode): dims, the (layers, fields) table of
+    each layer's addresses and the step's tensors' addresses, as that file's enums order them.
+    False where there are no kernels."""
+    lib = _library()
+    if lib is None:
+        return False
+    dims_t = torch.tensor(dims, dtype=torch.int64)
+    ptrs = (ctypes.c_void_p * len(pointers))(*pointers)
+    lib.token_lab_decode(dims_t.data_ptr(), layers.data_ptr(), ptrs, eps, scale, bytes_read, torch.get_num_threads())
+    return True

@@ -53,16 +53,29 @@ static inline double now_ns(void) {
     return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
+/* Which of 1 (0) or 2 (1) threads the next call with these costs runs on: the one whose recent
+ * cost per byte is lower, the other one call in 256. */
+static int pick_threads(costs_t *costs) {
+    unsigned long k = __atomic_fetch_add(&costs->calls, 1, __ATOMIC_RELAXED);
+    const double one = costs->ns_per_byte[0], two = costs->ns_per_byte[1];
+    int pick = two == 0.0 ? 1 : one == 0.0 ? 0 : two <= one;
+    return k % 256 == 255 ? !pick : pick;
+}
+
+/* A call on `pick` that began at t0 and read `bytes`: into its recent cost. */
+static void record_cost(costs_t *costs, int pick, double t0, int64_t bytes) {
+    const double c = (now_ns() - t0) / (double)(bytes > 0 ? bytes : 1);
+    /* A data race between callers on different threads only blurs the estimate. */
+    costs->ns_per_byte[pick] = costs->ns_per_byte[pick] == 0.0 ? c : 0.5 * costs->ns_per_byte[pick] + 0.5 * c;
+}
+
 /* fn over [0, n) on 1 or `threads` (> 1: two) threads; bytes: what it reads, for its cost. */
 static void split(range_fn fn, void *ctx, int64_t n, int64_t bytes, int threads, costs_t *costs) {
     if (threads <= 1 || n < 2 || forked) {
         fn(ctx, 0, n);
         return;
     }
-    unsigned long k = __atomic_fetch_add(&costs->calls, 1, __ATOMIC_RELAXED);
-    const double one = costs->ns_per_byte[0], two = costs->ns_per_byte[1];
-    int pick = two == 0.0 ? 1 : one == 0.0 ? 0 : two <= one;  /* 1: two threads */
-    if (k % 256 == 255) pick = !pick;
+    const int pick = pick_threads(costs);
     const double t = now_ns();
     if (pick) {
         #pragma omp parallel num_threads(2)
@@ -73,9 +86,7 @@ static void split(range_fn fn, void *ctx, int64_t n, int64_t bytes, int threads,
     } else {
         fn(ctx, 0, n);
     }
-    const double c = (now_ns() - t) / (double)(bytes > 0 ? bytes : 1);
-    /* A data race between callers on different threads only blurs the estimate. */
-    costs->ns_per_byte[pick] = costs->ns_per_byte[pick] == 0.0 ? c : 0.5 * costs->ns_per_byte[pick] + 0.5 * c;
+    record_cost(costs, pick, t, bytes);
 }
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -282,15 +293,188 @@ void token_lab_rope_store(const float *qkv, const float *cos, const float *signe
 /* ---------------------------------------------------------------- gated activation
  * x (n, 2f) = [gate | up] -> y (n, f) = act(gate) * up: SiLU (gelu 0) or tanh-approximated GELU
  * (gelu 1, Gemma's GeGLU). */
+static inline float act(float a, int gelu) {
+    return gelu ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
+                : a / (1.0f + expf(-a));
+}
+
 void token_lab_glu(const float *x, float *y, int64_t n, int64_t f, int gelu) {
     for (int64_t r = 0; r < n; ++r) {
         const float *g = x + r * 2 * f, *u = g + f;
         float *o = y + r * f;
-        for (int64_t i = 0; i < f; ++i) {
-            const float a = g[i];
-            const float act = gelu ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
-                                   : a / (1.0f + expf(-a));
-            o[i] = act * u[i];
-        }
+        for (int64_t i = 0; i < f; ++i) o[i] = act(g[i], gelu) * u[i];
     }
+}
+
+/* ---------------------------------------------------------------- a whole decode step
+ * Every layer and the LM head for n rows, each one decoding run's new token, in one call:
+ *
+ *   per layer: x = RMSNorm(h) -> qkv = x Wqkv^T (+ bias) -> q, k rotated; k, v into the pool
+ *              -> attention of each row over its run's keys -> h += att Wo^T
+ *              -> x = RMSNorm(h) -> g = act(x Wgate^T) * (x Wup^T) -> h += g Wdown^T
+ *   then: logits = RMSNorm(h) Whead^T
+ *
+ * The same functions, in the same order for every output, as the calls above (rows_range, dot,
+ * attend_head, token_lab_rms_norm, rotate, act), so its numbers are the same bits as the
+ * model's kernel-by-kernel path, and a row's the same alone or beside others. What it saves is
+ * the rest of that path: ~1,000 small operators and ~120 thread-team starts a step. The team
+ * starts once; each stage's work is handed out in chunks from a counter (a thread that gets
+ * less of the CPU takes fewer) and the threads meet at a barrier where a stage reads what the
+ * other wrote: five a layer. Whether the step runs on 1 or 2 threads is chosen as for a product
+ * (split()), by the step's recent cost per byte. */
+
+enum { L_ATTN_NORM, L_WQKV, L_BQKV, L_WO, L_FFN_NORM, L_W13, L_W2, L_K_POOL, L_V_POOL, L_SLIDING, L_FIELDS };
+enum { D_N, D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_FFN, D_VOCAB, D_LAYERS, D_GELU, D_N_BLOCKS,
+       D_BLOCK_SIZE, D_CTX_OFFSET, D_MAX_L, D_FIELDS };
+enum { P_H, P_COS, P_SIN, P_COS_LOCAL, P_SIN_LOCAL, P_SLOTS, P_BLOCKS, P_FIRST, P_FIRST_LOCAL, P_LENGTHS,
+       P_NORM, P_HEAD, P_LOGITS, P_FIELDS };
+
+typedef struct {
+    const int64_t *dims, *layers;
+    void *const *ptrs;
+    float eps, scale;
+    float *qkv, *q, *att, *y, *gu, *g;  /* shared scratch: (n, width), (n, heads, d) x2, (n, hidden), (n, 2 ffn), (n, ffn) */
+    int64_t *counters;                   /* one per stage, handing out its chunks */
+} step_t;
+
+/* Chunks of [0, total) of `chunk` each, claimed in turn from *counter until none are left. */
+#define CHUNKS(counter, total, chunk, b, e)                                                         \
+    for (int64_t b, e; (b = __atomic_fetch_add(counter, chunk, __ATOMIC_RELAXED)) < (total)         \
+                       && ((e = b + (chunk) < (total) ? b + (chunk) : (total)), 1);)
+
+/* Rows of a product per chunk: about 64 KiB of weights, at least 8 rows. */
+static inline int64_t chunk_rows(int64_t in) { const int64_t r = 16384 / in; return r < 8 ? 8 : r; }
+
+static void barrier(int nth) {
+    if (nth > 1) {
+        #pragma omp barrier
+    }
+}
+
+/* h (n, hidden) += x W^T, W (hidden, in): each chunk's outputs added by the thread that made them. */
+static void add_product(const step_t *s, const float *w, const float *x, int64_t in, int64_t *counter) {
+    const int64_t n = s->dims[D_N], hidden = s->dims[D_HIDDEN];
+    float *h = s->ptrs[P_H];
+    CHUNKS(counter, hidden, chunk_rows(in), o0, o1) {
+        rows_t a = {w, x, s->y, n, hidden, in, in, in};
+        rows_range(&a, o0, o1);
+        for (int64_t r = 0; r < n; ++r)
+            for (int64_t o = o0; o < o1; ++o) h[r * hidden + o] = h[r * hidden + o] + s->y[r * hidden + o];
+    }
+}
+
+static void decode_body(const step_t *s, int nth) {
+    const int64_t *dm = s->dims;
+    const int64_t n = dm[D_N], hidden = dm[D_HIDDEN], heads = dm[D_HEADS], kv_heads = dm[D_KV_HEADS],
+                  d = dm[D_HEAD_DIM], ffn = dm[D_FFN], vocab = dm[D_VOCAB], n_layers = dm[D_LAYERS];
+    const int64_t units = heads + 2 * kv_heads, width = units * d, kv_width = kv_heads * d;
+    float *h = s->ptrs[P_H];
+    const int64_t *slots = s->ptrs[P_SLOTS], *blocks = s->ptrs[P_BLOCKS], *lengths = s->ptrs[P_LENGTHS];
+    float *x = malloc(sizeof(float) * n * hidden);  /* this thread's normed rows */
+    float *p = malloc(sizeof(float) * (dm[D_MAX_L] > 0 ? dm[D_MAX_L] : 1));  /* attention's scores */
+    if (!x || !p) abort();
+    int64_t stage = 0;
+    for (int64_t l = 0; l < n_layers; ++l) {
+        const int64_t *t = s->layers + l * L_FIELDS;
+        const float *wqkv = (const float *)(intptr_t)t[L_WQKV], *bqkv = (const float *)(intptr_t)t[L_BQKV];
+        float *k_pool = (float *)(intptr_t)t[L_K_POOL], *v_pool = (float *)(intptr_t)t[L_V_POOL];
+        const int local = (int)t[L_SLIDING];
+        const float *cos = s->ptrs[local ? P_COS_LOCAL : P_COS], *sin = s->ptrs[local ? P_SIN_LOCAL : P_SIN];
+        const int64_t *first = s->ptrs[local ? P_FIRST_LOCAL : P_FIRST];
+
+        /* ---- q, k, v: a head at a time, rotated and stored by the thread that made it */
+        token_lab_rms_norm(h, (const float *)(intptr_t)t[L_ATTN_NORM], x, n, hidden, s->eps);
+        CHUNKS(&s->counters[stage], units, 1, u0, u1) {
+            rows_t a = {wqkv, x, s->qkv, n, width, hidden, hidden, hidden};
+            rows_range(&a, u0 * d, u1 * d);
+            for (int64_t r = 0; r < n; ++r) {
+                float *row = s->qkv + r * width + u0 * d;
+                if (bqkv)
+                    for (int64_t i = 0; i < d; ++i) row[i] = row[i] + bqkv[u0 * d + i];
+                const float *c = cos + r * d, *sn = sin + r * d;
+                if (u0 < heads) rotate(row, c, sn, s->q + (r * heads + u0) * d, d);
+                else if (u0 < heads + kv_heads) rotate(row, c, sn, k_pool + slots[r] * kv_width + (u0 - heads) * d, d);
+                else memcpy(v_pool + slots[r] * kv_width + (u0 - heads - kv_heads) * d, row, sizeof(float) * d);
+            }
+        }
+        ++stage;
+        barrier(nth);
+
+        /* ---- attention: a (row, head) at a time */
+        const int64_t offset = dm[D_CTX_OFFSET] * kv_width;
+        CHUNKS(&s->counters[stage], n * heads, 1, rh, rh_end) {
+            (void)rh_end;
+            const int64_t r = rh / heads, g = rh % heads / (heads / kv_heads);
+            attend_head(s->q + rh * d, k_pool + offset + g * d, v_pool + offset + g * d, s->att + rh * d, p,
+                        blocks ? blocks + r * dm[D_N_BLOCKS] : NULL, dm[D_BLOCK_SIZE], first[r], lengths[r],
+                        kv_width, kv_width, d, s->scale);
+        }
+        ++stage;
+        barrier(nth);
+
+        /* ---- h += att Wo^T */
+        add_product(s, (const float *)(intptr_t)t[L_WO], s->att, heads * d, &s->counters[stage++]);
+        barrier(nth);
+
+        /* ---- g = act(gate) * up: gate row i and up row i by the same thread */
+        token_lab_rms_norm(h, (const float *)(intptr_t)t[L_FFN_NORM], x, n, hidden, s->eps);
+        const int gelu = (int)dm[D_GELU];
+        CHUNKS(&s->counters[stage], ffn, chunk_rows(hidden) / 2, i0, i1) {
+            rows_t a = {(const float *)(intptr_t)t[L_W13], x, s->gu, n, 2 * ffn, hidden, hidden, hidden};
+            rows_range(&a, i0, i1);
+            rows_range(&a, ffn + i0, ffn + i1);
+            for (int64_t r = 0; r < n; ++r) {
+                const float *gate = s->gu + r * 2 * ffn, *up = gate + ffn;
+                for (int64_t i = i0; i < i1; ++i) s->g[r * ffn + i] = act(gate[i], gelu) * up[i];
+            }
+        }
+        ++stage;
+        barrier(nth);
+
+        /* ---- h += g Wdown^T */
+        add_product(s, (const float *)(intptr_t)t[L_W2], s->g, ffn, &s->counters[stage++]);
+        barrier(nth);
+    }
+
+    /* ---- logits = RMSNorm(h) Whead^T */
+    token_lab_rms_norm(h, s->ptrs[P_NORM], x, n, hidden, s->eps);
+    CHUNKS(&s->counters[stage], vocab, chunk_rows(hidden), o0, o1) {
+        rows_t a = {s->ptrs[P_HEAD], x, s->ptrs[P_LOGITS], n, vocab, hidden, hidden, hidden};
+        rows_range(&a, o0, o1);
+    }
+    free(x);
+    free(p);
+}
+
+static costs_t step_costs[17];
+
+/* dims, layers (n_layers, L_FIELDS), ptrs: as the enums above name them; the k/v pools and
+ * weights are contiguous float32, h (n, hidden) is updated in place, logits (n, vocab) written.
+ * bytes: what the step reads (for its cost). */
+void token_lab_decode(const int64_t *dims, const int64_t *layers, void *const *ptrs, float eps, float scale,
+                      int64_t bytes, int threads) {
+    const int64_t n = dims[D_N], hidden = dims[D_HIDDEN], heads = dims[D_HEADS], d = dims[D_HEAD_DIM],
+                  ffn = dims[D_FFN], width = (heads + 2 * dims[D_KV_HEADS]) * d;
+    step_t s = {.dims = dims, .layers = layers, .ptrs = ptrs, .eps = eps, .scale = scale};
+    float *scratch = malloc(sizeof(float) * n * (width + 2 * heads * d + hidden + 3 * ffn));
+    s.counters = calloc(dims[D_LAYERS] * 5 + 1, sizeof(int64_t));
+    if (!scratch || !s.counters) abort();
+    s.qkv = scratch;
+    s.q = s.qkv + n * width;
+    s.att = s.q + n * heads * d;
+    s.y = s.att + n * heads * d;
+    s.gu = s.y + n * hidden;
+    s.g = s.gu + n * 2 * ffn;
+    costs_t *costs = &step_costs[n < 16 ? n : 16];
+    const int pick = threads > 1 && !forked ? pick_threads(costs) : 0;
+    const double t = now_ns();
+    if (pick) {
+        #pragma omp parallel num_threads(2)
+        decode_body(&s, omp_get_num_threads());
+    } else {
+        decode_body(&s, 1);
+    }
+    if (threads > 1 && !forked) record_cost(costs, pick, t, bytes);
+    free(scratch);
+    free(s.counters);
 }

@@ -1,0 +1,87 @@
+"""A decode step in one call: every layer and the LM head for a few runs' new tokens.
+
+kernels.c's token_lab_decode runs the step the model's layer-by-layer path runs through the
+kernels (the same functions in the same order, so the same bits) without the ~1,000 small
+operators and ~120 thread-team starts around them. It serves float32 CPU models of the plain
+LLaMA shape (q/k/v biases and sliding windows included; not per-head q/k norms or Gemma's extra
+norms) for steps of at most KERNEL_ROWS decoding runs; the model's own path serves the rest.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from inference.model import kernels
+from inference.model.attention import PagedBatch
+from inference.model.kv_cache import BLOCK_SIZE
+from inference.model.layers import KERNEL_ROWS, Linear
+
+class DecodeStep:
+    """The one-call step for `model`, or None from `for_model` where it does not apply."""
+
+    def __init__(self, model):
+        self.model, cfg = model, model.cfg
+        self.dims = [0, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
+                     cfg.vocab_size, cfg.n_layers, int(cfg.activation != "silu")]
+        self.scale = model.layers[0].attention.softmax_scale
+        self.weight_ptrs = [_weights(layer) for layer in model.layers]
+        self.sliding = [int(cfg.is_sliding(i)) for i in range(cfg.n_layers)]
+        self.weight_bytes = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, Linear))
+        self._tables: dict[tuple[int, ...], torch.Tensor] = {}  # by the pools' addresses
+
+    @classmethod
+    def for_model(cls, model) -> "DecodeStep | None":
+        cfg = model.cfg
+        linears = [m for m in model.modules() if isinstance(m, Linear)]
+        if (model.device.type != "cpu" or model.dtype != torch.float32 or model.decode_dtype != torch.float32
+                or cfg.qk_norm or cfg.sandwich_norms or not kernels.available()
+                or not all(m.weight.is_contiguous() and m.decode_weight is None for m in linears)):
+            return None
+        return cls(model)
+
+    def applies(self, batch: PagedBatch, rows: int, k_pool) -> bool:
+        """Whether this step is one this call runs: only decoding runs, few enough, every row's
+        logits, pools laid out as KVPool's."""
+        return (not batch.prefills and 0 < rows <= KERNEL_ROWS and len(batch.logit_rows) == rows
+                and k_pool[0].is_contiguous())
+
+    def __call__(self, h: torch.Tensor, ropes, batch: PagedBatch, k_pool, v_pool) -> torch.Tensor | None:
+        """h (N, hidden) embeddings of N decoding runs' tokens (updated in place) -> float32
+        logits (N, vocab) of every row, before any soft cap. ropes: the model's tables at the
+        rows' positions. None where the kernels are gone (switched off since the model loaded)."""
+        N, ctx = h.shape[0], batch.decode_blocks
+        if isinstance(ctx, slice):  # one run's keys read in place
+            blocks, n_blocks, offset, max_length = None, 0, ctx.start, ctx.stop - ctx.start
+        else:
+            blocks, n_blocks, offset, max_length = ctx.contiguous(), ctx.shape[1], 0, ctx.shape[1] * BLOCK_SIZE
+        (cos, sin), (cos_l, sin_l) = ropes[False], ropes[True]  # each (N, 1, head_dim)
+        cos, sin, cos_l, sin_l = (t.reshape(N, -1).contiguous() for t in (cos, sin, cos_l, sin_l))  # (N, head_dim)
+        first, first_l = (batch.decode_first[w].contiguous() for w in (False, True))
+        lengths, slots = batch.decode_lengths.contiguous(), batch.write_slots.contiguous()
+        logits = torch.empty(N, self.dims[6], dtype=torch.float32)
+        model = self.model
+        pointers = [h.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos_l.data_ptr(), sin_l.data_ptr(), slots.data_ptr(),
+                    0 if blocks is None else blocks.data_ptr(), first.data_ptr(), first_l.data_ptr(),
+                    lengths.data_ptr(), model.norm.weight.data_ptr(), model.output.weight.data_ptr(), logits.data_ptr()]
+        kv_bytes = N * max_length * 2 * self.dims[3] * self.dims[4] * 4 * len(self.sliding)
+        ran = kernels.decode([N, *self.dims[1:], n_blocks, BLOCK_SIZE, offset, max_length],
+                             self._table(k_pool, v_pool), pointers, model.norm.eps, self.scale, self.weight_bytes + kv_bytes)
+        return logits if ran else None
+
+    def _table(self, k_pool, v_pool) -> torch.Tensor:
+        """(layers, 10) int64: each layer's weights, its pool's keys and values, whether it slides."""
+        pools = tuple(t.data_ptr() for layer in zip(k_pool, v_pool) for t in layer)
+        table = self._tables.get(pools)
+        if table is None:
+            self._tables.clear()  # one pool at a time
+            rows = [[*w, pools[2 * i], pools[2 * i + 1], s] for i, (w, s) in enumerate(zip(self.weight_ptrs, self.sliding))]
+            table = self._tables[pools] = torch.tensor(rows, dtype=torch.int64)
+        return table
+
+
+def _weights(layer) -> list[int]:
+    """A layer's weights' addresses, in kernels.c's L_* order (0: no q/k/v bias)."""
+    a, f = layer.attention, layer.feed_forward
+    return [layer.attention_norm.weight.data_ptr(), a.wqkv.weight.data_ptr(),
+            0 if a.bqkv is None else a.bqkv.data_ptr(), a.wo.weight.data_ptr(),
+            layer.ffn_norm.weight.data_ptr(), f.w13.weight.data_ptr(), f.w2.weight.data_ptr()]
