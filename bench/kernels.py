@@ -1,7 +1,7 @@
 """Our CPU kernels against torch's operators, in one run on this machine: each of SmolLM2's
 product shapes at 1 row (ours, MKL's mv on column-major weights, oneDNN's copy) and several rows
-(ours against oneDNN), and a decode step of the real model with the kernels and without them
-(two engines, runs alternated), beside the read bandwidth measured in the same run.
+(ours against oneDNN), and a decode step of the real model in one call, through the layers with
+the kernels and with torch's operators alone (runs alternated), beside the read bandwidth measured in the same run.
 
     python -m bench.kernels [--tokens 48] [--rounds 4]
 
@@ -66,24 +66,28 @@ def products() -> list[dict]:
 
 
 def decode_steps(tokens: int, rounds: int) -> dict:
-    """Median decode step (ms) of SmolLM2 with and without the kernels, alternated."""
+    """Median decode step (ms) of SmolLM2 alternated between three paths: the whole step in one
+    call (decode_step.py), the layers through the kernels, torch's operators alone."""
     from inference.loading.default_model import resolve_model
     model_dir = resolve_model(None)
     with_kernels = Engine.from_hf_dir(model_dir, "cpu", "float32")
+    one_call = with_kernels.model.decode_step
     real = kernels._library
     kernels._library = lambda: None  # the second engine: torch's operators and layouts alone
     without = Engine.from_hf_dir(model_dir, "cpu", "float32")
     ids = prompts.prompt_ids(with_kernels.tokenizer, 32)
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
-    steps = {"kernels": [], "torch": []}
+    paths = (("one call", with_kernels, real, one_call), ("layers, kernels", with_kernels, real, None),
+             ("torch", without, lambda: None, None))
+    steps = {name: [] for name, *_ in paths}
     try:
         for _ in range(rounds + 1):
-            for name, engine, lib in (("kernels", with_kernels, real), ("torch", without, lambda: None)):
-                kernels._library = lib
+            for name, engine, lib, step in paths:
+                kernels._library, engine.model.decode_step = lib, step
                 events = list(engine.generate_ids(ids, params, 10))
                 steps[name].append([e.ms for e in events[1:-1]])
     finally:
-        kernels._library = real
+        kernels._library, with_kernels.model.decode_step = real, one_call
     return {name: statistics.median([ms for run in runs[1:] for ms in run]) for name, runs in steps.items()}
 
 

@@ -16,6 +16,7 @@ from inference.model.attention import PagedBatch
 from inference.model.kv_cache import BLOCK_SIZE
 from inference.model.layers import KERNEL_ROWS, Linear
 
+
 class DecodeStep:
     """The one-call step for `model`, or None from `for_model` where it does not apply."""
 
@@ -58,12 +59,13 @@ class DecodeStep:
         cos, sin, cos_l, sin_l = (t.reshape(N, -1).contiguous() for t in (cos, sin, cos_l, sin_l))  # (N, head_dim)
         first, first_l = (batch.decode_first[w].contiguous() for w in (False, True))
         lengths, slots = batch.decode_lengths.contiguous(), batch.write_slots.contiguous()
-        logits = torch.empty(N, self.dims[6], dtype=torch.float32)
         model = self.model
+        cfg = model.cfg
+        logits = torch.empty(N, cfg.vocab_size, dtype=torch.float32)
         pointers = [h.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos_l.data_ptr(), sin_l.data_ptr(), slots.data_ptr(),
                     0 if blocks is None else blocks.data_ptr(), first.data_ptr(), first_l.data_ptr(),
                     lengths.data_ptr(), model.norm.weight.data_ptr(), model.output.weight.data_ptr(), logits.data_ptr()]
-        kv_bytes = N * max_length * 2 * self.dims[3] * self.dims[4] * 4 * len(self.sliding)
+        kv_bytes = N * max_length * 2 * cfg.kv_dim * 4 * cfg.n_layers
         ran = kernels.decode([N, *self.dims[1:], n_blocks, BLOCK_SIZE, offset, max_length],
                              self._table(k_pool, v_pool), pointers, model.norm.eps, self.scale, self.weight_bytes + kv_bytes)
         return logits if ran else None

@@ -192,17 +192,17 @@ class Transformer(nn.Module):
             lengths = batch.decode_lengths = batch.positions[batch.decode_rows] + 1  # (B,)
             full = torch.zeros_like(lengths)
             batch.decode_first = {False: full, True: full if window is None else (lengths - window).clamp_(min=0)}
+        step = self.decode_step
+        if step is not None and step.applies(batch, len(tokens), k_pool):
+            logits = step(h[0], ropes, batch, k_pool, v_pool)  # (N, vocab): every row's
+            if logits is not None:
+                return self._softcap(logits[batch.logit_rows])
         if window is not None and batch.decode_rows is not None and batch.window_mask is None:
             positions = batch.positions[batch.decode_rows]  # (B,)
             if int(positions.max()) >= window:  # a run reaches past its window: sliding layers mask
                 ctx = batch.decode_blocks
                 context = ctx.stop - ctx.start if isinstance(ctx, slice) else ctx.shape[1] * BLOCK_SIZE
                 batch.window_mask = window_decode_mask(positions, context, window)
-        step = self.decode_step
-        if step is not None and step.applies(batch, len(tokens), k_pool):
-            logits = step(h[0], ropes, batch, k_pool, v_pool)  # (N, vocab): every row's
-            if logits is not None:
-                return self._softcap(logits[batch.logit_rows])
         for i, layer in enumerate(self.layers):
             cos, sin = ropes[self.cfg.is_sliding(i)]
             h = layer.forward_paged(h, cos, sin, k_pool[i], v_pool[i], batch)

@@ -15,12 +15,12 @@
 #include <time.h>
 
 /* ---------------------------------------------------------------- threads, or one
- * A product splits its rows evenly between two OpenMP threads, the runtime torch already loaded
- * (libgomp.so.1), so torch's operators and these share one pool: on an idle 2-core machine that
- * read SmolLM2's matrices 1.5x faster than one thread (and than MKL's sgemv, which runs them on
- * one). But an OpenMP team waits at its barrier for every thread, and with other processes on
+ * A product splits its rows evenly between torch's threads (torch.get_num_threads()) on the
+ * OpenMP runtime torch already loaded (libgomp.so.1), so torch's operators and these share one
+ * pool: on an idle 2-core machine two threads read SmolLM2's matrices 1.5x faster than one
+ * thread (and than MKL's sgemv, which runs them on one). But an OpenMP team waits at its barrier for every thread, and with other processes on
  * the cores it waited for a descheduled thread's time slice: 2 threads then ran 10x slower than
- * one. So each product times itself, and the next goes on the number of threads (1 or 2) whose
+ * one. So each product times itself, and the next goes on one thread or all of them, whichever's
  * recent cost per byte is lower; one product in 256 tries the other, to notice when the machine
  * changes (a record for each kernel and size: two threads paid off for the LM head sooner than
  * for a small matrix). Either way every output is the same dot product: the choice changes no
@@ -28,7 +28,7 @@
 typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct {
-    double ns_per_byte[2];  /* recent cost with 1 and 2 threads; 0: not measured yet */
+    double ns_per_byte[2];  /* recent cost on one thread and on all; 0: not measured yet */
     unsigned long calls;
 } costs_t;
 
@@ -53,7 +53,7 @@ static inline double now_ns(void) {
     return t.tv_sec * 1e9 + t.tv_nsec;
 }
 
-/* Which of 1 (0) or 2 (1) threads the next call with these costs runs on: the one whose recent
+/* Whether the next call with these costs runs on one thread (0) or all (1): the one whose recent
  * cost per byte is lower, the other one call in 256. */
 static int pick_threads(costs_t *costs) {
     unsigned long k = __atomic_fetch_add(&costs->calls, 1, __ATOMIC_RELAXED);
@@ -69,7 +69,7 @@ static void record_cost(costs_t *costs, int pick, double t0, int64_t bytes) {
     costs->ns_per_byte[pick] = costs->ns_per_byte[pick] == 0.0 ? c : 0.5 * costs->ns_per_byte[pick] + 0.5 * c;
 }
 
-/* fn over [0, n) on 1 or `threads` (> 1: two) threads; bytes: what it reads, for its cost. */
+/* fn over [0, n) on one thread or `threads`; bytes: what it reads, for its cost. */
 static void split(range_fn fn, void *ctx, int64_t n, int64_t bytes, int threads, costs_t *costs) {
     if (threads <= 1 || n < 2 || forked) {
         fn(ctx, 0, n);
@@ -78,7 +78,7 @@ static void split(range_fn fn, void *ctx, int64_t n, int64_t bytes, int threads,
     const int pick = pick_threads(costs);
     const double t = now_ns();
     if (pick) {
-        #pragma omp parallel num_threads(2)
+        #pragma omp parallel num_threads(threads)
         {
             const int i = omp_get_thread_num(), m = omp_get_num_threads();
             fn(ctx, n * i / m, n * (i + 1) / m);
@@ -320,7 +320,7 @@ void token_lab_glu(const float *x, float *y, int64_t n, int64_t f, int gelu) {
  * the rest of that path: ~1,000 small operators and ~120 thread-team starts a step. The team
  * starts once; each stage's work is handed out in chunks from a counter (a thread that gets
  * less of the CPU takes fewer) and the threads meet at a barrier where a stage reads what the
- * other wrote: five a layer. Whether the step runs on 1 or 2 threads is chosen as for a product
+ * other wrote: five a layer. Whether the step runs on one thread or all is chosen as for a product
  * (split()), by the step's recent cost per byte. */
 
 enum { L_ATTN_NORM, L_WQKV, L_BQKV, L_WO, L_FFN_NORM, L_W13, L_W2, L_K_POOL, L_V_POOL, L_SLIDING, L_FIELDS };
@@ -469,7 +469,7 @@ void token_lab_decode(const int64_t *dims, const int64_t *layers, void *const *p
     const int pick = threads > 1 && !forked ? pick_threads(costs) : 0;
     const double t = now_ns();
     if (pick) {
-        #pragma omp parallel num_threads(2)
+        #pragma omp parallel num_threads(threads)
         decode_body(&s, omp_get_num_threads());
     } else {
         decode_body(&s, 1);
