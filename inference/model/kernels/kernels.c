@@ -18,13 +18,13 @@
  * A product splits its rows evenly between torch's threads (torch.get_num_threads()) on the
  * OpenMP runtime torch already loaded (libgomp.so.1), so torch's operators and these share one
  * pool: on an idle 2-core machine two threads read SmolLM2's matrices 1.5x faster than one
- * thread (and than MKL's sgemv, which runs them on one). But an OpenMP team waits at its barrier for every thread, and with other processes on
- * the cores it waited for a descheduled thread's time slice: 2 threads then ran 10x slower than
- * one. So each product times itself, and the next goes on one thread or all of them, whichever's
- * recent cost per byte is lower; one product in 256 tries the other, to notice when the machine
- * changes (a record for each kernel and size: two threads paid off for the LM head sooner than
- * for a small matrix). Either way every output is the same dot product: the choice changes no
- * bits. */
+ * thread (and than MKL's sgemv, which runs them on one). But an OpenMP team waits at its
+ * barrier for every thread, and with other processes on the cores it waited for a descheduled
+ * thread's time slice: 2 threads then ran 10x slower than one. So each product times itself,
+ * and the next goes on one thread or all of them, whichever's recent cost per byte is lower; one
+ * product in 256 tries the other, to notice when the machine changes (a record for each kernel
+ * and size: two threads paid off for the LM head sooner than for a small matrix). Either way
+ * every output is the same dot product: the choice changes no bits. */
 typedef void (*range_fn)(void *ctx, int64_t begin, int64_t end);
 
 typedef struct {
@@ -319,9 +319,9 @@ void token_lab_glu(const float *x, float *y, int64_t n, int64_t f, int gelu) {
  * model's kernel-by-kernel path, and a row's the same alone or beside others. What it saves is
  * the rest of that path: ~1,000 small operators and ~120 thread-team starts a step. The team
  * starts once; each stage's work is handed out in chunks from a counter (a thread that gets
- * less of the CPU takes fewer) and the threads meet at a barrier where a stage reads what the
- * other wrote: five a layer. Whether the step runs on one thread or all is chosen as for a product
- * (split()), by the step's recent cost per byte. */
+ * less of the CPU takes fewer) and the threads meet at a barrier where a stage reads what
+ * another wrote: five a layer. Whether the step runs on one thread or all is chosen as for a
+ * product (split()), by the step's recent cost per byte. */
 
 enum { L_ATTN_NORM, L_WQKV, L_BQKV, L_WO, L_FFN_NORM, L_W13, L_W2, L_K_POOL, L_V_POOL, L_SLIDING, L_FIELDS };
 enum { D_N, D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_FFN, D_VOCAB, D_LAYERS, D_GELU, D_N_BLOCKS,
@@ -333,7 +333,8 @@ typedef struct {
     const int64_t *dims, *layers;
     void *const *ptrs;
     float eps, scale;
-    float *qkv, *q, *att, *y, *gu, *g;  /* shared scratch: (n, width), (n, heads, d) x2, (n, hidden), (n, 2 ffn), (n, ffn) */
+    /* shared scratch: (n, width), (n, heads, d) twice, (n, hidden), (n, 2 ffn), (n, ffn) */
+    float *qkv, *q, *att, *y, *gu, *g;
     int64_t *counters;                   /* one per stage, handing out its chunks */
 } step_t;
 
