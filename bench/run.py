@@ -317,7 +317,9 @@ def main(argv=None) -> int:
     peer = transformers_peer(model_dir, args.tokens) if device.type == "cpu" else None
     measure_engine(engine, args.tokens, args.top)  # unmeasured: first passes pay one-time costs
     rounds = {"ours": [], "bare": [], "peer": [], "vllm": []}
+    reads = [read_gbs]  # the read bandwidth, measured again beside each of our rounds: it drifts
     for _ in range(args.repeats):  # one round of each system in turn
+        reads.append(read_bandwidth_gbs(device))
         rounds["ours"].append(measure_engine(engine, args.tokens, args.top))
         rounds["bare"].append(measure_engine(engine, args.tokens, 0))
         if peer is not None:
@@ -332,7 +334,9 @@ def main(argv=None) -> int:
     bytes_per_token = decode_cost(engine.cfg, 32 + args.tokens // 2, info.decode_dtype.itemsize).bytes
     ours["achieved_gb_s"] = bytes_per_token * ours["decode_tok_s"] / 1e9
     ours["roofline_fraction"] = ours["achieved_gb_s"] / copy_gbs  # copy_gbs counts bytes read + written
-    # The step if it only read its bytes at the read bandwidth, and how many times that it takes.
+    # The step if it only read its bytes at the read bandwidth (the median of its measurements in
+    # this run), and how many times that it takes.
+    read_gbs = statistics.median(reads)
     ours["read_bound_ms"] = bytes_per_token / (read_gbs * 1e9) * 1000
     ours["times_read_bound"] = 1000 / ours["decode_tok_s"] / ours["read_bound_ms"]
     rows["token-lab"] = ours
@@ -362,7 +366,7 @@ def main(argv=None) -> int:
         ratios["ttft512_vs_vllm"] = ours["ttft_512_ms"] / vllm["ttft_512_ms"]
     result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
               "decode_dtype": str(info.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
-              "read_bandwidth_gb_s": read_gbs,
+              "read_bandwidth_gb_s": read_gbs, "read_bandwidth_samples_gb_s": reads,
               "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),
               "ratios": ratios, "systems": rows, "quality_guard": quality}
     md = to_markdown(result)
@@ -400,7 +404,9 @@ def to_markdown(r: dict) -> str:
               f"- bytes read per decode token: {r['bytes_read_per_token'] / 2**20:.0f} MiB; achieved "
               f"{ours['achieved_gb_s']:.1f} GB/s = {100 * ours['roofline_fraction']:.0f}% of the copy "
               f"bandwidth measured in this run ({r['copy_bandwidth_gb_s']:.1f} GB/s read + written); at the read "
-              f"bandwidth measured ({r['read_bandwidth_gb_s']:.1f} GB/s, a sum over 1 GiB) those bytes take "
+              f"bandwidth measured ({r['read_bandwidth_gb_s']:.1f} GB/s, a sum over 1 GiB; the median of "
+              f"{len(r['read_bandwidth_samples_gb_s'])} measurements in this run, "
+              f"{min(r['read_bandwidth_samples_gb_s']):.1f}-{max(r['read_bandwidth_samples_gb_s']):.1f}) those bytes take "
               f"{ours['read_bound_ms']:.1f} ms: a decode step takes {ours['times_read_bound']:.2f}× that",
               f"- peak RSS: {r['peak_rss_mib']:.0f} MiB"]
     if "page_tok_s" in ours:
