@@ -41,7 +41,8 @@ def test_the_step_is_the_layer_paths_bits_for_every_row(tiny_dirs, tmp_path, sp_
     """1, 3 (a bucket of 4) and 7 (of 8) runs at positions past the window of 8, over scattered
     blocks of a pool of random keys: logits and every written slot the same bits through the one
     call as through the layers; each run's row the same bits alone as beside the others. On one
-    thread, and on the threads the step picks (both, over its first calls)."""
+    thread, and on the threads the step picks (in a fresh process all of torch's for a size's first
+    call, one for its second)."""
     with Engine.from_hf_dir(model_dir(name, tiny_dirs, tmp_path, sp_model_bytes), "cpu", "float32") as engine:
         model, pool = engine.model, engine.scheduler.pool
         step, calls = model.decode_step, count_calls(monkeypatch)
@@ -69,7 +70,7 @@ def test_the_step_is_the_layer_paths_bits_for_every_row(tiny_dirs, tmp_path, sp_
             return logits, pool.k.clone(), pool.v.clone()
         try:
             for n in (1, 3, 7):
-                for _ in range(2):  # a first call per size runs on two threads, the next on one
+                for _ in range(2):  # fresh: a size's first call on all threads, its second on one
                     fused, layers = run(n, True), run(n, False)
                     assert all(torch.equal(a, b) for a, b in zip(fused, layers))
                 alone = [run(1, True)[0][0]] if n > 1 else []
