@@ -33,6 +33,13 @@ def chromium():
             b.close()
 
 
+def wait_loaded(page) -> None:
+    """Until the page has applied its link's settings and the work saved in this browser: text
+    typed before then is overwritten by them (on a busy machine that can take seconds)."""
+    page.wait_for_selector("body[data-tl-ready='1']")
+    page.wait_for_selector("body[data-tl-restored='1']")
+
+
 def open_page(browser, **kwargs):
     """A new page whose waits give up only after WAIT_MS."""
     page = browser.new_page(**kwargs)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import open_page
+from browser import open_page, wait_loaded
 
 SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "edit-work"
 QUERY = "?prompt=The%20quick&temperature=0&seed=1&max_new_tokens=5"
@@ -20,11 +20,6 @@ def shot(page, name: str) -> None:
 
 def wait_text(page, selector: str, needle: str) -> None:
     page.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
-
-
-def loaded(page) -> None:
-    page.wait_for_selector("body[data-tl-ready='1']")
-    page.wait_for_selector("body[data-tl-restored='1']")
 
 
 def run_to_end(page, click) -> None:
@@ -70,7 +65,7 @@ def test_edit_and_continue(live_app, browser, width, height):
     dot = tok.encode_continuation(".")[0]  # the runs make dots (a logit bias): the tokenizer's own tokens
     page = open_page(browser, viewport={"width": width, "height": height})
     page.goto(url + "/" + QUERY + f"&logit_bias={dot}%3A100")
-    loaded(page)
+    wait_loaded(page)
     run_to_end(page, lambda: page.click("#generate"))
     page.get_by_text("Edit the output and continue").click()
     page.wait_for_function("(document.querySelector('#edit-text textarea')?.value ?? 'no box') === "
@@ -115,7 +110,7 @@ def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser, width, 
     page = context.new_page()
     page.set_default_timeout(60_000)
     page.goto(url + "/")
-    loaded(page)
+    wait_loaded(page)
     assert "kept in this browser as you work" in page.inner_text("#saved-work")
     type_in(page, "#prompt textarea", "Hello there")
     page.locator("#mode").get_by_text("chat", exact=True).click()
@@ -130,7 +125,7 @@ def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser, width, 
               "branches": page.inner_text("#branches"), "seed": page.input_value("#seed input, #seed textarea"),
               "link": link(page)}
     page.reload()
-    loaded(page)
+    wait_loaded(page)
     wait_text(page, "#saved-work", "Restored from this browser")
     page.wait_for_function("document.querySelector('#output .tl-out')?.dataset.text != null")
     page.evaluate("window.scrollTo(0, 0)")
@@ -146,16 +141,16 @@ def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser, width, 
     assert not overflows(page)
     # A link wins over saved work.
     page.goto(url + "/?prompt=From%20a%20link")
-    loaded(page)
+    wait_loaded(page)
     assert page.input_value("#prompt textarea") == "From a link" and "Opened from a link" in page.inner_text("#saved-work")
     page.goto(url + "/")
-    loaded(page)
+    wait_loaded(page)
     wait_text(page, "#saved-work", "Restored from this browser")
     page.click("#clear-work")
     page.wait_for_function("document.querySelector('#saved-work')?.innerText.includes('kept in this browser as you work')")
-    loaded(page)
+    wait_loaded(page)
     page.reload()
-    loaded(page)
+    wait_loaded(page)
     assert page.input_value("#prompt textarea") == h.defaults.prompt and output_text(page) is None
     # The defaults' completion mode hides the conversation (an empty one, were it shown).
     conversation = page.locator("#conversation")

@@ -1,6 +1,6 @@
 """The page in a real browser: Playwright driving Debian's chromium."""
 
-from browser import open_page
+from browser import open_page, wait_loaded
 from engine_hold import wait_until
 import ui.run.kv as kv_panel
 
@@ -9,7 +9,7 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     url, engine, _ = live_app
     page = open_page(browser, viewport={"width": 1400, "height": 1600})
     page.goto(url)
-    page.wait_for_selector("#generate")
+    wait_loaded(page)
     page.fill("#prompt textarea", "Once upon a time")
     page.fill("#seed input, #seed textarea", "3")
     page.click("#generate")

@@ -133,13 +133,13 @@ def test_the_sessions_kept_never_exceed_the_cap(capped_app):
 
 def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, monkeypatch):
     """A chat turn in a real browser tab; the tab closes; its expiry is triggered."""
-    from browser import open_page
+    from browser import open_page, wait_loaded
     url, _, handlers = live_app
     keeper, holder = handlers.keeper, handlers.keeper._app.state_holder
     marker = f"remember {secrets.token_hex(6)}"
     page = open_page(browser)
     page.goto(url + "/?mode=chat&max_new_tokens=4&temperature=1&seed=2")
-    page.wait_for_selector("#generate")
+    wait_loaded(page)
     page.fill("#prompt textarea", marker)
     page.click("#generate")
     page.wait_for_function("(document.querySelector('#conversation')?.innerText || '').includes('remember')")
