@@ -1,7 +1,8 @@
 """Our CPU kernels against torch's operators, in one run on this machine: each of SmolLM2's
 product shapes at 1 row (ours, MKL's mv on column-major weights, oneDNN's copy) and several rows
 (ours against oneDNN), and a decode step of the real model in one call, through the layers with
-the kernels and with torch's operators alone (runs alternated), beside the read bandwidth measured in the same run.
+the kernels and with torch's operators alone (runs alternated), beside the read bandwidth
+measured in the same run.
 
     python -m bench.kernels [--tokens 48] [--rounds 4]
 

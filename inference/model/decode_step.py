@@ -34,9 +34,9 @@ class DecodeStep:
     def for_model(cls, model) -> "DecodeStep | None":
         cfg = model.cfg
         linears = [m for m in model.modules() if isinstance(m, Linear)]
-        if (model.device.type != "cpu" or model.dtype != torch.float32 or model.decode_dtype != torch.float32
+        if (model.device.type != "cpu" or model.dtype != torch.float32 or model.decode_dtype != model.dtype
                 or cfg.qk_norm or cfg.sandwich_norms or not kernels.available()
-                or not all(m.weight.is_contiguous() and m.decode_weight is None for m in linears)):
+                or not all(m.weight.is_contiguous() for m in linears)):
             return None
         return cls(model)
 
