@@ -76,7 +76,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         samples.wire(page, h)
         text_score.wire(page, h)
         inside.wire(page, h)
-        work.wire(page, h, share.wire(page, h, demo))
+        work.wire(page, h, demo, share.wire(page, h, demo))
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them
     demo.tokenlab_page = page
     return demo

@@ -3,6 +3,8 @@ seam table lists the tokens the tokenizer changed, undo goes back; a reload brin
 settings, the conversation, the branches and the run; "Clear saved work" returns the defaults; a
 link wins over saved work. Screenshots go to test-results/edit-work/."""
 
+import functools
+import threading
 from pathlib import Path
 
 import pytest
@@ -156,4 +158,67 @@ def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser, width, 
     conversation = page.locator("#conversation")
     assert conversation.count() == 0 or not conversation.is_visible() or conversation.inner_text().strip() == ""
     assert "kept in this browser as you work" in page.inner_text("#saved-work")
+    context.close()
+
+
+@pytest.fixture
+def held_restore(tiny_engine):
+    """The page on its own server, whose restore of the saved work waits while `held` is clear:
+    (url, held)."""
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+
+    h, held = Handlers(tiny_engine), threading.Event()
+    held.set()
+    restore = h.restore_work
+
+    @functools.wraps(restore)
+    def held_restore_work(*args, **kwargs):
+        held.wait(60)
+        return restore(*args, **kwargs)
+
+    h.restore_work = held_restore_work
+    demo = build_ui(tiny_engine, h)
+    _, url, _ = launch(demo, tiny_engine, port=None, block=False)
+    yield url.rstrip("/"), held
+    held.set()
+    demo.close()
+
+
+@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
+def test_the_controls_wait_until_the_saved_work_is_in(held_restore, browser, width, height):
+    """Keys pressed while the page still applies the work saved in the browser are not taken
+    (the restore would replace them); the controls say they are busy, then take input."""
+    url, held = held_restore
+    context = browser.new_context(viewport={"width": width, "height": height})
+    page = context.new_page()
+    page.set_default_timeout(60_000)
+    page.goto(url + "/")
+    wait_loaded(page)
+    kept = page.evaluate("localStorage.getItem('tokenlab-settings')")
+    type_in(page, "#prompt textarea", "A kept prompt")
+    page.wait_for_function("(kept) => localStorage.getItem('tokenlab-settings') !== kept", arg=kept)
+    held.clear()
+    page.reload()
+    page.wait_for_selector("body[data-tl-ready='1']")  # the link's part is done; the saved work waits
+    page.wait_for_timeout(700)  # past the fade's delay, for the screenshot
+    shot(page, f"restoring-{width}")
+    before = page.input_value("#prompt textarea")
+    page.focus("#prompt textarea")
+    page.keyboard.type("typed early")
+    page.focus("#seed input, #seed textarea")
+    page.keyboard.type("7")
+    assert page.input_value("#prompt textarea") == before
+    assert page.input_value("#seed input, #seed textarea") == ""
+    assert page.evaluate("getComputedStyle(document.querySelector('#input-col')).pointerEvents") == "none"
+    assert page.get_attribute("#input-col", "aria-busy") == "true"
+    assert page.get_attribute("#settings-col", "aria-busy") == "true"
+    held.set()
+    page.wait_for_selector("body[data-tl-restored='1']")
+    assert page.input_value("#prompt textarea") == "A kept prompt"
+    assert page.get_attribute("#input-col", "aria-busy") is None
+    page.locator("#prompt textarea").press("End")
+    page.locator("#prompt textarea").type("!")
+    assert page.input_value("#prompt textarea") == "A kept prompt!"
+    page.wait_for_function("getComputedStyle(document.querySelector('#input-col')).opacity === '1'")
     context.close()

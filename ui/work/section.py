@@ -4,6 +4,8 @@ link's settings, which win)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import gradio as gr
 
 from ui.branches.section import SHOWN
@@ -20,7 +22,14 @@ CLEAR_JS = """() => {
   window.location.replace(window.location.origin + window.location.pathname);
   return [];
 }""" % (SETTINGS_KEY, WORK_KEY)
-RESTORED_JS = "() => { document.body.dataset.tlRestored = '1'; return []; }"
+# Until the saved work is restored the controls wait (text typed sooner would be replaced); then
+# the page is marked restored (tests wait for it) and they take input.
+RESTORING_JS = (Path(__file__).parent.parent / "assets" / "restoring.js").read_text(encoding="utf-8")
+RESTORED_JS = """() => {
+  document.body.dataset.tlRestored = '1';
+  document.querySelectorAll('#input-col, #settings-col').forEach((c) => c.removeAttribute('aria-busy'));
+  return [];
+}"""
 RESTORED = (*SHOWN, "more", "constrain_box", "branches", "branch_view", "history", "conversation", "regenerate",
             "edit_box", "work_md")
 SAVED = ("saved_settings", "saved_work", "work_md")
@@ -40,8 +49,9 @@ def keep(page, h: Handlers) -> None:
     page.after_view.append((h.save_work, ("record", "branches", "history", *NAMES), SAVED))
 
 
-def wire(page, h: Handlers, loaded) -> None:
+def wire(page, h: Handlers, demo: gr.Blocks, loaded) -> None:
     """loaded: the page's load event, once a link's settings are in (ui/share)."""
+    demo.load(None, js=RESTORING_JS)
     restored = page.on(loaded.then, h.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
                        api_visibility="private", queue=False, show_progress="hidden")
     restored.then(None, js=RESTORED_JS)
