@@ -79,6 +79,7 @@ def test_padding_rows_touch_only_the_scratch_block(tiny_engine):
     pool, model = tiny_engine.scheduler.pool, tiny_engine.model
     static = StaticDecode(model, pool, capture=False)
     blocks = [pool.take() for _ in range(3)]
+    kept_k, kept_v = pool.k.clone(), pool.v.clone()  # the engine's cached prompt prefixes live here too
     try:
         gen = torch.Generator().manual_seed(0)
         pool.k.copy_(torch.randn(pool.k.shape, generator=gen))
@@ -96,6 +97,8 @@ def test_padding_rows_touch_only_the_scratch_block(tiny_engine):
         assert torch.equal((pool.v != before_v).any(-1).any(-1).any(0).nonzero().flatten()[:3].sort().values,
                            torch.tensor(sorted(slots)))
     finally:
+        pool.k.copy_(kept_k)
+        pool.v.copy_(kept_v)
         pool.give_back(blocks)
 
 
