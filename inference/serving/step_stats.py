@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.events import Candidate
+from inference.model import kernels
 from inference.sampling.params import SamplingParams
 from inference.sampling.stages import final_logits, greedy_logits, sample
 from inference.sampling.state import RunState
@@ -30,22 +31,25 @@ class StepInfo:
 
 
 class _Packed:
-    """Named float64 segments concatenated for one device-to-host copy, read back by name."""
+    """Named segments for one device-to-host copy (concatenated as float64), read back by name.
+    On the CPU they are there already: no copy."""
 
     def __init__(self):
-        self.parts: list[torch.Tensor] = []
-        self.slices: dict[str, slice] = {}
-        self._n = 0
+        self.parts: dict[str, torch.Tensor] = {}
 
     def add(self, name: str, t: torch.Tensor) -> None:
-        t = t.to(torch.float64).reshape(-1)
-        self.parts.append(t)
-        self.slices[name] = slice(self._n, self._n + t.numel())
-        self._n += t.numel()
+        self.parts[name] = t
 
-    def to_host(self) -> dict[str, torch.Tensor]:
-        flat = torch.cat(self.parts).cpu()
-        return {name: flat[s] for name, s in self.slices.items()}
+    def to_host(self, rows: int) -> dict[str, torch.Tensor]:
+        """Each segment as (rows, its width)."""
+        if all(t.device.type == "cpu" for t in self.parts.values()):
+            return {name: t.reshape(rows, -1) for name, t in self.parts.items()}
+        flat = torch.cat([t.to(torch.float64).reshape(-1) for t in self.parts.values()]).cpu()  # (total,)
+        out, n = {}, 0
+        for name, t in self.parts.items():
+            out[name] = flat[n:n + t.numel()].view(rows, -1)
+            n += t.numel()
+        return out
 
 
 @dataclass
@@ -70,13 +74,20 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     what each step reports: the statistics of all rows at once, in one host transfer."""
     if not rows:  # a step of prompt chunks only
         return []
-    # Greedy rows keep one token: its one-hot is never made, nor a draw, and their argmaxes are
-    # taken together, in one pass.
+    top_n = min(max(row.top_n for row in rows), logits.shape[-1])
+    # The largest logits of every row first (one pass on a CPU; None elsewhere or with a NaN): a
+    # greedy row no stage changed takes the first of them, argmax's choice, without a pass of its own.
+    top = kernels.top_k(logits, max(top_n, 1))  # (values, ids), each (R, max(top_n, 1))
     greedy = [i for i, row in enumerate(rows) if row.params.temperature == 0]
     next_id = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (R,)
     if greedy:
-        penalized = torch.stack([greedy_logits(logits[i], rows[i].params, rows[i].state) for i in greedy])
-        next_id[torch.tensor(greedy, device=logits.device)] = penalized.argmax(dim=-1)  # (greedy rows, vocab) -> ids
+        at = torch.tensor(greedy, device=logits.device)
+        raw = [logits[i] for i in greedy]
+        penalized = [greedy_logits(x, rows[i].params, rows[i].state) for x, i in zip(raw, greedy)]
+        if top is not None and all(p is x for p, x in zip(penalized, raw)):
+            next_id[at] = top[1][at, 0]
+        else:  # their argmaxes together, in one pass; a greedy row's one-hot is never made, nor a draw
+            next_id[at] = torch.stack(penalized).argmax(dim=-1)  # (greedy rows, vocab) -> ids
     finals = {}  # the distributions of the rows that draw, by row
     # Rows whose stages all left the logits as they were: their final distribution is the raw
     # one, and reports the raw numbers (a float32 softmax differs from them in the last digit).
@@ -96,7 +107,6 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         for i in constrained:
             empty[i] = ~(finals[i].sum() > 0) if i in finals else ~torch.isfinite(penalized[greedy.index(i)].max())
         next_id.clamp_(max=logits.shape[-1] - 1)
-    top_n = min(max(row.top_n for row in rows), logits.shape[-1])
     if top_n == 0:
         nan = float("nan")
         # Mirostat's μ moves by the chosen token's final probability: read for its rows only.
@@ -106,9 +116,15 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
 
     # From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, sum(e * logits) / Z the mean
     # logit, hence the entropy log Z - E[logit]; sums in float64, so a tail of 1e-13 counts.
-    top_logits, top_ids = logits.topk(top_n, dim=-1)  # (R, top_n), sorted: column 0 is each row's max
+    top_logits, top_ids = top if top is not None else logits.topk(top_n, dim=-1)  # (R, top_n), sorted
     e = (logits - top_logits[:, :1]).exp()  # (R, vocab)
     chosen_logit = logits.gather(1, next_id[:, None])  # (R, 1)
+    # Products in float32 (a relative error of ~1e-9 in the sum), summed in float64; multiplying
+    # two float64 copies cost 3 ms a step for 8 rows. On a CPU one pass over each row.
+    sums = kernels.row_sums(logits, e, next_id)
+    if sums is None:
+        sums = (e.sum(dim=-1, dtype=torch.float64), (e * logits).sum(dim=-1, dtype=torch.float64),
+                (logits > chosen_logit).sum(dim=-1))
     packed = _Packed()
     # The final probabilities of the chosen token and the candidates: a greedy row's are its one-hot.
     final_chosen = torch.ones(len(rows), 1, dtype=logits.dtype, device=logits.device)  # (R, 1)
@@ -121,11 +137,9 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     packed.add("token", next_id)
     packed.add("final_chosen", final_chosen)
     packed.add("logit_chosen", chosen_logit)
-    packed.add("z", e.sum(dim=-1, dtype=torch.float64))
-    # Products in float32 (a relative error of ~1e-9 in the sum), summed in float64; multiplying
-    # two float64 copies cost 3 ms a step for 8 rows.
-    packed.add("z_mean", (e * logits).sum(dim=-1, dtype=torch.float64))
-    packed.add("rank", (logits > chosen_logit).sum(dim=-1) + 1)
+    packed.add("z", sums[0])
+    packed.add("z_mean", sums[1])
+    packed.add("rank", sums[2] + 1)
     packed.add("top_logits", top_logits)
     packed.add("top_ids", top_ids)
     packed.add("final_top", final_top)
@@ -137,7 +151,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         packed.add("forbidden_z", e.masked_fill(~forbidden, 0).sum(dim=-1, dtype=torch.float64))
         packed.add("top_forbidden", forbidden.gather(1, top_ids))
         packed.add("empty", empty)
-    host = {name: t.view(len(rows), -1) for name, t in packed.to_host().items()}
+    host = packed.to_host(len(rows))
     return [_info(host, r, row.top_n) for r, row in enumerate(rows)]
 
 

@@ -216,3 +216,42 @@ def test_a_forked_child_multiplies_right():
         raise
     status = waited["status"]
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+
+
+@pytest.mark.parametrize("k", [1, 10, 37, 300])
+def test_top_k_equals_a_stable_sort_ties_by_index(k):
+    """The k largest of each row, largest first, equal values by index (argmax's choice first):
+    against torch's stable sort, on rows full of ties and -inf (a masked logit) and a row of one value."""
+    gen = torch.Generator().manual_seed(9)
+    x = (torch.randn(4, 300, generator=gen) * 2).round()  # (4, 300): ~10 distinct values, ties everywhere
+    x[1, ::3] = float("-inf")
+    x[2] = 0.5
+    x[3, 299] = 40.0  # the largest last
+    vals, ids = kernels.top_k(x, k)
+    order = torch.sort(-x, dim=-1, stable=True).indices[:, :k]  # (4, k)
+    assert torch.equal(ids, order) and torch.equal(vals, x.gather(1, order))
+    assert torch.equal(ids[:, 0], x.argmax(dim=-1))
+    assert torch.equal(vals, x.topk(k, dim=-1).values)
+
+
+def test_top_k_leaves_nans_and_other_layouts_to_torch():
+    x = torch.randn(2, 100)
+    assert kernels.top_k(x[:, ::2], 3) is None and kernels.top_k(x.double(), 3) is None
+    assert kernels.top_k(x, 0) is None and kernels.top_k(x, 101) is None
+    x[1, 70] = float("nan")  # torch.topk ranks a NaN first: the caller uses torch there
+    assert kernels.top_k(x, 3) is None
+
+
+@pytest.mark.parametrize("V", [49152, 301, 7])
+def test_row_sums_equal_float64_sums(V):
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, V, generator=gen) * 4  # (3, V)
+    e = (x - x.max(dim=-1, keepdim=True).values).exp()  # (3, V)
+    chosen = torch.tensor([0, V // 2, V - 1])
+    z, m, above = kernels.row_sums(x, e, chosen)
+    e64, x64 = e.double(), x.double()
+    assert torch.allclose(z, e64.sum(-1), rtol=1e-13, atol=0)
+    # The products in float32 (as torch's e * x), summed in float64.
+    assert torch.allclose(m, (e * x).double().sum(-1), rtol=1e-11, atol=1e-12)
+    assert torch.allclose(m, (e64 * x64).sum(-1), rtol=1e-6, atol=1e-9)
+    assert above.tolist() == [int((x[r] > x[r, c]).sum()) for r, c in enumerate(chosen.tolist())]

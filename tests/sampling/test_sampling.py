@@ -171,3 +171,49 @@ def test_rows_picked_together_equal_rows_picked_alone():
     assert together[1].token_id != int(logits[1].argmax())
     penalized = torch.where(seen, torch.where(logits[1] > 0, logits[1] / 2, logits[1] * 2), logits[1])
     assert together[1].token_id == int(penalized.argmax())
+
+
+def test_a_steps_numbers_are_the_same_with_and_without_the_cpu_kernels(monkeypatch):
+    """pick_rows through the CPU kernels (top-k, sums, argmax from the top-k) against torch's
+    operators alone, on rows with ties at the top: the same tokens and ranks, candidates of the
+    same probabilities (equal ones by id through the kernels: torch.topk orders ties as it
+    finds them), probabilities and entropies to float64 rounding; and against a float64 softmax."""
+    from inference.model import kernels
+    from inference.serving.step_stats import RowSampling, pick_rows
+    if not kernels.available():
+        pytest.skip("no C compiler here: torch's operators serve")
+    g = torch.Generator().manual_seed(8)
+    logits = (torch.randn(6, 500, generator=g) * 4).round() / 2  # (6, 500): ties, also at the top
+    seen = torch.zeros(500, dtype=torch.bool)
+    seen[:40] = True
+    seen[logits[1].argmax()] = True  # the penalty moves row 1's choice
+    params = [SamplingParams(temperature=0.0), SamplingParams(temperature=0.0, repetition_penalty=1.5),
+              SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.0),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=1.2, min_p=0.05)]
+
+    def pick(top_ns):
+        rows = [RowSampling(p, RunState.from_seen(seen), torch.Generator().manual_seed(i), n)
+                for i, (p, n) in enumerate(zip(params, top_ns))]
+        return pick_rows(logits, rows)
+    for top_ns in ([5, 5, 5, 5, 5, 5], [0, 3, 10, 1, 500, 7], [0] * 6):
+        fast = pick(top_ns)
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "_library", lambda: None)
+            slow = pick(top_ns)
+        for a, b, x, n in zip(fast, slow, logits, top_ns):
+            assert (a.token_id, a.rank, len(a.top)) == (b.token_id, b.rank, len(b.top))
+            order = torch.sort(-x, stable=True).indices.tolist()  # ties by id
+            assert [t[0] for t in a.top[:n]] == order[:n]
+            assert [t[2] for t in a.top] == pytest.approx([t[2] for t in b.top], rel=1e-12)
+            theirs = {i: (p, r) for i, p, r in b.top}
+            for i, p, r in a.top:  # a candidate both list: the same numbers
+                assert i not in theirs or (p, r) == pytest.approx(theirs[i], rel=1e-12)
+            for u, v in ((a.prob, b.prob), (a.raw_prob, b.raw_prob), (a.entropy, b.entropy)):
+                assert u == pytest.approx(v, rel=1e-12, nan_ok=True)
+            if a.top:
+                p = x.double().softmax(-1)
+                assert a.raw_prob == pytest.approx(float(p[a.token_id]), rel=1e-6)
+                assert a.entropy == pytest.approx(float(-(p * p.log()).sum()), rel=1e-6)
+                assert a.rank == 1 + int((x > x[a.token_id]).sum())
+    assert fast[0].token_id == int(logits[0].argmax()) and fast[4].token_id == int(logits[4].argmax())
+    assert fast[1].token_id != int(logits[1].argmax())

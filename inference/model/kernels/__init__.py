@@ -90,6 +90,8 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_rope_store": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64],
         "token_lab_glu": [ptr, ptr, i64, i64, ctypes.c_int],
         "token_lab_decode": [ptr, ptr, ptr, f32, f32, i64, ctypes.c_int],
+        "token_lab_top_k": [ptr, i64, i64, i64, ptr, ptr, ptr],
+        "token_lab_row_sums": [ptr, ptr, i64, i64, ptr, ptr, ptr, ptr],
     }
     for name, args in signatures.items():
         getattr(lib, name).argtypes = args
@@ -201,6 +203,37 @@ def glu(x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
     y = torch.empty(*x.shape[:-1], f, dtype=torch.float32)
     lib.token_lab_glu(x.data_ptr(), y.data_ptr(), x.numel() // (2 * f), f, int(gelu))
     return y
+
+
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The k largest of each row of x (rows, V), largest first, equal values by index (so column
+    0 is argmax's choice): (values, ids) as torch.topk gives them. None where the kernel does not
+    apply, or a row has a NaN (torch.topk ranks NaNs first)."""
+    lib = _library()
+    if lib is None or not _f32_cpu(x) or x.dim() != 2 or not x.is_contiguous() or not 0 < k <= x.shape[1]:
+        return None
+    vals = torch.empty(x.shape[0], k, dtype=torch.float32)  # (rows, k)
+    ids = torch.empty(x.shape[0], k, dtype=torch.int64)  # (rows, k)
+    found = torch.empty(x.shape[0], dtype=torch.int64)  # (rows,)
+    lib.token_lab_top_k(x.data_ptr(), x.shape[0], x.shape[1], k, ids.data_ptr(), vals.data_ptr(), found.data_ptr())
+    return (vals, ids) if bool((found == k).all()) else None
+
+
+def row_sums(x: torch.Tensor, e: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
+    """For each row of x (rows, V) with e = exp(x - max) (rows, V) and a chosen id (rows,): sum(e)
+    and sum(e * x) (float32 products summed in float64), and how many of x exceed x[chosen].
+    None where the kernel does not apply."""
+    lib = _library()
+    if (lib is None or not _f32_cpu(x, e) or x.dim() != 2 or e.shape != x.shape or not x.is_contiguous()
+            or not e.is_contiguous() or chosen.dtype != torch.int64 or chosen.shape != x.shape[:1]):
+        return None
+    chosen = chosen.contiguous()
+    z = torch.empty(x.shape[0], dtype=torch.float64)  # (rows,)
+    m = torch.empty(x.shape[0], dtype=torch.float64)  # (rows,)
+    above = torch.empty(x.shape[0], dtype=torch.int64)  # (rows,)
+    lib.token_lab_row_sums(x.data_ptr(), e.data_ptr(), x.shape[0], x.shape[1], chosen.data_ptr(),
+                           z.data_ptr(), m.data_ptr(), above.data_ptr())
+    return z, m, above
 
 
 def decode(dims: list[int], layers: torch.Tensor, pointers: list[int], eps: float, scale: float,
