@@ -5,7 +5,7 @@
   // the controls are busy. Tab still moves on.
   const cols = ['#input-col', '#settings-col'];
   const waiting = () => document.body.dataset.tlRestored !== '1';
-  cols.forEach((c) => document.querySelector(c)?.setAttribute('aria-busy', 'true'));
+  if (waiting()) cols.forEach((c) => document.querySelector(c)?.setAttribute('aria-busy', 'true'));
   const hold = (e) => {
     if (!waiting() || !e.target?.closest?.(cols.join(','))) return;
     if (e.type === 'keydown' && e.key === 'Tab') return;
