@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import open_page
+from browser import open_page, wait_loaded
 
 SHOTS = Path("/tmp/shots/issue-25c")
 SIZES = [(1400, 1000), (420, 900)]
@@ -19,7 +19,7 @@ def shot(page, name: str, full: bool = False) -> None:
 def opened(browser, url: str, width: int, height: int, query: str):
     page = open_page(browser, viewport={"width": width, "height": height})
     page.goto(url + "/?" + query)
-    page.wait_for_selector("body[data-tl-ready='1']")
+    wait_loaded(page)
     return page
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import open_page
+from browser import open_page, wait_loaded
 from engine_hold import wait_until
 
 SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "explore"
@@ -25,7 +25,7 @@ def open_panel(browser, url: str, width: int, height: int, query: str, panel: st
     """The page at this size with the link's settings, the panel's accordion opened."""
     page = open_page(browser, viewport={"width": width, "height": height})
     page.goto(url + "/?" + query)
-    page.wait_for_selector("body[data-tl-ready='1']")
+    wait_loaded(page)
     page.get_by_text(panel).click()
     return page
 
