@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import time
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
