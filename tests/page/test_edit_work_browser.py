@@ -201,7 +201,7 @@ def test_the_controls_wait_until_the_saved_work_is_in(held_restore, browser, wid
     held.clear()
     page.reload()
     page.wait_for_selector("body[data-tl-ready='1']")  # the link's part is done; the saved work waits
-    page.wait_for_timeout(700)  # past the fade's delay, for the screenshot
+    page.wait_for_function("getComputedStyle(document.querySelector('#input-col')).opacity === '0.5'")  # faded
     shot(page, f"restoring-{width}")
     before = page.input_value("#prompt textarea")
     page.focus("#prompt textarea")
