@@ -6,7 +6,8 @@ Reports, ratios first: TTFT for 128- and 512-token prompts, decode tok/s with p5
 token, the cost of the per-step instrumentation, achieved GB/s against a copy bandwidth measured
 in the same run, the step against the time its bytes take at the read bandwidth measured, peak
 RSS; and the same for transformers generate() on the same weights and llama-cpp-python on the
-same GGUF where installed, and a vLLM server given by --vllm-url. Writes bench/results/bench.{md,json}.
+same GGUF where installed, and a vLLM server given by --vllm-url; our command line's decode rate in
+a process of its own (a checkpoint only). Writes bench/results/bench.{md,json}.
 """
 
 from __future__ import annotations
@@ -256,6 +257,33 @@ def measure_llama_cpp(gguf_path: Path | None, tokens: int) -> dict | None:
     return out
 
 
+def measure_cli(model_dir: Path, device: str, dtype: str, prompt: str, tokens: int, top_n: int) -> dict:
+    """Our command line as its users run it: `python -m inference generate --jsonl` in a process
+    of its own (loading the model, then one run), decode tok/s from the arrival times of its step
+    lines here, one line a token. A run ended early by an end-of-sequence token counts the steps
+    it made."""
+    import subprocess
+
+    cmd = [sys.executable, "-m", "inference", "generate", "--model", str(model_dir), "--device", device,
+           "--dtype", dtype, "--prompt", prompt, "--temperature", "0", "--max-new-tokens", str(tokens),
+           "--top", str(max(top_n, 1)), "--jsonl"]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    arrivals, summary = [], None
+    for line in proc.stdout:
+        t = time.perf_counter()
+        event = json.loads(line)
+        if "token_id" in event and "reason" not in event:
+            arrivals.append(t)
+        else:
+            summary = event
+    err = proc.stderr.read()
+    if proc.wait() != 0 or summary is None or len(arrivals) < 2:
+        raise RuntimeError(f"the CLI run failed: {err.strip()[-500:]}")
+    return {"ttft_128_ms": None, "ttft_512_ms": None, "p50_ms": None, "p95_ms": None,
+            "decode_tok_s": (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]), "tokens": len(arrivals),
+            "generated_tokens": summary["generated_tokens"], "prompt_tokens": summary["prompt_tokens"]}
+
+
 def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict:
     """Tokens per second as a page receives them: the real app, streamed to a page client in
     another process (bench/page_client.py, as a browser would be), alternated with the engine
@@ -316,12 +344,16 @@ def main(argv=None) -> int:
     rows = {}
     peer = transformers_peer(model_dir, args.tokens) if device.type == "cpu" else None
     measure_engine(engine, args.tokens, args.top)  # unmeasured: first passes pay one-time costs
-    rounds = {"ours": [], "bare": [], "peer": [], "vllm": []}
+    rounds = {"ours": [], "bare": [], "cli": [], "peer": [], "vllm": []}
+    # The command line reads the text of the same 32 prompt ids the engine's decode rows read.
+    cli_prompt = engine.tokenizer.decode(prompt_ids(engine, 32)) if model_dir is not None else None
     reads = [read_gbs]  # the read bandwidth, measured again beside each of our rounds: it drifts
     for _ in range(args.repeats):  # one round of each system in turn
         reads.append(read_bandwidth_gbs(device))
         rounds["ours"].append(measure_engine(engine, args.tokens, args.top))
         rounds["bare"].append(measure_engine(engine, args.tokens, 0))
+        if cli_prompt is not None:
+            rounds["cli"].append(measure_cli(model_dir, args.device, args.dtype, cli_prompt, args.tokens, args.top))
         if peer is not None:
             rounds["peer"].append(peer.measure())
         if args.vllm_url:
@@ -341,6 +373,8 @@ def main(argv=None) -> int:
     ours["times_read_bound"] = 1000 / ours["decode_tok_s"] / ours["read_bound_ms"]
     rows["token-lab"] = ours
     rows["token-lab (no instrumentation)"] = bare
+    if rounds["cli"]:
+        rows["token-lab CLI (generate --jsonl), own process"] = cli = combine(rounds["cli"])
     if peer is not None:
         rows["transformers generate() fp32, own process"] = combine(rounds["peer"])
         peer.close()
@@ -360,10 +394,14 @@ def main(argv=None) -> int:
     if base:
         ratios["decode_vs_transformers"] = ours["decode_tok_s"] / base["decode_tok_s"]
         ratios["ttft512_vs_transformers"] = ours["ttft_512_ms"] / base["ttft_512_ms"]
+        if rounds["cli"]:
+            ratios["cli_decode_vs_transformers"] = cli["decode_tok_s"] / base["decode_tok_s"]
     if rounds["vllm"]:
         vllm = rows[f"vLLM server, top-{args.top} log-probabilities"]
         ratios["decode_vs_vllm"] = ours["decode_tok_s"] / vllm["decode_tok_s"]
         ratios["ttft512_vs_vllm"] = ours["ttft_512_ms"] / vllm["ttft_512_ms"]
+        if rounds["cli"]:
+            ratios["cli_decode_vs_vllm"] = cli["decode_tok_s"] / vllm["decode_tok_s"]
     result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
               "decode_dtype": str(info.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
               "read_bandwidth_gb_s": read_gbs, "read_bandwidth_samples_gb_s": reads,

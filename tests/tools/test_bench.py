@@ -41,6 +41,20 @@ def test_page_measurement_receives_every_token(hold):
     assert page["tok_s"] > 0 and page["engine_tok_s"] > 0 and page["rounds"] == 2
 
 
+def test_cli_measurement_reads_each_step_line_of_its_own_process(tiny_dirs):
+    """The command line, run as its users run it, in a process of its own: one line a token
+    arrives for every token its summary reports, on the prompt given."""
+    from bench.run import measure_cli
+    from inference.loading.load import load_tokenizer
+    model_dir = tiny_dirs["gqa_tied"]
+    prompt = "The history of computing is a story"
+    cli = measure_cli(model_dir, "cpu", "float32", prompt, 6, 3)
+    assert cli["tokens"] == cli["generated_tokens"] >= 2 and cli["decode_tok_s"] > 0
+    assert cli["prompt_tokens"] == len(load_tokenizer(model_dir).encode(prompt))
+    with pytest.raises(RuntimeError, match="the CLI run failed"):
+        measure_cli(model_dir, "cpu", "float32", " ", 6, 3)  # an empty prompt: the CLI refuses it
+
+
 def test_users_bench_reports_each_system_and_ratios(tiny_dirs, tmp_path):
     from bench import users
     assert users.main(["--model", str(tiny_dirs["gqa_tied"]), "--device", "cpu", "--users", "1", "3",
