@@ -45,3 +45,14 @@ def open_page(browser, **kwargs):
     page = browser.new_page(**kwargs)
     page.set_default_timeout(WAIT_MS)
     return page
+
+
+def run_to_end(page, click) -> None:
+    """click(), then wait for that run's end (the status line watched from before the click)."""
+    page.evaluate("""() => { const el = document.querySelector('#status'); window.tlSeen = [];
+        new MutationObserver(() => window.tlSeen.push(el.innerText)).observe(el,
+            {subtree: true, childList: true, characterData: true}); }""")
+    click()
+    page.wait_for_function("window.tlSeen.some((t) => t.includes('Waiting for the engine')) && "
+                           "document.querySelector('#status').innerText.includes('Run ended')")
+    page.wait_for_function("!document.querySelector('#generate').disabled")

@@ -53,9 +53,11 @@ class ChatHandlers(PageBase):
                 "conversation": conversation_html(rest), "chat_note": seed_note(seed)}
 
     def new_conversation(self, prompt=None, mode="chat", system="", max_new_tokens=None, model=None) -> dict:
-        """The conversation forgotten, and the context counter without its turns."""
+        """The conversation forgotten (a branch of one of its answers too), and the context
+        counter without its turns."""
         return {"history": [], "conversation": conversation_html([]), "regenerate": gr.update(interactive=False),
-                "chat_note": "", "context_count": self.count_context(prompt, mode, system, max_new_tokens, [], model)}
+                "chat_note": "", "prefix_ids": "",
+                "context_count": self.count_context(prompt, mode, system, max_new_tokens, [], model)}
 
     def switch_mode(self, mode) -> dict:
         """The chat's buttons and its conversation show in chat mode only: a completion run
@@ -79,5 +81,5 @@ def wire(page, h: ChatHandlers) -> None:
             queue=False, api_visibility="private", show_progress="hidden")
     page.on(page["new_chat"].click, h.new_conversation,
             inputs=("prompt", "mode", "system", "max_new_tokens", "model"),
-            outputs=("history", "conversation", "regenerate", "chat_note", "context_count"),
+            outputs=("history", "conversation", "regenerate", "chat_note", "prefix_ids", "context_count"),
             queue=False, api_visibility="private")

@@ -56,7 +56,7 @@ def test_branch_continues_the_sessions_last_run(client, live_app):
     other = steps[2].top[1].id
     branch = client.predict(2, other, api_name="/branch")
     given = [s.token_id for s in steps[:2]] + [other]
-    alone = [e for e in engine.generate_ids(prompt_ids, SamplingParams(temperature=0.0, max_new_tokens=3, seed=5),
+    alone = [e for e in engine.generate_ids(prompt_ids, SamplingParams(temperature=0.0, max_new_tokens=6, seed=5),
                                             given=given) if isinstance(e, StepEvent)]
     assert "".join(t["token"] for t in output(branch, "api_tokens")) == "".join(s.text for s in alone)
     with pytest.raises(Exception, match="step must be from 0 to"):

@@ -4,6 +4,7 @@ put on view again, and its link restores it (ui/branches)."""
 
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 
 from inference.events import StepEvent
@@ -45,12 +46,12 @@ def test_a_candidate_clicked_continues_the_run_from_it(h, tiny_engine):
     c, nodes = click(h, root, 4, cand.id, nodes)
     expected_prefix = [s.token_id for s in root.steps[:4]] + [cand.id]
     assert c.prefix_ids == ",".join(map(str, expected_prefix)) and c.seed == "7"
-    assert c.max_new_tokens == 5  # what the run had left after that step
+    assert c.max_new_tokens == 10  # as the person set it: the tokens the branch makes after the given ones
     branch = run(h, c)
     assert branch.given == expected_prefix and branch.prompt_ids == root.prompt_ids
     # The engine's own continuation after those ids, its stages counting them as generated.
     alone = [e for e in tiny_engine.generate_ids(root.prompt_ids, SamplingParams(
-        temperature=1.0, frequency_penalty=0.4, presence_penalty=0.2, max_new_tokens=5, seed=7), top_n=5,
+        temperature=1.0, frequency_penalty=0.4, presence_penalty=0.2, max_new_tokens=10, seed=7), top_n=5,
         given=expected_prefix) if isinstance(e, StepEvent)]
     assert [s.token_id for s in branch.steps] == [s.token_id for s in alone]
     assert branch.answer_text.startswith(tiny_engine.tokenizer.decode(expected_prefix))
@@ -79,8 +80,10 @@ def test_a_greedy_branch_from_the_token_taken_is_the_run_to_the_letter(h):
     for k in (0, 3, 7):
         c2, _ = click(h, root, k, root.steps[k].token_id, [])
         branch = run(h, c2)
-        assert [s.token_id for s in branch.steps] == [s.token_id for s in root.steps[k + 1:]]
-        assert branch.answer_text == root.done.text
+        # Its max new tokens after the given ones: the run's own tokens, then more of them.
+        assert len(branch.steps) == 12 and branch.given == [s.token_id for s in root.steps[:k + 1]]
+        assert [s.token_id for s in branch.steps[:11 - k]] == [s.token_id for s in root.steps[k + 1:]]
+        assert branch.answer_text.startswith(root.done.text)
 
 
 def test_a_branchs_replay_is_its_run(h, tiny_engine):
@@ -122,3 +125,24 @@ def test_a_chat_branch_answers_with_the_given_text_and_its_own(h):
     branch = list(h.generate(*c2.values(), REQ, []))[-1]["record"]
     after = h.after_run(branch, [], REQ)
     assert after["history"][-1]["content"] == branch.given_text + branch.done.text
+
+
+def test_the_counters_count_the_given_tokens_and_a_prompt_typed_by_hand_leaves_the_branch(h, tiny_engine):
+    root = run(h, Controls(**SETTINGS))
+    c, _ = click(h, root, 4, root.steps[4].top[1].id, [])
+    n = len(root.prompt_ids)
+    # Before the run: the prompt, the 5 given tokens and the most new ones, as the engine will feed them.
+    before = h.count_context(c.prompt, c.mode, c.system, c.max_new_tokens, None, None, c.prefix_ids)
+    assert f"**{n}** prompt tokens + **5** given + up to 10 new = {n + 15:,} of" in before
+    assert "given" not in h.count_context(c.prompt, c.mode, c.system, c.max_new_tokens)
+    assert "the given ids must be token ids" in h.count_context(c.prompt, c.mode, c.system, 10, None, None, "1,x")
+    out = list(h.generate(*c.values(), REQ, None))[-1]
+    branch = out["record"]
+    assert len(branch.given) == 5 and len(branch.steps) == 10
+    assert f"Context: **{n}** prompt + **5** given + **10** generated = {n + 15} of" in out["status"]
+    # The cost of a token at the branch's real context: prompt, given and generated tokens.
+    assert f"FLOPs / token (at {n + 15} ctx)" in out["stats"] and "| given tokens (continued after) | 5 |" in out["stats"]
+    # A prompt, system prompt, mode or model chosen by hand (the page's input event) drops the ids.
+    assert h.leave_branch(c.prefix_ids) == ""
+    assert h.leave_branch("") == gr.skip() and h.leave_branch(None) == gr.skip()
+    assert h.new_conversation("Hi", "chat", "", 8)["prefix_ids"] == ""

@@ -144,7 +144,7 @@ def test_tokens_view_and_context_line_agree_before_the_first_run(tiny_engine, h)
     typed = h.preview("Once upon a time", "completion", "", 8)
     n = len(tiny_engine.prompt_ids("Once upon a time", False, "", []))
     assert f"**{n}** prompt tokens" in typed["context_count"] and f"fed: {n} tokens" in typed["tokens"]
-    assert "tokens" not in h.preview("Once upon a time", "completion", "", 8, None, None, run(h))
+    assert "tokens" not in h.preview("Once upon a time", "completion", "", 8, None, None, rec=run(h))
 
 
 def test_ab_bars_stack_on_a_narrow_screen():

@@ -386,6 +386,14 @@ def test_the_pool_line_counts_blocks_in_words():
                          pool=PoolStats(64, held, held, 1, 0, 8192, 2))
         text = kv_panel.pool_markdown(step)
         assert words in text and f"{held:,} of 64 blocks" in text and "2 kept from finished runs" in text
+        assert "at step 0:" in text and f"by this run alone; {held} reserved for it" in text
+    # The pool's numbers are then's (a finished run's blocks are back): the step says when; the
+    # other runs are counted apart from this one, and those waiting for blocks are said to.
+    crowded = StepEvent(7, 5, "a", "a", 1.0, 1.0, [], 0.0, 1, 100, 8192, 10.0, kv_blocks=1,
+                        pool=PoolStats(64, 9, 40, 3, 1, 8192))
+    text = kv_panel.pool_markdown(crowded)
+    assert "at step 7:" in text and "by this run and 2 others; 40 reserved for them" in text
+    assert "1 run waiting for blocks" in text and "kept from finished runs" not in text
 
 
 def test_a_token_drawn_below_the_top_five_is_in_its_popover(h, tiny_engine):

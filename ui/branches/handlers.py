@@ -33,9 +33,9 @@ class BranchHandlers(PageBase):
     def branch(self, rec: RunRecord | None, nodes, evt: gr.SelectData) -> dict:
         """A candidate clicked in the bars (evt.value: "step:token id"): the controls are set to
         the run's own (its model, settings and seed), continuing after the prompt, the tokens
-        before that step and the candidate, as token ids; its max new tokens, what the run had
-        left after it. The run then starts as for Generate (ui/run's chain), and its end adds
-        it to the tree."""
+        before that step and the candidate, as token ids; max new tokens stays as it was (the
+        tokens the branch makes after them). The run then starts as for Generate (ui/run's
+        chain), and its end adds it to the tree."""
         if rec is None or rec.done is None or rec.controls is None or not rec.steps:
             raise gr.Error("Let the run end, then click a candidate to continue from it.", print_exception=False)
         try:
@@ -54,12 +54,16 @@ class BranchHandlers(PageBase):
             raise gr.Error(f"At most {MAX_BRANCHES} branches are kept: Generate starts a new tree.",
                            print_exception=False)
         prefix = rec.generated_before(i) + [chosen]
-        c = replace(rec.controls, prefix_ids=",".join(map(str, prefix)), seed=str(rec.seed),
-                    max_new_tokens=max(1, rec.params.max_new_tokens - i - 1))
+        c = replace(rec.controls, prefix_ids=",".join(map(str, prefix)), seed=str(rec.seed))
         nodes.append(node(None, parent, len(rec.given) + i, cand, prefix))
         # In chat mode the branch continues the same turn: the conversation before it.
         return {**dict(zip(NAMES, c.values())), "branches": nodes, "history": list(rec.history),
                 "conversation": conversation_html(list(rec.history))}
+
+    def leave_branch(self, prefix_ids):
+        """A prompt, system prompt, mode or model chosen by hand: the given ids of a branch (or
+        an edit) belonged to the run before, so the next run starts from the prompt alone."""
+        return "" if str(prefix_ids or "").strip() else gr.skip()
 
     def branch_run(self, rec: RunRecord | None, step, token_id, request: gr.Request = None) -> Iterator[dict]:
         """/branch for scripts: this session's last run (of /generate) continued from candidate

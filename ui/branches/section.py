@@ -42,6 +42,11 @@ def wire(page, h: Handlers, chain_run) -> None:
                      outputs=(*NAMES, "branches", "history", "conversation"), api_visibility="private", concurrency_limit=None,
                      show_progress="hidden")
     chain_run(picked.success)
+    # The given ids are a branch's of one prompt: typing another (or another system prompt, mode
+    # or model) leaves the branch. `input`: by hand only, not a link's or a branch's own setting.
+    page.on(lambda fn, **kw: gr.on([page[n].input for n in ("prompt", "system", "mode", "model")], fn, **kw),
+            h.leave_branch, inputs=("prefix_ids",), outputs=("prefix_ids",), queue=False, show_progress="hidden",
+            api_visibility="private")
     viewed = page.on(page["branch_view"].select, h.view_branch, inputs=("branches",),
                      outputs=(*SHOWN, "branch_view"), api_visibility="private", queue=False, show_progress="hidden")
     page.chain(viewed, page.after_view)

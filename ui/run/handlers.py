@@ -276,22 +276,25 @@ class RunHandlers(PageBase):
             path = self._file_paths.get(token)
         return path if path is not None and path.name == name and path.exists() else None
 
-    def count_context(self, prompt, mode, system, max_new_tokens, history=None, model=None) -> str:
+    def count_context(self, prompt, mode, system, max_new_tokens, history=None, model=None, prefix_ids="") -> str:
         """The context counter while typing: the prompt's tokens (in chat mode with the template
-        and the earlier turns) + the most new tokens / the context window, in the chosen model."""
-        return self._context(prompt, mode, system, max_new_tokens, history, model)[0]
+        and the earlier turns), the given ids, the most new tokens / the context window, in the
+        chosen model."""
+        return self._context(prompt, mode, system, max_new_tokens, history, model, prefix_ids)[0]
 
-    def preview(self, prompt, mode, system, max_new_tokens, history=None, model=None, rec=None) -> dict:
+    def preview(self, prompt, mode, system, max_new_tokens, history=None, model=None, prefix_ids="",
+                rec=None) -> dict:
         """The context counter, and before the first run the tokenization view of the prompt as
         it will be fed: both from one tokenization, so that their counts agree. Once a run has
         been made the view shows that run's tokens (its title says so) until the next one."""
-        text, ids = self._context(prompt, mode, system, max_new_tokens, history, model)
+        text, ids = self._context(prompt, mode, system, max_new_tokens, history, model, prefix_ids)
         out = {"context_count": text}
         if rec is None:
             out["tokens"] = render.run_tokens_html(self.view(model).tokenizer, ids or [], fed=False)
         return out
 
-    def _context(self, prompt, mode, system, max_new_tokens, history=None, model=None) -> tuple[str, list[int] | None]:
+    def _context(self, prompt, mode, system, max_new_tokens, history=None, model=None,
+                 prefix_ids="") -> tuple[str, list[int] | None]:
         """The counter's line and the prompt's ids as they will be fed (None: they cannot be)."""
         chat = mode == "chat"
         turns = list(history or []) if chat else []
@@ -309,7 +312,11 @@ class RunHandlers(PageBase):
             max_new = BY_NAME["max_new_tokens"].parse(max_new_tokens)
         except TokenLabError:
             max_new = None
-        return render.context_text(len(ids), None, max_new, m.context), ids
+        try:
+            given = parse_ids(prefix_ids, "the given ids")
+        except TokenLabError as e:
+            return f"Context: {html.escape(str(e))}", ids
+        return render.context_text(len(ids), None, max_new, m.context, len(given)), ids
 
     # -------------------------------------------------------- the model picker
 

@@ -57,17 +57,21 @@ def latency_frame(rec: RunRecord) -> pd.DataFrame:
 
 
 def pool_markdown(step: StepEvent | None) -> str:
-    """This run's blocks of the paged KV cache, beside the server's whole pool."""
+    """This run's blocks of the paged KV cache, beside the server's whole pool, at `step` (the
+    run's last on view: a finished run's blocks are given back, so the numbers are then's)."""
     if step is None or step.pool is None:
         return ""
     p = step.pool
-    return (f"\n\n**Paged KV cache**: this run holds **{step.kv_blocks} block{'s' * (step.kv_blocks != 1)}** "
-            f"of {BLOCK_SIZE} positions "
-            f"({mib(step.kv_cache_capacity_bytes)}). The server's pool (all runs): "
+    others = p.active_runs - 1
+    return (f"\n\n**Paged KV cache** at step {step.step}: this run holds **{step.kv_blocks} "
+            f"block{'s' * (step.kv_blocks != 1)}** of {BLOCK_SIZE} positions "
+            f"({mib(step.kv_cache_capacity_bytes)}). The server's pool then (all runs): "
             f"**{p.blocks_used:,} of {p.blocks_total:,} blocks** in use ({mib(p.bytes_used)} of "
-            f"{mib(p.blocks_total * p.bytes_per_block)}) by {p.active_runs} "
-            f"run{'s' if p.active_runs != 1 else ''}, {p.blocks_reserved:,} promised to them"
-            + (f", {p.waiting_runs} waiting" if p.waiting_runs else "")
+            f"{mib(p.blocks_total * p.bytes_per_block)}) by "
+            + ("this run alone" if others <= 0 else f"this run and {others} other{'s' * (others != 1)}")
+            + f"; {p.blocks_reserved:,} reserved for {'it' if others <= 0 else 'them'} (the most "
+            f"{'it' if others <= 0 else 'they'} may grow to by max new tokens)"
+            + (f"; {p.waiting_runs} run{'s' * (p.waiting_runs != 1)} waiting for blocks" if p.waiting_runs else "")
             + (f"; {p.blocks_cached:,} kept from finished runs for a prompt that starts the same way (a chat's "
                "next turn), given back when a run needs them" if p.blocks_cached else "") + ".")
 

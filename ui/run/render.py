@@ -187,14 +187,18 @@ def downloads_html(run_url: str | None, settings_url: str | None) -> str:
             f"href='{html.escape(settings_url, quote=True)}' download>Download settings (JSON)</a></div>")
 
 
-def context_text(n_prompt: int, n_generated: int | None, max_new: int | None, context: int) -> str:
-    """The context counter: prompt + generated (or the most that may be) / the context window."""
+def context_text(n_prompt: int, n_generated: int | None, max_new: int | None, context: int, n_given: int = 0) -> str:
+    """The context counter: prompt + given (a branch's or an edit's ids) + generated (or the
+    most that may be) / the context window."""
+    given = f" + **{n_given:,}** given" if n_given else ""
     if n_generated is None:
-        room = context - n_prompt
+        room = context - n_prompt - n_given
         most = min(max_new or 0, room)
-        return (f"Context: **{n_prompt:,}** prompt tokens + up to {most:,} new = {n_prompt + most:,} "
-                f"of {context:,}" + (f" (max new tokens will be lowered to {room:,})" if max_new and max_new > room else ""))
-    return f"Context: **{n_prompt:,}** prompt + **{n_generated:,}** generated = {n_prompt + n_generated:,} of {context:,}"
+        return (f"Context: **{n_prompt:,}** prompt tokens{given} + up to {most:,} new = {n_prompt + n_given + most:,} "
+                f"of {context:,}" + (f" (max new tokens will be lowered to {room:,})" if max_new and max_new > room else "")
+                + (" · the given ids continue a branch (More settings); a new prompt drops them" if n_given else ""))
+    return (f"Context: **{n_prompt:,}** prompt{given} + **{n_generated:,}** generated = "
+            f"{n_prompt + n_given + n_generated:,} of {context:,}")
 
 
 def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[int, int] | None = None) -> str:
@@ -218,7 +222,7 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
         read = f"{rec.prefilled:,} of {n:,} prompt tokens read" if rec.prefilled else f"{n:,} prompt tokens"
         return f"Prefill of {read}… {now - rec.started_at:.1f} s so far (the first token comes after it)"
     g = len(rec.steps)
-    ctx = context_text(n, g, None, context)
+    ctx = context_text(n, g, None, context, len(rec.given))
     if rec.done is None:
         return f"Generating: {g:,} of at most {rec.max_steps:,} tokens · {ctx}"
     return f"Run ended: {REASONS.get(rec.done.reason, rec.done.reason)} · {g:,} tokens · {ctx}"
@@ -284,7 +288,7 @@ def _engine_stats(info, rec: RunRecord) -> str:
         return "No run yet." if rec.started_at is None else "Running: the numbers come with the first token."
     first = rec.steps[0]
     n = len(rec.steps)
-    ctx = len(rec.prompt_ids) + n
+    ctx = len(rec.prompt_ids) + len(rec.given) + n
     cost = decode_cost(info.cfg, ctx, info.dtype.itemsize)
     decode_ms = sum(s.ms for s in rec.steps[1:])
     tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
@@ -292,7 +296,8 @@ def _engine_stats(info, rec: RunRecord) -> str:
                                             if first.wait_ms and first.wait_ms >= 50 else "")
     reused = first.prompt_tokens_reused or 0
     prompt = f"{len(rec.prompt_ids)}" + (f" ({reused} read from the KV cache of an earlier run)" if reused else "")
-    rows = [("prompt tokens", prompt), ("time to first token", ttft),
+    rows = [("prompt tokens", prompt), *([("given tokens (continued after)", f"{len(rec.given)}")] if rec.given else []),
+            ("time to first token", ttft),
             ("generated", f"{n}"), ("decode speed", f"{tps:.1f} tok/s"),
             (f"FLOPs / token (at {ctx} ctx)", f"{si(cost.flops)} ({si(cost.attention_flops)} attention)"),
             ("seed", f"{rec.seed}")]
@@ -307,7 +312,7 @@ def _page_stats(info, rec: RunRecord) -> str:
     if not rec.steps:
         return "No run yet."
     n = len(rec.steps)
-    ctx = len(rec.prompt_ids) + n
+    ctx = len(rec.prompt_ids) + len(rec.given) + n
     arrived = [s.ms for s in rec.steps[1:]]
     decode_s = sum(arrived) / 1000
     tps = (n - 1) / decode_s if decode_s > 0 else 0.0
@@ -316,7 +321,7 @@ def _page_stats(info, rec: RunRecord) -> str:
         f"| prompt tokens | time to first token (at the page) | generated | tokens/s (at the page) | "
         f"FLOPs / token (at {ctx} ctx) | seed |",
         "|---|---|---|---|---|---|",
-        f"| {len(rec.prompt_ids)} | {rec.steps[0].prefill_ms:.0f} ms | {n} | {tps:.1f} | {flops} | {rec.seed} |",
+        f"| {len(rec.prompt_ids)}{f' + {len(rec.given)} given' if rec.given else ''} | {rec.steps[0].prefill_ms:.0f} ms | {n} | {tps:.1f} | {flops} | {rec.seed} |",
         "",
         "Times are measured at this page: they include the network and the server's queue.",
     ]

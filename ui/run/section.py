@@ -200,7 +200,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
     page.on(page["live"].tick, h.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
             api_visibility="private", queue=False, show_progress="hidden")
     page["stop_button"].click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
-    context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model")
+    context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model", "prefix_ids")
     page.on(lambda fn, **kw: gr.on([page[n].change for n in context_inputs], fn, **kw), h.preview,
             inputs=(*context_inputs, "record"), outputs=("context_count", "tokens"), queue=False,
             show_progress="hidden", trigger_mode="always_last", api_visibility="private")
@@ -225,7 +225,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
             event(h.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
                   queue=False, show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
-    page.on(page["model"].change, h.choose_model, inputs=("model", *context_inputs[:-1]),
+    page.on(page["model"].change, h.choose_model, inputs=("model", *context_inputs[:5]),
             outputs=("model_md", "model_card", "memory", "context_count", "max_new_tokens", "system",
                      "layer", "head"), api_visibility="private", concurrency_id=ENGINE, show_progress="minimal")
     if len(h.models.labels) > 1:  # what is loaded now, not when the page was built
