@@ -45,3 +45,17 @@ def open_page(browser, **kwargs):
     page = browser.new_page(**kwargs)
     page.set_default_timeout(WAIT_MS)
     return page
+
+
+def open_at(browser, url: str, width: int, height: int, query: str):
+    """The page at this window size with a link's settings (query), ready for input."""
+    page = open_page(browser, viewport={"width": width, "height": height})
+    page.goto(url + "/?" + query)
+    wait_loaded(page)
+    return page
+
+
+def run_to_end(page) -> None:
+    """Generate, and wait for the run's end."""
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
