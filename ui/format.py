@@ -174,8 +174,8 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
             + (masked_html(step) if constrained else "")
             + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
-            f"<span class='tl-h2'>{raw_head}</span>"
-            f"<span class='tl-h2'>{final_head}</span></div>")
+            f"<span class='tl-h2 tl-h-raw'>{raw_head}</span>"
+            f"<span class='tl-h2 tl-h-final'>{final_head}</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 

@@ -80,8 +80,9 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
             f"<span class='tl-num'>{prob_html(float(final_run[i]))}</span>"
             f"<span class='tl-bar'><span class='tl-replayed' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
             f"<span class='tl-num'>{prob_html(float(final_replay[i]))}</span></div>")
-    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-h2'>final in the run</span>"
-            "<span class='tl-h2'>final, replayed</span></div>")
+    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
+            "<span class='tl-h2 tl-h-final'>final in the run</span>"
+            "<span class='tl-h2 tl-h-replayed'>final, replayed</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
