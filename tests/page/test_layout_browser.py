@@ -138,11 +138,12 @@ def test_inside_and_samples_tables_say_they_scroll_and_keep_row_names(live_app, 
         shot(page, f"inside-{width}")
         page.evaluate("(b => b.scrollLeft = b.scrollWidth)(document.querySelector('#stages table'))")
         page.wait_for_function("document.querySelector('#stages table').dataset.tlMore === 'left'")
-        # Scrolled to its end: the stage names are still in view at the box's left edge.
+        # Scrolled to its end: the stage names are still in view, flush with the box's left edge
+        # (no strip beside them where the scrolled columns show through).
         name = page.evaluate("""(() => { const b = document.querySelector('#stages table'), c = b.rows[3].cells[0];
             const r = c.getBoundingClientRect(), a = b.getBoundingClientRect();
-            return r.left >= a.left - 1 && r.right <= a.right && r.width > 40; })()""")
-        assert name
+            return {gap: r.left - a.left - b.clientLeft, right: r.right <= a.right, width: r.width}; })()""")
+        assert abs(name["gap"]) <= 1 and name["right"] and name["width"] > 40, name
         hint = page.locator("#stages .tl-scroll-hint")
         assert hint.is_visible() and "scroll back" in hint.inner_text()
         shot(page, f"inside-scrolled-{width}")
