@@ -47,6 +47,20 @@ def open_page(browser, **kwargs):
     return page
 
 
+def open_at(browser, url: str, width: int, height: int, query: str):
+    """The page at this window size with a link's settings (query), ready for input."""
+    page = open_page(browser, viewport={"width": width, "height": height})
+    page.goto(url + "/?" + query)
+    wait_loaded(page)
+    return page
+
+
+def generate_to_end(page) -> None:
+    """Generate, and wait for the run's end."""
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
+
+
 def run_to_end(page, click) -> None:
     """click(), then wait for that run's end (the status line watched from before the click)."""
     page.evaluate("""() => { const el = document.querySelector('#status'); window.tlSeen = [];

@@ -44,6 +44,14 @@ def mib(n: float) -> str:
     return f"{n / 2**20:,.2f} MiB"
 
 
+def binary_size(n: float) -> str:
+    """Bytes in the page's binary units, two decimals as mib's: 4 B, 137.25 KiB, 108.00 MiB."""
+    for unit, power in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 2**power:
+            return f"{n / 2**power:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
 def bucket(p: float | None) -> str | None:
     if p is None:
         return None
@@ -166,8 +174,8 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
             + (masked_html(step) if constrained else "")
             + "<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
-            f"<span class='tl-h2'>{raw_head}</span>"
-            f"<span class='tl-h2'>{final_head}</span></div>")
+            f"<span class='tl-h2 tl-h-raw'>{raw_head}</span>"
+            f"<span class='tl-h2 tl-h-final'>{final_head}</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
@@ -182,11 +190,11 @@ def approx_note(info) -> str:
             f"{100 * r.top1_agreement:.0f}% of steps. Start with --decode-dtype same for exact numbers.")
 
 
-def step_axis(first: int = 0) -> dict:
-    """gr.LinePlot settings for a per-step x axis: from the first step, never below it (Vega-Lite
-    pads a short domain into negative steps otherwise). Ticks stay Vega-Lite's: Gradio's LinePlot
-    passes no tickMinStep, so with few steps they may still fall between whole steps."""
-    return {"x": "step", "x_lim": [first, None]}
+def step_axis() -> dict:
+    """gr.LinePlot settings for a per-step x axis: from step 0, never below it (Vega-Lite pads a
+    short domain into negative steps otherwise). Ticks stay Vega-Lite's: Gradio's LinePlot passes
+    no tickMinStep, so with few steps they may still fall between whole steps."""
+    return {"x": "step", "x_lim": [0, None]}
 
 
 def ordinal(n: int) -> str:

@@ -33,6 +33,11 @@ from ui.wiring import Page
 # and of editing and saved work.
 PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encoding="utf-8")
                      for name in ("page.css", "explore.css", "work.css"))
+# Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
+SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
+# Gradio 6's status tracker announces "common.complete" to screen readers when an event with a
+# progress indicator ends, a key its English messages lack (it reads out the key itself).
+MESSAGES = gr.I18n(en={"common.complete": "Done"})
 
 
 def limits_markdown(limits: Limits) -> str:
@@ -77,6 +82,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         text_score.wire(page, h)
         inside.wire(page, h)
         work.wire(page, h, demo, share.wire(page, h, demo))
+        demo.load(None, js=SCROLL_JS)
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them
     demo.tokenlab_page = page
     return demo
@@ -150,7 +156,7 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
         middleware.append(Middleware(HeartbeatWatch, keeper=h.keeper))
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
-                         css=PAGE_CSS, footer_links=["api"], quiet=True,
+                         css=PAGE_CSS, footer_links=["api"], quiet=True, i18n=MESSAGES,
                          # The page's own routes only, small bodies, each visitor's sessions
                          # counted (ui/public.py); no uploads, no run history kept.
                          app_kwargs={"middleware": middleware},

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import open_page, wait_loaded
+from browser import generate_to_end, open_at
 
 SHOTS = Path("/tmp/shots/issue-25c")
 SIZES = [(1400, 1000), (420, 900)]
@@ -14,19 +14,6 @@ SIZES = [(1400, 1000), (420, 900)]
 def shot(page, name: str, full: bool = False) -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=full)
-
-
-def opened(browser, url: str, width: int, height: int, query: str):
-    page = open_page(browser, viewport={"width": width, "height": height})
-    page.goto(url + "/?" + query)
-    wait_loaded(page)
-    return page
-
-
-def run_to_end(page) -> None:
-    """Generate, and wait for the run's end."""
-    page.click("#generate")
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
 
 
 def box(page, selector: str) -> dict:
@@ -41,7 +28,7 @@ def overflows(page) -> bool:
 def test_output_and_bars_in_view_together_during_a_run(live_app, browser, hold, width, height):
     url, engine, _ = live_app
     held = hold(engine)
-    page = opened(browser, url, width, height, "prompt=Once%20upon%20a%20time&seed=3&max_new_tokens=60")
+    page = open_at(browser, url, width, height, "prompt=Once%20upon%20a%20time&seed=3&max_new_tokens=60")
     page.click("#generate")
     held.step(30)  # held mid-run, after 30 tokens
     page.wait_for_function("document.querySelectorAll('#output .tl-t').length >= 25")
@@ -66,8 +53,8 @@ def test_output_and_bars_in_view_together_during_a_run(live_app, browser, hold, 
 @pytest.mark.parametrize("width,height", SIZES)
 def test_compare_turns_generate_off_and_its_bars_fit(live_app, browser, hold, width, height):
     url, engine, _ = live_app
-    page = opened(browser, url, width, height, "prompt=The%20quick&temperature=0.5&top_p=0.9&seed=5&max_new_tokens=12")
-    run_to_end(page)
+    page = open_at(browser, url, width, height, "prompt=The%20quick&temperature=0.5&top_p=0.9&seed=5&max_new_tokens=12")
+    generate_to_end(page)
     page.get_by_text("Sampling experiments").click()
     # B starts as a copy of the run's settings (set at the run's end, by an event of its own);
     # the label says A is the page's own settings.
@@ -102,8 +89,8 @@ def test_compare_turns_generate_off_and_its_bars_fit(live_app, browser, hold, wi
 @pytest.mark.parametrize("width,height", SIZES)
 def test_temperature_zero_popover_shows_raw_and_final_and_colours_by_raw(live_app, browser, width, height):
     url, _, _ = live_app
-    page = opened(browser, url, width, height, "prompt=The%20quick&temperature=0&seed=5&max_new_tokens=8")
-    run_to_end(page)
+    page = open_at(browser, url, width, height, "prompt=The%20quick&temperature=0&seed=5&max_new_tokens=8")
+    generate_to_end(page)
     tok = page.locator("#output .tl-t").nth(1)
     tok.scroll_into_view_if_needed()
     tok.hover()
@@ -130,7 +117,7 @@ def test_temperature_zero_popover_shows_raw_and_final_and_colours_by_raw(live_ap
 
 def test_typed_temperature_beyond_its_range_is_said(live_app, browser):
     url, _, _ = live_app
-    page = opened(browser, url, 1400, 1000, "prompt=Hi")
+    page = open_at(browser, url, 1400, 1000, "prompt=Hi")
     field = page.locator("#temperature input[type=number]")
     field.fill("5")
     field.press("Tab")
@@ -147,8 +134,8 @@ def test_typed_temperature_beyond_its_range_is_said(live_app, browser):
 @pytest.mark.parametrize("width,height", SIZES)
 def test_kv_chart_and_generated_tokens_box(live_app, browser, width, height):
     url, _, _ = live_app
-    page = opened(browser, url, width, height, "prompt=Once%20upon%20a%20time&seed=3&max_new_tokens=120")
-    run_to_end(page)
+    page = open_at(browser, url, width, height, "prompt=Once%20upon%20a%20time&seed=3&max_new_tokens=120")
+    generate_to_end(page)
     chips = page.locator(".tl-gen-tokens .tl-chips")
     chips.scroll_into_view_if_needed()
     # Nothing of the generated tokens hidden in a box without a visible way to scroll.

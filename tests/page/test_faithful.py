@@ -211,9 +211,9 @@ def test_inside_one_token_counts_decode_bytes_at_the_decode_dtype(tiny_dirs):
     cfg = info.cfg
     md = inside_render.stages_markdown(info, n_prompt=4, step=2)
     ffn_row = next(r for r in md.splitlines() if r.startswith("| SwiGLU"))
-    assert ffn_row.split("|")[6].strip() == formatting.si(3 * cfg.hidden_size * cfg.intermediate_size * 2, "B")
+    assert ffn_row.split("|")[6].strip() == formatting.binary_size(3 * cfg.hidden_size * cfg.intermediate_size * 2)
     attn_row = next(r for r in md.splitlines() if r.startswith("| attention softmax"))
-    assert attn_row.split("|")[6].strip() == formatting.si(2 * 6 * cfg.kv_dim * 4, "B")  # 6 positions at float32
+    assert attn_row.split("|")[6].strip() == formatting.binary_size(2 * 6 * cfg.kv_dim * 4)  # 6 positions at float32
     assert "bfloat16" in md
 
 

@@ -373,8 +373,8 @@ def test_the_colour_legend_shows_only_under_output(h, tiny_engine):
 def test_step_axes_start_at_the_first_step(tiny_engine):
     from ui.layout import build_ui
     plots = {b.elem_id: b.x_lim for b in build_ui(tiny_engine).blocks.values() if isinstance(b, gr.LinePlot)}
-    # The KV chart's first point, step -1, is the empty cache before prefill (kv_frame).
-    assert plots == {"kv-chart": [-1, None], "latency-chart": [0, None], "run-chart": [0, None],
+    # The KV chart starts at step 0 too: its cache then holds the prompt (kv_frame).
+    assert plots == {"kv-chart": [0, None], "latency-chart": [0, None], "run-chart": [0, None],
                      "rank-chart": [0, None], "compare-chart": [0, None], "entropy-chart": [0, None]}
 
 

@@ -17,6 +17,10 @@ NOT_HERE = "not available when the page is in front of a server"
 REPLAY_NOTE = (f"**Replay** recomputes a step from its whole logit vector: {NOT_HERE}, which "
                "returns only the top candidates' log-probabilities (outside them nothing is known). "
                "Compare A/B and \"how likely was X?\" below ask the server again and work.")
+CHARTS_CAPTION = ("**Per step of the run**: the chosen token's probability in the distribution it was "
+                  "sampled from (under a constraint also the masked mass: the raw probability the constraint "
+                  "removed); the entropy of the model's raw distribution, in nats; the chosen token's rank in "
+                  "the raw distribution (1: the model's top choice).")
 CHARTS_NOTE = ("In front of a server: the raw entropy needs the whole distribution, and a rank is "
                "known only among the returned candidates; steps without them are left out of these "
                "charts, not drawn as zeros.")
@@ -76,8 +80,9 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
             f"<span class='tl-num'>{prob_html(float(final_run[i]))}</span>"
             f"<span class='tl-bar'><span class='tl-replayed' style='width:{100 * float(final_replay[i]):.2f}%'></span></span>"
             f"<span class='tl-num'>{prob_html(float(final_replay[i]))}</span></div>")
-    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span><span class='tl-h2'>final in the run</span>"
-            "<span class='tl-h2'>final, replayed</span></div>")
+    head = ("<div class='tl-row tl-head'><span class='tl-tok'>token</span>"
+            "<span class='tl-h2 tl-h-final'>final in the run</span>"
+            "<span class='tl-h2 tl-h-replayed'>final, replayed</span></div>")
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 

@@ -7,7 +7,8 @@ import gradio as gr
 
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
-from ui.experiments.render import CHARTS_NOTE, REPLAY_NOTE, entropy_frame, run_chart_frames, two_models_frame
+from ui.experiments.render import (CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, entropy_frame, run_chart_frames,
+                                   two_models_frame)
 from ui.format import COMPARE_COLOR_MAP, step_axis
 from ui.handlers import Handlers
 from ui.public import ENGINE
@@ -23,16 +24,16 @@ def build(page, h: Handlers) -> None:
         if not h.caps.whole_distribution:
             gr.Markdown(CHARTS_NOTE, elem_id="charts-note")
         run_frame, rank_frame = run_chart_frames(RunRecord())
+        # Short titles: a chart's title is cut at its width, never wrapped; the caption explains.
+        gr.Markdown(CHARTS_CAPTION, elem_id="charts-caption")
         with gr.Row():
             add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric", y_lim=[0, 1],
-                                         y_title="probability", color_title=" ",
-                                         title="Per step: chosen-token probability (and masked mass under a constraint)",
+                                         y_title="probability", color_title=" ", title="Chosen token's probability",
                                          elem_id="run-chart", min_width=320))
             add("entropy_chart", gr.LinePlot(entropy_frame(RunRecord()), **step_axis(), y="nats",
-                                             y_title="entropy (nats)", title="Entropy of the raw distribution per step",
+                                             y_title="entropy (nats)", title="Raw entropy",
                                              elem_id="entropy-chart", min_width=320))
-            add("rank_chart", gr.LinePlot(rank_frame, **step_axis(), y="rank",
-                                          title="Rank of the chosen token in the raw distribution",
+            add("rank_chart", gr.LinePlot(rank_frame, **step_axis(), y="rank", title="Chosen token's raw rank",
                                           elem_id="rank-chart", min_width=320))
         # Without the whole logit vector there is no replay: its parts exist, hidden, so that a
         # run's end still has them to set.

@@ -9,7 +9,7 @@ import html
 from inference.device import dtype_name
 from inference.model.anatomy import family_path, memory_table, stages
 from ui.experiments.render import NOT_HERE
-from ui.format import prob_html, si, token_label
+from ui.format import binary_size, prob_html, si, token_label
 from ui.run.render import NO_CONFIG
 
 INSIDE_NOTE = (f"**Inside one token**: the path through the layers, the attention weights and the "
@@ -30,9 +30,9 @@ def stages_markdown(info, n_prompt: int, step: int) -> str:
              "| stage | prefill shape | prefill FLOPs | decode shape | decode FLOPs | decode bytes |",
              "|---|---|---|---|---|---|"]
     for p, d in zip(pre, dec):
-        lines.append(f"| {p.name} | {p.shape} | {si(p.flops)} | {d.shape} | {si(d.flops)} | {si(d.bytes, 'B')} |")
+        lines.append(f"| {p.name} | {p.shape} | {si(p.flops)} | {d.shape} | {si(d.flops)} | {binary_size(d.bytes)} |")
     lines.append(f"| **per token** | | {si(pre[-1].flops / n_prompt)} | | {si(dec[-1].flops)} | "
-                 f"{si(dec[-1].bytes, 'B')} |")
+                 f"{binary_size(dec[-1].bytes)} |")
     return "\n".join(lines)
 
 
@@ -51,9 +51,11 @@ def attention_html(capture, tokenizer, max_rows: int = 400) -> str:
         label = html.escape(token_label(tokenizer.piece(capture.context_ids[pos])))
         rows.append(f"<tr><th class='tl-pos'>{pos}</th><th class='tl-ctx'>{label}</th>{cells}</tr>")
     note = f"<div>showing the last {max_rows} of {T} positions</div>" if start else ""
-    return (f"<div class='tl-att'><div class='tl-title'>Layer {capture.layer}: where the new token's "
+    # The title outside the box that scrolls; the token column stays in view as it scrolls (page.css).
+    return (f"<div class='tl-att-view'><div class='tl-title'>Layer {capture.layer}: where the new token's "
             f"query looked (each head's column of weights sums to 1; cell shade ∝ √weight)</div>{note}"
-            f"<table><tr><th>pos</th><th>token</th>{head}</tr>{''.join(rows)}</table></div>")
+            f"<div class='tl-att'><table><tr><th class='tl-pos'>pos</th><th class='tl-ctx'>token</th>{head}</tr>"
+            f"{''.join(rows)}</table></div></div>")
 
 
 def pattern_html(pattern, context_ids: list[int], tokenizer, layer: int, head: int, max_positions: int = 96) -> str:
@@ -93,8 +95,8 @@ def lens_html(capture, tokenizer) -> str:
         cells = "".join(f"<td>{html.escape(token_label(tokenizer.piece(i)))} <small>{prob_html(p)}</small></td>"
                         for i, p in top)
         rows.append(f"<tr><th>after layer {layer}</th>{cells}</tr>")
-    return ("<div class='tl-lens'><div class='tl-title'>Logit lens: the top tokens each layer's "
-            "residual stream would predict</div><table>" + "".join(rows) + "</table></div>")
+    return ("<div class='tl-title'>Logit lens: the top tokens each layer's residual stream would "
+            "predict</div><div class='tl-lens'><table>" + "".join(rows) + "</table></div>")
 
 
 def memory_markdown(info) -> str:
@@ -105,14 +107,14 @@ def memory_markdown(info) -> str:
     cfg, b = info.cfg, info.dtype.itemsize
     lines = [f"| component | parameters | bytes at {dtype_name(info.dtype)} |", "|---|---|---|"]
     for name, n, nbytes in memory_table(cfg, b):
-        lines.append(f"| {name} | {n:,} | {si(nbytes, 'B')} |")
+        lines.append(f"| {name} | {n:,} | {binary_size(nbytes)} |")
     head = cfg.vocab_size * cfg.hidden_size
     if cfg.tie_word_embeddings:
         lines.append(f"\nThe LM head **shares the embedding matrix** (tied): that saves {head:,} "
-                     f"parameters, {si(head * b, 'B')} ({100 * head / (cfg.param_counts()['total'] + head):.0f}% "
+                     f"parameters, {binary_size(head * b)} ({100 * head / (cfg.param_counts()['total'] + head):.0f}% "
                      "of an untied model).")
     else:
-        lines.append(f"\nThe LM head has its own matrix (untied): {head:,} parameters, {si(head * b, 'B')}.")
+        lines.append(f"\nThe LM head has its own matrix (untied): {head:,} parameters, {binary_size(head * b)}.")
     return "\n".join(lines)
 
 

@@ -15,25 +15,26 @@ from ui.run.render import NO_CONFIG
 from ui.run_state import RunRecord
 
 
+# Step 0's cache holds the prompt: its prefill is the first point's height, not a step of its own.
+KV_X_TITLE = "step (step 0: after the prompt's prefill)"
+
+
 def kv_frame(rec: RunRecord) -> pd.DataFrame:
-    """KV-cache MiB per step: used (prefill jump, then one position per step) and allocated.
-    In front of a server, which does not say what one request holds: this run's positions times
-    the formula's bytes per position, where the model's config is known."""
+    """KV-cache MiB per step: used (the prompt at step 0, then one position per step) and
+    allocated. In front of a server, which does not say what one request holds: this run's
+    positions times the formula's bytes per position, where the model's config is known."""
     rows = []
     if rec.steps and rec.steps[0].kv_cache_bytes is None:
         per, n = rec.kv_bytes_per_token, len(rec.prompt_ids)
         if per:
-            series = "this run, by the formula"
-            rows.append({"step": -1, "MiB": 0.0, "series": series})
-            rows += [{"step": s.step, "MiB": per * (n + s.step) / 2**20, "series": series} for s in rec.steps]
+            rows = [{"step": s.step, "MiB": per * (n + s.step) / 2**20, "series": "this run, by the formula"}
+                    for s in rec.steps]
         return pd.DataFrame(rows, columns=["step", "MiB", "series"])
     series = {"used": [s.kv_cache_bytes for s in rec.steps],
               "allocated": [s.kv_cache_capacity_bytes for s in rec.steps]}
     if rec.steps and all(s.pool is not None for s in rec.steps):
         series["server pool, all runs"] = [s.pool.bytes_used for s in rec.steps]
     for name, values in _merged(series).items():
-        if values:  # before prefill the cache is empty: the first step shows the prefill's jump
-            rows.append({"step": -1, "MiB": 0.0, "series": name})
         rows += [{"step": s.step, "MiB": v / 2**20, "series": name} for s, v in zip(rec.steps, values)]
     return pd.DataFrame(rows, columns=["step", "MiB", "series"])
 

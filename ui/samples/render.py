@@ -38,6 +38,15 @@ class SampleBatch:
         return any(d.reason == "cancelled" for d in self.done.values())
 
 
+def ratio(k: int, n: int, scale: int = 1, exact_to: int = 6, approx_to: int = 4) -> str:
+    """k/n × scale, exact where its decimals end within exact_to places (1 of 8 is 12.5%, 1 of 64
+    1.5625%), else ≈ to approx_to places (1 of 3: ≈33.3%): a few samples' shares are not rounded away."""
+    for places in range(exact_to + 1):
+        if k * scale * 10**places % n == 0:
+            return f"{k * scale / n:.{places}f}"
+    return f"≈{k * scale / n:.{approx_to}f}"
+
+
 def progress_md(b: SampleBatch) -> str:
     return (f"Drawing {b.n} samples (seeds {b.seed}–{b.seed + b.n - 1}) in one batch: {len(b.done)} done, "
             f"{sum(b.tokens.values()):,} tokens so far…")
@@ -68,7 +77,7 @@ def outcomes_html(b: SampleBatch) -> str:
         reasons = sorted({b.done[k].reason for k in ks})
         why = "; ".join(REASONS.get(r, r) for r in reasons)
         shown = html.escape(text).replace("\n", "↵\n") if text else "<i>(no text)</i>"
-        rows.append(f"<tr><td class='tl-num'>{len(ks)}</td><td class='tl-num'>{len(ks) / len(b.done):.0%}</td>"
+        rows.append(f"<tr><td class='tl-num'>{len(ks)}</td><td class='tl-num'>{ratio(len(ks), len(b.done), 100, 4, 1)}%</td>"
                     f"<td><div class='tl-sample-text'>{shown}</div></td><td>{seeds}</td><td>{html.escape(why)}</td></tr>")
     return (f"<p>{len(by_text)} distinct text{'s' if len(by_text) != 1 else ''} among {len(b.done)} samples.</p>"
             "<div class='tl-samples-wrap'><table class='tl-samples'><tr><th>count</th><th>share</th><th>text</th>"
@@ -91,7 +100,7 @@ def first_step_html(b: SampleBatch, piece) -> str:
                 "(the server returns the model's own), so they cannot be compared with the samples.</p>")
     n = len(firsts)
     body = "".join(
-        f"<tr><td>{_label(r)}</td><td class='tl-num'>{r.observed}</td><td class='tl-num'>{r.observed / n:.3f}</td>"
+        f"<tr><td>{_label(r)}</td><td class='tl-num'>{r.observed}</td><td class='tl-num'>{ratio(r.observed, n)}</td>"
         f"<td class='tl-num'>{fmt_p(r.prob)}</td><td class='tl-num'>{r.expected:.2f}</td></tr>"
         for r in rows if r.observed or r.expected > 0)
     table = ("<div class='tl-samples-wrap'><table class='tl-samples'><tr><th>first token</th><th>seen</th>"
@@ -99,14 +108,18 @@ def first_step_html(b: SampleBatch, piece) -> str:
              f"{body}</table></div>")
     return (f"<p><b>First step</b> of {n} samples: how often each token came first, beside the probability "
             "the model gave it after the settings (the distribution each sample drew from).</p>"
-            + table + fit_html(goodness_of_fit(rows), n))
+            + table + fit_html(goodness_of_fit(rows), n, rows))
 
 
-def fit_html(fit: Fit | None, n: int) -> str:
+def fit_html(fit: Fit | None, n: int, rows: list[Row]) -> str:
+    """The chi-square line; without a test, why: the reason that applies to these samples."""
     if fit is None:
+        alone = max((r.expected for r in rows), default=0) >= n * (1 - 1e-6)  # up to float rounding
+        why = ("one token has all the probability in the distribution sampled from (greedy, or the settings "
+               "kept only it), so there is nothing to compare" if alone else
+               f"with {n} samples there are fewer: more samples help")
         return (f"<p><b>Chi-square:</b> no test. It needs at least two groups of tokens each expected at least "
-                f"{MIN_EXPECTED:g} times; with {n} samples there are fewer (more samples help; at temperature 0 one "
-                "token takes all the probability).</p>")
+                f"{MIN_EXPECTED:g} times; {why}.</p>")
     pooled = [g for g in fit.groups if len(g) > 1]
     how = ""
     if pooled:
