@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import open_at, open_page, run_to_end, wait_loaded
+from browser import generate_to_end, open_at, open_page, wait_loaded
 
 SHOTS = Path("/tmp/shots/fix-layout")
 SIZES = [(1400, 1000), (420, 900)]
@@ -38,7 +38,7 @@ def shot(page, name: str, selector: str | None = None) -> None:
 def ran(browser, live_app, width: int, height: int):
     """The page at this size with QUERY's settings, after a run to its end."""
     page = open_at(browser, live_app[0], width, height, QUERY)
-    run_to_end(page)
+    generate_to_end(page)
     return page
 
 
@@ -188,7 +188,7 @@ def test_no_untranslated_key_is_read_out(live_app, browser):
           .observe(document.body, {subtree: true, childList: true, characterData: true}); })""")
     page.goto(url + "/?" + QUERY)
     wait_loaded(page)
-    run_to_end(page)
+    generate_to_end(page)
     page.get_by_text("Inside one token").click()
     page.click("#inspect")  # an event with gradio's progress indicator: its end is announced
     page.wait_for_selector("#stages table")
