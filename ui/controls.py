@@ -87,10 +87,64 @@ def parse_stop(text: str | None) -> tuple[str, ...]:
     return tuple(line.replace("\\n", "\n").replace("\\t", "\t") for line in text.split("\n") if line)
 
 
+# What the page calls each control a message can name: a setting's label is its schema entry's;
+# the seed and the stop strings are not sampling settings.
+LABELS = {**{s.name: s.label for s in SETTINGS}, "seed": "Seed", "stop": "Stop strings"}
+
+
+def labelled(name: str, message: str) -> str:
+    """A control's message with the control called as the page labels it: a message starts with
+    its name (top_k, seed) or with what it is (stop strings); else the label goes before it."""
+    label = LABELS[name]
+    for written in (label.lower(), name):
+        rest = message[len(written):]
+        if message.lower().startswith(written) and not (rest[:1].isalnum() or rest[:1] == "_"):
+            return label + rest
+    return f"{label}: {message}"
+
+
+class FieldErrors(InputError):
+    """Every control that cannot be used, each (its name, its message). As text, one line with
+    the names /generate's parameters have; `on_page` names them by their labels, one a line."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        super().__init__("; ".join(message for _, message in errors))
+        self.errors = errors
+
+    def on_page(self, one_line: bool = False) -> str:
+        """Each control by its label: one a line (a list after a count), or (one_line) all on one."""
+        lines = [labelled(name, message) for name, message in self.errors]
+        if len(lines) == 1 or one_line:
+            return "; ".join(lines)
+        return f"{len(lines)} fields cannot be used:\n" + "\n".join(f"- {line}" for line in lines)
+
+
+def page_message(e: TokenLabError, one_line: bool = False) -> str:
+    """An error as the page says it: a control by its label."""
+    return e.on_page(one_line) if isinstance(e, FieldErrors) else str(e)
+
+
 def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams:
-    """Validated settings; raises InputError naming the field, in one line."""
-    values = {s.name: BY_NAME[s.name].parse(override.get(s.name, getattr(c, s.name))) for s in SETTINGS}
-    return SamplingParams(**values, seed=seed, stop=parse_stop(c.stop))
+    """Validated settings (and the seed's text checked); raises FieldErrors naming every control
+    that cannot be used, not only the first."""
+    errors = []
+
+    def checked(name: str, parse, raw):
+        try:
+            return parse(raw)
+        except InputError as e:
+            errors.append((name, str(e)))
+
+    values = {s.name: checked(s.name, s.parse, override.get(s.name, getattr(c, s.name))) for s in SETTINGS}
+    checked("seed", parse_seed, c.seed)
+    stop = checked("stop", parse_stop, c.stop)
+    if errors and values["constraint"] and values["constraint_text"] is not None:
+        # SamplingParams checks the constraint; here it is named with the others, not after them.
+        from inference.sampling.constrain import check
+        checked("constraint_text", lambda text: check(values["constraint"], text), values["constraint_text"])
+    if errors:
+        raise FieldErrors(errors)
+    return SamplingParams(**values, seed=seed, stop=stop)
 
 
 def shaping_values(**given) -> list:

@@ -7,22 +7,28 @@ import gradio as gr
 from inference.sampling.settings import Setting
 from ui.public import Limits, tokens_message
 
-# Sliders of sampling settings send their value unchecked: the settings schema checks it, with
-# the setting's name in its message. Gradio's own check ("Value 7 is greater than maximum value
-# 1.") names no field and, for an event outside the queue, answers with an HTTP 500. The marker
-# is a CSS class because gradio rebuilds a component from its constructor arguments for each
-# session that updates it; a subclass would make gradio write a .pyi file next to this module.
+# Sliders and number boxes of sampling settings send their value unchecked: the settings schema
+# checks it, with the setting's name in its message. Gradio's own check ("Value 7 is greater than
+# maximum value 1.") names no field and, for an event outside the queue, answers with an HTTP
+# 500. Their range is still given to gradio: the browser's input carries it, and the page says
+# under the field when a typed value is beyond it (assets/clamp.js). The marker is a CSS class
+# because gradio rebuilds a component from its constructor arguments for each session that
+# updates it; a subclass would make gradio write a .pyi file next to this module.
 UNCHECKED = "tl-setting"
-_gradio_slider_preprocess = gr.Slider.preprocess
 
 
-def _slider_preprocess(self, payload):
-    if UNCHECKED in (self.elem_classes or []):
-        return payload
-    return _gradio_slider_preprocess(self, payload)
+def _unchecked(component: type) -> None:
+    checked = component.preprocess
+
+    def preprocess(self, payload):
+        if UNCHECKED in (self.elem_classes or []):
+            return payload
+        return checked(self, payload)
+    component.preprocess = preprocess
 
 
-gr.Slider.preprocess = _slider_preprocess
+_unchecked(gr.Slider)
+_unchecked(gr.Number)
 
 
 def setting_control(s: Setting, value, context: int, label_prefix: str = "", elem_prefix: str = "",
@@ -45,10 +51,11 @@ def setting_control(s: Setting, value, context: int, label_prefix: str = "", ele
         return gr.Textbox(value, label=label, info=info, placeholder=f"e.g. {s.example}", elem_id=elem_id,
                           visible=visible, interactive=None if available else False, max_length=s.max_chars,
                           lines=6 if long else 1, max_lines=20 if long else None)
+    lo = s.minimum + s.step if s.min_open else s.minimum  # an open minimum: the first step above it
     if s.control == "number":
         return gr.Number(value, label=f"{label} ({s.off} = {'off' if s.neutral is not None else 'default'})", precision=None, info=info,
-                         elem_id=elem_id, visible=visible, interactive=None if available else False)
-    lo = s.minimum + s.step if s.min_open else s.minimum  # an open minimum: the first step above it
+                         elem_id=elem_id, visible=visible, interactive=None if available else False,
+                         minimum=lo, maximum=s.maximum, step=s.step, elem_classes=[UNCHECKED])
     hi = s.maximum if s.maximum is not None else context - 1
     cap = limits.max_new_tokens if limits is not None and s.name == "max_new_tokens" else None
     if cap is not None:

@@ -3,6 +3,7 @@ as token ids (the engine's own continuation, transformers' numbers); the seam ta
 tokens that changed, as the tokenizer itself tokenizes; undo goes back; /continue_edit refuses
 what /generate refuses."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -28,6 +29,10 @@ def run(h, c: Controls, history=None, pending=None, undo=None):
     rec = list(h.generate(*c.values(), REQ, history))[-1]["record"]
     h.after_run(rec, history, REQ)
     return rec, h.edit_after_run(rec, pending, undo)
+
+
+def tbody(seam: str) -> str:
+    return seam.split("<tbody>")[1]
 
 
 def continue_from(h, rec, text, undo):
@@ -105,7 +110,9 @@ def test_the_page_shows_the_seam_as_you_type_and_at_the_continue(h, tiny_engine)
     row = preview.split("tl-seam-moved")[1].split("</tr>")[0]
     assert f"<sub>{e[0]}</sub>" in row and f"<sub>{ex[0]}</sub>" in row
     out, _, second, _ = continue_from(h, first, edited, after["edit_undo_stack"])
-    assert out["edit_seam"] == preview and second.given == ids
+    # The same places at the click, labelled as the edit the new run continues from.
+    assert tbody(out["edit_seam"]) == tbody(preview) and "continued from your edit" in out["edit_seam"]
+    assert second.given == ids
     assert "Cannot continue from this text: the edited text is empty" in h.edit_preview(root, "")
     assert "Let a run end" in h.edit_preview(None, "x")
 
@@ -152,3 +159,50 @@ def test_bad_edits_are_one_line_refusals(h):
         h.edit_continue(None, "x", [], [])
     with pytest.raises(Exception, match="edited text or prefix ids, not both"):
         list(h.continue_edit(*Controls(**{**SETTINGS, "prefix_ids": "5"}).values(), "x", REQ))
+
+
+def test_after_a_continue_the_table_is_the_edit_of_the_run_it_edited_and_says_so(h, tiny_engine):
+    """The box then holds the new run's text: the table is labelled as the edit this run continued
+    from, its tokens the edited run's (not the box's); typing again compares with the new run;
+    an undo shows the table of the run it goes back to. Every event that sets the box, the run or
+    the undo stack shows what edit_preview gives for them, whichever comes last."""
+    tok = tiny_engine.tokenizer
+    dot = tok.encode_continuation(".")[0]
+    root, after = run(h, Controls(**{**SETTINGS, "prompt": "The quick", "temperature": 0.0,
+                                     "logit_bias": f"{dot}:100"}))
+    assert after["edit_seam"] == "" and h.edit_preview(root, root.answer_text, after["edit_undo_stack"]) == ""
+    typed = h.edit_preview(root, "Thee", after["edit_undo_stack"])
+    assert "Your text against the run on view" in typed and "the run's tokens" in typed
+    out, _, first, after = continue_from(h, root, "Thee", after["edit_undo_stack"])
+    undo = after["edit_undo_stack"]
+    assert after["edit_box"] == first.answer_text != "Thee" and first.answer_text.startswith("Thee")
+    seam = after["edit_seam"]
+    assert "This run continued from your edit of the run before it" in seam and "the edited run's tokens" in seam
+    assert "Your text against the run on view" not in seam
+    # Its left column is the edited run's tokens (dots), its right the edit's, as the tokenizer writes "Thee".
+    (row,) = re.findall(r"<tr class='[^']*'>(.*?)</tr>", seam)
+    left, right = (re.findall(r"<sub>(\d+)</sub>", cell) for cell in row.split("</td>")[1:3])
+    assert [int(i) for i in left] == root.generated_before(len(root.steps)) == [dot] * len(root.steps)
+    assert [int(i) for i in right] == tok.encode_continuation("Thee")
+    assert out["edit_seam"] == seam  # shown from the click on, as the run starts
+    # The box's own change event (the run's end set it) shows the same table.
+    assert h.edit_preview(first, first.answer_text, undo) == seam
+    # An edit of the new run is compared with the new run, not the one before it.
+    more = h.edit_preview(first, first.answer_text + "!", undo)
+    assert "Your text against the run on view" in more and "continued from" not in more
+    (row,) = re.findall(r"<tr class='[^']*'>(.*?)</tr>", more)
+    assert row.split("</td>")[1].count("<sub>") == 0  # nothing of the run's own tokens changed: "!" added
+    # Undo: back to the run before, which was no continue: no table.
+    back = h.edit_undo(undo)
+    assert back["record"] is root and back["edit_seam"] == "" and back["edit_box"] == root.answer_text
+    assert h.edit_on_view(first, undo) == {"edit_box": first.answer_text, "edit_seam": seam}
+
+
+def test_the_table_follows_every_change_of_the_box(tiny_engine):
+    """Gradio's Textbox sends `input` on a key press only (not Backspace, Delete, paste or cut):
+    the table follows the box's change event."""
+    from ui.layout import build_ui
+    config = build_ui(tiny_engine, Handlers(tiny_engine)).get_config_file()
+    ids = {c["props"].get("elem_id"): c["id"] for c in config["components"]}
+    (dep,) = [d for d in config["dependencies"] if ids["edit-seam"] in d["outputs"] and len(d["outputs"]) == 1]
+    assert [tuple(t) for t in dep["targets"]] == [(ids["edit-text"], "change")] and dep["trigger_mode"] == "always_last"

@@ -1,5 +1,6 @@
 """Edit and continue, and the work a page keeps, in chromium at 1400 and 420 px: the edit panel's
-seam table lists the tokens the tokenizer changed, undo goes back; a reload brings back the
+seam table lists the tokens the tokenizer changed, follows the box however its text changes (a
+paste, Backspace) and, after a continue, says it is the edit of the run before; undo goes back; a reload brings back the
 settings, the conversation, the branches and the run; "Clear saved work" returns the defaults; a
 link wins over saved work. Screenshots go to test-results/edit-work/."""
 
@@ -57,11 +58,19 @@ def columns_overlap(page) -> bool:
         return a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1; }""")
 
 
-@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
-def test_edit_and_continue(live_app, browser, width, height):
+def columns(page) -> list[tuple[list[int], list[int]]]:
+    """The seam table's rows: (the ids in its run column, the ids in its text column)."""
+    rows = page.evaluate("""() => [...document.querySelectorAll('#edit-seam tbody tr')].map((tr) =>
+        [1, 2].map((k) => [...tr.children[k].querySelectorAll('sub')].map((s) => Number(s.innerText))))""")
+    return [tuple(row) for row in rows]
+
+
+def dots_run_to_edit(live_app, browser, width: int, height: int):
+    """A page whose run made dots (a logit bias: the tokenizer's own tokens), its edit panel open
+    with the run's text: (page, tokenizer, the dot's id, the run's text)."""
     url, engine, _ = live_app
     tok = engine.tokenizer
-    dot = tok.encode_continuation(".")[0]  # the runs make dots (a logit bias): the tokenizer's own tokens
+    dot = tok.encode_continuation(".")[0]
     page = open_page(browser, viewport={"width": width, "height": height})
     page.goto(url + "/" + QUERY + f"&logit_bias={dot}%3A100")
     wait_loaded(page)
@@ -69,7 +78,12 @@ def test_edit_and_continue(live_app, browser, width, height):
     page.get_by_text("Edit the output and continue").click()
     page.wait_for_function("(document.querySelector('#edit-text textarea')?.value ?? 'no box') === "
                            "(document.querySelector('#output .tl-out')?.dataset.text ?? 'no output')")
-    first = output_text(page)
+    return page, tok, dot, output_text(page)
+
+
+@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
+def test_edit_and_continue(live_app, browser, width, height):
+    page, tok, dot, first = dots_run_to_edit(live_app, browser, width, height)
     page.fill("#edit-text textarea", "Thee")
     run_to_end(page, lambda: page.click("#edit-continue"))
     assert output_text(page).startswith("Thee") and page.inner_text("#output .tl-given") == "Thee"
@@ -99,6 +113,48 @@ def test_edit_and_continue(live_app, browser, width, height):
     page.wait_for_function(f"document.querySelector('#output .tl-out')?.dataset.text === {first!r}")
     page.wait_for_function("document.querySelector('#edit-undo').disabled")
     assert page.input_value("#prefix-ids textarea, #prefix-ids input") == ""
+    page.close()
+
+
+@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
+def test_the_table_follows_the_box_and_after_a_continue_names_the_run_it_edited(live_app, browser, width, height):
+    page, tok, dot, first = dots_run_to_edit(live_app, browser, width, height)
+    # Text set without a key press (a paste, a fill): the table comes.
+    page.fill("#edit-text textarea", "Thee")
+    wait_text(page, "#edit-seam", "Your text against the run on view")
+    assert columns(page) == [([dot] * 5, tok.encode_continuation("Thee"))]
+    # Backspace (no key press event either): the table follows.
+    page.locator("#edit-text textarea").press("End")
+    page.locator("#edit-text textarea").press("Backspace")
+    page.wait_for_function("document.querySelector('#edit-text textarea').value === 'The'")
+    page.wait_for_function("[...document.querySelectorAll('#edit-seam tbody sub')].length === "
+                           f"{5 + len(tok.encode_continuation('The'))}")
+    assert columns(page) == [([dot] * 5, tok.encode_continuation("The"))]
+    assert not overflows(page)
+    page.locator("#edit-seam").scroll_into_view_if_needed()
+    shot(page, f"edit-typing-{width}")
+    page.fill("#edit-text textarea", "Thee")
+    wait_text(page, "#edit-seam", "Your text against the run on view")
+    run_to_end(page, lambda: page.click("#edit-continue"))
+    second = output_text(page)
+    assert second.startswith("Thee") and second != "Thee"
+    page.wait_for_function(f"document.querySelector('#edit-text textarea').value === {second!r}")
+    # The box holds the new run's text; the table is the edit of the run before, and says so.
+    wait_text(page, "#edit-seam", "This run continued from your edit of the run before it")
+    assert "the edited run's tokens" in page.inner_text("#edit-seam")
+    assert columns(page) == [([dot] * 5, tok.encode_continuation("Thee"))]
+    page.locator("#edit-seam").scroll_into_view_if_needed()
+    shot(page, f"edit-continued-{width}")
+    # An edit of the new run's text is compared with the new run.
+    page.fill("#edit-text textarea", second + "!")
+    wait_text(page, "#edit-seam", "Your text against the run on view")
+    assert columns(page) == [([], tok.encode_continuation("!"))]
+    assert "continued from your edit" not in page.inner_text("#edit-seam")
+    # Undo: the run before, which continued from nothing: no table.
+    page.click("#edit-undo")
+    page.wait_for_function(f"document.querySelector('#output .tl-out')?.dataset.text === {first!r}")
+    page.wait_for_function(f"document.querySelector('#edit-text textarea').value === {first!r}")
+    page.wait_for_function("document.querySelector('#edit-seam').innerText.trim() === ''")
     page.close()
 
 

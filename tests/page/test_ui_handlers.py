@@ -7,11 +7,12 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from inference.sampling.settings import decode_logit_bias
-from ui.controls import Controls, controls_from_query, parse_stop, share_url
+from inference.sampling.settings import SETTINGS, decode_logit_bias
+from ui.controls import MAX_STOP_TEXT, Controls, controls_from_query, parse_stop, share_url
 from ui.handlers import RUN_OUTPUTS, Handlers
 import ui.format as formatting
 import ui.run.render as run_render
+from ui.widgets import setting_control
 
 ARGS = {"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 12}
 
@@ -251,3 +252,42 @@ def test_many_runs_at_once_space_each_runs_updates(tiny_engine, monkeypatch):
     counts = update_counts(tiny_engine, monkeypatch, 1.1 * interval, 20)
     # The first token alone (at once), then two a time.
     assert counts == sorted(counts) and set(counts) == {0, 20} | set(range(1, 20, 2)), counts
+
+
+def test_generate_on_the_page_names_every_bad_field_by_its_label(handlers):
+    """Every control that cannot be used, in one message, each by the label the page shows it
+    with (the schema's): a numeric setting below its minimum, a bad seed, a bad logit bias and
+    bad stop strings, all at once. /generate keeps the parameter names, on one line."""
+    numeric = [s for s in SETTINGS if s.kind is not str]
+    bad = {s.name: s.minimum - 1 for s in numeric}
+    c = Controls(**{**ARGS, **bad, "seed": "abc", "logit_bias": "x:y", "stop": "s" * (MAX_STOP_TEXT + 1)})
+    status = handlers.begin(*c.values(), SimpleNamespace(session_hash="bad"), [])["status"]
+    lines = status.split("\n")
+    assert lines[0] == f"⚠ Not started: {len(numeric) + 3} fields cannot be used:"
+    for s in numeric:
+        assert f"- {s.label} must be in {s.range_text()} ({s.help}), got {s.minimum - 1!r}" in lines, s.name
+    assert "- Seed must be a whole number or empty (random), got 'abc'" in lines
+    assert any(line.startswith("- Logit bias entries are ID:BIAS") for line in lines)
+    assert any(line.startswith(f"- Stop strings are {MAX_STOP_TEXT + 1:,} characters") for line in lines)
+    assert not any(line.startswith(f"- {s.name} ") for s in SETTINGS for line in lines)  # no parameter name
+    # One bad field: one line, named by its label.
+    one = handlers.begin(*Controls(**{**ARGS, "top_k": -3}).values(), SimpleNamespace(session_hash="one"), [])
+    assert one["status"] == ("⚠ Not started: Top-k must be in [0, ∞) (keep the k most likely tokens; 0 = off), "
+                             "got -3")
+    with pytest.raises(gr.Error) as e:
+        run(handlers, top_k=-3, top_p=0)
+    message = e.value.message
+    assert message.startswith("top_k must be in [0, ∞)") and "; top_p must be in (0, 1]" in message
+    assert "\n" not in message
+
+
+def test_a_number_box_takes_its_range_from_the_schema_and_leaves_the_check_to_it():
+    """The box carries the schema's range (the browser's input shows it; the page says a value
+    beyond it under the field) but sends what was typed: the schema's message names it."""
+    for s in SETTINGS:
+        if s.control == "number":
+            box = setting_control(s, s.default, 100)
+            assert isinstance(box, gr.Number) and (box.minimum, box.maximum) == (s.minimum, s.maximum)
+            assert box.preprocess(s.minimum - 3) == s.minimum - 3 and "tl-setting" in box.elem_classes
+    js = open(run_render.__file__.rsplit("/run/", 1)[0] + "/assets/clamp.js", encoding="utf-8").read()
+    assert "is below the minimum" in js and "a run refuses it" in js  # the browser test types -3

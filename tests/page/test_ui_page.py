@@ -333,7 +333,7 @@ def test_a_new_run_clears_the_old_panels_and_bad_input_keeps_them_all(live_app, 
     before = panels()
     assert before["output"] and "Once upon a time" in before["prompt view"]
     for field, value, message in (("#prompt textarea", "   ", "the prompt is empty"),
-                                  (SEED, "abc", "seed must be a whole number")):
+                                  (SEED, "abc", "Seed must be a whole number")):
         page.fill(field, value)
         page.click("#generate")
         refused(page, message)
@@ -360,9 +360,9 @@ def test_a_long_session_gets_no_5xx_and_every_refusal_names_its_field(live_app, 
     page.keyboard.press("ArrowLeft")
     # Refused values, each named, none run.
     for selector, value, message in (
-            ("#top-k input", "-3", "top_k must be in [0, ∞)"),
-            ("#top-k input", "2.5", "top_k must be a whole number"),
-            ("#top-k input", "", "top_k must be a number")):
+            ("#top-k input", "-3", "Top-k must be in [0, ∞)"),
+            ("#top-k input", "2.5", "Top-k must be a whole number"),
+            ("#top-k input", "", "Top-k must be a number")):
         page.fill(selector, value)
         page.click("#generate")
         refused(page, message)

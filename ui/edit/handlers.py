@@ -53,11 +53,17 @@ class EditHandlers(PageBase):
                              f"the context window is {m.context:,}: shorten the text")
         return replace(c, prefix_ids=",".join(map(str, ids))), rec, ids
 
-    def edit_preview(self, rec: RunRecord | None, edited) -> str:
-        """As you type: where the edited text's tokens differ from the run's. Outside the queue:
-        never raises, says what is wrong instead."""
+    def edit_preview(self, rec: RunRecord | None, edited, undo=None) -> str:
+        """The seam table for the box as it is: where the edited text's tokens differ from the
+        run's as you type; with the run's own text in the box, what the edit it continued from
+        changed (if it did), else nothing. A function of the run, the box and the undo stack
+        only, so every event that changes one of them shows the same table whichever comes
+        last. Outside the queue: never raises, says what is wrong instead."""
         if rec is None or rec.done is None or rec.controls is None:
             return seam_html(None, "Let a run end: its text comes here to edit.")
+        if edited == rec.answer_text:
+            last = undo[-1] if undo else None
+            return seam_html(last["changes"], continued=True) if last and last["continued"] is rec else ""
         try:
             _, _, ids = self._edit(replace(rec.controls, prefix_ids=""), edited, rec.history)
         except TokenLabError as e:
@@ -68,8 +74,9 @@ class EditHandlers(PageBase):
     def edit_continue(self, rec: RunRecord | None, edited, nodes=None, history=None) -> dict:
         """Continue from the edited text: the controls set to the run's (its model, settings,
         seed, in chat mode its earlier turns) with prefix_ids the edited text's ids; the run
-        then starts as for Generate (ui/run's chain). What was on view is kept for undo once
-        the continuation has run (edit_after_run)."""
+        then starts as for Generate (ui/run's chain). What was on view, and where the edit's
+        tokens differ from it, are kept for undo and the seam table once the continuation has
+        run (edit_after_run)."""
         if rec is None or rec.done is None or rec.controls is None:
             raise gr.Error("Let the run end, then edit its text and continue.", print_exception=False)
         try:
@@ -77,29 +84,33 @@ class EditHandlers(PageBase):
         except TokenLabError as e:
             raise page_error(e) from None
         tok = self.view(rec.model).tokenizer
+        changes = seam_changes(tok, output_ids(rec, tok), ids)
         before = {"record": rec, "branches": list(nodes or []), "history": list(history or [])}
         return {**dict(zip(NAMES, c.values())), "history": list(rec.history),
-                "edit_pending": {"ids": ids, "before": before},
-                "edit_seam": seam_html(seam_changes(tok, output_ids(rec, tok), ids))}
+                "edit_pending": {"ids": ids, "before": before, "changes": changes},
+                "edit_seam": seam_html(changes, continued=True)}
 
     def edit_after_run(self, rec: RunRecord | None, pending=None, undo=None) -> dict:
         """After any run: its text in the box. A continuation of an edit keeps what was on view
-        before it for undo (at most MAX_UNDO back) and its seam table; any other run starts
-        afresh (no undo, no seam)."""
+        before it for undo (at most MAX_UNDO back), and the seam table says what the edit
+        changed in that run's tokens; any other run starts afresh (no undo, no table)."""
         undo = list(undo or [])
         if rec is None or rec.done is None:  # refused or failed: what is on view is unchanged
             return {"edit_pending": None}
         if pending is not None and pending["ids"] == rec.given:
-            undo = (undo + [pending["before"]])[-MAX_UNDO:]
-            out = {}
+            entry = {**pending["before"], "continued": rec, "changes": pending["changes"]}
+            undo = (undo + [entry])[-MAX_UNDO:]
         else:
-            undo, out = [], {"edit_seam": ""}
-        return {**out, "edit_box": rec.answer_text, "edit_pending": None, "edit_undo_stack": undo,
-                "edit_undo": gr.update(interactive=bool(undo))}
+            undo = []
+        return {"edit_box": rec.answer_text, "edit_seam": self.edit_preview(rec, rec.answer_text, undo),
+                "edit_pending": None, "edit_undo_stack": undo, "edit_undo": gr.update(interactive=bool(undo))}
 
-    def edit_on_view(self, rec: RunRecord | None) -> dict:
-        """A run put on view again (a branch, an undo): its text in the box, no seam table."""
-        return {} if rec is None or rec.done is None else {"edit_box": rec.answer_text, "edit_seam": ""}
+    def edit_on_view(self, rec: RunRecord | None, undo=None) -> dict:
+        """A run put on view again (a branch, an undo): its text in the box, and the seam table
+        the box's text and the undo stack give."""
+        if rec is None or rec.done is None:
+            return {}
+        return {"edit_box": rec.answer_text, "edit_seam": self.edit_preview(rec, rec.answer_text, undo)}
 
     def edit_undo(self, undo=None) -> dict:
         """Back to the run on view before the last continue from an edit: its text, bars,
@@ -112,7 +123,8 @@ class EditHandlers(PageBase):
         viewing = next((k for k, n in enumerate(nodes) if n["record"] is rec), None)
         return {**self.show_run(rec), "branches": nodes, "branch_view": tree_html(nodes, viewing),
                 "history": history, "conversation": conversation_html(history), "edit_box": rec.answer_text,
-                "edit_seam": "", "edit_undo_stack": undo, "edit_undo": gr.update(interactive=bool(undo))}
+                "edit_seam": self.edit_preview(rec, rec.answer_text, undo), "edit_undo_stack": undo,
+                "edit_undo": gr.update(interactive=bool(undo))}
 
     @takes_controls("edited_text")
     def continue_edit(self, c: Controls, edited_text, request: gr.Request = None) -> Iterator[dict]:

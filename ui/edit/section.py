@@ -29,7 +29,7 @@ def build(page, h: Handlers) -> None:
     add("edit_undo_stack", gr.State([]))
     page.after_run.append((h.edit_after_run, ("record", "edit_pending", "edit_undo_stack"),
                            ("edit_box", "edit_seam", "edit_pending", "edit_undo_stack", "edit_undo")))
-    page.after_view.append((h.edit_on_view, ("record",), ("edit_box", "edit_seam")))
+    page.after_view.append((h.edit_on_view, ("record", "edit_undo_stack"), ("edit_box", "edit_seam")))
 
 
 def wire(page, h: Handlers, chain_run) -> None:
@@ -39,8 +39,12 @@ def wire(page, h: Handlers, chain_run) -> None:
     api = gr.Button(visible=False)
     page.on(api.click, h.continue_edit, inputs=(*NAMES, "edit_box"), outputs=RUN_OUTPUTS, api_name="continue_edit",
             show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
-    page.on(page["edit_box"].input, h.edit_preview, inputs=("record", "edit_box"), outputs=("edit_seam",),
-            queue=False, api_visibility="private", show_progress="hidden", trigger_mode="always_last")
+    # Every change of the box, not gradio's input event: a Textbox sends that on a key press only
+    # (no Backspace, Delete, paste, cut or drop). A run's end or an undo setting the box shows
+    # the same table as the events that set it (edit_preview is a function of its inputs).
+    page.on(page["edit_box"].change, h.edit_preview, inputs=("record", "edit_box", "edit_undo_stack"),
+            outputs=("edit_seam",), queue=False, api_visibility="private", show_progress="hidden",
+            trigger_mode="always_last")
     # Queued (unlimited), so that its refusal is a message; only then does the run start.
     picked = page.on(page["edit_continue"].click, h.edit_continue,
                      inputs=("record", "edit_box", "branches", "history"),

@@ -20,7 +20,7 @@ from inference.serving.engine import check_ids, parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
 from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
-from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
+from ui.controls import MODES, NAMES, Controls, page_message, sampling_params
 from ui.experiments.render import entropy_frame, run_chart_frames
 from ui.public import tokens_message
 from ui.inside.render import memory_markdown
@@ -65,10 +65,9 @@ class RunHandlers(PageBase):
         unlimited, so that this is no HTTP 500), and the run is not queued."""
         session = self.admit(request)
         try:
-            parse_seed(c.seed)
-            rec = self._prepare(c, 0, history)
+            rec = self._prepare(c, 0, history)  # every control that cannot be used, named as the page labels it
         except TokenLabError as e:
-            return {"status": f"⚠ Not started: {e}"}
+            return {"status": f"⚠ Not started: {page_message(e)}"}
         rec.seed, rec.queued_at = None, time.monotonic()
         with self._lock:
             self._waiting[session] = rec.queued_at
@@ -133,10 +132,9 @@ class RunHandlers(PageBase):
         status line) is not raised again, since gradio would mark every output "Error": it is
         repeated in a toast and every panel is kept. Scripts call /generate, which raises."""
         try:
-            parse_seed(c.seed)
             self._prepare(c, 0, history)
         except TokenLabError as e:
-            gr.Warning(f"Not started: {e}")
+            gr.Warning(f"Not started: {page_message(e, one_line=True)}")  # a toast: one line
             yield {}
             return
         yield from self.generate(*c.values(), request, history)
