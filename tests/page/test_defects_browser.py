@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import generate_to_end, open_at, open_page, wait_loaded
+from browser import generate_to_end, open_at
 from inference.sampling.settings import BY_NAME
 
 SHOTS = Path("/tmp/shots/issue-25c")
@@ -136,7 +136,7 @@ def test_typed_temperature_beyond_its_range_is_said(live_app, browser):
 def test_bad_fields_are_said_under_them_and_all_named_by_their_labels(live_app, browser, width, height):
     url, _, _ = live_app
     top_k = BY_NAME["top_k"]
-    page = opened(browser, url, width, height, "prompt=Hello")
+    page = open_at(browser, url, width, height, "prompt=Hello")
     page.fill("#top-k input", "-3")
     page.wait_for_selector("#top-k .tl-clamped")  # as it is typed
     note = page.inner_text("#top-k .tl-clamped")
