@@ -60,9 +60,9 @@ def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
     timer, kv, latency, slider = after["live"], after["kv_chart"], after["latency"], after["step"]
     rank_chart = after["rank_chart"]
     assert not timer.active
-    # Before prefill and per step: used, and allocated, which is the server's pool (all runs) while
-    # this run is its only one: one line named for both (ui/run/kv._merged).
-    assert list(kv.columns) == ["step", "MiB", "series"] and len(kv) == 2 * (1 + 12)
+    # Per step (step 0: after the prompt's prefill): used, and allocated, which is the server's pool
+    # (all runs) while this run is its only one: one line named for both (ui/run/kv._merged).
+    assert list(kv.columns) == ["step", "MiB", "series"] and len(kv) == 2 * 12 and kv.step.min() == 0
     assert set(kv.series) == {"used", "allocated = server pool, all runs"}
     used = kv[kv.series == "used"]["MiB"].tolist()
     assert used[0] == 0 and used[1] > 0 and all(b > a for a, b in zip(used[1:], used[2:]))
@@ -80,7 +80,7 @@ def test_live_charts_draw_the_running_run(tiny_engine, hold):
         if n:
             live = h.live_tick(rec)
             kv, latency = live["kv_chart"], live["latency"]
-            assert len(kv) == 2 * (1 + n) and len(latency) == n - 1
+            assert len(kv) == 2 * n and len(latency) == n - 1
     gen.close()
 
 
