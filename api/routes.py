@@ -11,6 +11,7 @@ lm-evaluation-harness's remote tokenizer call.
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import json
 import logging
@@ -19,7 +20,7 @@ import uuid
 from functools import wraps
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
@@ -32,6 +33,11 @@ from inference.events import DoneEvent
 from ui.public import Limits, Refused, client_key
 
 log = logging.getLogger("tokenlab.api")
+DISCONNECT_POLL_S = 0.5  # how often a request answered at its end looks whether its client is still there
+
+
+class ClientGone(Exception):
+    """The client closed its connection before its answer was ready (a timeout, Ctrl-C)."""
 
 
 def guarded(fn):
@@ -43,6 +49,8 @@ def guarded(fn):
             return await fn(request)
         except APIError as e:
             return e.response()
+        except ClientGone:  # nobody reads it: nginx's "client closed request"
+            return Response(status_code=499)
         except TokenLabError as e:
             return from_engine(e).response()
         except Exception:
@@ -200,9 +208,9 @@ class API:
     async def completions(self, request: Request):
         client = self.client(request)
         body = await self.body(request)
-        return await (await run_in_threadpool(self.pick, body))._completions(client, body)
+        return await (await run_in_threadpool(self.pick, body))._completions(client, body, request.is_disconnected)
 
-    async def _completions(self, client: str, body: dict):
+    async def _completions(self, client: str, body: dict, disconnected):
         prompts, ask = completion_ask(body, self.model, self.engine.generation_defaults,
                                       self.limits.max_new_tokens)
         prepared = [await run_in_threadpool(self._prompt, p) for p in prompts]
@@ -226,7 +234,7 @@ class API:
                                               names, cancels)
                 streaming = True
                 return response
-            steps, done = await _collect(runs, len(jobs))
+            steps, done = await _collect(runs, len(jobs), disconnected)
             out = [writer.completion_choice(c, steps.get(c, []), done.get(c), known[p]) for c, (p, _) in enumerate(choices)]
             generated = sum(d.generated_tokens for d in done.values())
             return JSONResponse(writer.envelope(out, usage=usage(n_prompt, generated)))
@@ -253,9 +261,9 @@ class API:
     async def chat(self, request: Request):
         client = self.client(request)
         body = await self.body(request)
-        return await (await run_in_threadpool(self.pick, body))._chat(client, body)
+        return await (await run_in_threadpool(self.pick, body))._chat(client, body, request.is_disconnected)
 
-    async def _chat(self, client: str, body: dict):
+    async def _chat(self, client: str, body: dict, disconnected):
         chat, ask = chat_ask(body, self.model, self.engine.generation_defaults, self.limits.max_new_tokens)
         ids = await run_in_threadpool(self.engine.prompt_ids, chat["prompt"], True, chat["system"], chat["history"])
         max_tokens = self._max_tokens(ask, [ids], None)
@@ -268,7 +276,7 @@ class API:
                 response = await self._stream(self._chat_chunks(writer, runs, len(ids) * ask.n, ask), names, cancels)
                 streaming = True
                 return response
-            steps, done = await _collect(runs, ask.n)
+            steps, done = await _collect(runs, ask.n, disconnected)
             out = [writer.chat_choice(c, steps[c], done[c]) for c in range(ask.n)]
             generated = sum(d.generated_tokens for d in done.values())
             return JSONResponse(writer.envelope(out, usage=usage(len(ids) * ask.n, generated)))
@@ -378,15 +386,30 @@ async def _run_chunks(runs: Runs, step_chunk, done_chunk, generated: list):
             yield step_chunk(c, ev), False
 
 
-async def _collect(runs: Runs, k: int) -> tuple[dict, dict]:
-    """Every run's steps and its end: ({index: [StepEvent]}, {index: DoneEvent})."""
+async def _collect(runs: Runs, k: int, disconnected) -> tuple[dict, dict]:
+    """Every run's steps and its end: ({index: [StepEvent]}, {index: DoneEvent}). A client gone
+    before the end (await disconnected() says so) ends the runs, ClientGone: an answer nobody
+    waits for is not computed to its end (a stream's runs end as its response is closed)."""
     steps: dict = {i: [] for i in range(k)}
     done: dict = {}
-    if k:
+
+    async def gather():
         async for i, ev in runs.events():
             if isinstance(ev, DoneEvent):
                 done[i] = ev
             else:
                 steps[i].append(ev)
+
+    if k:
+        task = asyncio.ensure_future(gather())
+        try:
+            while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_S))[0]:
+                if await disconnected():
+                    raise ClientGone
+            task.result()  # its error, if the engine raised one
+        finally:
+            if not task.done():  # runs.events() closes: every run of the request is cancelled
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
     return steps, done
 

@@ -113,9 +113,9 @@ def _wait(cond: threading.Condition, predicate, poll_s: float | None = None) -> 
     return True
 
 
-def wait_until(predicate, what: str = "the condition") -> None:
+def wait_until(predicate, what: str = "the condition", timeout_s: float = TIMEOUT_S) -> None:
     """Wait for something that is certain to happen (the timeout only ends a broken test)."""
-    deadline = time.monotonic() + TIMEOUT_S
+    deadline = time.monotonic() + timeout_s
     while not predicate():
-        assert time.monotonic() < deadline, f"{what} did not happen within {TIMEOUT_S:.0f} s"
+        assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s:.0f} s"
         time.sleep(0.01)

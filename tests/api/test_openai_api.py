@@ -296,3 +296,27 @@ def test_a_stream_left_early_ends_its_run(live_app, client, hold):
     stream.close()
     h.open()
     wait_until(lambda: engine.active_runs == 0)
+
+
+@pytest.mark.parametrize("route,body", [
+    ("/v1/completions", {"prompt": PROMPT, "max_tokens": 200, "temperature": 0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 200, "n": 2})])
+def test_a_client_gone_before_its_answer_ends_its_runs(live_app, hold, route, body):
+    """A request answered at its end (not streamed) whose client goes away (a timeout, Ctrl-C)
+    ends its runs: no answer is computed for nobody. The runs are held before their first
+    token, so only their cancellation lets them end."""
+    from urllib.parse import urlparse
+    url, engine, _ = live_app
+    h = hold(engine)
+    started, ended = h.started, h.ended
+    address = urlparse(url)
+    payload = json.dumps({"model": engine.name, **body}).encode()
+    sock = socket.create_connection((address.hostname, address.port))
+    sock.sendall(f"POST {route} HTTP/1.1\r\nHost: {address.netloc}\r\nContent-Type: application/json\r\n"
+                 f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    wait_until(lambda: h.started > started, "the run's first forward pass")  # on the engine, held
+    sock.close()
+    # The server looks every half second; 30 s only ends a broken test before the hold's own 60 s
+    # (after which the held pass fails and the run would end anyway).
+    wait_until(lambda: h.ended >= ended + body.get("n", 1), "the runs' end", timeout_s=30)
+    wait_until(lambda: engine.active_runs == 0)
