@@ -189,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(st)
     add_engine_args(st)
     st.add_argument("--text", required=True)
-    st.add_argument("--top", type=int, default=5, help="tokens the model preferred, listed per token")
+    st.add_argument("--top", type=int, default=5, help="tokens the model preferred, listed per token (0: none, each token's own probability and rank only)")
     st.add_argument("--jsonl", action="store_true", help="one JSON object per token, then a summary")
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
