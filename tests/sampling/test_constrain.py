@@ -195,7 +195,7 @@ def test_cli_flags_and_jsonl_masked_mass(engine, tmp_path, capsys, monkeypatch):
     jsonschema.validate(json.loads(lines[-1]["text"]), SCHEMA)
     assert lines[-1]["settings"]["constraint"] == "json_schema"
     assert cli.main(["generate", "--prompt", "x", "--regex", "a(b"]) == 2
-    assert "error: constraint_text is not a valid regular expression" in capsys.readouterr().err
+    assert "error: --regex is not a valid regular expression" in capsys.readouterr().err
 
 
 class engine_view:

@@ -146,3 +146,89 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_dirs):
     err = proc.stderr.read().decode()
     assert proc.wait(timeout=300) == 141, err
     assert first["step"] == 0 and "Traceback" not in err and "Exception ignored" not in err
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading a model fails the test: what it checks is refused before any model loads."""
+    import inference.cli
+    from inference.serving.engine import Engine
+
+    def loaded(*a, **k):
+        raise AssertionError("a model was loaded")
+    monkeypatch.setattr(Engine, "load", classmethod(loaded))
+    monkeypatch.setattr(inference.cli, "open_models", loaded)
+
+
+@pytest.mark.parametrize("value", ["nan", "0", "-5", "inf", "-inf", "abc"])
+@pytest.mark.parametrize("command", [["generate", "--prompt", "Hi"], ["score-text", "--text", "Hi"],
+                                     ["tokenize", "--text", "Hi"], ["app"]])
+def test_kv_pool_mib_must_be_a_positive_number(no_model, capsys, command, value):
+    """--kv-pool-mib, shared by every subcommand and app.py: an argument error (status 2, one
+    line naming the flag) before a model loads, never a traceback or a pool of one block."""
+    import app
+    with pytest.raises(SystemExit) as e:
+        if command == ["app"]:
+            app.main([f"--kv-pool-mib={value}"])
+        else:
+            main(command + [f"--kv-pool-mib={value}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2
+    assert "--kv-pool-mib" in err[-1] and "must be a positive number of MiB" in err[-1] and repr(value) in err[-1]
+    if command != ["app"]:  # (app.py's parser prints its usage first, as for its other flags)
+        assert len(err) == 1
+
+
+def test_a_taken_port_is_an_error_before_the_model_loads(no_model, capsys, monkeypatch):
+    """`app.py --port P` with P taken: one line naming it, before the model loads (minutes).
+    Without --port, Gradio's 7860 or the next free one: an error only when all of them are taken."""
+    import socket
+
+    import gradio.http_server
+    import app
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        assert app.main(["--port", str(port)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith(f"error: --port {port} cannot be used") and len(err.splitlines()) == 1
+        monkeypatch.setattr(gradio.http_server, "INITIAL_PORT_VALUE", port)
+        monkeypatch.setattr(gradio.http_server, "TRY_NUM_PORTS", 1)
+        assert app.main([]) == 2
+        assert f"no free port from {port} to {port}" in capsys.readouterr().err
+        monkeypatch.setattr(gradio.http_server, "TRY_NUM_PORTS", 50)  # the next free one is taken
+        assert app.port_problem(None) is None
+    assert app.port_problem(port) is None  # free again
+    assert app.port_problem(70000) == "--port must be from 0 to 65535, got 70000"
+
+
+@pytest.mark.parametrize("flag, text, message", [
+    ("--regex", "([a-", "--regex is not a valid regular expression: "),
+    ("--regex", " ", "--regex is empty: give the regular expression"),
+    ("--grammar", "root ::= (", "--grammar is not a valid grammar (EBNF): "),
+    ("--json-schema", "{not json", "--json-schema is not a valid JSON schema: "),
+    ("--grammar", "x" * 16_001, "--grammar: the grammar (EBNF) is 16,001 characters; at most 16,000"),
+])
+def test_constraint_errors_name_the_flag(no_model, capsys, tmp_path, flag, text, message):
+    """A bad --regex, --grammar or --json-schema is named by its flag, not by the setting the
+    page and the API call it (constraint_text)."""
+    if flag != "--regex":
+        (tmp_path / "c").write_text(text)
+        text = str(tmp_path / "c")
+    assert main(["generate", "--prompt", "Hi", flag, text]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: " + message) and len(err.splitlines()) == 1 and "constraint_text" not in err
+
+
+def test_the_summary_records_the_prefix_ids(tiny_dirs, capsys):
+    """--prefix-ids is part of how the run was made: its summary's settings record them, and
+    the same command without them is a different run (so they are needed to reproduce it)."""
+    argv = ["generate", "--model", str(tiny_dirs["mha"]), "--prompt", "The quick", "--temperature", "0",
+            "--max-new-tokens", "4", "--jsonl"]
+    assert main(argv + ["--prefix-ids", "7, 9"]) == 0
+    done = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert done["settings"]["prefix_ids"] == [7, 9] and done["settings"]["temperature"] == 0.0
+    assert main(argv) == 0
+    plain = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert "prefix_ids" not in plain["settings"] and plain["text"] != done["text"]

@@ -99,3 +99,27 @@ def test_bad_texts_are_one_line_errors(tiny_engine, tiny_dirs, capsys):
         tiny_engine.score_ids([5] * 300)
     assert main(["score-text", "--model", str(tiny_dirs["mha"]), "--text", ""]) == 2
     assert capsys.readouterr().err.strip() == "error: the text is empty"
+
+
+def test_one_token_is_counted_in_the_singular(tiny_engine, tiny_dirs, capsys):
+    """`score-text` and `score` count their tokens in words: "1 token", never "1 tokens"."""
+    model = str(tiny_dirs["mha"])
+    assert main(["score-text", "--model", model, "--text", "a"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2  # the tokenizer's own count: one token after its BOS
+    assert lines[-1].startswith("1 token, 1 with a probability")
+    assert main(["score", "--model", model, "--prompt", "x", "--continuation", " a"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and " over 1 token (" in lines[-1]
+
+
+def test_top_0_lists_no_preferred_tokens_but_scores_every_one(tiny_dirs, capsys):
+    """`score-text --top 0` is meaningful (unlike generate's, which is refused): each token's
+    probability and rank without the tokens the model preferred."""
+    model = str(tiny_dirs["mha"])
+    assert main(["score-text", "--model", model, "--text", TEXT, "--jsonl", "--top", "0"]) == 0
+    none = [json.loads(x) for x in capsys.readouterr().out.splitlines()[:-1]]
+    assert main(["score-text", "--model", model, "--text", TEXT, "--jsonl"]) == 0
+    five = [json.loads(x) for x in capsys.readouterr().out.splitlines()[:-1]]
+    assert all(x["top"] == [] for x in none) and any(x["top"] for x in five)
+    assert [{**x, "top": []} for x in five] == none
