@@ -41,6 +41,8 @@ def test_many_samples_panel(live_app, browser, width, height):
                       "Many samples: draw N")
     page.fill("#n-samples input[type=number]", "24")
     page.locator("#n-samples input[type=number]").press("Enter")
+    # The slider has taken the typed number (on a busy machine a click could beat it and draw the old N).
+    page.wait_for_function("document.querySelector('#n-samples input[type=range]')?.value === '24'")
     page.click("#samples")
     wait_text(page, "#samples-summary", "24 samples")
     wait_text(page, "#samples-first", "Chi-square")

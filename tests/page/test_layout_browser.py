@@ -123,6 +123,7 @@ def test_inside_and_samples_tables_say_they_scroll_and_keep_row_names(live_app, 
     page.get_by_text("Many samples: draw N").click()
     page.fill("#n-samples input[type=number]", "8")
     page.locator("#n-samples input[type=number]").press("Enter")
+    page.wait_for_function("document.querySelector('#n-samples input[type=range]')?.value === '8'")
     page.click("#samples")
     wait_text(page, "#samples-first", "Chi-square")
     page.get_by_text("Inside one token").click()
