@@ -61,11 +61,19 @@ def generate_to_end(page) -> None:
     page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
 
 
+# The status line's texts from now on (an earlier run's "Run ended" is never taken for this one's).
+WATCH_STATUS_JS = """() => {
+    const el = document.querySelector('#status');
+    window.tlSeen = [];
+    if (window.tlWatch) window.tlWatch.disconnect();
+    window.tlWatch = new MutationObserver(() => window.tlSeen.push(el.innerText));
+    window.tlWatch.observe(el, {subtree: true, childList: true, characterData: true});
+}"""
+
+
 def run_to_end(page, click) -> None:
     """click(), then wait for that run's end (the status line watched from before the click)."""
-    page.evaluate("""() => { const el = document.querySelector('#status'); window.tlSeen = [];
-        new MutationObserver(() => window.tlSeen.push(el.innerText)).observe(el,
-            {subtree: true, childList: true, characterData: true}); }""")
+    page.evaluate(WATCH_STATUS_JS)
     click()
     page.wait_for_function("window.tlSeen.some((t) => t.includes('Waiting for the engine')) && "
                            "document.querySelector('#status').innerText.includes('Run ended')")

@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 
 from browser import WAIT_MS, wait_loaded
+from browser import run_to_end as run_to_end_after
 from conftest import no_early_end
 from engine_hold import wait_until
 
@@ -156,23 +157,9 @@ def refused(page, message: str) -> None:
     page.wait_for_function("!document.querySelector('#generate').disabled")
 
 
-WATCH_STATUS_JS = """() => {
-    const el = document.querySelector('#status');
-    window.tlSeen = [];
-    if (window.tlWatch) window.tlWatch.disconnect();
-    window.tlWatch = new MutationObserver(() => window.tlSeen.push(el.innerText));
-    window.tlWatch.observe(el, {subtree: true, childList: true, characterData: true});
-}"""
-
-
 def run_to_end(page, button: str = "#generate") -> None:
-    """Click, and wait for this run's end: the status line is watched from before the click,
-    so an earlier run's "Run ended" is never taken for this one's."""
-    page.evaluate(WATCH_STATUS_JS)
-    page.click(button)
-    page.wait_for_function("window.tlSeen.some((t) => t.includes('Waiting for the engine')) && "
-                           "document.querySelector('#status').innerText.includes('Run ended')")
-    page.wait_for_function("!document.querySelector('#generate').disabled")
+    """Click `button`, and wait for this run's end."""
+    run_to_end_after(page, lambda: page.click(button))
 
 
 def stats_value(page, name: str) -> str:
