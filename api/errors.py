@@ -34,6 +34,14 @@ def bad(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
+def request_key(field: str | None) -> str | None:
+    """A setting's name (inference.errors.InputError.field) as the request's field: the key
+    vLLM's request uses for it where it has one (max_new_tokens is max_tokens)."""
+    from inference.sampling.settings import BY_NAME
+    s = BY_NAME.get(field)
+    return (s.server_key or s.name) if s is not None else field
+
+
 def from_engine(e: TokenLabError) -> APIError:
     """The engine's one-line errors as answers: what the request asked wrongly is a 400, a model
     a server in front does not serve a 404, a server that failed a 502, a stopping engine or
@@ -41,7 +49,7 @@ def from_engine(e: TokenLabError) -> APIError:
     if isinstance(e, ModelNotServed):
         return APIError(404, str(e), code="model_not_found", param="model")
     if isinstance(e, (InputError, ContextTooLong, NotAvailable)):
-        return APIError(400, str(e))
+        return APIError(400, str(e), param=request_key(getattr(e, "field", None)))
     if isinstance(e, ServerError):
         return APIError(502, str(e), type="api_error", code="upstream_error")
     if isinstance(e, (EngineClosed, ResourceError)):

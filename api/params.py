@@ -14,7 +14,7 @@ import math
 import secrets
 from dataclasses import dataclass, replace
 
-from api.errors import APIError, bad
+from api.errors import APIError, bad, request_key
 from inference.errors import InputError, shown
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, SETTINGS, defaults
@@ -54,6 +54,7 @@ class Ask:
     final: bool  # the log-probabilities of the distribution sampled from, not the model's own
     token_ids: bool  # vLLM's return_token_ids: each choice's new token ids
     ids_as_tokens: bool  # vLLM's return_tokens_as_token_ids: tokens named "token_id:N"
+    max_tokens_key: str = "max_tokens"  # the field max_tokens was read from (chat: or max_completion_tokens)
     echo: bool = False  # completions: the prompt's tokens first, with their log-probabilities
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: candidates per prompt token
 
@@ -128,6 +129,8 @@ def sampling(body: dict, generation_defaults: dict) -> SamplingParams:
             raw = _logit_bias(raw)
         elif s.name == "top_k" and raw == TOP_K_OFF:
             raw = 0
+        elif s.name == "top_k" and isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw < 0:
+            raise bad(f"top_k must be -1 or 0 (off) or a whole number of tokens to keep, got {shown(raw)}", key)
         try:
             values[s.name] = s.parse(raw)
         except InputError as e:
@@ -144,7 +147,7 @@ def sampling(body: dict, generation_defaults: dict) -> SamplingParams:
     try:
         return SamplingParams(**{**values, "max_new_tokens": 1}, seed=seed, stop=tuple(stops))
     except InputError as e:
-        raise bad(str(e)) from None
+        raise bad(str(e), request_key(e.field)) from None
 
 
 def _ask(body: dict, generation_defaults: dict, max_tokens_key: str, min_tokens: int,
@@ -174,7 +177,7 @@ def _ask(body: dict, generation_defaults: dict, max_tokens_key: str, min_tokens:
     return Ask(sampling(body, generation_defaults), n, max_tokens, stream,
                stream and _flag(options or {}, "include_usage"), final=distribution == "final",
                token_ids=_flag(body, "return_token_ids"),
-               ids_as_tokens=_flag(body, "return_tokens_as_token_ids"), **rest)
+               ids_as_tokens=_flag(body, "return_tokens_as_token_ids"), max_tokens_key=max_tokens_key, **rest)
 
 
 def completion_ask(body, served: str, generation_defaults: dict, token_cap: int | None) -> tuple[list, Ask]:

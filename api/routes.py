@@ -115,6 +115,9 @@ class API:
                                  ("/detokenize", self.detokenize, "POST"),
                                  ("/tokenizer_info", self.tokenizer_info, "GET")):
             app.add_api_route(path, guarded(fn), methods=[method], include_in_schema=False)
+        # Last: any other /v1/ path (embeddings, a wrong method) answers in OpenAI's error shape.
+        app.add_api_route("/v1/{rest:path}", guarded(self.not_served), include_in_schema=False,
+                          methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 
     # ------------------------------------------------------------ who asks
 
@@ -168,6 +171,16 @@ class API:
 
     # ------------------------------------------------------------ the routes
 
+    async def not_served(self, request: Request):
+        """A /v1/ path or method Token Lab does not serve: 405 for a served path asked with
+        another method, else 404; either names what is served."""
+        served = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST"}
+        path, method = request.url.path, request.method
+        raise APIError(405 if path in served else 404,
+                       f"Token Lab does not serve {method} {path}; its API is "
+                       + ", ".join(f"{m} {p}" for p, m in served.items()) + " (see docs/openai_api.md)",
+                       code="method_not_allowed" if path in served else "not_found")
+
     async def models(self, request: Request):
         self.client(request)
         return JSONResponse({"object": "list", "data": [
@@ -197,10 +210,17 @@ class API:
 
     def _max_tokens(self, ask, ids_list, default: int | None) -> int:
         """The tokens each completion may make: asked, else the endpoint's default (None: the
-        rest of the context window), within the page's cap."""
-        if ask.max_tokens is not None:
-            return ask.max_tokens
+        rest of the context window), within the page's cap. Asked for more than the context
+        window leaves after the longest prompt: a 400, as OpenAI and vLLM answer, never a
+        completion cut short at the window's end."""
         room = min(self._room(ids) for ids in ids_list)
+        if ask.max_tokens is not None:
+            if ask.max_tokens > room:
+                longest = self.context - room
+                raise bad(f"{ask.max_tokens_key} is {ask.max_tokens} but the context window of {self.context} "
+                          f"tokens leaves {room} after the prompt's {longest}: ask for at most {room}",
+                          ask.max_tokens_key)
+            return ask.max_tokens
         n = room if default is None else min(default, room)
         cap = self.limits.max_new_tokens
         return max(1, min(n, cap) if cap is not None else n)

@@ -325,9 +325,7 @@ def _summary(ev, params, model: str | None, cancel: threading.Event, prefix_ids=
     --prefix-ids, those ids among its settings: the run continued after them), the model."""
     if ev.reason == "cancelled" and cancel.is_set():
         ev = dataclasses.replace(ev, reason="interrupted")
-    made = how_made(params) if params is not None else {}
-    if prefix_ids:
-        made["settings"]["prefix_ids"] = list(prefix_ids)
+    made = how_made(params, prefix_ids) if params is not None else {}
     return {**ev.to_json(), **made, **({"model": model} if model else {})}
 
 

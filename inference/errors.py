@@ -10,7 +10,13 @@ class ModelError(TokenLabError):
 
 
 class InputError(TokenLabError):
-    """A prompt or sampling setting that cannot be used."""
+    """A prompt or sampling setting that cannot be used. `field`: the setting at fault by its
+    schema name (top_k, seed, stop, ...), so that the page can call it by its label and the
+    API name it as the error's param; None when no one field is."""
+
+    def __init__(self, message: str, field: str | None = None):
+        super().__init__(message)
+        self.field = field
 
 
 class ResourceError(TokenLabError):

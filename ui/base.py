@@ -15,7 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from inference.errors import TokenLabError
-from ui.controls import NAMES, Controls, parse_seed
+from ui.controls import NAMES, Controls, page_message, parse_seed
 from ui.format import bars_html
 from ui.public import Admission, Limits, Refused, client_key
 from ui.run_state import RunRecord
@@ -78,7 +78,8 @@ def takes_controls(*extra: str, after: tuple[str, ...] = ()):
 
 
 def page_error(e: TokenLabError) -> gr.Error:
-    return gr.Error(str(e), print_exception=False)
+    """A user's error as the page's one-line toast, its control called by its label."""
+    return gr.Error(page_message(e, one_line=True), print_exception=False)
 
 
 def seed_or_random(text) -> int:

@@ -63,9 +63,9 @@ def parse_seed(text) -> int | None:
             return None
         value = int(text.strip())
     except ValueError:
-        raise InputError(f"seed must be a whole number or empty (random), got {shown(text)}") from None
+        raise InputError(f"seed must be a whole number or empty (random), got {shown(text)}", field="seed") from None
     if not 0 <= value < 2**63:
-        raise InputError(f"seed must be between 0 and 2^63 - 1, got {value}")
+        raise InputError(f"seed must be between 0 and 2^63 - 1, got {value}", field="seed")
     return value
 
 
@@ -80,10 +80,10 @@ def parse_stop(text: str | None) -> tuple[str, ...]:
     if not text:
         return ()
     if not isinstance(text, str):
-        raise InputError("stop strings must be text")
+        raise InputError("stop strings must be text", field="stop")
     if len(text) > MAX_STOP_TEXT:
         raise InputError(f"stop strings are {len(text):,} characters but at most {MAX_STOP_STRINGS} "
-                         f"of at most {MAX_STOP_LENGTH} characters are allowed")
+                         f"of at most {MAX_STOP_LENGTH} characters are allowed", field="stop")
     return tuple(line.replace("\\n", "\n").replace("\\t", "\t") for line in text.split("\n") if line)
 
 
@@ -121,7 +121,10 @@ class FieldErrors(InputError):
 
 def page_message(e: TokenLabError, one_line: bool = False) -> str:
     """An error as the page says it: a control by its label."""
-    return e.on_page(one_line) if isinstance(e, FieldErrors) else str(e)
+    if isinstance(e, FieldErrors):
+        return e.on_page(one_line)
+    field = getattr(e, "field", None)
+    return labelled(field, str(e)) if field in LABELS else str(e)
 
 
 def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams:
@@ -133,7 +136,7 @@ def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams
         try:
             return parse(raw)
         except InputError as e:
-            errors.append((name, str(e)))
+            errors.append((e.field if e.field in LABELS else name, str(e)))
 
     values = {s.name: checked(s.name, s.parse, override.get(s.name, getattr(c, s.name))) for s in SETTINGS}
     checked("seed", parse_seed, c.seed)

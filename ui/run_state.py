@@ -98,10 +98,11 @@ def turn_messages(rec: RunRecord) -> list[dict]:
 
 def run_jsonl(rec: RunRecord) -> str:
     """The run's per-step data as the CLI's --jsonl writes it: one StepEvent per line, then the
-    DoneEvent with how the run was made and the model that made it."""
+    DoneEvent with how the run was made (a branch's or an edit's given ids among its settings,
+    as the CLI's --prefix-ids) and the model that made it."""
     lines = [json.dumps(s.to_json(), ensure_ascii=False) for s in rec.steps]
     if rec.done is not None:
-        made = {} if rec.params is None else how_made(rec.params)
+        made = {} if rec.params is None else how_made(rec.params, rec.given)
         lines.append(json.dumps({**rec.done.to_json(), **made, "model": rec.model}, ensure_ascii=False))
     return "\n".join(lines) + "\n"
 

@@ -12,6 +12,7 @@ import gradio as gr
 
 from inference.errors import TokenLabError
 from inference.events import StepEvent, WaitEvent
+from ui.controls import page_message
 
 CHART_INTERVAL_S = 0.5  # the charts, larger to send and draw, at most twice a second
 RUNS_PER_INTERVAL = 4  # beyond this many runs at once, each run's page updates come less often
@@ -139,7 +140,7 @@ class EventPump:
             for e in events:
                 if isinstance(e, BaseException):
                     if isinstance(e, TokenLabError):
-                        raise gr.Error(str(e), print_exception=False)
+                        raise gr.Error(page_message(e, one_line=True), print_exception=False)
                     raise e
             yield events
             if done:

@@ -17,22 +17,25 @@ def validate(p) -> None:
     for s in SETTINGS:
         value = getattr(p, s.name)
         if s.kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InputError(f"{s.name} must be an integer, got {shown(value)}")
+            raise InputError(f"{s.name} must be an integer, got {shown(value)}", field=s.name)
         s.parse(value)
     if p.constraint:  # the schema, expression or grammar parses (compiled when a run starts)
         from inference.sampling.constrain import check
-        check(p.constraint, p.constraint_text)
+        try:
+            check(p.constraint, p.constraint_text)
+        except InputError as e:
+            raise InputError(str(e), field=e.field or "constraint_text") from None
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
                                or not 0 <= p.seed < 2**63):
-        raise InputError(f"seed must be an integer in [0, 2^63), got {shown(p.seed)}")
+        raise InputError(f"seed must be an integer in [0, 2^63), got {shown(p.seed)}", field="seed")
     if len(p.stop) > MAX_STOP_STRINGS:
-        raise InputError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(p.stop)}")
+        raise InputError(f"at most {MAX_STOP_STRINGS} stop strings, got {len(p.stop)}", field="stop")
     for s in p.stop:
         if not isinstance(s, str) or not s:
-            raise InputError("stop strings must be non-empty text")
+            raise InputError("stop strings must be non-empty text", field="stop")
         if len(s) > MAX_STOP_LENGTH:
             raise InputError(f"stop strings must be at most {MAX_STOP_LENGTH} characters, "
-                             f"got one of {len(s)}")
+                             f"got one of {len(s)}", field="stop")
 
 
 def _plain(self) -> bool:

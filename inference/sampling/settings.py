@@ -81,6 +81,12 @@ class Setting:
         """The value as this setting's type, checked against its range; InputError names the
         setting. Whole numbers written as 3.0 are accepted for integers, 2.5 is not. Text
         settings are checked by decoding them, and kept as written (stripped)."""
+        try:
+            return self._parse(raw)
+        except InputError as e:
+            raise InputError(str(e), field=e.field or self.name) from None
+
+    def _parse(self, raw) -> float | int:
         if self.kind is str:
             if not isinstance(raw, str) or len(raw) > self.max_chars:
                 raise InputError(f"{self.name} must be text of at most {self.max_chars:,} characters, e.g. {self.example}")
@@ -103,8 +109,6 @@ class Setting:
         if too_low or (self.maximum is not None and value > self.maximum):
             raise InputError(f"{self.name} must be in {self.range_text()} ({self.help}), got {shown(raw)}")
         return value
-
-
 
 
 def _items(text: str) -> list[str]:
@@ -304,11 +308,13 @@ def order(sampler_order: str) -> tuple[str, ...]:
     return first + tuple(n for n in DEFAULT_ORDER if n not in first)
 
 
-def how_made(params) -> dict:
-    """What a run's summary line records of its settings: each one not at its default, and the
-    order its stages ran in."""
-    return {"settings": {s.name: getattr(params, s.name) for s in SETTINGS if getattr(params, s.name) != s.default},
-            "sampler_order": list(order(params.sampler_order))}
+def how_made(params, prefix_ids=()) -> dict:
+    """What a run's summary line records of its settings: each one not at its default (and
+    prefix_ids: the given ids the run continued after), and the order its stages ran in."""
+    settings = {s.name: getattr(params, s.name) for s in SETTINGS if getattr(params, s.name) != s.default}
+    if prefix_ids:
+        settings["prefix_ids"] = list(prefix_ids)
+    return {"settings": settings, "sampler_order": list(order(params.sampler_order))}
 
 
 def defaults(generation_defaults: dict | None = None) -> dict:

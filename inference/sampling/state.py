@@ -38,7 +38,8 @@ def check_vocab(params, vocab: int, tokenizer=None) -> None:
     one-line InputError otherwise."""
     for tid, _ in decode_logit_bias(params.logit_bias, tokenizer):
         if tid >= vocab:
-            raise InputError(f"logit_bias names token {tid} but the vocabulary has {vocab} tokens")
+            raise InputError(f"logit_bias names token {tid} but the vocabulary has {vocab} tokens",
+                             field="logit_bias")
 
 
 @dataclass

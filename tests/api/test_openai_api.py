@@ -132,7 +132,9 @@ BAD = [
     ({"prompt": PROMPT, "n": 0}, 400, "n"),
     ({"prompt": PROMPT, "stop": 5}, 400, "stop"),
     ({"prompt": PROMPT, "seed": "x"}, 400, "seed"),
-    ({"prompt": PROMPT, "logit_bias": {"99999": 5}}, 400, None),
+    ({"prompt": PROMPT, "seed": -1}, 400, "seed"),
+    ({"prompt": PROMPT, "top_k": -2}, 400, "top_k"),
+    ({"prompt": PROMPT, "logit_bias": {"99999": 5}}, 400, "logit_bias"),
     ({"prompt": PROMPT, "logit_bias": {"x": 5}}, 400, "logit_bias"),
     ({"prompt": PROMPT, "response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"prompt": PROMPT, "skip_special_tokens": True}, 400, "skip_special_tokens"),
@@ -142,6 +144,7 @@ BAD = [
     ({"prompt": [1, 10**9]}, 400, "prompt"),
     ({"prompt": "x " * 5000}, 400, None),
     ({"prompt": [5] * 300}, 400, None),
+    ({"prompt": [5] * 200, "max_tokens": 57}, 400, "max_tokens"),  # 200 + 57 > the window's 256
     ({"prompt": PROMPT, "max_tokens": 3, "model": "gpt-5"}, 404, "model"),
     ({"prompt": PROMPT, "dry_sequence_breakers": '"a'}, 400, "dry_sequence_breakers"),
 ]
@@ -174,6 +177,42 @@ def test_more_bad_input_is_400(live_app, path, body):
     r = httpx.post(url + path, timeout=60, **kw)
     assert r.status_code == 400, r.text
     assert r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_max_tokens_must_fit_the_context_window(live_app, client):
+    """Up to the window's end is served in full; one token more is a 400 naming the field and
+    the room left, as OpenAI and vLLM answer, never a completion cut short."""
+    url, engine, _ = live_app
+    room = engine.describe().max_seq_len - 200
+    full = client.completions.create(model=engine.name, prompt=[5] * 200, max_tokens=room, temperature=0)
+    assert full.usage.completion_tokens == room and full.choices[0].finish_reason == "length"
+    messages = [{"role": "user", "content": "hi"}]
+    ids = engine.prompt_ids("hi", True, None, [])
+    r = httpx.post(url + "/v1/chat/completions", timeout=60, json={
+        "messages": messages, "max_completion_tokens": engine.describe().max_seq_len - len(ids) + 1})
+    err = r.json()["error"]
+    assert r.status_code == 400 and err["param"] == "max_completion_tokens"
+    assert f"leaves {engine.describe().max_seq_len - len(ids)} after the prompt's {len(ids)}" in err["message"]
+
+
+def test_top_k_off_is_minus_one_or_zero_and_its_error_says_so(live_app, client):
+    url, engine, _ = live_app
+    texts = [client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=8, seed=3, temperature=1.5,
+                                       extra_body={"top_k": k}).choices[0].text for k in (-1, 0, 1)]
+    assert texts[0] == texts[1] != texts[2]  # off twice the same; top_k 1 is greedy, another text
+    r = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "top_k": -3}, timeout=60)
+    assert "-1 or 0 (off)" in r.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("method,path,status", [("POST", "/v1/embeddings", 404), ("GET", "/v1/completions", 405),
+                                                ("DELETE", "/v1/models/x", 404)])
+def test_a_path_not_served_answers_in_openais_error_shape(live_app, method, path, status):
+    url, _, _ = live_app
+    r = httpx.request(method, url + path, json={"input": "x"}, timeout=60)
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and f"{method} {path}" in err["message"]
+    assert "POST /v1/chat/completions" in err["message"]
 
 
 def test_the_openai_client_raises_bad_request_with_the_message(live_app, client):

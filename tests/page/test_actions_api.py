@@ -39,7 +39,7 @@ def test_continue_edit_runs_after_the_edited_text(client, live_app):
     assert "".join(t["token"] for t in tokens) == text[len(edited):]
     with pytest.raises(Exception, match="the edited text is empty"):
         client.predict(*call(), "", api_name="/continue_edit")
-    with pytest.raises(Exception, match="temperature must be in"):
+    with pytest.raises(Exception, match="Temperature must be in"):  # named as the page labels it
         client.predict(*call(temperature=-1.0), "x", api_name="/continue_edit")
     assert engine.active_runs == 0
 

@@ -63,8 +63,12 @@ def test_a_candidate_clicked_continues_the_run_from_it(h, tiny_engine):
     # A branch of the branch: its split counts the given tokens too.
     c2, nodes = click(h, branch, 1, branch.steps[1].top[1].id, nodes)
     branch2 = run(h, c2)
-    nodes = h.grow_tree(branch2, nodes)["branches"]
+    tree = h.grow_tree(branch2, nodes)
+    nodes = tree["branches"]
     assert [n["parent"] for n in nodes] == [None, 0, 1] and nodes[2]["at"] == 5 + 1
+    # Named as the branch's own step slider numbers it, and by its place in the answer.
+    assert "step 1 (after 6 tokens of the answer): " in tree["branch_view"]
+    assert "step 4: " in tree["branch_view"]
     # The root put on view again, with its controls (its link restores it).
     view = h.view_branch(nodes, SimpleNamespace(value="0"))
     assert view["record"] is root and view["prefix_ids"] == "" and "▶" in view["bars"]
@@ -146,3 +150,23 @@ def test_the_counters_count_the_given_tokens_and_a_prompt_typed_by_hand_leaves_t
     assert h.leave_branch(c.prefix_ids) == ""
     assert h.leave_branch("") == gr.skip() and h.leave_branch(None) == gr.skip()
     assert h.new_conversation("Hi", "chat", "", 8)["prefix_ids"] == ""
+
+
+def test_a_branchs_download_is_the_cli_run_with_its_prefix_ids(h, tiny_dirs, capsys):
+    """The page's JSONL of a branch records the given ids among its settings, as the CLI's
+    --prefix-ids summary does, so that the command line repeats the branch token for token."""
+    import json
+
+    from inference.cli import main
+    from ui.run_state import run_jsonl
+    root = run(h, Controls(**SETTINGS))
+    c, _ = click(h, root, 3, root.steps[3].top[2].id, h.grow_tree(root, [])["branches"])
+    branch = run(h, c)
+    page = [json.loads(line) for line in run_jsonl(branch).splitlines()]
+    assert page[-1]["settings"]["prefix_ids"] == branch.given == [int(i) for i in c.prefix_ids.split(",")]
+    assert main(["generate", "--model", str(tiny_dirs["gqa_tied"]), "--prompt", SETTINGS["prompt"], "--temperature", "1",
+                 "--frequency-penalty", "0.4", "--presence-penalty", "0.2", "--max-new-tokens", "10", "--seed", "7", "--top-p", "1",
+                 "--prefix-ids", c.prefix_ids, "--jsonl"]) == 0
+    cli = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [s["token_id"] for s in cli[:-1]] == [s["token_id"] for s in page[:-1]] == [s.token_id for s in branch.steps]
+    assert cli[-1]["settings"] == page[-1]["settings"] and cli[-1]["text"] == page[-1]["text"]

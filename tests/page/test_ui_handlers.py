@@ -104,6 +104,25 @@ def test_bad_input_is_a_gradio_error_with_one_line(handlers, kw, message):
     assert "\n" not in str(e.value)
 
 
+def test_replay_compare_and_samples_call_a_bad_setting_by_its_label(handlers):
+    """The page names a control as it labels it (Top-k), in every panel, as Generate does; the
+    script API (/generate) keeps its parameters' names (the test above)."""
+    from inference.sampling.settings import SHAPING_SETTINGS
+    rec = run(handlers, max_new_tokens=3)[-1]["record"]
+    values = {n: getattr(rec.params, n) for n in SHAPING_SETTINGS}
+    out = handlers.replay_step(rec, 1, *{**values, "top_k": -1}.values())
+    assert out["replay_md"].startswith("⚠ Replay: Top-k must be in [0, ∞)") and "top_k" not in out["replay_md"]
+    c = Controls(**{**ARGS, "max_new_tokens": 2})
+    with pytest.raises(gr.Error) as e:
+        handlers.compare(*c.values(), *{**values, "top_p": 0}.values(), "", SimpleNamespace(session_hash="s1"))
+    assert e.value.message.startswith("Top-p must be in (0, 1]") and "\n" not in e.value.message
+    for bad, message in [(dict(seed="abc"), "Seed must be a whole number"),
+                         (dict(logit_bias="99999:5"), "Logit bias names token 99999")]:
+        with pytest.raises(gr.Error) as e:
+            list(handlers.samples(*Controls(**{**ARGS, **bad}).values(), 2, SimpleNamespace(session_hash="s1")))
+        assert e.value.message.startswith(message), e.value.message
+
+
 def test_capped_max_new_tokens_is_said(handlers, tiny_engine):
     prompt = " ".join(["fox"] * 60)
     n = len(tiny_engine.prompt_ids(prompt))
@@ -198,7 +217,7 @@ def test_the_sampler_order_round_trips_through_the_link_and_its_view_shows_it(ha
     assert {n for cls, n in stages if "tl-listed" in cls} == {"xtc_probability", "top_k"}
     bad = handlers.order_view(*(values[n] if n != "sampler_order" else "top_k,nope" for n in SHAPING_SETTINGS))
     error = re.search(r"<div class='tl-order-error'>(.*?)</div>", bad).group(1)
-    assert "sampler_order" in error and "nope" in error and "\n" not in error
+    assert error.startswith("⚠ Sampler order names stages") and "nope" in error and "\n" not in error
     assert [n for _, n in re.findall(r"<li class='([^']*)'[^>]*><code>(\w+)</code>", bad)] == list(DEFAULT_ORDER)
 
 

@@ -370,12 +370,12 @@ def test_a_long_session_gets_no_5xx_and_every_refusal_names_its_field(live_app, 
     page.keyboard.press("ArrowLeft")
     page.click("#replay")
     set_number(page, "#replay-top-k input", "-1")
-    wait_text(page, "#replay-stages", "top_k must be in")
+    wait_text(page, "#replay-stages", "Top-k must be in")  # named by its label
     set_number(page, "#replay-top-k input", "3")
     wait_text(page, "#replay-stages", "Step")
     # A typed value reaches the replay before its slider clamps it: the schema names it.
     page.fill("#replay-top-p input[type=number]", "7")
-    wait_text(page, "#replay-stages", "top_p must be in (0, 1]")
+    wait_text(page, "#replay-stages", "Top-p must be in (0, 1]")
     page.fill("#replay-top-p input[type=number]", "0.5")
     wait_text(page, "#replay-stages", "Step")
     page.click("#likely")

@@ -26,7 +26,11 @@ def tree_html(nodes: list[dict], viewing: int | None) -> str:
         if n["parent"] is None:
             where = "the run"
         else:
-            where = (f"step {n['at']}: <b>{html.escape(visible(n['piece']))}</b> "
+            # The step as its parent's step slider numbers it (from the parent's first token made,
+            # after any it was given); where that is not the answer's start, the answer's count too.
+            at, given = n["at"], len(nodes[n["parent"]]["prefix"])
+            answer = f" (after {at} tokens of the answer)" if given else ""
+            where = (f"step {at - given}{answer}: <b>{html.escape(visible(n['piece']))}</b> "
                      f"(raw p {fmt_p(n['raw'])}, final p {fmt_p(n['final'])})")
         short = text if len(text) <= 80 else text[:80] + "…"
         rows.append(f"<div class='tl-branch{' tl-viewing' if i == viewing else ''}' data-pick='{i}' tabindex='0' title='{html.escape(text, quote=True)}' "

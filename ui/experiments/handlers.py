@@ -11,7 +11,7 @@ from inference.errors import TokenLabError
 from inference.sampling.replay import replay_state
 from inference.sampling.settings import SHAPING_SETTINGS
 from ui.base import PageBase, named_args, page_error, seed_or_random, step_index, takes_controls
-from ui.controls import Controls, sampling_params
+from ui.controls import Controls, page_message, sampling_params
 from ui.experiments import render
 from ui.experiments.two_models import TwoModels, along, same_vocabulary
 from ui.format import visible
@@ -31,13 +31,13 @@ class ExperimentHandlers(PageBase):
         try:
             new = sampling_params(self.defaults, None, **dict(zip(SHAPING_SETTINGS, values)))
         except TokenLabError as e:
-            return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
+            return {"replay_md": f"⚠ Replay: {page_message(e, one_line=True)}", "replay_bars": ""}
         with self._job(request):  # one forward pass, unless this step's logits are kept
             try:
                 m = self.view(rec.model)
                 logits = rec.logits_at(i, m.engine.step_logits)
             except TokenLabError as e:  # an engine without the whole logit vector
-                return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
+                return {"replay_md": f"⚠ Replay: {page_message(e, one_line=True)}", "replay_bars": ""}
         generated = rec.generated_before(i)
         vocab, tok = logits.shape[-1], m.tokenizer
         shown = set(rec.params.changed) | set(new.changed)
@@ -47,7 +47,7 @@ class ExperimentHandlers(PageBase):
             ran, final_ran = m.engine.replay(logits, rec.params, states[0], ev.token_id, shown)
             again, final_again = m.engine.replay(logits, new, states[1], ev.token_id, shown)
         except TokenLabError as e:
-            return {"replay_md": f"⚠ Replay: {e}", "replay_bars": ""}
+            return {"replay_md": f"⚠ Replay: {page_message(e, one_line=True)}", "replay_bars": ""}
         return {"replay_md": (f"**Step {i}**, every token of the vocabulary through each stage; the step's "
                               "logits recomputed by one forward pass over its context.\n\n"
                               + render.stages_table(ran, again, tok, ev.token_id)),

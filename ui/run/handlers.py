@@ -18,7 +18,7 @@ from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
 from inference.serving.engine import check_ids, parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
-from ui.base import PageBase, named_args, page_error, seed_or_random, session_of, step_index, takes_controls
+from ui.base import PageBase, named_args, seed_or_random, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, page_message, sampling_params
 from ui.experiments.render import entropy_frame, run_chart_frames
@@ -100,8 +100,8 @@ class RunHandlers(PageBase):
             self._stopped_waiting.discard(session)
         try:
             rec = self._prepare(c, seed_or_random(c.seed), history)
-        except TokenLabError as e:
-            raise page_error(e) from None
+        except TokenLabError as e:  # (the page said it by labels in `begin`; scripts get their parameters' names)
+            raise gr.Error(str(e), print_exception=False) from None
         rec.queued_at, rec.started_at = queued_at, time.monotonic()
         with self._job(request) as cancel:
             if stopped:  # Stop was pressed while the run waited: it ends before its first token
@@ -352,7 +352,7 @@ class RunHandlers(PageBase):
         try:
             return render.order_html(sampling_params(self.defaults, None, **dict(zip(SHAPING_SETTINGS, values))))
         except TokenLabError as e:
-            return render.order_html(None, str(e))
+            return render.order_html(None, page_message(e, one_line=True))
 
     # -------------------------------------------------------- selecting a step after the run
 
