@@ -137,6 +137,12 @@ class Writer:
         if self.ask.prompt_logprobs is not None and prompt is not None:
             choice["prompt_logprobs"] = self.prompt_logprobs(prompt[0], prompt[1])
 
+    def says_nothing(self, ev: StepEvent) -> bool:
+        """A step whose chunk would carry nothing: no text (an end-of-sequence token, text held
+        back while it may begin a stop string), and neither log-probabilities nor token ids
+        asked for. It is not sent: OpenAI's streams have no empty deltas."""
+        return ev.text == "" and self.ask.logprobs is None and not self.ask.token_ids
+
     def completion_step_chunk(self, index: int, ev: StepEvent) -> dict:
         choice = {"index": index, "text": ev.text, "logprobs": None, "finish_reason": None, "stop_reason": None}
         if self.ask.logprobs is not None:

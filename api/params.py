@@ -24,6 +24,7 @@ MAX_LOGPROBS = 20  # top candidates per token at most, as vLLM's default --max-l
 MAX_N = 16  # completions of one prompt at most
 MAX_PROMPTS = 64  # prompts in one completions request at most
 COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
+MAX_BIAS = 100  # a logit bias in [-100, 100], as OpenAI's API takes it
 
 # Each sampling setting's request key: vLLM's name where the schema gives it, else its own.
 SAMPLING_KEYS = {(s.server_key or s.name): s for s in SETTINGS if s.name != "max_new_tokens"}
@@ -86,19 +87,23 @@ def _count(body: dict, key: str, low: int, high: int | None, default=None):
     return value
 
 
-def check_fields(body, allowed: set[str]) -> None:
+def check_fields(body, allowed: set[str], served: str | None = None) -> None:
+    """Every field of the body is one the route reads: `allowed`, and the sampling settings
+    unless `served` (what the route takes instead, said in the refusal) is given."""
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
-    unknown = sorted(k for k in body if k not in allowed and k not in SAMPLING_KEYS)
+    unknown = sorted(k for k in body if k not in allowed and (served is not None or k not in SAMPLING_KEYS))
     if unknown:
-        raise bad(f"Token Lab does not serve the field {unknown[0]!r}; see docs/openai_api.md for "
-                  "what it serves", unknown[0])
+        raise bad(f"Token Lab does not serve the field {unknown[0]!r}; "
+                  + (served or "see docs/openai_api.md for what it serves"), unknown[0])
 
 
 def check_model(body: dict, served: str, offered: list[str] | None = None) -> None:
     """The model asked for must be the one served (absent: the one served); `offered`: every
     model the server offers, named in the refusal."""
     model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise bad(f"model must be a model's name, got {shown(model)}", "model")
     if model is not None and model != served:
         names = ", ".join(repr(m) for m in (offered or [served]))
         raise APIError(404, f"The model {shown(model)} does not exist; this server serves {names}",
@@ -113,6 +118,8 @@ def _logit_bias(value) -> str:
     for key, b in value.items():
         if not str(key).isdigit() or isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b):
             raise bad(f"logit_bias maps token ids to finite numbers, got {shown(key)}: {shown(b)}", "logit_bias")
+        if not -MAX_BIAS <= b <= MAX_BIAS:  # OpenAI's range (the page's own logit bias has none)
+            raise bad(f"logit_bias values must be in [-{MAX_BIAS}, {MAX_BIAS}], got {shown(key)}: {shown(b)}", "logit_bias")
         items.append(f"{int(key)}:{b!r}")
     return " ".join(items)
 
@@ -125,6 +132,8 @@ def sampling(body: dict, generation_defaults: dict) -> SamplingParams:
         raw = body.get(key)
         if raw is None:
             continue
+        if s.kind is not str and (isinstance(raw, bool) or not isinstance(raw, (int, float))):
+            raise bad(f"{key} must be a number, got {shown(raw)}", key)  # "0.5" too: JSON has numbers
         if s.name == "logit_bias":
             raw = _logit_bias(raw)
         elif s.name == "top_k" and raw == TOP_K_OFF:
@@ -169,11 +178,13 @@ def _ask(body: dict, generation_defaults: dict, max_tokens_key: str, min_tokens:
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad("stream_options must be an object", "stream_options")
+    stream = _flag(body, "stream")
+    if options is not None and not stream:
+        raise bad("stream_options needs stream: true", "stream_options")
     distribution = body.get("logprobs_distribution", "raw")
     if distribution not in DISTRIBUTIONS:
         raise bad(f"logprobs_distribution must be 'raw' (the model's own, the default) or 'final' "
                   f"(the distribution sampled from), got {shown(distribution)}", "logprobs_distribution")
-    stream = _flag(body, "stream")
     return Ask(sampling(body, generation_defaults), n, max_tokens, stream,
                stream and _flag(options or {}, "include_usage"), final=distribution == "final",
                token_ids=_flag(body, "return_token_ids"),
@@ -251,6 +262,10 @@ def chat_arguments(messages) -> dict:
     system = None
     turns = []
     for i, m in enumerate(messages):
+        extra = sorted(set(m) - {"role", "content"})
+        if extra:  # (name included: the chat templates Token Lab renders have no place for it)
+            raise bad(f"messages[{i}] has {extra[0]!r}: Token Lab's chat templates read a message's role "
+                      "and content only", "messages")
         role = m.get("role")
         if role in ("system", "developer") and i == 0:
             system = _content(m, i)

@@ -26,13 +26,17 @@ from starlette.requests import ClientDisconnect
 
 from api.answers import Writer, usage
 from api.errors import APIError, bad, error_body, from_engine
-from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_model, completion_ask
+from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_fields, check_model, completion_ask
 from api.runs import Runs
-from inference.errors import InputError, TokenLabError
+from inference.errors import InputError, TokenLabError, shown
 from inference.events import DoneEvent
 from ui.public import Limits, Refused, client_key
 
 log = logging.getLogger("tokenlab.api")
+TOKENIZE_SERVED = "/tokenize takes prompt (with add_special_tokens) or messages, and model"
+METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+SERVED = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST",
+          "/detokenize": "POST", "/tokenizer_info": "GET"}
 DISCONNECT_POLL_S = 0.5  # how often a request answered at its end looks whether its client is still there
 
 
@@ -115,9 +119,12 @@ class API:
                                  ("/detokenize", self.detokenize, "POST"),
                                  ("/tokenizer_info", self.tokenizer_info, "GET")):
             app.add_api_route(path, guarded(fn), methods=[method], include_in_schema=False)
-        # Last: any other /v1/ path (embeddings, a wrong method) answers in OpenAI's error shape.
-        app.add_api_route("/v1/{rest:path}", guarded(self.not_served), include_in_schema=False,
-                          methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+        # Last: any other /v1/ path (embeddings, a wrong method) answers in OpenAI's error shape,
+        # as does a wrong method on the tokenizer's routes.
+        app.add_api_route("/v1/{rest:path}", guarded(self.not_served), include_in_schema=False, methods=METHODS)
+        for path, method in (("/tokenize", "POST"), ("/detokenize", "POST"), ("/tokenizer_info", "GET")):
+            app.add_api_route(path, guarded(self.not_served), include_in_schema=False,
+                              methods=[m for m in METHODS if m != method])
 
     # ------------------------------------------------------------ who asks
 
@@ -174,12 +181,11 @@ class API:
     async def not_served(self, request: Request):
         """A /v1/ path or method Token Lab does not serve: 405 for a served path asked with
         another method, else 404; either names what is served."""
-        served = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST"}
         path, method = request.url.path, request.method
-        raise APIError(405 if path in served else 404,
+        raise APIError(405 if path in SERVED else 404,
                        f"Token Lab does not serve {method} {path}; its API is "
-                       + ", ".join(f"{m} {p}" for p, m in served.items()) + " (see docs/openai_api.md)",
-                       code="method_not_allowed" if path in served else "not_found")
+                       + ", ".join(f"{m} {p}" for p, m in SERVED.items()) + " (see docs/openai_api.md)",
+                       code="method_not_allowed" if path in SERVED else "not_found")
 
     async def models(self, request: Request):
         self.client(request)
@@ -194,13 +200,24 @@ class API:
 
     def _prompt(self, prompt) -> tuple[list[int], str]:
         """A completions prompt's ids and text: a text through the model's tokenizer (its BOS
-        where the model wants one), token ids as they are."""
+        where the model wants one; control-token text as the token, as vLLM reads it), token ids
+        as they are."""
         if isinstance(prompt, str):
-            return self.engine.prompt_ids(prompt), prompt
+            return self._ids(self.engine.prompt_ids, prompt, controls=True), prompt
         if len(prompt) >= self.context:
-            raise InputError(f"the prompt is {len(prompt)} tokens but the context window is {self.context}")
+            raise bad(f"the prompt is {len(prompt)} tokens but the context window is {self.context}; shorten "
+                      f"it by at least {len(prompt) - self.context + 1} tokens", "prompt")
         self._check_ids(prompt, "prompt")
         return prompt, self.engine.tokenizer.decode(prompt)
+
+    @staticmethod
+    def _ids(prompt_ids, *args, field: str = "prompt", **kw) -> list[int]:
+        """The engine's prompt_ids(*args, **kw), its refusals (an empty prompt, one too long)
+        naming the request's field."""
+        try:
+            return prompt_ids(*args, **kw)
+        except InputError as e:
+            raise InputError(str(e), field=e.field or field) from None
 
     def _check_ids(self, ids, key: str) -> None:
         vocab = getattr(self.engine.tokenizer, "vocab_size", None)  # (a server's tokenizer checks its own)
@@ -248,7 +265,7 @@ class API:
             jobs = [(ids_list[p], ask.seeded(j, max_tokens)) for p, j in choices] if max_tokens else []
             runs = Runs(self.engine, jobs, _top_n(ask), cancels[:len(jobs)])
             writer = Writer(self.model, self.engine.tokenizer, ask, "completion")
-            n_prompt = sum(len(ids) for ids in ids_list) * ask.n
+            n_prompt = sum(len(ids) for ids in ids_list)  # each prompt once, however many completions (OpenAI's, vLLM's)
             if ask.stream:
                 response = await self._stream(self._completion_chunks(writer, runs, choices, known, n_prompt, ask),
                                               names, cancels)
@@ -269,7 +286,7 @@ class API:
                 yield writer.completion_prompt_chunk(c, known[p]), True
         generated = [0]
         if runs.jobs:
-            async for item in _run_chunks(runs, writer.completion_step_chunk, writer.completion_done_chunk, generated):
+            async for item in _run_chunks(runs, writer, writer.completion_step_chunk, writer.completion_done_chunk, generated):
                 yield item
         else:  # max_tokens 0: the prompt only
             for c in range(len(choices)):
@@ -285,7 +302,8 @@ class API:
 
     async def _chat(self, client: str, body: dict, disconnected):
         chat, ask = chat_ask(body, self.model, self.engine.generation_defaults, self.limits.max_new_tokens)
-        ids = await run_in_threadpool(self.engine.prompt_ids, chat["prompt"], True, chat["system"], chat["history"])
+        ids = await run_in_threadpool(self._ids, self.engine.prompt_ids, chat["prompt"], True, chat["system"],
+                                      chat["history"], controls=True, field="messages")
         max_tokens = self._max_tokens(ask, [ids], None)
         names, cancels = self.start_jobs(client, ask.n)
         streaming = False
@@ -293,13 +311,13 @@ class API:
             runs = Runs(self.engine, [(ids, ask.seeded(j, max_tokens)) for j in range(ask.n)], _top_n(ask), cancels)
             writer = Writer(self.model, self.engine.tokenizer, ask, "chat")
             if ask.stream:
-                response = await self._stream(self._chat_chunks(writer, runs, len(ids) * ask.n, ask), names, cancels)
+                response = await self._stream(self._chat_chunks(writer, runs, len(ids), ask), names, cancels)
                 streaming = True
                 return response
             steps, done = await _collect(runs, ask.n, disconnected)
             out = [writer.chat_choice(c, steps[c], done[c]) for c in range(ask.n)]
             generated = sum(d.generated_tokens for d in done.values())
-            return JSONResponse(writer.envelope(out, usage=usage(len(ids) * ask.n, generated)))
+            return JSONResponse(writer.envelope(out, usage=usage(len(ids), generated)))
         finally:
             if not streaming:
                 self.finish_jobs(names, cancels)
@@ -309,7 +327,7 @@ class API:
         for c in range(len(runs.jobs)):
             yield writer.chat_role_chunk(c), True
         generated = [0]
-        async for item in _run_chunks(runs, writer.chat_step_chunk, writer.chat_done_chunk, generated):
+        async for item in _run_chunks(runs, writer, writer.chat_step_chunk, writer.chat_done_chunk, generated):
             yield item
         if ask.include_usage:
             yield writer.usage_chunk(usage(n_prompt, generated[0])), False
@@ -354,19 +372,23 @@ class API:
     async def _tokenize(self, body: dict):
         check_model(body, self.model)
         if "messages" in body:
+            check_fields(body, {"model", "messages", "add_generation_prompt"}, served=TOKENIZE_SERVED)
             if body.get("add_generation_prompt", True) is not True:
                 raise bad("add_generation_prompt false is not served", "add_generation_prompt")
             chat = chat_arguments(body["messages"])
-            ids = await run_in_threadpool(self.engine.prompt_ids, chat["prompt"], True, chat["system"],
-                                          chat["history"])
+            ids = await run_in_threadpool(self._ids, self.engine.prompt_ids, chat["prompt"], True, chat["system"],
+                                          chat["history"], controls=True, field="messages")
         else:
+            check_fields(body, {"model", "prompt", "add_special_tokens"}, served=TOKENIZE_SERVED)
             text = body.get("prompt")
             if not isinstance(text, str):
                 raise bad("prompt must be text", "prompt")
             special = body.get("add_special_tokens", True)
+            if not isinstance(special, bool):
+                raise bad(f"add_special_tokens must be true or false, got {shown(special)}", "add_special_tokens")
             tok = self.engine.tokenizer
             self.engine.check_prompt_size(text)  # by its length, before any tokenizing
-            ids = await run_in_threadpool(tok.encode if special else tok.encode_continuation, text)
+            ids = await run_in_threadpool(tok.encode if special else tok.encode_continuation, text, controls=True)
         return JSONResponse({"count": len(ids), "max_model_len": self.context, "tokens": ids})
 
     async def detokenize(self, request: Request):
@@ -396,13 +418,14 @@ def _top_n(ask) -> int:
     return 0 if ask.logprobs is None else max(1, ask.logprobs)
 
 
-async def _run_chunks(runs: Runs, step_chunk, done_chunk, generated: list):
-    """The runs' events as (chunk, False); generated[0] counts the tokens made."""
+async def _run_chunks(runs: Runs, writer, step_chunk, done_chunk, generated: list):
+    """The runs' events as (chunk, False), but steps whose chunk would say nothing;
+    generated[0] counts the tokens made."""
     async for c, ev in runs.events():
         if isinstance(ev, DoneEvent):
             generated[0] += ev.generated_tokens
             yield done_chunk(c, ev), False
-        else:
+        elif not writer.says_nothing(ev):
             yield step_chunk(c, ev), False
 
 

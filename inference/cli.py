@@ -15,7 +15,7 @@ import sys
 import threading
 from contextlib import contextmanager
 
-from inference.errors import InputError, TokenLabError
+from inference.errors import InputError, NotAvailable, TokenLabError
 from inference.samples import MAX_SAMPLES, first_seed
 from inference.sampling.settings import CONSTRAINT_KINDS, MAX_CONSTRAINT_CHARS, SETTINGS, defaults, how_made
 
@@ -171,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 + (" (a file)" if arg == "PATH" else "") + "; a run ends when it is complete")
     g.add_argument("--seed", type=int, default=None)
     g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
-    g.add_argument("--top", type=int, default=5, help="candidates reported per step")
+    g.add_argument("--top", type=int, default=5, help="candidates reported per step (in --jsonl's lines)")
     g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
     g.add_argument("--n", type=int, default=1, metavar="N",
                    help=f"draw N samples at once (1..{MAX_SAMPLES}), sample k with seed --seed + k "
@@ -266,6 +266,8 @@ def _cmd_generate(args) -> int:
         raise InputError(f"--n must be from 1 to {MAX_SAMPLES}, got {args.n}")
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
+    if args.system is not None and not args.chat:
+        raise InputError("--system is the chat template's system prompt: give --chat too")
     engine = open_engine(args)
     cancel = threading.Event()
     # Ctrl-C is caught until the engine is closed: a close cut short could leave its thread
@@ -395,8 +397,9 @@ def _cmd_score_text(args) -> int:
             # Below 1e-4 three significant digits, never 0.0000 (as the page shows them).
             p = "–" if sc.prob is None else f"{sc.prob:.4f}" if sc.prob >= 1e-4 else f"{sc.prob:.3g}"
             bits = "–" if sc.surprisal_bits is None else f"{sc.surprisal_bits:.3f}"
+            top = "  ".join(f"{c.piece!r} {c.raw_prob:.4f}" for c in sc.top)
             print(f"{sc.id:>8}  {sc.piece!r:<24} p {p:>8}  rank {sc.rank if sc.rank is not None else '–':>6}  "
-                  f"surprisal {bits} bits")
+                  f"surprisal {bits} bits" + (f"  · preferred: {top}" if top else ""))
     scored = sum(sc.logprob is not None for sc in scores)
     if args.jsonl:
         print(json.dumps({"done": True, "tokens": len(scores), "scored": scored, "bos": bool(before),
@@ -413,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return {"generate": _cmd_generate, "tokenize": _cmd_tokenize, "score": _cmd_score,
                 "score-text": _cmd_score_text}[args.command](args)
-    except InputError as e:
+    except (InputError, NotAvailable) as e:  # (a setting the engine cannot run is a bad argument too)
         print(f"error: {e}", file=sys.stderr)
         return 2
     except TokenLabError as e:

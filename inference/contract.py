@@ -98,7 +98,8 @@ class Engine(Protocol):
                     history: list[dict] | None = None) -> str: ...
 
     def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None,
-                   history: list[dict] | None = None) -> list[int]: ...
+                   history: list[dict] | None = None, controls: bool = False) -> list[int]:
+        """controls: control-token text the user wrote becomes the token (the API's, as vLLM's)."""
 
     # -- generation and scoring
     def generate_ids(self, ids: list[int], params: "SamplingParams", top_n: int = 10,

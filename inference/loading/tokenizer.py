@@ -113,19 +113,20 @@ class Tokenizer:
             self.raw_pieces.append("")
             self._pieces.append(f"<unused {i}>")
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
+    def encode(self, text: str, add_bos: bool | None = None, controls: bool = False) -> list[int]:
         """The ids of text a user typed, BOS per config: text that spells a control token
-        ("</s>", "<|im_end|>") is encoded as the characters it is, never as the control token."""
-        ids = self._encode_fn(text)
+        ("</s>", "<|im_end|>") is encoded as the characters it is, never as the control token;
+        with `controls` as that token, as Hugging Face tokenizers and vLLM read a prompt (the API's)."""
+        ids = self._template_fn(text, False) if controls else self._encode_fn(text)
         add = self.add_bos if add_bos is None else add_bos
         if add and self.bos_id is not None and (not ids or ids[0] != self.bos_id):
             ids = [self.bos_id] + ids
         return ids
 
-    def encode_continuation(self, text: str) -> list[int]:
+    def encode_continuation(self, text: str, controls: bool = False) -> list[int]:
         """Ids of text that continues earlier text: no BOS, no sentencepiece dummy-prefix space;
-        control-token spellings stay text, as in encode."""
-        return self._continue_fn(text)
+        control-token spellings stay text unless `controls`, as in encode."""
+        return self._template_fn(text, True) if controls else self._continue_fn(text)
 
     def encode_template(self, text: str, continuing: bool = False) -> list[int]:
         """Ids of text a chat template wrote: its control-token text becomes the token's id."""

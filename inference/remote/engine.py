@@ -160,9 +160,10 @@ class RemoteEngine:
         return self.tokenizer.decode(self.prompt_ids(prompt, chat, system, history))
 
     def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None,
-                   history: list[dict] | None = None) -> list[int]:
+                   history: list[dict] | None = None, controls: bool = False) -> list[int]:
         """The ids the server feeds the model: its tokenizer, and in chat mode its chat template
-        (over the earlier turns of `history` too)."""
+        (over the earlier turns of `history` too). Control-token text is read as the server's
+        tokenizer reads it, whatever `controls` says (vLLM's: as the token)."""
         if not isinstance(prompt, str) or not prompt.strip():
             raise InputError("the prompt is empty")
         messages = chat_messages(prompt, system, history) if chat else None

@@ -19,12 +19,13 @@ class RemoteTokenizer:
         self._lock = threading.Lock()
         self._prefix: tuple[int, str] | None = None
 
-    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        """Ids as the server feeds the model (add_bos=False: no special tokens added)."""
+    def encode(self, text: str, add_bos: bool | None = None, controls: bool = True) -> list[int]:
+        """Ids as the server feeds the model (add_bos=False: no special tokens added). Whether
+        control-token text becomes the token is the server's tokenizer's to say (vLLM's: it does)."""
         body = {"model": self._model, "prompt": text, "add_special_tokens": add_bos is not False}
         return token_ids(self._http.post_json("/tokenize", body, root=True))
 
-    def encode_continuation(self, text: str) -> list[int]:
+    def encode_continuation(self, text: str, controls: bool = True) -> list[int]:
         return self.encode(text, add_bos=False)
 
     def decode(self, ids: list[int]) -> str:

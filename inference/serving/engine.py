@@ -251,9 +251,10 @@ class Engine:
                                     bos_token=tok.bos_token, eos_token=tok.eos_token)
 
     def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None,
-                   history: list[dict] | None = None) -> list[int]:
+                   history: list[dict] | None = None, controls: bool = False) -> list[int]:
         """The ids fed to the model; raises InputError if they do not fit the context window.
-        Control tokens come only from the chat template, never from what the user typed."""
+        Control tokens come only from the chat template, never from what the user typed; with
+        `controls` (the API, as vLLM) control-token text the user wrote becomes the token too."""
         tok = self.tokenizer
         _, parts = self._segments(prompt, chat, system, history)
         ids: list[int] = []
@@ -261,9 +262,9 @@ class Engine:
             if by_template:
                 ids += tok.encode_template(text, continuing=bool(ids))
             elif ids:
-                ids += tok.encode_continuation(text)
+                ids += tok.encode_continuation(text, controls=controls)
             else:  # a rendered template holds the BOS text itself where the model wants it
-                ids += tok.encode(text, add_bos=None if not chat else False)
+                ids += tok.encode(text, add_bos=None if not chat else False, controls=controls)
         if len(ids) >= self.cfg.max_seq_len:
             raise InputError(f"the prompt is {len(ids)} tokens but the context window is "
                              f"{self.cfg.max_seq_len}; shorten it by at least "

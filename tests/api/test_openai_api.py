@@ -138,15 +138,19 @@ BAD = [
     ({"prompt": PROMPT, "logit_bias": {"x": 5}}, 400, "logit_bias"),
     ({"prompt": PROMPT, "response_format": {"type": "json_object"}}, 400, "response_format"),
     ({"prompt": PROMPT, "skip_special_tokens": True}, 400, "skip_special_tokens"),
-    ({"prompt": ""}, 400, None),
+    ({"prompt": ""}, 400, "prompt"),
     ({"prompt": []}, 400, "prompt"),
     ({"prompt": [1, -4]}, 400, "prompt"),
     ({"prompt": [1, 10**9]}, 400, "prompt"),
-    ({"prompt": "x " * 5000}, 400, None),
-    ({"prompt": [5] * 300}, 400, None),
+    ({"prompt": "x " * 5000}, 400, "prompt"),
+    ({"prompt": [5] * 300}, 400, "prompt"),
     ({"prompt": [5] * 200, "max_tokens": 57}, 400, "max_tokens"),  # 200 + 57 > the window's 256
     ({"prompt": PROMPT, "max_tokens": 3, "model": "gpt-5"}, 404, "model"),
     ({"prompt": PROMPT, "dry_sequence_breakers": '"a'}, 400, "dry_sequence_breakers"),
+    ({"prompt": PROMPT, "temperature": "0.5"}, 400, "temperature"),  # JSON has numbers
+    ({"prompt": PROMPT, "logit_bias": {"5": 101}}, 400, "logit_bias"),  # OpenAI's [-100, 100]
+    ({"prompt": PROMPT, "stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream
+    ({"prompt": PROMPT, "model": 5}, 400, "model"),
 ]
 
 
@@ -169,6 +173,10 @@ def test_bad_input_is_a_4xx_with_openais_error_body(live_app, body, status, para
     ("/v1/completions", b"{not json"),
     ("/v1/completions", b"[1, 2]"),
     ("/tokenize", {"prompt": 5}),
+    ("/tokenize", {"prompt": "a", "foo": 1}),
+    ("/tokenize", {"prompt": "a", "add_special_tokens": "no"}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi", "name": "bob"}]}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": ""}]}),
     ("/detokenize", {"tokens": ["a"]}),
 ])
 def test_more_bad_input_is_400(live_app, path, body):
@@ -195,6 +203,33 @@ def test_max_tokens_must_fit_the_context_window(live_app, client):
     assert f"leaves {engine.describe().max_seq_len - len(ids)} after the prompt's {len(ids)}" in err["message"]
 
 
+def test_a_prompt_is_counted_once_and_control_token_text_is_read_as_vllm_reads_it(live_app, client):
+    """usage counts each prompt once however many completions (OpenAI's, vLLM's); text that spells
+    a control token is that token (as Hugging Face's tokenizers read a prompt), so a prompt
+    rendered by the client is the chat route's own; a stream sends no empty deltas."""
+    url, engine, _ = live_app
+    n_ids = len(engine.prompt_ids(PROMPT))
+    many = client.completions.create(model=engine.name, prompt=[PROMPT, "Hi"], n=3, max_tokens=2, seed=1)
+    assert many.usage.prompt_tokens == n_ids + len(engine.prompt_ids("Hi"))
+    chat = client.chat.completions.create(model=engine.name, messages=[{"role": "user", "content": "Hi"}], n=2,
+                                          max_tokens=2, seed=1)
+    chat_ids = engine.prompt_ids("Hi", chat=True)
+    assert chat.usage.prompt_tokens == len(chat_ids)
+    # (The default model's whole rendering reads back as its chat ids: tests/loading/test_default_model.py.)
+    rendered = engine.tokenizer.decode(chat_ids)
+    controls = {engine.tokenizer.raw_pieces.index(s) for s in ("<|im_start|>", "<|im_end|>")}
+    read = httpx.post(url + "/tokenize", json={"prompt": rendered}).json()["tokens"]
+    assert controls <= set(chat_ids) and controls <= set(read) and not controls & set(engine.prompt_ids(rendered))
+    assert httpx.post(url + "/tokenize", json={"prompt": "</s>", "add_special_tokens": False}).json()["tokens"] \
+        == [engine.tokenizer.eos_ids[0]]
+    as_text = client.completions.create(model=engine.name, prompt=rendered, max_tokens=1)
+    assert as_text.usage.prompt_tokens == len(read)
+    stream = client.chat.completions.create(model=engine.name, messages=[{"role": "user", "content": "Hi"}],
+                                            max_tokens=12, temperature=0, stream=True, logit_bias={str(engine.tokenizer.eos_ids[0]): 100})
+    deltas = [c.choices[0].delta.content for c in stream if c.choices and c.choices[0].finish_reason is None]
+    assert deltas[0] == "" and all(deltas[1:])  # the role's chunk, then only chunks with text
+
+
 def test_top_k_off_is_minus_one_or_zero_and_its_error_says_so(live_app, client):
     url, engine, _ = live_app
     texts = [client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=8, seed=3, temperature=1.5,
@@ -205,7 +240,7 @@ def test_top_k_off_is_minus_one_or_zero_and_its_error_says_so(live_app, client):
 
 
 @pytest.mark.parametrize("method,path,status", [("POST", "/v1/embeddings", 404), ("GET", "/v1/completions", 405),
-                                                ("DELETE", "/v1/models/x", 404)])
+                                                ("DELETE", "/v1/models/x", 404), ("GET", "/tokenize", 405)])
 def test_a_path_not_served_answers_in_openais_error_shape(live_app, method, path, status):
     url, _, _ = live_app
     r = httpx.request(method, url + path, json={"input": "x"}, timeout=60)

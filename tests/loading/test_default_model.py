@@ -71,3 +71,23 @@ def test_chat_mode_uses_chatml(default_engine):
     events = list(default_engine.generate(Request("What is 2+2?", SamplingParams(
         temperature=0.0, max_new_tokens=40), chat=True)))
     assert events[-1].reason in ("eos", "length") and events[-1].text.strip()
+
+
+def test_the_apis_prompt_reads_control_token_text_as_transformers_does(default_engine):
+    """A prompt as the API reads it (controls=True: as vLLM, through Hugging Face's tokenizer)
+    turns "<|im_start|>" into the token, so that a client's own chat rendering, lm-eval's
+    end-of-text prefix and a server's numbers agree; the page keeps typed text as text."""
+    from transformers import AutoTokenizer
+
+    from inference.loading.default_model import default_model_dir
+    hf = AutoTokenizer.from_pretrained(str(default_model_dir()))
+    tok = default_engine.tokenizer
+    rendered = "<|im_start|>user\nSay OK<|im_end|>\n<|im_start|>assistant\n"
+    for text in (rendered, "<|im_end|>", "The end.<|endoftext|>Next", "a <|im_start|>b"):
+        assert tok.encode(text, controls=True) == hf(text).input_ids
+        assert tok.encode_continuation(text, controls=True) == hf(text, add_special_tokens=False).input_ids
+        assert default_engine.prompt_ids(text, controls=True) == hf(text).input_ids
+    chat = default_engine.prompt_ids("Say OK", chat=True)  # its template's text, read back as the API reads text
+    assert default_engine.prompt_ids(tok.decode(chat), controls=True) == chat
+    typed = default_engine.prompt_ids(rendered)  # the page: the characters typed, no control token
+    assert not set(typed) & {1, 2} and tok.decode(typed) == rendered

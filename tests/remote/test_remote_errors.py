@@ -259,3 +259,15 @@ def test_a_constraint_goes_as_vllms_structured_outputs_and_its_masked_mass_is_un
     assert not any(k.startswith("guided_") for k in sent[0])
     assert [ev.masked_mass for ev in events[:-1]] == [None, None] and events[-1].text == "{}"
     assert all(c.forbidden is None for ev in events[:-1] for c in ev.top)  # not known either
+
+
+def test_a_setting_a_server_cannot_run_is_a_bad_argument_in_the_cli(capsys):
+    """--top-n-sigma in front of a server: refused in one line before any request, exit 2 as
+    for every bad argument (1 is for a server that fails)."""
+    with FakeServer({}) as server:
+        server.routes.update(tokenizing({}))
+        assert main(["generate", "--engine-url", server.url, "--engine-logprobs", "raw", "--prompt", "hi",
+                     "--top-n-sigma", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: top-n") and "--top-n-sigma" in err and err.count("\n") == 1
+        assert not any(path == "/v1/completions" for path, _ in server.requests)

@@ -232,3 +232,19 @@ def test_the_summary_records_the_prefix_ids(tiny_dirs, capsys):
     assert main(argv) == 0
     plain = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert "prefix_ids" not in plain["settings"] and plain["text"] != done["text"]
+
+
+def test_system_needs_chat_and_score_text_lists_the_preferred_tokens(tiny_dirs, capsys, tiny_engine):
+    """--system without --chat would change nothing: refused. score-text --top N lists, beside each
+    token, the N tokens the model preferred there (the engine's own numbers), not only in --jsonl."""
+    model = ["--model", str(tiny_dirs["gqa_tied"])]
+    assert main(["generate", *model, "--prompt", "Hi", "--system", "Be brief."]) == 2
+    assert capsys.readouterr().err.strip() == "error: --system is the chat template's system prompt: give --chat too"
+    assert main(["score-text", *model, "--text", "The quick brown fox", "--top", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()[:-1]
+    ids, before = tiny_engine.text_ids("The quick brown fox")
+    scores = tiny_engine.score_ids(ids, 2)[before:]
+    assert len(lines) == len(scores)
+    for line, sc in zip(lines, scores):
+        top = "  ".join(f"{c.piece!r} {c.raw_prob:.4f}" for c in sc.top)
+        assert (line.endswith(f"  · preferred: {top}") if sc.top else "preferred" not in line), line
