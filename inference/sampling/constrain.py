@@ -45,12 +45,92 @@ def check(kind: str, text: str) -> None:
         raise InputError(f"constraint_text is empty: give the {KINDS[kind][0]}")
     if len(text) > MAX_CONSTRAINT_CHARS:
         raise InputError(f"the {KINDS[kind][0]} is {len(text):,} characters; at most {MAX_CONSTRAINT_CHARS:,}")
-    g = _xgr().Grammar
-    parse = {"json_schema": g.from_json_schema, "regex": g.from_regex, "grammar": g.from_ebnf}[kind]
+    if kind == "json_schema":
+        _check_keywords(text)
+    c = _bytes_compiler()
+    compile_ = {"json_schema": c.compile_json_schema, "regex": c.compile_regex, "grammar": c.compile_grammar}[kind]
     try:
-        parse(text)
+        compiled = compile_(text)
     except Exception as e:  # xgrammar raises RuntimeError or ValueError with its parser's message
         raise InputError(_message(kind, e)) from None
+    # Over single bytes every text can be spelled: nothing allowed at the start means no text.
+    start = Matcher(compiled, BYTES + 1)
+    if not start.allowed[:BYTES].any():
+        raise InputError(f"the {KINDS[kind][0]} matches {'only the empty text' if start.allowed[BYTES] else 'no text'}: "
+                         "a run could write nothing it allows", field="constraint_text")
+
+
+BYTES = 256
+
+
+@lru_cache(maxsize=1)
+def _bytes_compiler():
+    """A compiler over a vocabulary of the 256 single bytes and one end-of-sequence token: the
+    constraint checked without a model."""
+    x = _xgr()
+    info = x.TokenizerInfo([bytes([i]) for i in range(BYTES)] + [b""], x.VocabType.RAW, vocab_size=BYTES + 1,
+                           stop_token_ids=[BYTES])
+    return x.GrammarCompiler(info, max_threads=1, cache_limit_bytes=COMPILED_CACHE_BYTES // 8)
+
+
+# JSON-schema keywords xgrammar does not enforce (it would let text through that the schema
+# forbids) or enforces too strictly (forbids text the schema allows): either way the run would not
+# be the schema's, so they are refused. Probed against xgrammar 0.2 by a schema and an instance
+# each (tests/sampling/test_constrain.py shows each kind).
+UNENFORCED = ("not", "uniqueItems", "dependentRequired", "dependentSchemas", "dependencies", "if", "then", "else",
+              "contains", "minContains", "maxContains", "contentEncoding", "contentMediaType", "contentSchema",
+              "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor")
+
+
+def _check_keywords(text: str) -> None:
+    """Refuse a schema that uses a keyword xgrammar does not enforce exactly: UNENFORCED, allOf
+    of more than one schema, and oneOf whose branches may overlap (enforced as anyOf)."""
+    import json
+    try:
+        schema = json.loads(text)
+    except ValueError:
+        return  # xgrammar's parser says what is wrong
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+            continue
+        if not isinstance(node, dict):
+            continue
+        for key in UNENFORCED:
+            if key in node:
+                raise InputError(f"constraint_text uses {key!r}, which the constraint library (xgrammar) does not "
+                                 "enforce exactly: the run would not be the schema's; leave it out")
+        if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
+            raise InputError("constraint_text uses 'allOf' of several schemas, which xgrammar does not enforce "
+                             "(it would let text through that one of them forbids): merge them into one schema")
+        if isinstance(node.get("oneOf"), list) and not _exclusive(node["oneOf"]):
+            raise InputError("constraint_text uses 'oneOf' whose schemas may both match, which xgrammar enforces "
+                             "as anyOf: give each a different type or a property with a different const, or write anyOf")
+        for k, v in node.items():
+            if k in ("properties", "patternProperties", "$defs", "definitions") and isinstance(v, dict):
+                stack.extend(v.values())  # names to schemas: a property may be called "not"
+            elif k not in ("const", "enum", "default", "examples", "title", "description"):
+                stack.append(v)
+
+
+def _exclusive(branches: list) -> bool:
+    """No text matches two of the branches, by a rule that is plainly so: each has one type of
+    its own (integer and number overlap), or each is an object with a required property whose
+    const differs from the others'."""
+    if not all(isinstance(b, dict) for b in branches):
+        return False
+    types = [b.get("type") for b in branches]
+    if all(isinstance(ty, str) for ty in types) and len(set(types)) == len(types) \
+            and not {"integer", "number"} <= set(types):
+        return True
+    common = set.intersection(*(set(b.get("required") or ()) for b in branches)) if branches else set()
+    for key in sorted(common):
+        consts = [((b.get("properties") or {}).get(key) or {}).get("const", ...) for b in branches]
+        if ... not in consts and len({repr(c) for c in consts}) == len(consts):
+            return True
+    return False
 
 
 @lru_cache(maxsize=4)

@@ -212,3 +212,51 @@ class engine_view:
 
     def __exit__(self, *exc):
         return None
+
+
+# (keyword, schema, an instance, whether the schema allows it): xgrammar's own grammar of each
+# decides the instance the other way (checked below with jsonschema as the reference), so a run
+# under it would not be the schema's run: Token Lab refuses the schema.
+NOT_ENFORCED = [
+    ("not", {"not": {"type": "null"}}, None, False),
+    ("uniqueItems", {"type": "array", "items": {"type": "integer"}, "uniqueItems": True}, [1, 1], False),
+    ("allOf", {"allOf": [{"type": "integer"}, {"minimum": 3}]}, 1, False),
+    ("oneOf", {"oneOf": [{"type": "integer"}, {"minimum": 0}]}, 5, False),
+    ("dependentRequired", {"type": "object", "properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}},
+     {"a": 1}, False),
+    ("contains", {"type": "array", "contains": {"const": 5}}, [5], True),
+    ("if", {"type": "object", "if": {"properties": {"a": {"const": 1}}}, "then": {"required": ["b"]}}, {"a": 2}, True),
+]
+
+
+@pytest.mark.parametrize("keyword,schema,instance,valid", NOT_ENFORCED, ids=[c[0] for c in NOT_ENFORCED])
+def test_a_schema_keyword_xgrammar_does_not_enforce_exactly_is_refused(keyword, schema, instance, valid):
+    from xgrammar.testing import _is_grammar_accept_string
+    assert jsonschema.Draft202012Validator(schema).is_valid(instance) is valid  # the reference
+    grammar = xgr.Grammar.from_json_schema(json.dumps(schema))
+    assert _is_grammar_accept_string(grammar, json.dumps(instance)) is not valid  # xgrammar decides otherwise
+    with pytest.raises(InputError) as e:
+        SamplingParams(constraint="json_schema", constraint_text=json.dumps(schema))
+    assert repr(keyword) in str(e.value) and e.value.field == "constraint_text" and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"not": {"type": "string"}, "if": {"type": "integer"}}},  # names, not keywords
+    {"oneOf": [{"type": "integer"}, {"type": "string"}]},  # exclusive by type
+    {"oneOf": [{"type": "object", "properties": {"k": {"const": "a"}}, "required": ["k"]},
+               {"type": "object", "properties": {"k": {"const": "b"}, "n": {"type": "integer"}}, "required": ["k"]}]},
+    {"allOf": [{"type": "integer", "minimum": 3}]},
+])
+def test_schemas_xgrammar_enforces_exactly_are_accepted(schema):
+    SamplingParams(constraint="json_schema", constraint_text=json.dumps(schema))
+
+
+@pytest.mark.parametrize("kind,text,says", [
+    ("regex", r"[^\s\S]", "the regular expression matches no text"),
+    ("regex", "(?:)", "the regular expression matches only the empty text"),
+    ("grammar", 'root ::= ""', "the grammar (EBNF) matches only the empty text"),
+])
+def test_a_constraint_that_allows_no_text_is_refused_before_the_run(kind, text, says):
+    with pytest.raises(InputError) as e:
+        SamplingParams(constraint=kind, constraint_text=text)
+    assert str(e.value).startswith(says) and e.value.field == "constraint_text"
