@@ -180,3 +180,21 @@ def test_the_api_serves_every_offered_model_by_its_name(two, tiny_dirs):
             client.completions.create(model="elsewhere", prompt="x", max_tokens=1)
     finally:
         demo.close()
+
+
+def test_the_card_of_a_model_with_sliding_layers_says_its_window(tmp_path, sp_model_bytes):
+    """Gemma 3's layers see only the last W positions but every sixth: the card says so, from
+    the checkpoint's own config (transformers' layer_types), as the inside-one-token panel does."""
+    import json
+
+    from tiny_families import make_family_model
+    from inference.serving.engine import Engine
+    import ui.run.render as run_render
+    d, _ = make_family_model(tmp_path, "gemma3_text", sp_model_bytes)
+    hf = json.loads((d / "config.json").read_text())
+    full = [i for i, kind in enumerate(hf["layer_types"]) if kind == "full_attention"]
+    with Engine.from_hf_dir(d, device="cpu", dtype="float32") as engine:
+        card = run_render.model_card(engine.describe())
+    assert (f"sliding window {hf['sliding_window']} on {len(hf['layer_types']) - len(full)} of "
+            f"{len(hf['layer_types'])} layers (full attention: layer {full[0]}; their RoPE θ 10000)") in card
+    assert len(full) == 1

@@ -250,13 +250,25 @@ def _local_card(info) -> str:
             f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
             f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
             f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
-            f" · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
+            f"{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
             f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'} on "
             f"{info.where} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
             f"(2 × matmul parameters + attention) · every probability on this page is computed at "
             f"{dtype_name(info.decode_dtype)}"
             + (f"  \n⚠ {approx_note(info)}" if info.decode_error else ""))
+
+
+def sliding_text(cfg) -> str:
+    """" · sliding window W on k of n layers (...)" for a model whose layers see only the last W
+    positions, else "": what the card must say, since it bounds what a token attends to."""
+    sliding = [i for i in range(cfg.n_layers) if cfg.is_sliding(i)]
+    if not sliding:
+        return ""
+    full = [i for i in range(cfg.n_layers) if i not in sliding]
+    local = f"; their RoPE θ {cfg.local_rope_theta:g}" if cfg.local_rope_theta is not None else ""
+    return (f" · sliding window {cfg.sliding_window:,} on {len(sliding)} of {cfg.n_layers} layers "
+            f"(full attention: {'layer' if len(full) == 1 else 'layers'} {', '.join(map(str, full)) or 'none'}{local})")
 
 
 def _served_card(info) -> str:
@@ -269,7 +281,7 @@ def _served_card(info) -> str:
     params = cfg.param_counts()
     return (head + "  \n"
             f"{cfg.n_layers} layers · hidden {cfg.hidden_size} · {cfg.n_heads} heads / {cfg.n_kv_heads} "
-            f"KV heads · head dim {cfg.head_dim} · FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · "
+            f"KV heads · head dim {cfg.head_dim} · FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,}{sliding_text(cfg)} · "
             f"**{params['total'] / 1e6:.1f} M parameters** · ≈ {si(decode_cost(cfg, 1, 2).flops, 'FLOPs')} per "
             f"token at a 1-token context (from `{html.escape(info.config_source)}`)")
 
