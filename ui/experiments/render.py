@@ -46,20 +46,39 @@ def entropy_frame(rec: RunRecord) -> pd.DataFrame:
                         columns=["step", "nats"])
 
 
+def _rank(st) -> str:
+    return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {prob_html(st.chosen_prob)}"
+
+
+def _cells(st) -> str:
+    return f"{st.kept:,} | {fmt_p(st.mass_removed)} | {_rank(st)}"
+
+
+def _name(st, off: str = "off") -> str:
+    """The stage's label, what it read from the run's state, and whether it is off (at its neutral value)."""
+    return st.name + "".join(f" ({x})" for x in (st.note, off if st.off else "") if x)
+
+
+def _one_pipeline(stats, who: str) -> list[str]:
+    """One pipeline's stages, in the order it ran them."""
+    return [f"| stage | kept ({who}) | mass removed ({who}) | chosen rank, p ({who}) |", "|---|---|---|---|",
+            *(f"| {_name(st)} | {_cells(st)} |" for st in stats)]
+
+
 def stages_table(original, replayed, tokenizer, chosen: int) -> str:
-    lines = [f"Chosen token: **{html.escape(visible(tokenizer.piece(chosen)))}** (id {chosen}).", "",
-             "| stage | kept (run) | mass removed (run) | chosen rank, p (run) | kept (replay) | "
-             "mass removed (replay) | chosen rank, p (replay) |", "|---|---|---|---|---|---|---|"]
-
-    def rank(st):
-        return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {prob_html(st.chosen_prob)}"
-
-    ran = {st.key: st for st in original}  # rows in the replay's order, matched by stage
-    for b in replayed:
-        a = ran.get(b.key, b)
-        note = f" ({b.note})" if b.note else ""
-        lines.append(f"| {b.name}{note} | {a.kept:,} | {fmt_p(a.mass_removed)} | {rank(a)} | {b.kept:,} | "
-                     f"{fmt_p(b.mass_removed)} | {rank(b)} |")
+    """The run's stages beside the replay's, row by row when both run them in the same order;
+    else each pipeline in a table of its own, in its own order, so that every column reads top
+    to bottom as it ran."""
+    lines = [f"Chosen token: **{html.escape(visible(tokenizer.piece(chosen)))}** (id {chosen}).", ""]
+    if [st.key for st in original] != [st.key for st in replayed]:
+        return "\n".join(lines + ["The run and the replay run the stages in different orders: each is "
+                                   "listed in its own.", "", "**The run**, in its order:", "",
+                                   *_one_pipeline(original, "run"), "", "**The replay**, in its order:", "",
+                                   *_one_pipeline(replayed, "replay")])
+    lines += ["| stage | kept (run) | mass removed (run) | chosen rank, p (run) | kept (replay) | "
+              "mass removed (replay) | chosen rank, p (replay) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {_name(b, 'off in the replay')}{' (off in the run)' if a.off else ''} | {_cells(a)} | {_cells(b)} |"
+              for a, b in zip(original, replayed)]
     return "\n".join(lines)
 
 
