@@ -2,6 +2,7 @@
 its handler: replay under another sampler order lists each pipeline in its own order; compare
 across two vocabularies finds the divergence in the texts, not the ids."""
 
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -10,6 +11,8 @@ from inference.sampling.cutoffs import apply_min_p, apply_top_k, apply_top_p
 from inference.sampling.dynamic import apply_temperature
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, DEFAULT_ORDER
+from inference.serving.engine import Engine
+from inference.serving.models import Models
 from ui.controls import Controls, shaping_values
 from ui.handlers import Handlers
 
@@ -80,3 +83,60 @@ def test_replay_in_the_same_order_keeps_one_table(h):
     md = h.replay_step(rec, 1, *shaping_values(temperature=1.0, top_p=0.5))["replay_md"]
     assert "**The run**" not in md and "| kept (run) |" in md and "| kept (replay) |" in md
 
+
+
+@pytest.fixture(scope="module")
+def two_vocabularies(tiny_dirs, tmp_path_factory):
+    """Handlers over "mha" (sentencepiece) and "bpe" (a byte-level BPE): two tokenizers that
+    split the same text into different ids."""
+    from gguf_files import train_bpe_tokenizer_json
+    from tiny_models import TRAIN_TEXT, make_tiny_model
+    bpe = make_tiny_model(tmp_path_factory.mktemp("vocab"), "gqa_tied", dir_name="bpe",
+                          tokenizer_json=train_bpe_tokenizer_json(TRAIN_TEXT, 400))
+    dirs = {**tiny_dirs, "bpe": bpe}
+    models = Models(["mha", "bpe"], lambda spec, pool_mib: Engine.from_hf_dir(
+        dirs[spec], device="cpu", dtype="float32", kv_pool_mib=pool_mib or 8), needs=lambda spec: 1)
+    with models:
+        yield Handlers(models.engine(), models=models)
+
+
+def forced(h, a_text: str, b_text: str) -> dict:
+    """Compare A/B across the two vocabularies, each run held to its text by a regular expression."""
+    c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=20, seed="1", constraint="regex",
+                 constraint_text=re.escape(a_text))
+    return h.compare(*c.values(), *shaping_values(temperature=0.0, constraint="regex",
+                                                  constraint_text=re.escape(b_text)), "bpe", REQ)
+
+
+def step_texts(out: dict, run: str) -> list[str]:
+    return [text for text, _ in out[f"out_{run}"]]
+
+
+def test_compare_across_vocabularies_finds_the_same_text_the_same(two_vocabularies):
+    out = forced(two_vocabularies, "the fox", "the fox")
+    a, b = step_texts(out, "a"), step_texts(out, "b")
+    assert "".join(a) == "".join(b) == "the fox" and len(a) != len(b)  # the same text, other tokens
+    assert out["compare_md"].startswith("**A and B produced the same text** (their tokenizers differ")
+    assert "divergence" not in out["compare_md"] and out["bars_a"] == out["bars_b"] == ""
+    # No chart of the two models per step: the note says why.
+    assert out["compare_chart"]["visible"] is False and "their tokenizers differ" in out["compare_md"]
+
+
+def test_compare_across_vocabularies_finds_where_the_texts_differ(two_vocabularies):
+    out = forced(two_vocabularies, "the quick fox", "the quiet fox")
+    char = 7  # "the qui" is the same in both
+    summary = out["compare_md"]
+    assert summary.startswith(f"**Their texts first differ at character {char}** (their tokenizers differ")
+    for run in ("a", "b"):
+        texts = step_texts(out, run)
+        marked = [i for i, (_, label) in enumerate(out[f"out_{run}"]) if label == "diverges here"]
+        # The step marked holds the character: the text before it ends at or before `char`, and with it past.
+        assert len(marked) == 1 and len("".join(texts[:marked[0]])) <= char < len("".join(texts[:marked[0] + 1]))
+        assert f"at {run.upper()}'s step {marked[0]}, {run.upper()} chose **" in summary
+        assert out[f"bars_{run}"] and f"{run.upper()} at step {marked[0]}" in out[f"bars_{run}"]
+
+
+def test_compare_across_vocabularies_says_which_run_stopped(two_vocabularies):
+    out = forced(two_vocabularies, "the fox", "the fox jumps")
+    assert out["compare_md"].startswith("**Same text until character 7, where A stopped**")
+    assert out["bars_a"] == "" and out["bars_b"]

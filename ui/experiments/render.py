@@ -10,7 +10,7 @@ import pandas as pd
 
 from inference.events import StepEvent
 from ui.format import bucket, fmt_p, known, named_prob_html, prob_html, shown_prob, visible
-from ui.run_state import RunRecord, run_summary
+from ui.run_state import Divergence, RunRecord, run_summary
 
 # Where an engine lacks a capability (contract.Capabilities), the section says why in its place.
 NOT_HERE = "not available when the page is in front of a server"
@@ -105,18 +105,32 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
-def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
+BY_TEXT = "their tokenizers differ, so their texts are compared, not their token ids"
+
+
+def _chose(name: str, s: StepEvent) -> str:
+    return f"{name} chose **{html.escape(visible(s.piece))}** ({named_prob_html(shown_prob(s))})"
+
+
+def _parting(a: RunRecord, b: RunRecord, d: Divergence) -> str:
+    """Where A and B part: by token id, or (d.char set: tokenizers that differ) by text."""
+    stopped = "A" if d.a is None else "B"
+    if d.char is None:
+        if d.a is None or d.b is None:
+            return f"**Same tokens until step {d.b if d.a is None else d.a}, where {stopped} stopped.**"
+        return f"**First divergence at step {d.a}**: {_chose('A', a.steps[d.a])}, {_chose('B', b.steps[d.b])}."
+    why = f" ({BY_TEXT})"
+    if d.a is None or d.b is None:
+        return f"**Same text until character {d.char}, where {stopped} stopped**{why}."
+    return (f"**Their texts first differ at character {d.char}**{why}: at A's step {d.a}, "
+            f"{_chose('A', a.steps[d.a])}; at B's step {d.b}, {_chose('B', b.steps[d.b])}.")
+
+
+def compare_summary(a: RunRecord, b: RunRecord, d: Divergence | None, by_text: bool = False) -> str:
+    """Where A and B part (by_text: their tokenizers differ), and each run's numbers."""
     sa, sb = run_summary(a), run_summary(b)
-    lines = []
-    if at is None:
-        lines.append("**A and B produced the same tokens.**")
-    elif at < min(len(a.steps), len(b.steps)):
-        x, y = a.steps[at], b.steps[at]
-        lines.append(f"**First divergence at step {at}**: A chose **{html.escape(visible(x.piece))}** "
-                     f"({named_prob_html(shown_prob(x))}), B chose **{html.escape(visible(y.piece))}** "
-                     f"({named_prob_html(shown_prob(y))}).")
-    else:
-        lines.append(f"**Same tokens until step {at}, where one run stopped.**")
+    lines = [_parting(a, b, d) if d is not None else
+             f"**A and B produced the same {'text' if by_text else 'tokens'}**{f' ({BY_TEXT})' if by_text else ''}."]
     lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
               "|---|---|---|---|---|"]
     for name, s in (("A", sa), ("B", sb)):
@@ -126,6 +140,7 @@ def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
 
 
 def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, str | None]]:
+    """The run's text, its step `at` marked as where the runs part."""
     out = [(s.text, "diverges here" if i == at else bucket(shown_prob(s))) for i, s in enumerate(rec.steps)]
     if rec.done and rec.done.tail:
         out.append((rec.done.tail, None))
