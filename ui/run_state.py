@@ -128,8 +128,45 @@ def run_summary(rec: RunRecord) -> dict:
             "perplexity": math.exp(-logp) if logp == logp else float("nan")}
 
 
-def divergence(a: RunRecord, b: RunRecord) -> int | None:
+@dataclass(frozen=True)
+class Divergence:
+    """Where two runs part: the step of each that holds it (None: that run had ended before),
+    and, when their texts were compared (tokenizers that differ), the first character where the
+    texts differ (None: their token ids were compared)."""
+    a: int | None
+    b: int | None
+    char: int | None = None
+
+
+def divergence(a: RunRecord, b: RunRecord) -> Divergence | None:
+    """The first step whose token ids differ, or where one run stopped (None: the same tokens)."""
     for i, (x, y) in enumerate(zip(a.steps, b.steps)):
         if x.token_id != y.token_id:
+            return Divergence(i, i)
+    at = min(len(a.steps), len(b.steps))
+    if len(a.steps) == len(b.steps):
+        return None
+    return Divergence(at if at < len(a.steps) else None, at if at < len(b.steps) else None)
+
+
+def _step_holding(rec: RunRecord, char: int) -> int | None:
+    """The step by which the text had reached character `char` (text held back until the
+    end, DoneEvent.tail: the last step); None when the text is shorter."""
+    if char >= len(rec.answer_text) - len(rec.given_text) or not rec.steps:
+        return None
+    end = 0
+    for i, s in enumerate(rec.steps):
+        end += len(s.text)
+        if end > char:
             return i
-    return None if len(a.steps) == len(b.steps) else min(len(a.steps), len(b.steps))
+    return len(rec.steps) - 1
+
+
+def text_divergence(a: RunRecord, b: RunRecord) -> Divergence | None:
+    """Across two vocabularies (a token id is not the same text in both): the first character
+    where the generated texts differ, and each run's step that holds it (None: the same text)."""
+    ta, tb = (r.answer_text[len(r.given_text):] for r in (a, b))
+    if ta == tb:
+        return None
+    char = next((i for i, (x, y) in enumerate(zip(ta, tb)) if x != y), min(len(ta), len(tb)))
+    return Divergence(_step_holding(a, char), _step_holding(b, char), char)

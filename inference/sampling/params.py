@@ -25,6 +25,10 @@ def validate(p) -> None:
             check(p.constraint, p.constraint_text)
         except InputError as e:
             raise InputError(str(e), field=e.field or "constraint_text") from None
+    if p.dynatemp_range > 0 and p.temperature == 0:  # greedy keeps one token: no range to scale
+        raise InputError(f"dynatemp_range needs temperature above 0: temperature 0 is greedy (one token "
+                         f"kept), which a dynamic temperature cannot change (got a range of {p.dynatemp_range:g})",
+                         field="dynatemp_range")
     if p.seed is not None and (isinstance(p.seed, bool) or not isinstance(p.seed, int)
                                or not 0 <= p.seed < 2**63):
         raise InputError(f"seed must be an integer in [0, 2^63), got {shown(p.seed)}", field="seed")

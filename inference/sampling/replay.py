@@ -27,6 +27,7 @@ class StageStat:
     chosen_prob: float  # in this stage's renormalized distribution
     note: str = ""  # what the stage read from the run's state this step (XTC's coin, μ)
     key: str = ""  # the stage's setting name ("raw", "final" for the two ends)
+    off: bool = False  # listed though these settings leave it at its neutral value (it changes nothing)
 
 
 def _stat(name: str, logits: torch.Tensor, removed_mass: float, chosen: int, note: str = "",
@@ -75,6 +76,7 @@ def pipeline(logits: torch.Tensor, params: SamplingParams, state: RunState | Non
         if name in shown:
             removed = float(before[~torch.isfinite(logits)].sum())
             stats.append(_stat(label, logits, removed, chosen, _note(name, params, state, raw), name))
+            stats[-1].off = name not in params.changed
     final = logits.softmax(-1)
     stats.append(_stat("final (renormalized)", logits, 0.0, chosen, key="final"))
     return stats, final

@@ -109,7 +109,8 @@ def test_two_models_compared_along_as_text_as_transformers_says(two, tiny_dirs):
     transformers = pytest.importorskip("transformers")
     c = Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=10, seed="1")
     out = two.h.compare(*c.values(), *shaping_values(temperature=0.0), "gqa_tied", REQ)
-    summary, chart = out["compare_md"], out["compare_chart"]
+    summary, chart = out["compare_md"], out["compare_chart"]["value"]
+    assert out["compare_chart"]["visible"] is True
     engine = two.models.engine("mha")
     prompt = engine.tokenizer.encode("The quick brown")
     a = [e.token_id for e in engine.generate_ids(prompt, SamplingParams(temperature=0.0, max_new_tokens=10))
@@ -144,7 +145,7 @@ def test_models_whose_tokenizers_differ_are_not_compared_token_by_token(tmp_path
         h = Handlers(models.engine(), models=models)
         c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=4, seed="1")
         out = h.compare(*c.values(), *shaping_values(temperature=0.0), "other", REQ)
-        assert "their tokenizers differ" in out["compare_md"] and out["compare_chart"].empty
+        assert "their tokenizers differ" in out["compare_md"] and out["compare_chart"]["visible"] is False
         assert out["out_b"]  # B's own text is there
 
 

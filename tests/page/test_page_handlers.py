@@ -22,7 +22,7 @@ from inference.serving.kv_pool import BLOCK_SIZE
 from tiny_models import CHATML
 from ui.controls import Controls, controls_from_query, query_value, share_url
 from ui.handlers import STALE_PANELS, Handlers
-from ui.run_state import RunRecord, run_jsonl
+from ui.run_state import Divergence, RunRecord, run_jsonl
 import ui.experiments.render as exp_render
 import ui.format as formatting
 import ui.inside.render as inside_render
@@ -347,7 +347,7 @@ def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):
     assert as_seen(head, logp=False).endswith(f"p = {formatting.fmt_p(first.prob)} (raw p = {formatting.fmt_p(first.raw_prob)})")
     assert as_seen(head, logp=True).endswith(f"log p = {formatting.fmt_logp(first.prob)} "
                                              f"(raw log p = {formatting.fmt_logp(first.raw_prob)})")
-    summary = as_seen(exp_render.compare_summary(rec, rec, 0), logp=True)
+    summary = as_seen(exp_render.compare_summary(rec, rec, Divergence(0, 0)), logp=True)
     assert f"(log p = {formatting.fmt_logp(first.prob)})" in summary
 
 

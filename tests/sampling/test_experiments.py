@@ -134,7 +134,7 @@ def test_replay_and_likelihood_handlers(tiny_engine):
                           SimpleNamespace(session_hash="r")))[-1]["record"]
     md, bars = (lambda r: (r["replay_md"], r["replay_bars"]))(h.replay_step(rec, 2, 1.0, 0, 0.5, 0.0, 1.0))
     assert rec._logits[0] == 2  # kept: the next replay of this step makes no forward pass
-    assert "Step 2" in md and "| top-p |" in md and "final, replayed" in bars
+    assert "Step 2" in md and "| top-p (off in the run) |" in md and "final, replayed" in bars
     table = h.likelihood(rec, 3, " fox")
     assert "| **all" in table and "first 3 generated tokens" in table
 

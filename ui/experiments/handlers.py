@@ -14,8 +14,7 @@ from ui.base import PageBase, named_args, page_error, seed_or_random, step_index
 from ui.controls import Controls, page_message, sampling_params
 from ui.experiments import render
 from ui.experiments.two_models import TwoModels, along, same_vocabulary
-from ui.format import visible
-from ui.run_state import RunRecord, divergence
+from ui.run_state import RunRecord, divergence, text_divergence
 
 
 class ExperimentHandlers(PageBase):
@@ -91,20 +90,27 @@ class ExperimentHandlers(PageBase):
                 two, two_note = self._two_models(ra, rb) if ra.model != rb.model else (None, "")
         except TokenLabError as e:
             raise page_error(e) from None
-        at = divergence(ra, rb)
-        return {"out_a": render.highlighted_with_marker(ra, at), "out_b": render.highlighted_with_marker(rb, at),
-                "compare_md": (render.compare_summary(ra, rb, at) + f"\n\nSeed {chosen} for both."
+        by_text = not self._same_vocabulary(ra, rb)
+        d = (text_divergence if by_text else divergence)(ra, rb)
+        at_a, at_b = (None, None) if d is None else (d.a, d.b)
+        return {"out_a": render.highlighted_with_marker(ra, at_a), "out_b": render.highlighted_with_marker(rb, at_b),
+                "compare_md": (render.compare_summary(ra, rb, d, by_text) + f"\n\nSeed {chosen} for both."
                                + render.two_models_md(ra, rb, two, two_note, self.view(ra.model).tokenizer)),
-                "compare_chart": render.two_models_frame(two),
-                "bars_a": self._bars(ra.steps[at], f"A at step {at}", ra) if at is not None and at < len(ra.steps) else "",
-                "bars_b": self._bars(rb.steps[at], f"B at step {at}", rb) if at is not None and at < len(rb.steps) else ""}
+                # Drawn only where both read A's text (else the note says why there is nothing to draw).
+                "compare_chart": gr.update(value=render.two_models_frame(two), visible=two is not None),
+                "bars_a": "" if at_a is None else self._bars(ra.steps[at_a], f"A at step {at_a}", ra),
+                "bars_b": "" if at_b is None else self._bars(rb.steps[at_b], f"B at step {at_b}", rb)}
+
+    def _same_vocabulary(self, ra: RunRecord, rb: RunRecord) -> bool:
+        """Whether an id is the same text in both runs' models (always so within one model)."""
+        return ra.model == rb.model or same_vocabulary(self.view(ra.model).tokenizer, self.view(rb.model).tokenizer)
 
     def _two_models(self, ra: RunRecord, rb: RunRecord) -> tuple[TwoModels | None, str]:
         """A's text read by both models (each after its own prompt), or why it cannot be."""
         ma, mb = self.view(ra.model), self.view(rb.model)
         if not (ma.caps.internals and mb.caps.internals):
             return None, "the whole distributions are needed, which a server does not return"
-        if not same_vocabulary(ma.tokenizer, mb.tokenizer):
+        if not self._same_vocabulary(ra, rb):
             return None, ("their tokenizers differ: an id is not the same text in both, so their "
                           "distributions are over different outcomes")
         chosen = [s.token_id for s in ra.steps]

@@ -10,7 +10,7 @@ import pandas as pd
 
 from inference.events import StepEvent
 from ui.format import bucket, fmt_p, known, named_prob_html, prob_html, shown_prob, visible
-from ui.run_state import RunRecord, run_summary
+from ui.run_state import Divergence, RunRecord, run_summary
 
 # Where an engine lacks a capability (contract.Capabilities), the section says why in its place.
 NOT_HERE = "not available when the page is in front of a server"
@@ -46,20 +46,39 @@ def entropy_frame(rec: RunRecord) -> pd.DataFrame:
                         columns=["step", "nats"])
 
 
+def _rank(st) -> str:
+    return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {prob_html(st.chosen_prob)}"
+
+
+def _cells(st) -> str:
+    return f"{st.kept:,} | {fmt_p(st.mass_removed)} | {_rank(st)}"
+
+
+def _name(st, off: str = "off") -> str:
+    """The stage's label, what it read from the run's state, and whether it is off (at its neutral value)."""
+    return st.name + "".join(f" ({x})" for x in (st.note, off if st.off else "") if x)
+
+
+def _one_pipeline(stats, who: str) -> list[str]:
+    """One pipeline's stages, in the order it ran them."""
+    return [f"| stage | kept ({who}) | mass removed ({who}) | chosen rank, p ({who}) |", "|---|---|---|---|",
+            *(f"| {_name(st)} | {_cells(st)} |" for st in stats)]
+
+
 def stages_table(original, replayed, tokenizer, chosen: int) -> str:
-    lines = [f"Chosen token: **{html.escape(visible(tokenizer.piece(chosen)))}** (id {chosen}).", "",
-             "| stage | kept (run) | mass removed (run) | chosen rank, p (run) | kept (replay) | "
-             "mass removed (replay) | chosen rank, p (replay) |", "|---|---|---|---|---|---|---|"]
-
-    def rank(st):
-        return "removed" if st.chosen_rank is None else f"#{st.chosen_rank}, {prob_html(st.chosen_prob)}"
-
-    ran = {st.key: st for st in original}  # rows in the replay's order, matched by stage
-    for b in replayed:
-        a = ran.get(b.key, b)
-        note = f" ({b.note})" if b.note else ""
-        lines.append(f"| {b.name}{note} | {a.kept:,} | {fmt_p(a.mass_removed)} | {rank(a)} | {b.kept:,} | "
-                     f"{fmt_p(b.mass_removed)} | {rank(b)} |")
+    """The run's stages beside the replay's, row by row when both run them in the same order;
+    else each pipeline in a table of its own, in its own order, so that every column reads top
+    to bottom as it ran."""
+    lines = [f"Chosen token: **{html.escape(visible(tokenizer.piece(chosen)))}** (id {chosen}).", ""]
+    if [st.key for st in original] != [st.key for st in replayed]:
+        return "\n".join(lines + ["The run and the replay run the stages in different orders: each is "
+                                   "listed in its own.", "", "**The run**, in its order:", "",
+                                   *_one_pipeline(original, "run"), "", "**The replay**, in its order:", "",
+                                   *_one_pipeline(replayed, "replay")])
+    lines += ["| stage | kept (run) | mass removed (run) | chosen rank, p (run) | kept (replay) | "
+              "mass removed (replay) | chosen rank, p (replay) |", "|---|---|---|---|---|---|---|"]
+    lines += [f"| {_name(b, 'off in the replay')}{' (off in the run)' if a.off else ''} | {_cells(a)} | {_cells(b)} |"
+              for a, b in zip(original, replayed)]
     return "\n".join(lines)
 
 
@@ -86,18 +105,32 @@ def replay_bars(step: StepEvent, final_run, final_replay, tokenizer, n: int = 10
     return f"<div class='tl-bars'>{head}{''.join(rows)}</div>"
 
 
-def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
+BY_TEXT = "their tokenizers differ, so their texts are compared, not their token ids"
+
+
+def _chose(name: str, s: StepEvent) -> str:
+    return f"{name} chose **{html.escape(visible(s.piece))}** ({named_prob_html(shown_prob(s))})"
+
+
+def _parting(a: RunRecord, b: RunRecord, d: Divergence) -> str:
+    """Where A and B part: by token id, or (d.char set: tokenizers that differ) by text."""
+    stopped = "A" if d.a is None else "B"
+    if d.char is None:
+        if d.a is None or d.b is None:
+            return f"**Same tokens until step {d.b if d.a is None else d.a}, where {stopped} stopped.**"
+        return f"**First divergence at step {d.a}**: {_chose('A', a.steps[d.a])}, {_chose('B', b.steps[d.b])}."
+    why = f" ({BY_TEXT})"
+    if d.a is None or d.b is None:
+        return f"**Same text until character {d.char}, where {stopped} stopped**{why}."
+    return (f"**Their texts first differ at character {d.char}**{why}: at A's step {d.a}, "
+            f"{_chose('A', a.steps[d.a])}; at B's step {d.b}, {_chose('B', b.steps[d.b])}.")
+
+
+def compare_summary(a: RunRecord, b: RunRecord, d: Divergence | None, by_text: bool = False) -> str:
+    """Where A and B part (by_text: their tokenizers differ), and each run's numbers."""
     sa, sb = run_summary(a), run_summary(b)
-    lines = []
-    if at is None:
-        lines.append("**A and B produced the same tokens.**")
-    elif at < min(len(a.steps), len(b.steps)):
-        x, y = a.steps[at], b.steps[at]
-        lines.append(f"**First divergence at step {at}**: A chose **{html.escape(visible(x.piece))}** "
-                     f"({named_prob_html(shown_prob(x))}), B chose **{html.escape(visible(y.piece))}** "
-                     f"({named_prob_html(shown_prob(y))}).")
-    else:
-        lines.append(f"**Same tokens until step {at}, where one run stopped.**")
+    lines = [_parting(a, b, d) if d is not None else
+             f"**A and B produced the same {'text' if by_text else 'tokens'}**{f' ({BY_TEXT})' if by_text else ''}."]
     lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
               "|---|---|---|---|---|"]
     for name, s in (("A", sa), ("B", sb)):
@@ -107,6 +140,7 @@ def compare_summary(a: RunRecord, b: RunRecord, at: int | None) -> str:
 
 
 def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, str | None]]:
+    """The run's text, its step `at` marked as where the runs part."""
     out = [(s.text, "diverges here" if i == at else bucket(shown_prob(s))) for i, s in enumerate(rec.steps)]
     if rec.done and rec.done.tail:
         out.append((rec.done.tail, None))
