@@ -18,6 +18,7 @@ from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
 from inference.serving.engine import check_ids, parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
+from inference.sampling.state import check_vocab
 from ui.base import PageBase, named_args, seed_or_random, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, page_message, sampling_params
@@ -48,6 +49,14 @@ def continued_text(tokenizer, ids: list[int]) -> str:
         return tokenizer.decode(ids)
     stream = tokenizer.stream()
     return "".join(stream.push(t) for t in ids)
+
+
+def failure_line(e: Exception) -> str:
+    """An error that ended a run mid-way, in one line: a user's error as the page words it, any
+    other with its kind."""
+    text = e.message if isinstance(e, gr.Error) else page_message(e) if isinstance(e, TokenLabError) \
+        else f"{type(e).__name__}: {e}"
+    return " ".join(str(text).split())
 
 
 class RunHandlers(PageBase):
@@ -137,7 +146,20 @@ class RunHandlers(PageBase):
             gr.Warning(f"Not started: {page_message(e, one_line=True)}")  # a toast: one line
             yield {}
             return
-        yield from self.generate(*c.values(), request, history)
+        rec = None
+        try:
+            for out in self.generate(*c.values(), request, history):
+                rec = out.get("record", rec)
+                yield out
+        except Exception as e:  # noqa: BLE001 - any engine error: the run ends, said in one line
+            if rec is None:  # refused before it ran (this tab's run going, the visitor's share)
+                raise
+            # Raised on, it left the page mid-run in chromium: the toast came but after_run's
+            # updates never did (the status counting, Generate off, Stop dead). Ended here, the
+            # event succeeds and after_run draws the end as for any run.
+            rec.error = failure_line(e)
+            gr.Warning(f"The run failed: {rec.error}")
+            yield {"status": f"⚠ The run failed: {rec.error}", "record": rec}
 
     def outputs(self, rec: RunRecord, notice: str = "") -> dict:
         """RUN_OUTPUTS' values for the run so far.
@@ -218,7 +240,7 @@ class RunHandlers(PageBase):
         out = {**idle, "regenerate": gr.update(interactive=bool(new_history)), **self.drawn(rec),
                "history": new_history, "conversation": conversation_html(new_history),
                "status": (render.status_text(rec, m.context, time.monotonic()) if rec.done is not None
-                          else "The run failed: see the message.")}
+                          else f"⚠ The run failed: {rec.error or 'see the message.'}")}
         if turn:  # a chat turn was sent: the box is ready for the next
             out["prompt"] = ""
         return out
@@ -388,8 +410,11 @@ class RunHandlers(PageBase):
         turns = list(history or []) if chat else []
         ids = m.engine.prompt_ids(c.prompt, chat, c.system, turns)
         given = parse_ids(c.prefix_ids, "prefix ids")
+        tokens = getattr(m.tokenizer, "vocab_size", None) or 2**62
+        # The engine checks the bias only once the run streams; the model's own count where known.
+        check_vocab(params, m.info.cfg.vocab_size if m.info.cfg is not None else tokens, m.tokenizer)
         if given:  # the ids and the room they leave, checked before the run is queued
-            check_ids(ids + given, getattr(m.tokenizer, "vocab_size", None) or 2**62, m.context - 1)
+            check_ids(ids + given, tokens, m.context - 1)
         return RunRecord(m.label, m.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
                          given=given, given_text=continued_text(m.tokenizer, given),
                          params=params, bias=dict(decode_logit_bias(params.logit_bias, m.tokenizer)),
