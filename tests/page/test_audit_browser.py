@@ -8,6 +8,7 @@ import pytest
 from browser import open_at
 from engine_hold import fail_mid_run
 from inference.errors import InputError
+from tiny_models import offered, without_chat_template
 
 SHOTS = Path("/tmp/shots/fix-page-audit")
 SIZES = [(1400, 1000), (420, 900)]
@@ -35,4 +36,41 @@ def test_an_engine_error_mid_run_ends_the_run_on_the_page(live_app, browser, mon
     assert page.locator("#status").inner_text().strip() == status
     page.locator("#status").scroll_into_view_if_needed()
     shot(page, f"engine-error-mid-run-{width}")
+    page.close()
+
+
+@pytest.fixture(scope="module")
+def two_models_app(tiny_dirs, tmp_path_factory):
+    """The real page offering "mha" (the default) and "plain" (gqa_tied without a chat
+    template), served on a free localhost port."""
+    from ui.handlers import Handlers
+    from ui.layout import build_ui, launch
+    plain = without_chat_template(tiny_dirs["gqa_tied"], tmp_path_factory.mktemp("plain") / "plain")
+    models = offered({"mha": tiny_dirs["mha"], "plain": plain})
+    engine = models.engine()
+    demo = build_ui(engine, Handlers(engine, models=models))
+    _, url, _ = launch(demo, engine, port=None, block=False)
+    yield url.rstrip("/")
+    demo.close()
+    models.close()
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_picking_a_model_updates_the_kv_formula_and_clears_a_not_started_status(two_models_app, browser,
+                                                                                width, height):
+    """Chat mode on "plain" is refused in the status line; picking "mha" clears it, and the
+    KV-cache formula shows mha's numbers (4 KV heads) where it showed plain's (2)."""
+    page = open_at(browser, two_models_app, width, height, "prompt=Hello&model=plain&mode=chat&max_new_tokens=4")
+    page.wait_for_function("document.querySelector('#kv-formula').innerText.includes('2 × 2 × 2 × 16 × 4')")
+    page.click("#generate")
+    page.wait_for_function("document.querySelector('#status').innerText.includes('no chat template')")
+    page.locator("#status").scroll_into_view_if_needed()
+    shot(page, f"model-refused-{width}")
+    page.locator("#model input").click()
+    page.get_by_role("option", name="mha").click()
+    page.wait_for_function("document.querySelector('#kv-formula').innerText.includes('2 × 2 × 4 × 16 × 4')")
+    page.wait_for_function("document.querySelector('#status').innerText.trim() === ''")
+    assert "2 × 2 × 2 × 16" not in page.locator("#kv-formula").inner_text()
+    page.locator("#model").scroll_into_view_if_needed()
+    shot(page, f"model-switched-{width}")
     page.close()

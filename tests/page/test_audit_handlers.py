@@ -1,6 +1,7 @@
 """The page audit's defects, checked at the handlers (the browser's checks are in
 test_audit_browser.py). One test per defect, named after it."""
 
+import json
 from types import SimpleNamespace
 
 import pytest
@@ -8,7 +9,9 @@ import pytest
 from engine_hold import fail_mid_run
 from inference.errors import InputError
 from ui.controls import Controls
+from tiny_models import offered, without_chat_template
 from ui.handlers import Handlers
+import ui.run.kv as kv_panel
 
 REQ = SimpleNamespace(session_hash="audit")
 
@@ -55,3 +58,37 @@ def test_an_engine_error_mid_run_ends_the_run(h, tiny_engine, monkeypatch, error
     assert after["generate"]["interactive"] is True and after["stop_button"]["interactive"] is False
     assert after["live"].active is False
     assert not h.registry.running("audit")  # the job is let go: the next run may start
+
+
+@pytest.fixture(scope="module")
+def picker(tiny_dirs, tmp_path_factory):
+    """A page offering "mha" (the default), "gqa_tied" and "plain" (gqa_tied without a chat template)."""
+    plain = without_chat_template(tiny_dirs["gqa_tied"], tmp_path_factory.mktemp("plain") / "plain")
+    models = offered({"mha": tiny_dirs["mha"], "gqa_tied": tiny_dirs["gqa_tied"], "plain": plain})
+    yield Handlers(models.engine(), models=models)
+    models.close()
+
+
+def test_the_kv_formula_follows_the_model_picked_before_any_run(picker, tiny_dirs):
+    """The formula's numbers are the picked model's, as its config.json gives them: 2 × layers ×
+    KV heads × head dim × 4 bytes (float32). "mha" has 4 KV heads, gqa_tied 2."""
+    def dims(label):
+        cfg = json.loads((tiny_dirs[label] / "config.json").read_text())
+        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+        return f"2 × {cfg['num_hidden_layers']} × {cfg['num_key_value_heads']} × {head_dim} × 4 "
+
+    assert dims("mha") in kv_panel.kv_formula(picker.info) and dims("mha") != dims("gqa_tied")
+    for label in ("gqa_tied", "mha"):
+        out = picker.choose_model(label, "The quick", "completion", "", 5)
+        assert dims(label) in out["kv_text"], out["kv_text"]
+
+
+def test_a_not_started_status_goes_when_another_model_is_picked(picker):
+    """Chat mode on the model without a template is refused in the status line; picking a
+    model clears that message (Generate checks again); a run's own status stays."""
+    c = controls(model="plain", mode="chat")
+    refused = picker.begin(*c.values(), REQ)["status"]
+    assert refused == "⚠ Not started: this model has no chat template; use completion mode"
+    assert picker.choose_model("mha", "The quick", "chat", "", 5, [], refused)["status"] == ""
+    ended = "Run ended: 6 tokens · stopped at max new tokens"
+    assert "status" not in picker.choose_model("gqa_tied", "The quick", "chat", "", 5, [], ended)

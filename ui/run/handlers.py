@@ -36,6 +36,7 @@ RUN_OUTPUTS = ("output", "bars", "stats", "kv_text", "notice", "status", "step",
 # Panels that show results about the previous run; a new run clears them.
 STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
 KEEP_FILES = 200
+NOT_STARTED = "⚠ Not started:"  # begin's status for input it refused
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 
 
@@ -76,7 +77,7 @@ class RunHandlers(PageBase):
         try:
             rec = self._prepare(c, 0, history)  # every control that cannot be used, named as the page labels it
         except TokenLabError as e:
-            return {"status": f"⚠ Not started: {page_message(e)}"}
+            return {"status": f"{NOT_STARTED} {page_message(e)}"}
         rec.seed, rec.queued_at = None, time.monotonic()
         with self._lock:
             self._waiting[session] = rec.queued_at
@@ -344,10 +345,12 @@ class RunHandlers(PageBase):
         """Each offered model and what it takes in memory (loaded ones), the memory free now."""
         return render.models_markdown(self.models, available_memory_bytes(), error)
 
-    def choose_model(self, model, prompt, mode, system, max_new_tokens, history=None) -> dict:
+    def choose_model(self, model, prompt, mode, system, max_new_tokens, history=None, status="") -> dict:
         """A model chosen in the picker: loaded now if this is its first use (a load that
         cannot fit is refused, said under the picker), then the model card, its memory, the
-        context counter, the system prompt's default and the sliders' ranges follow it."""
+        KV-cache formula, the context counter, the system prompt's default and the sliders'
+        ranges follow it. A status saying why a run did not start is about the model before:
+        it goes (Generate checks again); a run's own status stays."""
         try:
             m = self.view(model)
         except TokenLabError as e:
@@ -356,10 +359,12 @@ class RunHandlers(PageBase):
         most = m.context - 1 if cap is None else min(m.context - 1, cap)
         cfg = m.info.cfg
         out = {"model_md": self.models_markdown(), "model_card": render.model_card(m.info),
-               "memory": memory_markdown(m.info),
+               "memory": memory_markdown(m.info), "kv_text": kv.kv_formula(m.info),
                "context_count": self.count_context(prompt, mode, system, max_new_tokens, history, model),
                "max_new_tokens": gr.update(maximum=most),
                "system": gr.update(placeholder=m.default_system or "none")}
+        if str(status or "").startswith(NOT_STARTED):
+            out["status"] = ""
         if cfg is not None:
             out["layer"] = gr.update(maximum=cfg.n_layers - 1, value=cfg.n_layers - 1)
             out["head"] = gr.update(maximum=cfg.n_heads - 1, value=0)
