@@ -12,6 +12,7 @@ from ui.controls import Controls
 from tiny_models import offered, without_chat_template
 from ui.handlers import Handlers
 import ui.run.kv as kv_panel
+import ui.run.render as run_render
 
 REQ = SimpleNamespace(session_hash="audit")
 
@@ -92,3 +93,23 @@ def test_a_not_started_status_goes_when_another_model_is_picked(picker):
     assert picker.choose_model("mha", "The quick", "chat", "", 5, [], refused)["status"] == ""
     ended = "Run ended: 6 tokens · stopped at max new tokens"
     assert "status" not in picker.choose_model("gqa_tied", "The quick", "chat", "", 5, [], ended)
+
+
+def test_the_model_list_says_its_weights_count_the_second_copies(picker):
+    """The list's weights are the parameters as loaded plus the linear layers' second copies
+    (counted here from the model's own modules); where there are copies it says so, so that
+    it does not seem to disagree with the card's parameters × bytes."""
+    from inference.serving.models import Footprint
+    engine = picker.view("mha").engine
+    copies = {id(c): c for m in engine.model.modules()
+              for c in (getattr(m, "decode_weight", None), getattr(m, "rows_weight", None)) if c is not None}
+    f = picker.models.footprint("mha")
+    assert f.copies_bytes == sum(c.numel() * c.element_size() for c in copies.values())
+    mib = 2**20
+    listed = picker.models_markdown()
+    assert f"**mha** (default): {f.weights_bytes / mib:,.0f} MiB of weights" in listed
+    assert ("second copies" in listed) == (f.copies_bytes > 0)
+    # SmolLM2-135M at float32 with oneDNN's copies: 513 MiB as loaded, 517 MiB of copies.
+    said = run_render.weights_text(Footprint(1030 * mib, 4 * mib, 517 * mib))
+    assert said.startswith("1,030 MiB of weights in memory: 513 MiB as loaded and 517 MiB of their second copies")
+    assert run_render.weights_text(Footprint(513 * mib, 4 * mib)) == "513 MiB of weights"
