@@ -113,3 +113,17 @@ def test_the_model_list_says_its_weights_count_the_second_copies(picker):
     said = run_render.weights_text(Footprint(1030 * mib, 4 * mib, 517 * mib))
     assert said.startswith("1,030 MiB of weights in memory: 513 MiB as loaded and 517 MiB of their second copies")
     assert run_render.weights_text(Footprint(513 * mib, 4 * mib)) == "513 MiB of weights"
+
+
+def test_a_number_box_label_says_what_its_zero_does_as_its_help_does():
+    """Each number box's label says what its off value does, in the words its help uses (DRY
+    range: 0 searches the whole context, so "0 = all", not "0 = default")."""
+    import re
+    from inference.sampling.settings import SETTINGS
+    from ui.widgets import setting_control
+    boxes = {s.name: (s, setting_control(s, s.default, 256)) for s in SETTINGS if s.control == "number"}
+    assert boxes["dry_penalty_last_n"][1].label == "DRY range (0 = all)"
+    assert boxes["top_k"][1].label == "Top-k (0 = off)"
+    for s, box in boxes.values():
+        said = re.fullmatch(re.escape(s.label) + r" \((.+)\)", box.label).group(1)
+        assert said in s.help, (box.label, s.help)
