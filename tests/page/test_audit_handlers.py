@@ -127,3 +127,17 @@ def test_a_number_box_label_says_what_its_zero_does_as_its_help_does():
     for s, box in boxes.values():
         said = re.fullmatch(re.escape(s.label) + r" \((.+)\)", box.label).group(1)
         assert said in s.help, (box.label, s.help)
+
+
+def test_an_engine_that_refuses_the_run_at_once_ends_it_on_the_page(h, tiny_engine, monkeypatch):
+    """A server's engine raises from generate_ids itself (it is no generator): the page's run
+    ends as for an error mid-run, not with an error that leaves the page running."""
+    def refusing(*args, **kwargs):
+        raise InputError("a branch in front of a server cannot use presence or frequency penalties")
+    monkeypatch.setattr(tiny_engine, "generate_ids", refusing)
+    c = controls()
+    h.begin(*c.values(), REQ)
+    updates = list(h.generate_on_page(*c.values(), REQ))
+    rec = updates[-1]["record"]
+    line = "⚠ The run failed: a branch in front of a server cannot use presence or frequency penalties"
+    assert updates[-1]["status"] == line and h.after_run(rec, [], REQ)["status"] == line

@@ -52,6 +52,12 @@ def continued_text(tokenizer, ids: list[int]) -> str:
     return "".join(stream.push(t) for t in ids)
 
 
+def raising(e: Exception) -> Iterator:
+    """Events that are an error: raised when the first is asked for."""
+    raise e
+    yield  # (a generator)
+
+
 def failure_line(e: Exception) -> str:
     """An error that ended a run mid-way, in one line: a user's error as the page words it, any
     other with its kind."""
@@ -125,8 +131,11 @@ class RunHandlers(PageBase):
         if rec.params.max_new_tokens > room:
             notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
                       f"uses {n} of the {m.context}-token context window.")
-        stream = EventPump(m.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel, given=rec.given),
-                           cancel)
+        try:
+            events = m.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel, given=rec.given)
+        except Exception as e:  # noqa: BLE001 - a server's engine refuses at once (it is no generator):
+            events = raising(e)  # the run fails after its first update, as one refused mid-way does
+        stream = EventPump(events, cancel)
         try:
             yield self.outputs(rec, notice)
             for batch in stream.batches(lambda: paced_interval(m.update_interval_s, m.engine.active_runs)):
