@@ -119,3 +119,18 @@ def wait_until(predicate, what: str = "the condition", timeout_s: float = TIMEOU
     while not predicate():
         assert time.monotonic() < deadline, f"{what} did not happen within {timeout_s:.0f} s"
         time.sleep(0.01)
+
+
+def fail_mid_run(monkeypatch, engine, error: Exception) -> None:
+    """The engine's runs raise `error` after their first event (an engine error mid-run), for
+    the rest of the test."""
+    real = engine.generate_ids
+
+    def failing(*args, **kwargs):
+        events = real(*args, **kwargs)
+        try:
+            yield next(events)
+        finally:
+            events.close()
+        raise error
+    monkeypatch.setattr(engine, "generate_ids", failing)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -110,3 +111,22 @@ def write_tokenizer(d: Path, sp_model: bytes | None, tokenizer_json: str | None 
     (d / "tokenizer_config.json").write_text(json.dumps({**tok_cfg, "chat_template": CHATML}))
     (d / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.9}))
 
+
+
+def without_chat_template(src: Path, dst: Path) -> Path:
+    """A copy of a tiny model's directory whose tokenizer has no chat template (chat mode is
+    refused for it)."""
+    shutil.copytree(src, dst)
+    cfg = json.loads((dst / "tokenizer_config.json").read_text())
+    cfg.pop("chat_template", None)
+    (dst / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return dst
+
+
+def offered(dirs: dict[str, Path]):
+    """inference.serving.models.Models offering these tiny models by label (the first the
+    default), each loaded on its first use."""
+    from inference.serving.engine import Engine
+    from inference.serving.models import Models
+    return Models(list(dirs), lambda spec, pool_mib: Engine.from_hf_dir(
+        dirs[spec], device="cpu", dtype="float32", kv_pool_mib=pool_mib or 8), needs=lambda spec: 1)

@@ -34,6 +34,7 @@ class RunRecord:
     queued_at: float | None = None  # time.monotonic() at the click
     started_at: float | None = None  # when the engine took the run (None: still waiting)
     finished: bool = False  # after_run has drawn its end (charts, files, chat turn)
+    error: str = ""  # why the run failed mid-way, one line (empty: it did not)
     controls: object = None  # the page's Controls the run was started with
     waiting: WaitEvent | None = None  # while the run is queued for KV blocks
     prefilled: int = 0  # prompt tokens read so far, while a long prompt is read a chunk a step

@@ -53,7 +53,7 @@ def setting_control(s: Setting, value, context: int, label_prefix: str = "", ele
                           lines=6 if long else 1, max_lines=20 if long else None)
     lo = s.minimum + s.step if s.min_open else s.minimum  # an open minimum: the first step above it
     if s.control == "number":
-        return gr.Number(value, label=f"{label} ({s.off} = {'off' if s.neutral is not None else 'default'})", precision=None, info=info,
+        return gr.Number(value, label=label_prefix + s.off_label, precision=None, info=info,
                          elem_id=elem_id, visible=visible, interactive=None if available else False,
                          minimum=lo, maximum=s.maximum, step=s.step, elem_classes=[UNCHECKED])
     hi = s.maximum if s.maximum is not None else context - 1

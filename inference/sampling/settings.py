@@ -48,6 +48,7 @@ class Setting:
     max_chars: int = 2000  # text settings: the most characters taken
     strip: bool = True  # text settings: surrounding white space dropped (a regular expression keeps it)
     sent_by_stage: bool = False  # a server gets it inside its stage's server_form (not on its own)
+    off_means: str = ""  # number boxes: what its off value does, in the label (empty: off, or default)
 
     @property
     def is_stage(self) -> bool:
@@ -57,6 +58,11 @@ class Setting:
     def stage_name(self) -> str | None:
         """The stage this setting shapes: its own, or the one it is a parameter of."""
         return self.part_of or (self.name if self.is_stage else None)
+
+    @property
+    def off_label(self) -> str:
+        """The number box's label: what its off value does said after it, as the help says it."""
+        return f"{self.label} ({self.off:g} = {self.off_means or ('off' if self.neutral is not None else 'default')})"
 
     @property
     def off(self):
@@ -265,7 +271,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("dry_allowed_length", int, 2, 1, 50, "DRY allowed length", "repeats this long are "
             "not penalized", step=1, group="more", part_of="dry_multiplier"),
     Setting("dry_penalty_last_n", int, 0, 0, None, "DRY range", "tokens of the context searched "
-            "for repeats; 0 = all", step=1, group="more", part_of="dry_multiplier", control="number"),
+            "for repeats; 0 = all", step=1, group="more", part_of="dry_multiplier", control="number",
+            off_means="all"),
     Setting("dry_sequence_breakers", str, '"\\n", ":", "\\"", "*"', 0, None, "DRY sequence breakers",
             "JSON strings; a repeat does not continue across one", group="more",
             part_of="dry_multiplier", control="text", decode=decode_breakers, example='"\\n", ":"'),

@@ -17,10 +17,11 @@ RESERVE_BYTES = 512 * 2**20
 
 @dataclass(frozen=True)
 class Footprint:
-    """A model's memory: its weights (and reduced-precision decode copies) and its KV pool (the
+    """A model's memory: its weights (and the linear layers' second copies) and its KV pool (the
     pool is reserved whole; on a CPU its pages are committed only as runs write them)."""
-    weights_bytes: int
+    weights_bytes: int  # the parameters and tables as loaded, and copies_bytes
     pool_bytes: int
+    copies_bytes: int = 0  # of weights_bytes: the second copies (reduced precision, or oneDNN's packed layout)
 
     @property
     def total(self) -> int:
@@ -41,9 +42,10 @@ def footprint_of(engine) -> Footprint:
             weights += t.numel() * t.element_size()
     copies = {id(c): c for m in model.modules()
               for c in (getattr(m, "decode_weight", None), getattr(m, "rows_weight", None)) if c is not None}
-    weights += sum(c.numel() * c.element_size() for c in copies.values())
+    copied = sum(c.numel() * c.element_size() for c in copies.values())
     pool = engine.scheduler.pool
-    return Footprint(weights, pool.k.numel() * pool.k.element_size() + pool.v.numel() * pool.v.element_size())
+    return Footprint(weights + copied, pool.k.numel() * pool.k.element_size() + pool.v.numel() * pool.v.element_size(),
+                     copied)
 
 
 class Models:

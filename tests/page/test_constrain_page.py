@@ -77,7 +77,10 @@ def test_every_ready_example_is_valid_and_fills_both_boxes(name):
 def test_the_live_check_says_what_is_wrong_in_one_line():
     assert constrain.check_text("", "anything") == ""
     said = constrain.check_text("grammar", 'root ::= "a" | b')
-    assert said.startswith("⚠ constraint_text is not a valid grammar (EBNF)") and 'Rule "b" is not defined' in said
+    # The box by its label, as Generate's status line calls it (not the parameter's name).
+    assert said.startswith("⚠ Constraint is not a valid grammar (EBNF)") and 'Rule "b" is not defined' in said
+    assert "constraint_text" not in said
+    assert constrain.check_text("json_schema", " ") == "⚠ Constraint is empty: give the JSON schema"
 
 
 def test_a_link_with_a_constraint_restores_it_and_opens_its_box(h):

@@ -6,6 +6,7 @@ import json
 
 from inference.errors import InputError
 from inference.sampling.settings import CONSTRAINT_KINDS
+from ui.controls import labelled
 
 
 def _schema(properties: dict, required=None) -> str:
@@ -40,12 +41,13 @@ def pick_example(name: str | None) -> dict:
 
 
 def check_text(kind: str, text: str) -> str:
-    """One line under the box: whether the constraint parses, and xgrammar's message if not."""
+    """One line under the box: whether the constraint parses, and xgrammar's message if not (the
+    box called by its label, as the status line calls it)."""
     if not kind:
         return ""
     from inference.sampling.constrain import check
     try:
         check(kind, text or "")
     except InputError as e:
-        return f"⚠ {e}"
+        return f"⚠ {labelled('constraint_text', str(e))}"
     return f"✓ a valid {CONSTRAINT_KINDS[kind][0]}: only text it allows is sampled; the run ends when it is complete."

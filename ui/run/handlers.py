@@ -18,6 +18,7 @@ from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
 from inference.serving.engine import check_ids, parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
+from inference.sampling.state import check_vocab
 from ui.base import PageBase, named_args, seed_or_random, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, page_message, sampling_params
@@ -35,6 +36,7 @@ RUN_OUTPUTS = ("output", "bars", "stats", "kv_text", "notice", "status", "step",
 # Panels that show results about the previous run; a new run clears them.
 STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
 KEEP_FILES = 200
+NOT_STARTED = "⚠ Not started:"  # begin's status for input it refused
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 
 
@@ -48,6 +50,20 @@ def continued_text(tokenizer, ids: list[int]) -> str:
         return tokenizer.decode(ids)
     stream = tokenizer.stream()
     return "".join(stream.push(t) for t in ids)
+
+
+def raising(e: Exception) -> Iterator:
+    """Events that are an error: raised when the first is asked for."""
+    raise e
+    yield  # (a generator)
+
+
+def failure_line(e: Exception) -> str:
+    """An error that ended a run mid-way, in one line: a user's error as the page words it, any
+    other with its kind."""
+    text = e.message if isinstance(e, gr.Error) else page_message(e) if isinstance(e, TokenLabError) \
+        else f"{type(e).__name__}: {e}"
+    return " ".join(str(text).split())
 
 
 class RunHandlers(PageBase):
@@ -67,7 +83,7 @@ class RunHandlers(PageBase):
         try:
             rec = self._prepare(c, 0, history)  # every control that cannot be used, named as the page labels it
         except TokenLabError as e:
-            return {"status": f"⚠ Not started: {page_message(e)}"}
+            return {"status": f"{NOT_STARTED} {page_message(e)}"}
         rec.seed, rec.queued_at = None, time.monotonic()
         with self._lock:
             self._waiting[session] = rec.queued_at
@@ -115,8 +131,11 @@ class RunHandlers(PageBase):
         if rec.params.max_new_tokens > room:
             notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
                       f"uses {n} of the {m.context}-token context window.")
-        stream = EventPump(m.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel, given=rec.given),
-                           cancel)
+        try:
+            events = m.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel, given=rec.given)
+        except Exception as e:  # noqa: BLE001 - a server's engine refuses at once (it is no generator):
+            events = raising(e)  # the run fails after its first update, as one refused mid-way does
+        stream = EventPump(events, cancel)
         try:
             yield self.outputs(rec, notice)
             for batch in stream.batches(lambda: paced_interval(m.update_interval_s, m.engine.active_runs)):
@@ -137,7 +156,20 @@ class RunHandlers(PageBase):
             gr.Warning(f"Not started: {page_message(e, one_line=True)}")  # a toast: one line
             yield {}
             return
-        yield from self.generate(*c.values(), request, history)
+        rec = None
+        try:
+            for out in self.generate(*c.values(), request, history):
+                rec = out.get("record", rec)
+                yield out
+        except Exception as e:  # noqa: BLE001 - any engine error: the run ends, said in one line
+            if rec is None:  # refused before it ran (this tab's run going, the visitor's share)
+                raise
+            # Raised on, it left the page mid-run in chromium: the toast came but after_run's
+            # updates never did (the status counting, Generate off, Stop dead). Ended here, the
+            # event succeeds and after_run draws the end as for any run.
+            rec.error = failure_line(e)
+            gr.Warning(f"The run failed: {rec.error}")
+            yield {"status": f"⚠ The run failed: {rec.error}", "record": rec}
 
     def outputs(self, rec: RunRecord, notice: str = "") -> dict:
         """RUN_OUTPUTS' values for the run so far.
@@ -218,7 +250,7 @@ class RunHandlers(PageBase):
         out = {**idle, "regenerate": gr.update(interactive=bool(new_history)), **self.drawn(rec),
                "history": new_history, "conversation": conversation_html(new_history),
                "status": (render.status_text(rec, m.context, time.monotonic()) if rec.done is not None
-                          else "The run failed: see the message.")}
+                          else f"⚠ The run failed: {rec.error or 'see the message.'}")}
         if turn:  # a chat turn was sent: the box is ready for the next
             out["prompt"] = ""
         return out
@@ -322,10 +354,12 @@ class RunHandlers(PageBase):
         """Each offered model and what it takes in memory (loaded ones), the memory free now."""
         return render.models_markdown(self.models, available_memory_bytes(), error)
 
-    def choose_model(self, model, prompt, mode, system, max_new_tokens, history=None) -> dict:
+    def choose_model(self, model, prompt, mode, system, max_new_tokens, history=None, status="") -> dict:
         """A model chosen in the picker: loaded now if this is its first use (a load that
         cannot fit is refused, said under the picker), then the model card, its memory, the
-        context counter, the system prompt's default and the sliders' ranges follow it."""
+        KV-cache formula, the context counter, the system prompt's default and the sliders'
+        ranges follow it. A status saying why a run did not start is about the model before:
+        it goes (Generate checks again); a run's own status stays."""
         try:
             m = self.view(model)
         except TokenLabError as e:
@@ -334,10 +368,12 @@ class RunHandlers(PageBase):
         most = m.context - 1 if cap is None else min(m.context - 1, cap)
         cfg = m.info.cfg
         out = {"model_md": self.models_markdown(), "model_card": render.model_card(m.info),
-               "memory": memory_markdown(m.info),
+               "memory": memory_markdown(m.info), "kv_text": kv.kv_formula(m.info),
                "context_count": self.count_context(prompt, mode, system, max_new_tokens, history, model),
                "max_new_tokens": gr.update(maximum=most),
                "system": gr.update(placeholder=m.default_system or "none")}
+        if str(status or "").startswith(NOT_STARTED):
+            out["status"] = ""
         if cfg is not None:
             out["layer"] = gr.update(maximum=cfg.n_layers - 1, value=cfg.n_layers - 1)
             out["head"] = gr.update(maximum=cfg.n_heads - 1, value=0)
@@ -388,8 +424,11 @@ class RunHandlers(PageBase):
         turns = list(history or []) if chat else []
         ids = m.engine.prompt_ids(c.prompt, chat, c.system, turns)
         given = parse_ids(c.prefix_ids, "prefix ids")
+        tokens = getattr(m.tokenizer, "vocab_size", None) or 2**62
+        # The engine checks the bias only once the run streams; the model's own count where known.
+        check_vocab(params, m.info.cfg.vocab_size if m.info.cfg is not None else tokens, m.tokenizer)
         if given:  # the ids and the room they leave, checked before the run is queued
-            check_ids(ids + given, getattr(m.tokenizer, "vocab_size", None) or 2**62, m.context - 1)
+            check_ids(ids + given, tokens, m.context - 1)
         return RunRecord(m.label, m.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
                          given=given, given_text=continued_text(m.tokenizer, given),
                          params=params, bias=dict(decode_logit_bias(params.logit_bias, m.tokenizer)),

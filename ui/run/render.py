@@ -361,6 +361,17 @@ def order_html(params=None, error: str = "") -> str:
     return f"<div class='tl-order'>{note}<div>{head}</div><ol>{chips}</ol>{default}</div>"
 
 
+def weights_text(f) -> str:
+    """A loaded model's weights in memory (a serving.models.Footprint), its second copies said
+    apart: the model card counts the parameters once, at the loaded precision."""
+    mib = 2 ** 20
+    if not f.copies_bytes:
+        return f"{f.weights_bytes / mib:,.0f} MiB of weights"
+    return (f"{f.weights_bytes / mib:,.0f} MiB of weights in memory: {(f.weights_bytes - f.copies_bytes) / mib:,.0f} "
+            f"MiB as loaded and {f.copies_bytes / mib:,.0f} MiB of their second copies (packed for the matmuls, "
+            "or at the decode precision)")
+
+
 def models_markdown(models, available_bytes: int, error: str = "") -> str:
     """The models the page offers, what each loaded one takes, and the memory free now."""
     if len(models.labels) < 2 and not error:
@@ -369,7 +380,7 @@ def models_markdown(models, available_bytes: int, error: str = "") -> str:
     lines = []
     for label in models.labels:
         f = models.footprint(label)
-        where = (f"{f.weights_bytes / mib:,.0f} MiB of weights + a {f.pool_bytes / mib:,.0f} MiB KV pool "
+        where = (f"{weights_text(f)} + a {f.pool_bytes / mib:,.0f} MiB KV pool "
                  "(reserved; filled as runs write it)" if f is not None else "not loaded yet: loads on its first use")
         lines.append(f"- **{html.escape(label)}**{' (default)' if label == models.default else ''}: {where}")
     lines.append(f"\n{available_bytes / mib:,.0f} MiB of memory free on this machine now.")

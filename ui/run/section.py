@@ -226,9 +226,9 @@ def wire(page, h: Handlers, demo: gr.Blocks):
             event(h.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
                   queue=False, show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
-    page.on(page["model"].change, h.choose_model, inputs=("model", *context_inputs[:5]),
-            outputs=("model_md", "model_card", "memory", "context_count", "max_new_tokens", "system",
-                     "layer", "head"), api_visibility="private", concurrency_id=ENGINE, show_progress="minimal")
+    page.on(page["model"].change, h.choose_model, inputs=("model", *context_inputs[:5], "status"),
+            outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens", "system",
+                     "layer", "head", "status"), api_visibility="private", concurrency_id=ENGINE, show_progress="minimal")
     if len(h.models.labels) > 1:  # what is loaded now, not when the page was built
         page.on(demo.load, h.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
