@@ -43,13 +43,17 @@ def test_a_logit_bias_beyond_the_vocabulary_is_refused_before_the_run(h, tiny_en
 
 @pytest.mark.parametrize("error", [InputError("the engine failed (a test's error)", field="logit_bias"),
                                    RuntimeError("out of memory\nsomewhere")])
-def test_an_engine_error_mid_run_ends_the_run(h, tiny_engine, monkeypatch, error):
+def test_an_engine_error_mid_run_ends_the_run(h, tiny_engine, monkeypatch, caplog, error):
     """The page's run ends: its last update says the error in one line (a field by its label),
-    and after_run enables Generate, disables Stop and stops the chart timer."""
+    and after_run enables Generate, disables Stop and stops the chart timer. A fault that is not
+    a user's is kept in the server's log with its traceback."""
     fail_mid_run(monkeypatch, tiny_engine, error)
     c = controls()
     h.begin(*c.values(), REQ)
-    updates = list(h.generate_on_page(*c.values(), REQ))
+    with caplog.at_level("ERROR", logger="tokenlab.page"):
+        updates = list(h.generate_on_page(*c.values(), REQ))
+    logged = [r for r in caplog.records if r.name == "tokenlab.page"]
+    assert (len(logged) == 1 and logged[0].exc_info[1] is error) if isinstance(error, RuntimeError) else not logged
     line = ("Logit bias: the engine failed (a test's error)" if isinstance(error, InputError)
             else "RuntimeError: out of memory somewhere")
     rec = updates[-1]["record"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import html
 import inspect
 import json
+import logging
 import secrets
 import shutil
 import time
@@ -36,6 +37,7 @@ RUN_OUTPUTS = ("output", "bars", "stats", "kv_text", "notice", "status", "step",
 # Panels that show results about the previous run; a new run clears them.
 STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
 KEEP_FILES = 200
+log = logging.getLogger("tokenlab.page")
 NOT_STARTED = "⚠ Not started:"  # begin's status for input it refused
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 
@@ -167,6 +169,8 @@ class RunHandlers(PageBase):
             # Raised on, it left the page mid-run in chromium: the toast came but after_run's
             # updates never did (the status counting, Generate off, Stop dead). Ended here, the
             # event succeeds and after_run draws the end as for any run.
+            if not isinstance(e, (TokenLabError, gr.Error)):  # not a user's: a fault, kept with its traceback
+                log.exception("a run failed mid-way")
             rec.error = failure_line(e)
             gr.Warning(f"The run failed: {rec.error}")
             yield {"status": f"⚠ The run failed: {rec.error}", "record": rec}
