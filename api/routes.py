@@ -122,7 +122,9 @@ class API:
         # Last: any other /v1/ path (embeddings, a wrong method) answers in OpenAI's error shape,
         # as does a wrong method on the tokenizer's routes.
         app.add_api_route("/v1/{rest:path}", guarded(self.not_served), include_in_schema=False, methods=METHODS)
-        for path, method in (("/tokenize", "POST"), ("/detokenize", "POST"), ("/tokenizer_info", "GET")):
+        for path, method in SERVED.items():
+            if path.startswith("/v1/"):
+                continue  # (the catch-all above answers these)
             app.add_api_route(path, guarded(self.not_served), include_in_schema=False,
                               methods=[m for m in METHODS if m != method])
 

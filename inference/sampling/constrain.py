@@ -10,6 +10,7 @@ the sampler order (by default last, after the user's stages).
 
 from __future__ import annotations
 
+import json
 import re
 from functools import lru_cache
 
@@ -85,7 +86,6 @@ UNENFORCED = ("not", "uniqueItems", "dependentRequired", "dependentSchemas", "de
 def _check_keywords(text: str) -> None:
     """Refuse a schema that uses a keyword xgrammar does not enforce exactly: UNENFORCED, allOf
     of more than one schema, and oneOf whose branches may overlap (enforced as anyOf)."""
-    import json
     try:
         schema = json.loads(text)
     except ValueError:
