@@ -40,6 +40,25 @@ def wait_loaded(page) -> None:
     page.wait_for_selector("body[data-tl-restored='1']")
 
 
+def set_slider(page, elem: str, value, key: str = "Enter") -> None:
+    """Type `value` into the number box of the slider `elem` ("#n-samples"), confirm it with `key`
+    as a person does, and wait until the slider holds it. Gradio can reset a box typed into while
+    it is still mounting the slider (an accordion just opened, on a busy machine): the typing is
+    repeated until the slider holds the value, for WAIT_MS at most."""
+    box = page.locator(f"{elem} input[type=number]")
+    holds = (f"parseFloat(document.querySelector({elem + ' input[type=range]'!r})?.value) === {float(value)!r} && "
+             f"parseFloat(document.querySelector({elem + ' input[type=number]'!r})?.value) === {float(value)!r}")
+    for _ in range(WAIT_MS // 2_000):
+        box.fill(str(value))
+        box.press(key)
+        try:
+            page.wait_for_function(holds, timeout=2_000)
+            return
+        except sync_api.TimeoutError:
+            continue
+    raise AssertionError(f"{elem} never took {value}: it shows {box.input_value()}")
+
+
 def open_page(browser, **kwargs):
     """A new page whose waits give up only after WAIT_MS."""
     page = browser.new_page(**kwargs)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import generate_to_end, open_at
+from browser import generate_to_end, open_at, set_slider
 from inference.sampling.settings import BY_NAME
 
 SHOTS = Path("/tmp/shots/issue-25c")
@@ -62,8 +62,7 @@ def test_compare_turns_generate_off_and_its_bars_fit(live_app, browser, hold, wi
     page.wait_for_function("document.querySelector('#b-temperature input[type=number]')?.value === '0.5'")
     page.wait_for_function("document.querySelector('#b-top-p input[type=number]')?.value === '0.9'")
     assert "Sampling settings" in page.inner_text("#compare-label")
-    page.fill("#b-temperature input[type=number]", "1.5")
-    page.locator("#b-temperature input[type=number]").press("Tab")
+    set_slider(page, "#b-temperature", 1.5, key="Tab")
     held = hold(engine)
     page.click("#compare")
     page.wait_for_function("document.querySelector('#generate').disabled && !document.querySelector('#stop').disabled "

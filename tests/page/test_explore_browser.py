@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import open_page, wait_loaded
+from browser import open_page, set_slider, wait_loaded
 from engine_hold import wait_until
 
 SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "explore"
@@ -39,10 +39,7 @@ def test_many_samples_panel(live_app, browser, width, height):
     url, engine, _ = live_app
     page = open_panel(browser, url, width, height, "prompt=The%20quick&temperature=1&seed=3&max_new_tokens=4",
                       "Many samples: draw N")
-    page.fill("#n-samples input[type=number]", "24")
-    page.locator("#n-samples input[type=number]").press("Enter")
-    # The slider has taken the typed number (on a busy machine a click could beat it and draw the old N).
-    page.wait_for_function("document.querySelector('#n-samples input[type=range]')?.value === '24'")
+    set_slider(page, "#n-samples", 24)  # held before the click: a click could beat it and draw the old N
     page.click("#samples")
     wait_text(page, "#samples-summary", "24 samples")
     wait_text(page, "#samples-first", "Chi-square")

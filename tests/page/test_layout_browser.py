@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import generate_to_end, open_at, open_page, wait_loaded
+from browser import generate_to_end, open_at, open_page, set_slider, wait_loaded
 
 SHOTS = Path("/tmp/shots/fix-layout")
 SIZES = [(1400, 1000), (420, 900)]
@@ -102,8 +102,7 @@ def test_experiments_chart_titles_whole_and_tables_say_they_scroll(live_app, bro
     shot(page, f"charts-{width}", "#run-chart")
     page.click("#replay")
     page.wait_for_selector("#replay-stages table")
-    page.fill("#b-temperature input[type=number]", "0.2")
-    page.locator("#b-temperature input[type=number]").press("Tab")
+    set_slider(page, "#b-temperature", 0.2, key="Tab")
     page.click("#compare")
     wait_text(page, "#compare-summary", "perplexity")
     page.wait_for_selector("#compare-bars-b .tl-bars")
@@ -121,9 +120,7 @@ def test_experiments_chart_titles_whole_and_tables_say_they_scroll(live_app, bro
 def test_inside_and_samples_tables_say_they_scroll_and_keep_row_names(live_app, browser, width, height):
     page = ran(browser, live_app, width, height)
     page.get_by_text("Many samples: draw N").click()
-    page.fill("#n-samples input[type=number]", "8")
-    page.locator("#n-samples input[type=number]").press("Enter")
-    page.wait_for_function("document.querySelector('#n-samples input[type=range]')?.value === '8'")
+    set_slider(page, "#n-samples", 8)
     page.click("#samples")
     wait_text(page, "#samples-first", "Chi-square")
     page.get_by_text("Inside one token").click()

@@ -1,6 +1,6 @@
 """The page in a real browser: Playwright driving Debian's chromium."""
 
-from browser import open_page, wait_loaded
+from browser import open_page, set_slider, wait_loaded
 from engine_hold import wait_until
 import ui.run.kv as kv_panel
 
@@ -41,8 +41,7 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     kv_frame = kv_panel.kv_frame
     monkeypatch.setattr(kv_panel, "kv_frame", lambda rec: live_frames.append(
         (len(rec.steps), rec.done is None)) or kv_frame(rec))
-    page.fill("#max-new-tokens input[type=number]", "200")
-    page.locator("#max-new-tokens input[type=number]").press("Enter")
+    set_slider(page, "#max-new-tokens", 200)
     page.click("#generate")
     held.step(3)  # the run has made 3 tokens and is held before the 4th
     wait_until(lambda: any(n > 0 and running for n, running in live_frames), "a chart of the running run")

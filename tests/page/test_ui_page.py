@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from browser import WAIT_MS, wait_loaded
+from browser import WAIT_MS, set_slider, wait_loaded
 from browser import run_to_end as run_to_end_after
 from conftest import no_early_end
 from engine_hold import wait_until
@@ -138,10 +138,9 @@ def wait_text(page, selector: str, needle: str) -> None:
 
 
 def set_number(page, selector: str, value) -> None:
-    """Type a value into a number box and confirm it with Enter, as a person does."""
-    box = page.locator(selector)
-    box.fill(str(value))
-    box.press("Enter")
+    """Type a value into a slider's number box ("#step input[type=number]") and confirm it with
+    Enter, as a person does; until the slider holds it."""
+    set_slider(page, selector.removesuffix(" input[type=number]"), value)
 
 
 QUIET_JS = """() => ['#output', '#topk', '#stats', '#status', '#tokens', '#prompt-view'].every(
@@ -728,7 +727,8 @@ def test_candidate_numbers_stay_on_one_line(live_app, pages, monkeypatch, width)
     page = pages.open(url, width, 1000)
     set_number(page, "#max-new-tokens input[type=number]", 3)
     run_to_end(page)
-    assert any("e-" in t for t in page.locator("#topk .tl-num .tl-p").all_inner_texts())
+    shown = page.locator("#topk .tl-num .tl-p").all_inner_texts()
+    assert any("e-" in t for t in shown), (shown, text_of(page, "#topk .tl-title"), text_of(page, "#status"))
     cells = lines_per_cell(page, "#topk .tl-num")
     assert len(cells) == 20 and all(n == 1 for _, n in cells), cells  # raw and final, 10 rows
     page.locator("#show-logp input").check()  # log p shown instead: -15.2, 0.000
