@@ -65,6 +65,8 @@ class EngineInfo:
     logprobs_source: str = ""
     config_source: str | None = None
     config_dtype: str | None = None
+    # Chat mode is offered: the model has a chat template (a server's: its own to refuse).
+    chat: bool = True
 
     @property
     def kv_bytes_per_position(self) -> int | None:

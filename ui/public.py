@@ -26,6 +26,9 @@ from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
 ENGINE = "engine"  # the concurrency id of every event that runs the model
+# Picking a model: not an engine job (a run clicked while its model loads waits for the load,
+# never refused as a second job); loads are one at a time (Models) and once per model.
+MODEL_PICK = "model-pick"
 
 RUN_GOING = "You already have a run going: wait for it to finish, or press Stop."
 

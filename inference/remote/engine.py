@@ -153,8 +153,7 @@ class RemoteEngine:
 
     def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None,
                     history: list[dict] | None = None) -> str:
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InputError("the prompt is empty")
+        check_prompt_text(prompt, chat)
         if not chat:
             return prompt
         return self.tokenizer.decode(self.prompt_ids(prompt, chat, system, history))
@@ -164,8 +163,7 @@ class RemoteEngine:
         """The ids the server feeds the model: its tokenizer, and in chat mode its chat template
         (over the earlier turns of `history` too). Control-token text is read as the server's
         tokenizer reads it, whatever `controls` says (vLLM's: as the token)."""
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InputError("the prompt is empty")
+        check_prompt_text(prompt, chat)
         messages = chat_messages(prompt, system, history) if chat else None
         key = (prompt, chat, system, repr(messages))
         ids = self._prompts.get(key)
@@ -416,6 +414,12 @@ class RemoteEngine:
 
 
 # ---------------------------------------------------------------- helpers
+
+def check_prompt_text(prompt, chat: bool) -> None:
+    """A prompt is text; empty only as a chat message (the template's turn around it is not)."""
+    if not isinstance(prompt, str) or not (chat or prompt.strip()):
+        raise InputError("the prompt is empty")
+
 
 def server_settings(params, tokenizer=None, **given) -> dict:
     """The request's sampling fields, each under the key the schema gives for a server (values

@@ -185,7 +185,7 @@ class Engine:
         return EngineInfo(self.name, self.cfg.max_seq_len, self.cfg, CAPABILITIES, str(self.device),
                           b, f"{b} bytes per value at {str(self.dtype).removeprefix('torch.')}",
                           self.dtype, self.model.decode_dtype, self.scheduler.pool.n_blocks,
-                          self._decode_error)
+                          self._decode_error, chat=bool(self.tokenizer.chat_template))
 
     def server_load(self):
         """A server's whole load: the local engine's is its pool, in every step's event."""
@@ -242,7 +242,7 @@ class Engine:
                   history: list[dict] | None = None) -> tuple[str, list[tuple[str, bool]]]:
         """The prompt text, and its parts as (text, written by the chat template)."""
         self.check_prompt_size(prompt, chat, system, history)
-        if not prompt.strip():
+        if not chat and not prompt.strip():  # (an empty chat message is a turn of the template's)
             raise InputError("the prompt is empty")
         if not chat:
             return prompt, [(prompt, False)]

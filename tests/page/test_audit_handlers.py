@@ -99,6 +99,16 @@ def test_a_not_started_status_goes_when_another_model_is_picked(picker):
     assert "status" not in picker.choose_model("gqa_tied", "The quick", "chat", "", 5, [], ended)
 
 
+def test_chat_mode_is_offered_only_for_a_model_with_a_chat_template(picker):
+    """Picking the model without a template sets the mode to completion and keeps chat from being
+    picked (the radio is not interactive, its note says why); a model with one offers it again."""
+    plain = picker.choose_model("plain", "The quick", "chat", "", 5)["mode"]
+    assert plain["value"] == "completion" and plain["interactive"] is False and "no chat template" in plain["info"]
+    with_template = picker.choose_model("gqa_tied", "The quick", "completion", "", 5)["mode"]
+    assert with_template["interactive"] is True and "value" not in with_template
+    assert [picker.view(m).info.chat for m in ("plain", "gqa_tied", "mha")] == [False, True, True]
+
+
 def test_the_model_list_says_its_weights_count_the_second_copies(picker):
     """The list's weights are the parameters as loaded plus the linear layers' second copies
     (counted here from the model's own modules); where there are copies it says so, so that
@@ -145,3 +155,14 @@ def test_an_engine_that_refuses_the_run_at_once_ends_it_on_the_page(h, tiny_engi
     rec = updates[-1]["record"]
     line = "⚠ The run failed: a branch in front of a server cannot use presence or frequency penalties"
     assert updates[-1]["status"] == line and h.after_run(rec, [], REQ)["status"] == line
+
+
+def test_an_empty_chat_message_is_refused_on_the_page_and_answered_by_the_engine(h, tiny_engine):
+    """The API answers an empty user message (OpenAI and vLLM do: the template's turn around it
+    is the prompt); on the page an empty box is a slip, refused before the run."""
+    out = h.begin(*controls(prompt="  ", mode="chat").values(), REQ)
+    assert out == {"status": "⚠ Not started: the message is empty: type what you say to the model"}
+    assert tiny_engine.prompt_ids("", chat=True) == [i for i in tiny_engine.prompt_ids("Hi", chat=True)
+                                                     if i not in tiny_engine.tokenizer.encode_continuation("Hi")]
+    with pytest.raises(InputError, match="the prompt is empty"):
+        tiny_engine.prompt_ids(" ")

@@ -332,15 +332,15 @@ class RunHandlers(PageBase):
         """The counter's line and the prompt's ids as they will be fed (None: they cannot be)."""
         chat = mode == "chat"
         turns = list(history or []) if chat else []
+        if isinstance(prompt, str) and not prompt.strip():
+            if turns:
+                n = len(turns) // 2
+                return f"Context: {n} earlier turn{'s' * (n != 1)} kept · type your next message", None
+            return "Context: the prompt is empty", None
         try:
             m = self.view(model)
             ids = m.engine.prompt_ids(prompt, chat, system, turns)
         except TokenLabError as e:
-            if isinstance(prompt, str) and not prompt.strip():
-                if turns:
-                    n = len(turns) // 2
-                    return f"Context: {n} earlier turn{'s' * (n != 1)} kept · type your next message", None
-                return "Context: the prompt is empty", None
             return f"Context: {html.escape(str(e))}", None
         try:
             max_new = BY_NAME["max_new_tokens"].parse(max_new_tokens)
@@ -375,7 +375,8 @@ class RunHandlers(PageBase):
                "memory": memory_markdown(m.info), "kv_text": kv.kv_formula(m.info),
                "context_count": self.count_context(prompt, mode, system, max_new_tokens, history, model),
                "max_new_tokens": gr.update(maximum=most),
-               "system": gr.update(placeholder=m.default_system or "none")}
+               "system": gr.update(placeholder=m.default_system or "none"),
+               "mode": gr.update(**render.mode_choice(m.info))}
         if str(status or "").startswith(NOT_STARTED):
             out["status"] = ""
         if cfg is not None:
@@ -425,6 +426,8 @@ class RunHandlers(PageBase):
         if cap is not None and params.max_new_tokens > cap:
             raise TokenLabError(tokens_message(cap, params.max_new_tokens))
         chat, m = c.mode == "chat", self.view(c.model)
+        if chat and not c.prompt.strip():  # the API sends an empty message; on the page it is a slip
+            raise TokenLabError("the message is empty: type what you say to the model")
         turns = list(history or []) if chat else []
         ids = m.engine.prompt_ids(c.prompt, chat, c.system, turns)
         given = parse_ids(c.prefix_ids, "prefix ids")

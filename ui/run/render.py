@@ -36,6 +36,16 @@ class Chip:
     raw: float | None = None  # its probability in the model's raw distribution (the product likewise)
 
 
+MODE_INFO = "chat wraps the prompt in the model's chat template; follow-ups continue the conversation"
+
+
+def mode_choice(info) -> dict:
+    """The mode radio's state for a model: chat offered only where its template can render it."""
+    if info.chat:
+        return {"interactive": True, "info": MODE_INFO}
+    return {"interactive": False, "value": "completion", "info": "completion only: this model has no chat template"}
+
+
 def output_chips(rec: RunRecord, tokenizer) -> list[Chip]:
     chips = []
     for steps, complete in tokenizer.char_groups([s.token_id for s in rec.steps]):

@@ -14,7 +14,7 @@ from ui.edit import section as edit
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
 from ui.handlers import RUN_OUTPUTS, STALE_PANELS, Handlers
-from ui.public import ENGINE
+from ui.public import ENGINE, MODEL_PICK
 from ui.run import constrain, kv, render
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
@@ -76,9 +76,8 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 add("context_count", gr.Markdown(first["context_count"],
                                                  label="Context", elem_id="context-count"))
                 with gr.Row():
-                    add("mode", gr.Radio(["completion", "chat"], value=d.mode, label="Mode",
-                                         info="chat wraps the prompt in the model's chat template; "
-                                              "follow-ups continue the conversation", elem_id="mode"))
+                    add("mode", gr.Radio(["completion", "chat"], **{"value": d.mode, **render.mode_choice(h.view().info)},
+                                         label="Mode", elem_id="mode"))
                     # min_width: on a narrow screen it goes under the mode, the whole column wide,
                     # so that the model's default (its placeholder) can be read.
                     add("system", gr.Textbox(
@@ -228,7 +227,8 @@ def wire(page, h: Handlers, demo: gr.Blocks):
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
     page.on(page["model"].change, h.choose_model, inputs=("model", *context_inputs[:5], "status"),
             outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens", "system",
-                     "layer", "head", "status"), api_visibility="private", concurrency_id=ENGINE, show_progress="minimal")
+                     "mode", "layer", "head", "status"), api_visibility="private", concurrency_id=MODEL_PICK,
+            show_progress="minimal")
     if len(h.models.labels) > 1:  # what is loaded now, not when the page was built
         page.on(demo.load, h.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
