@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import secrets
 import tempfile
 import threading
@@ -22,6 +23,8 @@ from ui.run_state import RunRecord
 from ui.sessions import SessionKeeper
 from ui.models import ModelViews
 from ui.streaming import RunRegistry
+
+log = logging.getLogger("tokenlab.page")
 
 
 def named_args(*names: str):
@@ -80,6 +83,16 @@ def takes_controls(*extra: str, after: tuple[str, ...] = ()):
 def page_error(e: TokenLabError) -> gr.Error:
     """A user's error as the page's one-line toast, its control called by its label."""
     return gr.Error(page_message(e, one_line=True), print_exception=False)
+
+
+def failure_line(e: Exception, what: str) -> str:
+    """An error that ended `what` ("a run") mid-way, in one line: a user's error as the page words
+    it, any other with its kind (a fault: its traceback goes to the server's log)."""
+    if not isinstance(e, (TokenLabError, gr.Error)):
+        log.error("%s failed mid-way", what, exc_info=e)
+    text = e.message if isinstance(e, gr.Error) else page_message(e) if isinstance(e, TokenLabError) \
+        else f"{type(e).__name__}: {e}"
+    return " ".join(str(text).split())
 
 
 def seed_or_random(text) -> int:

@@ -137,8 +137,10 @@ class EventPump:
             events = [e for e in batch if e is not self._END]
             first_token = first_token and not any(isinstance(e, StepEvent) for e in events)
             waiting = bool(events) and isinstance(events[-1], WaitEvent)
-            for e in events:
-                if isinstance(e, BaseException):
+            for i, e in enumerate(events):
+                if isinstance(e, BaseException):  # the events before it are delivered first
+                    if i:
+                        yield events[:i]
                     if isinstance(e, TokenLabError):
                         raise gr.Error(page_message(e, one_line=True), print_exception=False)
                     raise e

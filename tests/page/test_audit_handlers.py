@@ -4,6 +4,7 @@ test_audit_browser.py). One test per defect, named after it."""
 import json
 from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 
 from engine_hold import fail_mid_run
@@ -166,3 +167,28 @@ def test_an_empty_chat_message_is_refused_on_the_page_and_answered_by_the_engine
                                                      if i not in tiny_engine.tokenizer.encode_continuation("Hi")]
     with pytest.raises(InputError, match="the prompt is empty"):
         tiny_engine.prompt_ids(" ")
+
+
+def test_an_engine_error_mid_way_through_many_samples_ends_them_in_the_panel(h, tiny_engine, monkeypatch, caplog):
+    """The samples' engine fails after a few samples have ended: the panel's last update says how
+    far they got and the error in one line, the caller gets it as a one-line error (the page's
+    toast), the fault goes to the server's log, and the visitor's job is let go."""
+    real = tiny_engine.generate_many
+
+    def failing(*args, **kwargs):
+        ended = 0
+        for k, ev in real(*args, **kwargs):
+            yield k, ev
+            ended += type(ev).__name__ == "DoneEvent"
+            if ended == 2:
+                raise RuntimeError("out of memory\nsomewhere")
+    monkeypatch.setattr(tiny_engine, "generate_many", failing)
+    updates = []
+    with caplog.at_level("ERROR", logger="tokenlab.page"), pytest.raises(gr.Error) as raised:
+        for out in h.samples(*controls(max_new_tokens=3).values(), 6, REQ):
+            updates.append(out)
+    assert raised.value.message == "The samples failed: RuntimeError: out of memory somewhere"
+    assert updates[-1]["samples_md"].startswith("⚠ The samples failed after 2 of 6 had ended (")
+    assert updates[-1]["samples_md"].endswith("tokens): RuntimeError: out of memory somewhere")
+    assert [r.exc_info[1].args for r in caplog.records if r.name == "tokenlab.page"] == [("out of memory\nsomewhere",)]
+    assert not h.registry.running("audit")

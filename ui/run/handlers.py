@@ -6,7 +6,6 @@ from __future__ import annotations
 import html
 import inspect
 import json
-import logging
 import secrets
 import shutil
 import time
@@ -20,7 +19,7 @@ from inference.errors import TokenLabError, shown
 from inference.serving.engine import check_ids, parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
 from inference.sampling.state import check_vocab
-from ui.base import PageBase, named_args, seed_or_random, session_of, step_index, takes_controls
+from ui.base import PageBase, failure_line, named_args, seed_or_random, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, page_message, sampling_params
 from ui.experiments.render import entropy_frame, run_chart_frames
@@ -37,7 +36,6 @@ RUN_OUTPUTS = ("output", "bars", "stats", "kv_text", "notice", "status", "step",
 # Panels that show results about the previous run; a new run clears them.
 STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
 KEEP_FILES = 200
-log = logging.getLogger("tokenlab.page")
 NOT_STARTED = "⚠ Not started:"  # begin's status for input it refused
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 
@@ -58,14 +56,6 @@ def raising(e: Exception) -> Iterator:
     """Events that are an error: raised when the first is asked for."""
     raise e
     yield  # (a generator)
-
-
-def failure_line(e: Exception) -> str:
-    """An error that ended a run mid-way, in one line: a user's error as the page words it, any
-    other with its kind."""
-    text = e.message if isinstance(e, gr.Error) else page_message(e) if isinstance(e, TokenLabError) \
-        else f"{type(e).__name__}: {e}"
-    return " ".join(str(text).split())
 
 
 class RunHandlers(PageBase):
@@ -169,9 +159,7 @@ class RunHandlers(PageBase):
             # Raised on, it left the page mid-run in chromium: the toast came but after_run's
             # updates never did (the status counting, Generate off, Stop dead). Ended here, the
             # event succeeds and after_run draws the end as for any run.
-            if not isinstance(e, (TokenLabError, gr.Error)):  # not a user's: a fault, kept with its traceback
-                log.exception("a run failed mid-way")
-            rec.error = failure_line(e)
+            rec.error = failure_line(e, "a run")
             gr.Warning(f"The run failed: {rec.error}")
             yield {"status": f"⚠ The run failed: {rec.error}", "record": rec}
 

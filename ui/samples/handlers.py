@@ -9,7 +9,7 @@ import gradio as gr
 
 from inference.errors import InputError, TokenLabError, shown
 from inference.samples import MAX_SAMPLES
-from ui.base import PageBase, page_error, seed_or_random, takes_controls
+from ui.base import PageBase, failure_line, page_error, seed_or_random, takes_controls
 from ui.controls import Controls
 from ui.public import samples_message
 from ui.samples import render
@@ -55,6 +55,10 @@ class SampleHandlers(PageBase):
                     for k, ev in events:
                         batch.add(k, ev)
                     yield {"samples_md": render.progress_md(batch)}
+            except Exception as e:  # the engine failed mid-way: the panel says so, the caller gets it
+                line = failure_line(e, "samples")
+                yield {"samples_md": render.failed_md(batch, line)}
+                raise gr.Error(f"The samples failed: {line}", print_exception=False) from None
             finally:
                 pump.close()
         piece = m.tokenizer.piece

@@ -52,6 +52,11 @@ def progress_md(b: SampleBatch) -> str:
             f"{sum(b.tokens.values()):,} tokens so far…")
 
 
+def failed_md(b: SampleBatch, line: str) -> str:
+    return (f"⚠ The samples failed after {len(b.done)} of {b.n} had ended ({sum(b.tokens.values()):,} tokens): "
+            f"{line}")
+
+
 def summary_md(b: SampleBatch) -> str:
     made = sum(b.tokens.values())
     head = (f"**{b.n} samples**, seeds {b.seed}–{b.seed + b.n - 1} (sample k used seed {b.seed} + k: "
