@@ -138,9 +138,14 @@ def wait_text(page, selector: str, needle: str) -> None:
 
 
 def set_number(page, selector: str, value) -> None:
-    """Type a value into a slider's number box ("#step input[type=number]") and confirm it with
-    Enter, as a person does; until the slider holds it."""
-    set_slider(page, selector.removesuffix(" input[type=number]"), value)
+    """Type a value into a number box and confirm it with Enter, as a person does; a slider's box
+    ("#step input[type=number]") until the slider holds it."""
+    if selector.endswith(" input[type=number]"):
+        set_slider(page, selector.removesuffix(" input[type=number]"), value)
+        return
+    box = page.locator(selector)
+    box.fill(str(value))
+    box.press("Enter")
 
 
 QUIET_JS = """() => ['#output', '#topk', '#stats', '#status', '#tokens', '#prompt-view'].every(
