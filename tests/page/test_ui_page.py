@@ -723,14 +723,14 @@ def test_one_popover_at_a_time_and_it_stays_by_its_token(live_app, pages):
 
 
 @pytest.mark.parametrize("width", [1400, 420])
-def test_candidate_numbers_stay_on_one_line(live_app, pages, monkeypatch, width):
+def test_candidate_numbers_stay_on_one_line(live_app, pages, width):
     """Small probabilities are written as 8.89e-05: the bars' number columns hold them whole,
     as p and as log p."""
     url, engine, _ = live_app
     token = engine.tokenizer.encode_continuation(" the")[-1]
-    bias_token(monkeypatch, engine, token, every=1, by=12.0)  # the rest of the top 10 below 1e-4
-    page = pages.open(url, width, 1000)
-    set_number(page, "#max-new-tokens input[type=number]", 3)
+    # A logit bias of 12 and nothing cut: the rest of the final distribution's top 10 below 1e-4.
+    page = pages.open(url, width, 1000, f"?logit_bias={token}:12&temperature=1&top_k=0&top_p=1&min_p=0"
+                                        "&seed=1&max_new_tokens=3")
     run_to_end(page)
     shown = page.locator("#topk .tl-num .tl-p").all_inner_texts()
     assert any("e-" in t for t in shown), (shown, text_of(page, "#topk .tl-title"), text_of(page, "#status"))
