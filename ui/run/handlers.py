@@ -414,7 +414,7 @@ class RunHandlers(PageBase):
         if cap is not None and params.max_new_tokens > cap:
             raise TokenLabError(tokens_message(cap, params.max_new_tokens))
         chat, m = c.mode == "chat", self.view(c.model)
-        if chat and not c.prompt.strip():  # the API sends an empty message; on the page it is a slip
+        if chat and isinstance(c.prompt, str) and not c.prompt.strip():  # the API's may be empty; here a slip
             raise TokenLabError("the message is empty: type what you say to the model")
         turns = list(history or []) if chat else []
         ids = m.engine.prompt_ids(c.prompt, chat, c.system, turns)
