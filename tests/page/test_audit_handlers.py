@@ -9,6 +9,7 @@ import pytest
 
 from engine_hold import fail_mid_run
 from inference.errors import InputError
+from inference.events import DoneEvent
 from ui.controls import Controls
 from tiny_models import offered, without_chat_template
 from ui.handlers import Handlers
@@ -179,7 +180,7 @@ def test_an_engine_error_mid_way_through_many_samples_ends_them_in_the_panel(h, 
         ended = 0
         for k, ev in real(*args, **kwargs):
             yield k, ev
-            ended += type(ev).__name__ == "DoneEvent"
+            ended += isinstance(ev, DoneEvent)
             if ended == 2:
                 raise RuntimeError("out of memory\nsomewhere")
     monkeypatch.setattr(tiny_engine, "generate_many", failing)
