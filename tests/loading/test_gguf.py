@@ -87,6 +87,44 @@ def test_default_cli_path_imports_gguf_files(tiny_dirs, tmp_path, monkeypatch):
     assert (logits(engine) - logits(Engine.from_hf_dir(tiny_dirs["mha"]))).abs().max().item() <= 1e-5
 
 
+def test_two_processes_opening_a_new_gguf_at_once_import_it_once(tiny_dirs, tmp_path, monkeypatch):
+    """Two apps (or test workers) started together on a fresh cache: the second waits for the
+    first's import and then uses it, instead of importing over the directory the first reads."""
+    import threading
+    import types
+
+    from inference.loading import default_model
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    write_gguf(tiny_dirs["mha"], tmp_path / "m.gguf", "F32")
+    first_in, second_waits = threading.Event(), threading.Event()
+    imports, locks = [], []
+
+    def held_import(*args, **kwargs):
+        imports.append(args)
+        first_in.set()
+        assert second_waits.wait(60), "the second opener never reached the lock"
+        return import_gguf(*args, **kwargs)
+
+    def flock(f, op):
+        locks.append(op)
+        if len(locks) == 2:
+            second_waits.set()
+        return fcntl.flock(f, op)
+
+    import fcntl
+    monkeypatch.setattr(default_model, "import_gguf", held_import)
+    monkeypatch.setattr(default_model, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX))
+    out = {}
+    first = threading.Thread(target=lambda: out.setdefault("first", default_model.resolve_model(str(tmp_path / "m.gguf"))))
+    second = threading.Thread(target=lambda: out.setdefault("second", default_model.resolve_model(str(tmp_path / "m.gguf"))))
+    first.start()
+    assert first_in.wait(60)
+    second.start()
+    first.join(120), second.join(120)
+    assert len(imports) == 1 and out["first"] == out["second"]
+    assert (logits(Engine.from_hf_dir(out["second"])) - logits(Engine.from_hf_dir(tiny_dirs["mha"]))).abs().max() <= 1e-5
+
+
 # ---------------------------------------------------------------- malformed files
 
 @pytest.fixture
