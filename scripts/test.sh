@@ -11,4 +11,6 @@ if { ! command -v chromium || ! command -v g++; } >/dev/null 2>&1 && command -v 
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium g++ >/dev/null) \
     || echo "warning: could not install chromium and g++; the browser tests will be skipped" >&2
 fi
-exec "$PY" -m pytest -q -rs "$@"  # -rs: say why any test was skipped
+# Two workers, each taking whole files (a file's fixtures, such as a served page, are built once):
+# many tests wait on a browser or a server, so two overlap even on two cores. -n 0: one process.
+exec "$PY" -m pytest -q -rs -n 2 --dist loadfile "$@"  # -rs: say why any test was skipped
