@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 import math
 
+import pandas as pd
+
 from inference.device import dtype_name
 from inference.events import DoneEvent, StepEvent
 from inference.sampling.penalties import BAN
@@ -195,6 +197,13 @@ def step_axis() -> dict:
     short domain into negative steps otherwise). Ticks stay Vega-Lite's: Gradio's LinePlot passes
     no tickMinStep, so with few steps they may still fall between whole steps."""
     return {"x": "step", "x_lim": [0, None]}
+
+
+def line_frame(rows: list[dict], y: str, color: str | None = None) -> pd.DataFrame:
+    """A per-step line chart's data (columns step, y and color), typed even when empty: an empty
+    untyped column reads to Gradio as categories, and Vega-Lite then draws the chart 0 px high."""
+    dtypes = {"step": "int64", y: "float64", **({color: "object"} if color else {})}
+    return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
 
 
 def ordinal(n: int) -> str:

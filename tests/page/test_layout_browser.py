@@ -85,6 +85,29 @@ def test_bars_headers_and_the_step_sliders_ends(live_app, browser, width, height
     assert ends == ["0", "9"]  # gradio hides them below 480 px
 
 
+CHART_HEIGHTS_JS = """[...document.querySelectorAll('.vega-embed svg')].filter(s => s.getClientRects().length)
+    .map(s => ({id: s.closest('.block').id, height: Math.round(s.getBoundingClientRect().height)}))"""
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_charts_before_a_run_have_their_height(live_app, browser, width, height):
+    """Before any run the charts are empty but drawn at their size, axes and titles readable (an
+    empty untyped column made Vega-Lite draw them 0 px high, their axis titles squeezed)."""
+    page = open_at(browser, live_app[0], width, height, QUERY)
+    page.get_by_text("Sampling experiments").click()
+    page.wait_for_selector("#rank-chart svg .role-title-text")
+    page.wait_for_timeout(300)  # the charts' layout settles after the accordion opens
+    heights = page.evaluate(CHART_HEIGHTS_JS)
+    shot(page, f"empty-charts-{width}", "#kv-chart")
+    generate_to_end(page)
+    page.wait_for_timeout(300)
+    after = {c["id"]: c["height"] for c in page.evaluate(CHART_HEIGHTS_JS)}
+    page.close()
+    assert {"kv-chart", "latency-chart", "run-chart", "entropy-chart", "rank-chart"} <= {c["id"] for c in heights}
+    for c in heights:  # as high as after a run, within the legend a run adds
+        assert c["height"] >= 200 and abs(c["height"] - after[c["id"]]) <= 40, (c, after)
+
+
 @pytest.mark.parametrize("width,height", SIZES)
 def test_experiments_chart_titles_whole_and_tables_say_they_scroll(live_app, browser, width, height):
     page = ran(browser, live_app, width, height)

@@ -9,7 +9,7 @@ import math
 import pandas as pd
 
 from inference.events import StepEvent
-from ui.format import bucket, fmt_p, known, named_prob_html, prob_html, shown_prob, visible
+from ui.format import bucket, fmt_p, known, line_frame, named_prob_html, prob_html, shown_prob, visible
 from ui.run_state import Divergence, RunRecord, run_summary
 
 # Where an engine lacks a capability (contract.Capabilities), the section says why in its place.
@@ -35,15 +35,13 @@ def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
             rows.append({"step": s.step, "value": shown_prob(s), "metric": "chosen-token probability"})
         if rec.params is not None and rec.params.constraint and s.masked_mass is not None:
             rows.append({"step": s.step, "value": s.masked_mass, "metric": "masked mass (constraint)"})
-    ranks = pd.DataFrame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None],
-                         columns=["step", "rank"])
-    return pd.DataFrame(rows, columns=["step", "value", "metric"]), ranks
+    ranks = line_frame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None], "rank")
+    return line_frame(rows, "value", "metric"), ranks
 
 
 def entropy_frame(rec: RunRecord) -> pd.DataFrame:
     """The raw entropy per step, in nats: its own chart, as its unit is not a probability's."""
-    return pd.DataFrame([{"step": s.step, "nats": s.entropy} for s in rec.steps if s.entropy is not None],
-                        columns=["step", "nats"])
+    return line_frame([{"step": s.step, "nats": s.entropy} for s in rec.steps if s.entropy is not None], "nats")
 
 
 def _rank(st) -> str:
@@ -197,4 +195,4 @@ def two_models_frame(two) -> pd.DataFrame:
         rows += [{"step": i, "value": k, "series": "KL(A‖B), nats"},
                  {"step": i, "value": pa, "series": "p of A's token under A"},
                  {"step": i, "value": pb, "series": "p of A's token under B"}]
-    return pd.DataFrame(rows, columns=["step", "value", "series"])
+    return line_frame(rows, "value", "series")

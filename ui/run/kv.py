@@ -10,7 +10,7 @@ import pandas as pd
 
 from inference.events import StepEvent
 from inference.model.kv_cache import BLOCK_SIZE
-from ui.format import mib
+from ui.format import line_frame, mib
 from ui.run.render import NO_CONFIG
 from ui.run_state import RunRecord
 
@@ -29,14 +29,14 @@ def kv_frame(rec: RunRecord) -> pd.DataFrame:
         if per:
             rows = [{"step": s.step, "MiB": per * (n + s.step) / 2**20, "series": "this run, by the formula"}
                     for s in rec.steps]
-        return pd.DataFrame(rows, columns=["step", "MiB", "series"])
+        return line_frame(rows, "MiB", "series")
     series = {"used": [s.kv_cache_bytes for s in rec.steps],
               "allocated": [s.kv_cache_capacity_bytes for s in rec.steps]}
     if rec.steps and all(s.pool is not None for s in rec.steps):
         series["server pool, all runs"] = [s.pool.bytes_used for s in rec.steps]
     for name, values in _merged(series).items():
         rows += [{"step": s.step, "MiB": v / 2**20, "series": name} for s, v in zip(rec.steps, values)]
-    return pd.DataFrame(rows, columns=["step", "MiB", "series"])
+    return line_frame(rows, "MiB", "series")
 
 
 def _merged(series: dict[str, list]) -> dict[str, list]:
@@ -54,7 +54,7 @@ def _merged(series: dict[str, list]) -> dict[str, list]:
 
 
 def latency_frame(rec: RunRecord) -> pd.DataFrame:
-    return pd.DataFrame([{"step": s.step, "ms": s.ms} for s in rec.steps[1:]], columns=["step", "ms"])
+    return line_frame([{"step": s.step, "ms": s.ms} for s in rec.steps[1:]], "ms")
 
 
 def pool_markdown(step: StepEvent | None) -> str:
