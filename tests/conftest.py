@@ -1,5 +1,12 @@
+import os
 import sys
 from pathlib import Path
+
+# Under pytest-xdist (scripts/test.sh) each worker's pages launched without a port search a range
+# of their own (Gradio tries GRADIO_SERVER_PORT onward, 100 ports), so two workers never race for
+# one port. Set before Gradio is imported: it reads the variable once.
+if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
+    os.environ["GRADIO_SERVER_PORT"] = str(7860 + 200 * (1 + int(os.environ["PYTEST_XDIST_WORKER"][2:])))
 
 import pytest
 
