@@ -90,6 +90,7 @@ def test_default_cli_path_imports_gguf_files(tiny_dirs, tmp_path, monkeypatch):
 def test_two_processes_opening_a_new_gguf_at_once_import_it_once(tiny_dirs, tmp_path, monkeypatch):
     """Two apps (or test workers) started together on a fresh cache: the second waits for the
     first's import and then uses it, instead of importing over the directory the first reads."""
+    import fcntl
     import threading
     import types
 
@@ -111,7 +112,6 @@ def test_two_processes_opening_a_new_gguf_at_once_import_it_once(tiny_dirs, tmp_
             second_waits.set()
         return fcntl.flock(f, op)
 
-    import fcntl
     monkeypatch.setattr(default_model, "import_gguf", held_import)
     monkeypatch.setattr(default_model, "fcntl", types.SimpleNamespace(flock=flock, LOCK_EX=fcntl.LOCK_EX))
     out = {}
@@ -120,7 +120,8 @@ def test_two_processes_opening_a_new_gguf_at_once_import_it_once(tiny_dirs, tmp_
     first.start()
     assert first_in.wait(60)
     second.start()
-    first.join(120), second.join(120)
+    first.join(120)
+    second.join(120)
     assert len(imports) == 1 and out["first"] == out["second"]
     assert (logits(Engine.from_hf_dir(out["second"])) - logits(Engine.from_hf_dir(tiny_dirs["mha"]))).abs().max() <= 1e-5
 
