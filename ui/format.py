@@ -84,6 +84,13 @@ def fmt_p(p: float | None) -> str:
     return f"{p:.4f}" if p >= 1e-4 or p == 0 else f"{p:.3g}"
 
 
+def plotted_p(p: float) -> float:
+    """A probability as a chart plots it: the number fmt_p prints, so that a chart's tooltip reads
+    what the bars and tables read (Vega-Lite's tooltip would print ten digits); NaN, which the
+    chart leaves out, where the engine does not know it."""
+    return float(fmt_p(p)) if known(p) else math.nan
+
+
 def fmt_logp(p: float | None) -> str:
     if not known(p):
         return "–"

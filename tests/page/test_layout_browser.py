@@ -3,6 +3,7 @@ that they scroll and keep their row names in view, chart titles are whole, the b
 the sliders' labels are readable, and no untranslated key is read out. Screenshots go to
 /tmp/shots/fix-layout/."""
 
+import re
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,27 @@ def test_no_untranslated_key_is_read_out(live_app, browser):
     said = page.evaluate("window.__said")
     assert not [s for s in said if s.startswith("common.")], said
     page.close()
+
+
+def test_the_run_charts_tooltip_reads_the_number_the_text_shows(live_app, browser):
+    """Hovering the per-step chart shows the chosen token's probability as the token's popover
+    prints it (Vega-Lite's tooltip printed ten digits: 0.3899998069 beside the text's 0.3900)."""
+    page = ran(browser, live_app, 1400, 1000)
+    shown = {int(m[0]): float(m[1]) for m in (page.evaluate(
+        """[...document.querySelectorAll('#output .tl-pop-head')].map(h =>
+             [(h.textContent.match(/^step (\\d+) ·/) || [])[1], h.querySelector('.tl-p').textContent])""")) if m[0]}
+    page.get_by_text("Sampling experiments").click()
+    page.wait_for_selector("#run-chart svg .role-title-text")
+    page.wait_for_timeout(300)  # the charts' layout settles after the accordion opens
+    box = page.locator("#run-chart svg").first.bounding_box()
+    tips = {}
+    for i in range(80):  # a sweep across the plot: the nearest step's point shows its tooltip
+        page.mouse.move(box["x"] + box["width"] * (0.05 + 0.9 * i / 80), box["y"] + box["height"] * 0.5)
+        text = page.evaluate("(document.querySelector('#vg-tooltip-element.visible') || {}).innerText || ''")
+        step, p = (re.search(rf"{key}\s+([-\d.e]+)", text) for key in ("step", "probability"))
+        if step and p:
+            tips[int(step[1])] = p[1]
+    page.close()
+    assert len(tips) >= 3 and len(shown) >= 3, (tips, shown)
+    for step, p in tips.items():
+        assert float(p) == shown[step] and len(p.split(".")[-1]) <= 4, (step, p, shown[step])

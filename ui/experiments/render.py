@@ -9,7 +9,8 @@ import math
 import pandas as pd
 
 from inference.events import StepEvent
-from ui.format import bucket, fmt_p, known, line_frame, named_prob_html, prob_html, shown_prob, visible
+from ui.format import (bucket, fmt_p, known, line_frame, named_prob_html, plotted_p, prob_html, shown_prob,
+                       visible)
 from ui.run_state import Divergence, RunRecord, run_summary
 
 # Where an engine lacks a capability (contract.Capabilities), the section says why in its place.
@@ -32,16 +33,18 @@ def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = []
     for s in rec.steps:  # a number the engine does not know (None) is left out, not drawn as 0
         if shown_prob(s) is not None:
-            rows.append({"step": s.step, "value": shown_prob(s), "metric": "chosen-token probability"})
+            rows.append({"step": s.step, "value": plotted_p(shown_prob(s)), "metric": "chosen-token probability"})
         if rec.params is not None and rec.params.constraint and s.masked_mass is not None:
-            rows.append({"step": s.step, "value": s.masked_mass, "metric": "masked mass (constraint)"})
+            rows.append({"step": s.step, "value": plotted_p(s.masked_mass), "metric": "masked mass (constraint)"})
     ranks = line_frame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None], "rank")
     return line_frame(rows, "value", "metric"), ranks
 
 
 def entropy_frame(rec: RunRecord) -> pd.DataFrame:
-    """The raw entropy per step, in nats: its own chart, as its unit is not a probability's."""
-    return line_frame([{"step": s.step, "nats": s.entropy} for s in rec.steps if s.entropy is not None], "nats")
+    """The raw entropy per step, in nats: its own chart, as its unit is not a probability's (3
+    decimals, as the compare table gives a mean entropy)."""
+    return line_frame([{"step": s.step, "nats": round(s.entropy, 3)} for s in rec.steps if s.entropy is not None],
+                      "nats")
 
 
 def _rank(st) -> str:
@@ -192,7 +195,7 @@ def two_models_frame(two) -> pd.DataFrame:
     """The per-step chart across two models: KL(A‖B) and the probability each gave A's token."""
     rows = []
     for i, ((_, pa, pb), k) in enumerate(zip(two.chosen, two.kl) if two is not None else ()):
-        rows += [{"step": i, "value": k, "series": "KL(A‖B), nats"},
-                 {"step": i, "value": pa, "series": "p of A's token under A"},
-                 {"step": i, "value": pb, "series": "p of A's token under B"}]
+        rows += [{"step": i, "value": round(k, 4), "series": "KL(A‖B), nats"},  # 4 decimals, as the summary's
+                 {"step": i, "value": plotted_p(pa), "series": "p of A's token under A"},
+                 {"step": i, "value": plotted_p(pb), "series": "p of A's token under B"}]
     return line_frame(rows, "value", "series")
