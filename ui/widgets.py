@@ -63,3 +63,24 @@ def setting_control(s: Setting, value, context: int, label_prefix: str = "", ele
         info = f"{info}; {tokens_message(cap)[:-1].lower()}" if info else tokens_message(cap)
     return gr.Slider(lo, hi, value=value, step=s.step, label=label, info=info, elem_id=elem_id,
                      elem_classes=[UNCHECKED], visible=visible, interactive=None if available else False)
+
+
+
+
+# Vega-Lite's own category colours, in its order.
+SERIES_COLORS = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#9d755d")
+# A color_map key no series has: what it holds makes Gradio rebuild the chart (see line_colors).
+REBUILD = "\u2063drawn"
+
+
+def line_colors(frame, color: str, ended: bool) -> dict:
+    """A line chart's colours, one for each series of `frame` (the data the chart was just given),
+    as an update of their own that must reach the page after that data (a `.then` event). Gradio
+    builds a chart's colour scale from the data it holds when it builds the chart, and rebuilds
+    only when a setting such as color_map changes, never for new data: a chart first drawn empty
+    kept an empty scale, and every line it got later had no stroke, invisible. A new color_map
+    rebuilds it with the data it then holds: when the series change, and once more when the run
+    has `ended`, so that data which came while it was being rebuilt is drawn too."""
+    names = list(dict.fromkeys(frame[color]))
+    colors = {n: SERIES_COLORS[i % len(SERIES_COLORS)] for i, n in enumerate(names)}
+    return gr.update(color_map={**colors, REBUILD: "ended" if ended else ""} if names else None)

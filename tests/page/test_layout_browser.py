@@ -91,9 +91,10 @@ CHART_HEIGHTS_JS = """[...document.querySelectorAll('.vega-embed svg')].filter(s
 
 
 @pytest.mark.parametrize("width,height", SIZES)
-def test_charts_before_a_run_have_their_height(live_app, browser, width, height):
+def test_charts_before_a_run_have_their_height_and_after_it_their_lines(live_app, browser, width, height):
     """Before any run the charts are empty but drawn at their size, axes and titles readable (an
-    empty untyped column made Vega-Lite draw them 0 px high, their axis titles squeezed)."""
+    empty untyped column made Vega-Lite draw them 0 px high, their axis titles squeezed); after
+    the run every line is drawn in a colour."""
     page = open_at(browser, live_app[0], width, height, QUERY)
     page.get_by_text("Sampling experiments").click()
     page.wait_for_selector("#rank-chart svg .role-title-text")
@@ -103,7 +104,17 @@ def test_charts_before_a_run_have_their_height(live_app, browser, width, height)
     generate_to_end(page)
     page.wait_for_timeout(300)
     after = {c["id"]: c["height"] for c in page.evaluate(CHART_HEIGHTS_JS)}
+    # Every line drawn after the run has a colour (the charts drawn empty kept an empty colour
+    # scale: the KV chart's lines had no stroke, invisible).
+    lines_js = """[...document.querySelectorAll('.vega-embed svg')].filter(s => s.getClientRects().length)
+        .map(s => [s.closest('.block').id, [...s.querySelectorAll('g.mark-line path')].map(p => p.getAttribute('stroke'))])"""
+    page.wait_for_function(f"{lines_js}.every(([id, paths]) => paths.length)")  # Vega draws them after a frame or so
+    strokes = page.evaluate(lines_js)
+    shot(page, f"charts-after-a-run-{width}", "#kv-chart")
     page.close()
+    lines = dict(strokes)
+    assert {"kv-chart", "latency-chart", "run-chart", "entropy-chart", "rank-chart"} <= set(lines), strokes
+    assert all(lines[c] and all(lines[c]) for c in lines), strokes
     assert {"kv-chart", "latency-chart", "run-chart", "entropy-chart", "rank-chart"} <= {c["id"] for c in heights}
     for c in heights:  # as high as after a run, within the legend a run adds
         assert c["height"] >= 200 and abs(c["height"] - after[c["id"]]) <= 40, (c, after)

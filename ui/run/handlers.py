@@ -28,6 +28,7 @@ from ui.inside.render import memory_markdown
 from ui.run import kv, render
 from ui.run_state import RunRecord, run_jsonl
 from ui.streaming import EventPump, paced_interval
+from ui.widgets import line_colors
 
 # What a run streams, in /generate's output order: output, bars, statistics, KV formula,
 # notice, status, step slider, the tokens (for API clients, complete in the last update), the
@@ -217,6 +218,14 @@ class RunHandlers(PageBase):
         if rec.steps:
             return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec)}
         return {"status": self._status(rec, session_of(request))}
+
+    def chart_colors(self, rec: RunRecord | None) -> dict:
+        """The colours of the run's charts with more than one line, after their data (line_colors)."""
+        if rec is None:
+            return {}
+        ended = rec.done is not None
+        return {"kv_chart": line_colors(kv.kv_frame(rec), "series", ended),
+                "run_chart": line_colors(run_chart_frames(rec)[0], "metric", ended)}
 
     def after_run(self, rec: RunRecord | None, history=None, request: gr.Request = None) -> dict:
         """Once a run has ended (or was refused): the chart timer off, Generate enabled and Stop

@@ -171,6 +171,10 @@ def build(page, h: Handlers, limits_md: str) -> None:
 
 def wire(page, h: Handlers, demo: gr.Blocks):
     """The run section's events; returns chain_run, which starts a run from another trigger."""
+    # The charts' colours, after every event that gives them data (Handlers.chart_colors).
+    colors = (h.chart_colors, ("record",), ("kv_chart", "run_chart"))
+    page.after_view.insert(0, colors)
+
     def chain_run(started):
         """begin -> generate -> after_run, from an event or a trigger. begin runs in the queue,
         unlimited: its refusal (this tab has a run going, or its visitor their share) is a
@@ -182,6 +186,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
                     show_progress="hidden", concurrency_id=ENGINE, api_visibility="private", postprocess=False)
         a = page.on(r.then, h.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
                     show_progress="hidden", api_visibility="private")
+        a = page.chain(a, [colors])
         for fn, inputs, outputs in page.after_run:
             a = page.on(a.then, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
                         api_visibility="private")
@@ -197,8 +202,9 @@ def wire(page, h: Handlers, demo: gr.Blocks):
     api_generate = gr.Button(visible=False)
     page.on(api_generate.click, h.generate, inputs=NAMES, outputs=RUN_OUTPUTS, api_name="generate",
             show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
-    page.on(page["live"].tick, h.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
-            api_visibility="private", queue=False, show_progress="hidden")
+    tick = page.on(page["live"].tick, h.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
+                   api_visibility="private", queue=False, show_progress="hidden")
+    page.chain(tick, [colors])
     page["stop_button"].click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
     context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model", "prefix_ids")
     page.on(lambda fn, **kw: gr.on([page[n].change for n in context_inputs], fn, **kw), h.preview,

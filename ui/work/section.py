@@ -55,6 +55,7 @@ def wire(page, h: Handlers, demo: gr.Blocks, loaded) -> None:
     restored = page.on(loaded.then, h.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
                        api_visibility="private", queue=False, show_progress="hidden")
     restored.then(None, js=RESTORED_JS)
+    page.chain(restored, [(h.chart_colors, ("record",), ("kv_chart", "run_chart"))])  # after their data
     gr.on([page[n].input for n in NAMES], h.save_settings, inputs=page.all(NAMES), outputs=page["saved_settings"],
           queue=False, show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     page.on(page["new_chat"].click, h.save_new_chat, inputs=("record", "branches", *NAMES), outputs=SAVED,
