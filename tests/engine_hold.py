@@ -8,6 +8,8 @@ import math
 import threading
 import time
 
+from inference.serving.scheduler import fair_shares
+
 TIMEOUT_S = 60.0  # only a broken test waits this long
 
 
@@ -47,11 +49,12 @@ class Hold:
 
         chunk = engine.scheduler.prefill_chunk
 
-        def makes_a_token(run) -> bool:  # a pass that only feeds a long prompt's first chunks is not held
-            return run.n_prompt - run.prefilled <= chunk
+        def makes_a_token(run, shares) -> bool:  # a pass that only feeds a prompt's first chunks is not held
+            return run.prefilled == run.n_prompt or shares[id(run)] == run.n_prompt - run.prefilled
 
         def held(active):
-            cancels = [r.cancel for r in active if id(r.cancel) in self._held and makes_a_token(r)]
+            shares = fair_shares({id(r): r.n_prompt - r.prefilled for r in active if r.prefilled < r.n_prompt}, chunk)
+            cancels = [r.cancel for r in active if id(r.cancel) in self._held and makes_a_token(r, shares)]
             if cancels:
                 with self._cond:
                     n = self.started

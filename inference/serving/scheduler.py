@@ -1,10 +1,11 @@
 """The scheduler: one forward pass per step for every active run.
 
 Each step gathers a decode row for every run that is generating and a chunk of the prompt of
-runs still in prefill (at most `prefill_chunk` prompt tokens a step, so a long prompt does not
-stall everyone's next token), runs them through the model in one pass over the paged KV pool,
-and samples each run's next token with its own settings, seed and generator. Decoding is bound
-by reading the weights, so a step for 8 runs costs little more than a step for one.
+runs still in prefill (at most `prefill_chunk` prompt tokens a step, shared evenly between them,
+so that a long prompt stalls neither everyone's next token nor a short prompt's first), runs them
+through the model in one pass over the paged KV pool, and samples each run's next token with its
+own settings, seed and generator. Decoding is bound by reading the weights, so a step for 8 runs
+costs little more than a step for one.
 
 A run's results do not depend on who else runs: its rows see only its own cache slots, and its
 sampling only its own generator.
@@ -67,6 +68,18 @@ class Run:
     @property
     def n_prompt(self) -> int:
         return len(self.ids)
+
+
+def fair_shares(unread: dict, budget: int) -> dict:
+    """Prompt tokens each run still reading its prompt reads this step ({run: tokens unread} ->
+    {run: tokens}): the budget split evenly, a run that needs less than its part taking only what
+    it needs and leaving the rest to the others. So a short prompt is read at once beside a long
+    one (given the whole budget in turn, it waited for every chunk of the long one)."""
+    shares, left = {}, len(unread)
+    for run, need in sorted(unread.items(), key=lambda kv: kv[1]):  # the smallest first: leftovers go on
+        shares[run] = min(need, max(budget // left, 1 if budget else 0))
+        budget, left = budget - shares[run], left - 1
+    return shares
 
 
 class Scheduler:
@@ -234,14 +247,14 @@ class Scheduler:
         dev = self.model.device
         tokens, positions, slots, sampling = [], [], [], []
         decode, prefills, reading = [], [], []  # reading: runs whose prompt is still not all read
-        budget = self.prefill_chunk
+        unread = {id(run): run.n_prompt - run.prefilled for run in active if run.prefilled < run.n_prompt}
+        shares = fair_shares(unread, self.prefill_chunk)
         for run in active:
             if run.prefilled == run.n_prompt:  # generating: feed back the last token
                 start, new = run.table.length, [run.next_token]
-            elif budget > 0:
+            elif shares[id(run)]:
                 start = run.prefilled
-                new = run.ids[start:start + budget]
-                budget -= len(new)
+                new = run.ids[start:start + shares[id(run)]]
             else:
                 continue
             row = len(tokens)

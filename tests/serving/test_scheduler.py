@@ -12,6 +12,7 @@ from inference.serving.engine import Engine
 from inference.errors import ResourceError
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE
+from inference.serving.scheduler import fair_shares
 from inference.sampling.params import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
@@ -108,6 +109,55 @@ def test_a_long_prompt_prefilled_in_chunks_equals_one_pass(tiny_dirs):
     b = events[len(progress):]
     assert [e.token_id for e in a[:-1]] == [e.token_id for e in b[:-1]]
     assert max(abs(x.raw_prob - y.raw_prob) for x, y in zip(a[:-1], b[:-1])) < 1e-5
+
+
+def test_the_prefill_budget_is_shared_evenly_and_leftovers_go_on():
+    assert fair_shares({"long": 6000, "short": 4}, 128) == {"short": 4, "long": 124}
+    assert fair_shares({"a": 100, "b": 100, "c": 100}, 128) == {"a": 42, "b": 43, "c": 43}
+    assert fair_shares({"a": 50, "b": 10, "c": 90}, 64) == {"b": 10, "a": 27, "c": 27}
+    assert fair_shares({k: 5 for k in "abcde"}, 3) == {"a": 1, "b": 1, "c": 1, "d": 0, "e": 0}
+    assert fair_shares({}, 128) == {}
+
+
+def test_a_short_prompt_is_read_beside_a_long_one_not_after_it(tiny_dirs, monkeypatch):
+    """A short prompt submitted with a long one in prefill gets its first token at once (the long
+    one took the whole budget for all its chunks before), and both give their alone tokens."""
+    engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32", prefill_chunk=32)
+    long_ids = engine.tokenizer.encode("The quick brown fox jumps over the lazy dog. " * 6)
+    short_ids = engine.tokenizer.encode("Once upon")
+    assert len(long_ids) > 4 * 32 and len(short_ids) <= 32 // 2  # the long one: 5 passes or more
+    params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=6)
+    other = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32", prefill_chunk=32)  # (its cache, not this one's)
+    alone = [list(other.generate_ids(ids, params, top_n=5)) for ids in (long_ids, short_ids)]
+    passes, first = [], {}  # forward passes so far; each prompt's length -> the pass of its first token
+    step, emit = engine.scheduler._step, engine.scheduler._emit
+
+    def counted(active):
+        passes.append(len(active))
+        return step(active)
+
+    def noted(run, info):
+        first.setdefault(run.n_prompt, len(passes))
+        return emit(run, info)
+    monkeypatch.setattr(engine.scheduler, "_step", counted)
+    monkeypatch.setattr(engine.scheduler, "_emit", noted)
+    go = gate(monkeypatch, engine)
+    with ThreadPoolExecutor(2) as pool:
+        futures = [pool.submit(lambda ids: list(engine.generate_ids(ids, params, top_n=5)), ids)
+                   for ids in (long_ids, short_ids)]
+        try:
+            while engine.active_runs < 2:  # both submitted before the first pass
+                threading.Event().wait(0.001)
+        finally:
+            go.set()
+        together = [f.result() for f in futures]
+    # The first pass may hold the long run alone (the scheduler took the active runs, then waited):
+    # the short one reads its prompt in the second at the latest (after the long one's 7th before).
+    assert first[len(short_ids)] <= 2 < -(-len(long_ids) // 32) <= first[len(long_ids)]
+    for a, b in zip(alone, together):
+        steps_a, steps_b = ([e for e in run if isinstance(e, StepEvent)] for run in (a, b))
+        assert [e.token_id for e in steps_a] == [e.token_id for e in steps_b]
+        assert max(abs(x.raw_prob - y.raw_prob) for x, y in zip(steps_a, steps_b)) < 1e-5
 
 
 def test_blocks_grow_with_the_run_and_come_back(tiny_engine):
