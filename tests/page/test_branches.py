@@ -170,3 +170,50 @@ def test_a_branchs_download_is_the_cli_run_with_its_prefix_ids(h, tiny_dirs, cap
     cli = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [s["token_id"] for s in cli[:-1]] == [s["token_id"] for s in page[:-1]] == [s.token_id for s in branch.steps]
     assert cli[-1]["settings"] == page[-1]["settings"] and cli[-1]["text"] == page[-1]["text"]
+
+
+
+def a_branch(h):
+    """The run of SETTINGS, a branch of it after its first 4 tokens and another 5th (5 given),
+    and what the page drew at the branch's end."""
+    root = run(h, Controls(**SETTINGS))
+    c, _ = click(h, root, 4, root.steps[4].top[1].id, [])
+    branch = list(h.generate(*c.values(), REQ, None))[-1]["record"]
+    end = h.after_run(branch, None, REQ)
+    assert len(branch.given) == 5 and len(branch.steps) == 10
+    return root, branch, end
+
+
+def test_a_branchs_inside_view_prefills_its_given_tokens_with_the_prompt(h, tiny_engine):
+    """The stages' shapes, FLOPs and text count the given tokens as the captured context does."""
+    root, branch, _ = a_branch(h)
+    n, g = len(root.prompt_ids), 5
+    inside = h.inspect_step(branch, 2, 0)
+    md, ctx = inside["stages_md"], n + g + 2
+    # The context the model read at step 2 (the attention table's rows, the pattern's) is the reference.
+    assert inside["attention"].count("<tr>") == ctx + 1 and inside["pattern"].count("<th class='tl-q'") == ctx
+    assert f"Prefill: {n} prompt + {g} given = {n + g} tokens at once. Decode step 2: 1 token attending to {ctx} positions" in md
+    heads, hidden = tiny_engine.cfg.n_heads, tiny_engine.cfg.hidden_size
+    assert f"| token ids | [{n + g}] |" in md and f"| embedding lookup | [{n + g}, {hidden}] |" in md
+    assert f"scores [{heads}, {n + g}, {n + g}]" in md and f"scores [{heads}, 1, {ctx}]" in md
+    assert "given" not in h.inspect_step(root, 2, 0)["stages_md"]
+
+
+def test_a_branchs_token_view_says_its_given_tokens_apart_as_the_status_counts_them(h):
+    import re
+    root, branch, end = a_branch(h)
+    n, g = len(root.prompt_ids), 5
+    assert f"**{n}** prompt + **{g}** given + **10** generated" in end["status"]
+    view = end["tokens"]
+    assert f"Prompt of the run: {n} tokens" in view and f"Given (read after the prompt): {g} tokens" in view
+    assert "Generated: 10 tokens" in view
+    given, generated = view[view.index("tl-given-tokens"):view.index("Generated:")], view[view.index("Generated:"):]
+    assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", given)] == branch.given
+    assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", generated)] == [s.token_id for s in branch.steps]
+    assert "Given" not in h.drawn(root)["tokens"]
+
+
+def test_how_likely_on_a_branch_names_its_given_tokens(h):
+    root, branch, _ = a_branch(h)
+    assert h.likelihood(branch, 2, " the").startswith("After the prompt, the 5 given tokens and the first 2 generated tokens:")
+    assert h.likelihood(root, 2, " the").startswith("After the prompt and the first 2 generated tokens:")

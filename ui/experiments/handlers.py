@@ -133,4 +133,6 @@ class ExperimentHandlers(PageBase):
                 scores = self.view(rec.model).engine.score(rec.seen_before(i), text or "")
         except TokenLabError as e:
             raise page_error(e) from None
-        return f"After the prompt and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)
+        n = len(rec.given)
+        given = f", the {n} given token{'s' * (n != 1)}" if n else ""
+        return f"After the prompt{given} and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)

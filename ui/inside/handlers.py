@@ -31,7 +31,7 @@ class InsideHandlers(PageBase):
             except TokenLabError as e:  # an engine without the model's activations
                 return {"stages_md": f"⚠ {e}", "attention": "", "lens": "", "pattern": ""}
         tok = m.tokenizer
-        return {"stages_md": render.stages_markdown(m.info, len(rec.prompt_ids), i),
+        return {"stages_md": render.stages_markdown(m.info, len(rec.prompt_ids), i, len(rec.given)),
                 "attention": render.attention_html(capture, tok), "lens": render.lens_html(capture, tok),
                 "pattern": self._pattern(capture.context_ids, pattern, layer, head, tok)}
 

@@ -17,21 +17,24 @@ INSIDE_NOTE = (f"**Inside one token**: the path through the layers, the attentio
                "only tokens and the log-probabilities of the top candidates.")
 
 
-def stages_markdown(info, n_prompt: int, step: int) -> str:
-    """The path of one token: prefill over the prompt and the selected decode step side by side."""
+def stages_markdown(info, n_prompt: int, step: int, n_given: int = 0) -> str:
+    """The path of one token: prefill over the prompt (and a branch's given tokens, read with it)
+    and the selected decode step side by side."""
     cfg, b, b_dec = info.cfg, info.dtype.itemsize, info.decode_dtype.itemsize
-    ctx = n_prompt + step
-    pre = stages(cfg, n_prompt, n_prompt, b)
+    n_pre = n_prompt + n_given  # the engine prefills the given tokens with the prompt
+    ctx = n_pre + step
+    pre = stages(cfg, n_pre, n_pre, b)
     dec = stages(cfg, 1, ctx, b_dec, b)
+    read = f"{n_prompt} prompt + {n_given} given = {n_pre} tokens" if n_given else f"{n_prompt} prompt tokens"
     lines = ["**This model's path**: " + " → ".join(family_path(cfg)) + ".", "",
-             f"Prefill: {n_prompt} prompt tokens at once. Decode step {step}: 1 token attending to "
+             f"Prefill: {read} at once. Decode step {step}: 1 token attending to "
              f"{ctx} positions. Decode bytes are the weights read at {dtype_name(info.decode_dtype)} "
              f"and the KV cache at {dtype_name(info.dtype)}.", "",
              "| stage | prefill shape | prefill FLOPs | decode shape | decode FLOPs | decode bytes |",
              "|---|---|---|---|---|---|"]
     for p, d in zip(pre, dec):
         lines.append(f"| {p.name} | {p.shape} | {si(p.flops)} | {d.shape} | {si(d.flops)} | {binary_size(d.bytes)} |")
-    lines.append(f"| **per token** | | {si(pre[-1].flops / n_prompt)} | | {si(dec[-1].flops)} | "
+    lines.append(f"| **per token** | | {si(pre[-1].flops / n_pre)} | | {si(dec[-1].flops)} | "
                  f"{binary_size(dec[-1].bytes)} |")
     return "\n".join(lines)
 

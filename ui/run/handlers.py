@@ -267,7 +267,8 @@ class RunHandlers(PageBase):
                 "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
                 "run_chart": run_chart, "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec),
                 **{f"{panel}_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS for panel in ("replay", "b")},
-                "tokens": render.run_tokens_html(tok, rec.prompt_ids, rec.generated_before(n)),
+                "tokens": render.run_tokens_html(tok, rec.prompt_ids, [s.token_id for s in rec.steps],
+                                                 given_ids=rec.given),
                 "downloads": render.downloads_html(
                     self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
                     self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec))),

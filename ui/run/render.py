@@ -169,13 +169,16 @@ def _token_chips(tokenizer, ids: list[int]) -> str:
 
 
 def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] | None = None,
-                    fed: bool = True) -> str:
-    """The tokenization view: the prompt's tokens, and once there are any the generated ones.
+                    fed: bool = True, given_ids: list[int] = ()) -> str:
+    """The tokenization view: the prompt's tokens, a branch's (or an edit's) given tokens apart
+    (the run read them after the prompt), and once there are any the generated ones.
     fed: the prompt of a run (else the prompt as the next run will feed it, before any run)."""
     out = prompt_tokens_html(tokenizer, prompt_ids, "Prompt of the run" if fed else "Prompt as it will be fed")
-    if generated_ids:
-        out += (f"<div class='tl-tokens tl-gen-tokens'><div class='tl-title'>Generated: {len(generated_ids):,} tokens"
-                f"</div><div class='tl-chips'>{_token_chips(tokenizer, generated_ids)}</div></div>")
+    for cls, title, ids in ((" tl-given-tokens", "Given (read after the prompt)", given_ids),
+                            ("", "Generated", generated_ids)):
+        if ids:
+            out += (f"<div class='tl-tokens tl-gen-tokens{cls}'><div class='tl-title'>{title}: {len(ids):,} tokens"
+                    f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
     return out
 
 
