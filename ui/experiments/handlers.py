@@ -48,7 +48,9 @@ class ExperimentHandlers(PageBase):
         except TokenLabError as e:
             return {"replay_md": f"⚠ Replay: {page_message(e, one_line=True)}", "replay_bars": ""}
         return {"replay_md": (f"**Step {i}**, every token of the vocabulary through each stage; the step's "
-                              "logits recomputed by one forward pass over its context.\n\n"
+                              "logits recomputed by one forward pass over its context (it sums in another "
+                              "order than the run did: a probability can differ from the bars' by one in "
+                              "the 4th decimal).\n\n"
                               + render.stages_table(ran, again, tok, ev.token_id)),
                 "replay_bars": render.replay_bars(ev, final_ran, final_again, tok)}
 
