@@ -83,7 +83,7 @@ def _count(body: dict, key: str, low: int, high: int | None, default=None):
         raise bad(f"{key} must be an integer, got {shown(value)}", key)
     value = int(value)
     if value < low or (high is not None and value > high):
-        raise bad(f"{key} must be in [{low}, {high if high is not None else '∞'}], got {value}", key)
+        raise bad(f"{key} must be in [{low}, {f'{high}]' if high is not None else '∞)'}, got {value}", key)
     return value
 
 

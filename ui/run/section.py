@@ -135,8 +135,8 @@ def build(page, h: Handlers, limits_md: str) -> None:
         with gr.Column(elem_id="right-col"):
             with gr.Column(elem_id="output-col"):
                 gr.Markdown(OUTPUT_CAPTION_RAW if h.caps.logprobs == "raw" else OUTPUT_CAPTION, elem_id="output-caption")
-                add("colour_by", gr.Radio(COLOUR_BY, value="final", show_label=False, container=False,
-                                          elem_id="colour-by"))
+                add("colour_by", gr.Radio(COLOUR_BY, value="final", label="Colour the text by", show_label=False,
+                                          container=False, elem_id="colour-by"))
                 add("output", gr.HTML(render.output_html(None, tok), label="Generated text", elem_id="output",
                                       js_on_load=OUTPUT_JS))
                 with gr.Row():
