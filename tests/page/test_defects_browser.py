@@ -96,11 +96,19 @@ def test_temperature_zero_popover_shows_raw_and_final_and_colours_by_raw(live_ap
     tok.hover()
     pop = tok.locator(".tl-pop")
     assert pop.is_visible()
+    # Whole in the window: its head wraps rather than running past the box (cut at 420 px).
+    assert pop.evaluate("""p => { const h = p.querySelector('.tl-pop-head'), r = p.getBoundingClientRect();
+                                  return h.scrollWidth <= h.clientWidth + 1 && r.left >= 0 && r.right <= innerWidth; }""")
     rows = pop.locator(".tl-pop-cols, .tl-alt").all_inner_texts()
     assert rows[0].split() == ["token", "raw", "final"]
     raws = [float(r.split()[-2]) for r in rows[1:]]
     assert sum(raws) > 0 and any(0 < r < 1 for r in raws)  # not every alternative 0.0000
     shot(page, f"popover-{width}")
+    page.mouse.move(0, 0)
+    tok.focus()  # a tapped token keeps its popover open; Escape closes it
+    assert pop.is_visible()
+    page.keyboard.press("Escape")
+    assert not pop.is_visible()
     colour = "getComputedStyle(document.querySelectorAll('#output .tl-t')[1]).backgroundColor"
     final_colour = page.evaluate(colour)
     raw_class = tok.get_attribute("class").split()[-1]  # tl-rb0 … tl-rb3

@@ -8,6 +8,7 @@ const pick = (e) => {
 element.addEventListener('click', pick);
 element.addEventListener('keydown', (e) => {
   if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); pick(e); }
+  if (e.key === 'Escape' && e.target.closest('.tl-t')) e.target.closest('.tl-t').blur();  // closes its popover
 });
 // The popover is placed in the window (position: fixed), so that the output's scroll box
 // does not clip it: below the token, or above it near the window's bottom; hidden while its
