@@ -12,6 +12,7 @@ import torch
 from inference.events import StepEvent
 from inference.sampling.params import SamplingParams
 from ui.controls import NAMES, Controls
+from ui.edit.render import seam_html
 from ui.edit.seam import edited_ids, seam_changes
 from ui.handlers import Handlers
 
@@ -86,6 +87,42 @@ def test_the_seam_table_lists_the_tokens_the_tokenizer_changed(tiny_engine):
     changes = seam_changes(tok, old, new)
     assert changes and not any(c.seam for c in changes) and all(c.near for c in changes)
     assert seam_changes(tok, old, old) == []
+
+
+PARIS = " Paris, the capital of Europe is Europe"
+
+
+@pytest.mark.parametrize("at, inserted", [(PARIS.index(" Europe"), " Asia and"), (0, " Oh"),
+                                          (len(PARIS), " and Asia")], ids=["before a space", "start", "end"])
+def test_an_insertion_or_a_deletion_anywhere_is_the_edit(tiny_engine, at, inserted):
+    """Text put in (or taken out) where the tokenizer keeps every other token is the edit
+    itself: one row, no ⚑, no ≠, even where it goes before a token that starts with a space
+    (the bytes cannot tell " Asia and" before " Europe" from "Asia and " before "Europe")."""
+    tok = tiny_engine.tokenizer
+    edited = PARIS[:at] + inserted + PARIS[at:]
+    old, new, put = (tok.encode_continuation(t) for t in (PARIS, edited, inserted))
+    k = next(k for k in range(len(old) + 1) if new == old[:k] + put + old[k:])  # the tokenizer keeps the rest
+    assert k == len(old) or tok.piece(old[k]).startswith(" ")
+    for before, after, gone, added in ((old, new, [], put), (new, old, put, [])):  # the insertion; the deletion
+        (change,) = seam_changes(tok, before, after)
+        assert [i for i, _ in change.before] == gone and [i for i, _ in change.after] == added
+        assert change.near and not change.seam
+        table = seam_html([change])
+        assert "≠" not in table and "Away from the edit" not in table and "only the edited tokens differ" in table
+
+
+def test_the_run_s_own_tokens_away_from_the_edit_are_marked(tiny_engine):
+    """A run that spelt 'ar' as 'a' 'r' (the tokenizer writes 'ar'), edited further on: that
+    place is away from the edit (≠), the edit's own row is not."""
+    tok = tiny_engine.tokenizer
+    old = tok.encode_continuation(PARIS)
+    ar = old.index(tok.encode_continuation("ar")[0])
+    spelt = old[:ar] + tok.encode_continuation("a") + tok.encode_continuation("r") + old[ar + 1:]
+    assert tok.decode(spelt) == tok.decode(old)
+    away, edit = seam_changes(tok, spelt, tok.encode_continuation(PARIS + " and Asia"))
+    assert not away.near and [i for i, _ in away.after] == [old[ar]] and len(away.before) == 2
+    assert edit.near and edit.before == [] and not edit.seam
+    assert "in 1 place (marked ≠)" in seam_html([away, edit])
 
 
 def test_the_page_shows_the_seam_as_you_type_and_at_the_continue(h, tiny_engine):

@@ -52,8 +52,10 @@ def test_score_text_shows_every_token_and_the_perplexity(tiny_engine, tiny_dirs)
 def test_score_the_prompt_of_the_run_as_fed(tiny_engine, tiny_dirs, monkeypatch):
     monkeypatch.setattr(tiny_engine, "eos_ids", set())
     h = Handlers(tiny_engine)
-    with pytest.raises(gr.Error, match="Generate first"):
-        h.score_prompt(None, REQ)
+    # Before a run: one line where the summary goes, the Text box left as typed (not an output).
+    assert h.score_prompt(None, REQ) == {"score_md": "⚠ Generate first: this scores the prompt of the run.",
+                                         "score_view": h.score_text_shown("", "", REQ)["score_view"],
+                                         "score_data": None}
     c = Controls(prompt="Hello there", mode="chat", temperature=0.0, max_new_tokens=2)
     rec = list(h.generate(*c.values(), REQ))[-1]["record"]
     out = h.score_prompt(rec, REQ)
@@ -66,11 +68,15 @@ def test_score_the_prompt_of_the_run_as_fed(tiny_engine, tiny_dirs, monkeypatch)
 
 
 def test_bad_text_is_a_one_line_error(tiny_engine):
+    """/score_text refuses with an error; the page's click says the same line in the panel."""
     h = Handlers(tiny_engine)
     for text, message in [("", "the text is empty"), ("x" * 10**6, "characters but the context window is 256")]:
         with pytest.raises(gr.Error, match=message) as e:
             h.score_text(text, "", REQ)
         assert "\n" not in e.value.message
+        shown = h.score_text_shown(text, "", REQ)
+        assert shown["score_md"] == "⚠ " + e.value.message and shown["score_data"] is None
+        assert "class='tl-t " not in shown["score_view"] and "score_box" not in shown
 
 
 def test_the_endpoints_by_name(live_app):

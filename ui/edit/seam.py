@@ -55,16 +55,26 @@ class Change:
         return self.near and self.retokenized > 0
 
 
+def edited_span(old: bytes, new: bytes) -> tuple[int, int]:
+    """The [start, end) of the run's text (old) that the edit may have replaced. Where the
+    common prefix and suffix overlap, the edit can sit anywhere in the overlap (" Asia and"
+    put before " Europe" is "Asia and " put before "Europe"): the span covers every such place,
+    so tokens there, whichever way the tokenizer split them, are the edit's own."""
+    short = min(len(old), len(new))
+    prefix = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), short)
+    suffix = next((k for k in range(short) if old[-1 - k] != new[-1 - k]), short)
+    # The edit read prefix first (the suffix what is left), and suffix first: the span of both.
+    return min(prefix, short - suffix), len(old) - min(suffix, short - prefix)
+
+
 def seam_changes(tokenizer, old_ids: list[int], new_ids: list[int]) -> list[Change]:
     """Where the edited text's tokens differ from the run's, in order. The edit is the bytes
-    between the texts' longest common prefix and suffix; a run's token in a changed place that
-    lies wholly outside it is text the edit did not touch, tokenized differently now."""
+    of the run's text between the texts' longest common prefix and suffix; a run's token in a
+    changed place that lies wholly outside it is text the edit did not touch, tokenized
+    differently now."""
     old = b"".join(token_bytes(tokenizer, i) for i in old_ids)
     new = b"".join(token_bytes(tokenizer, i) for i in new_ids)
-    prefix = next((k for k, (a, b) in enumerate(zip(old, new)) if a != b), min(len(old), len(new)))
-    room = min(len(old), len(new)) - prefix  # the suffix never overlaps the prefix
-    suffix = next((k for k in range(room) if old[-1 - k] != new[-1 - k]), room)
-    edited_end = len(old) - suffix
+    edited_start, edited_end = edited_span(old, new)
     old_spans = spans(tokenizer, old_ids) + [(len(old), len(old))]  # (an insertion at the end)
     piece = tokenizer.piece
     changes = []
@@ -74,7 +84,7 @@ def seam_changes(tokenizer, old_ids: list[int], new_ids: list[int]) -> list[Chan
             continue
         start = old_spans[i1][0]
         end = old_spans[i2 - 1][1] if i2 > i1 else start  # (an insertion: where it goes)
-        untouched = sum(1 for s, e in old_spans[i1:i2] if e <= prefix or s >= edited_end)
+        untouched = sum(1 for s, e in old_spans[i1:i2] if e <= edited_start or s >= edited_end)
         changes.append(Change([(i, piece(i)) for i in old_ids[i1:i2]], [(i, piece(i)) for i in new_ids[j1:j2]],
-                              untouched, start <= edited_end and end >= prefix))
+                              untouched, start <= edited_end and end >= edited_start))
     return changes

@@ -81,6 +81,12 @@ def summary_md(scores: list[TokenScore], before: list[TokenScore], what: str) ->
     return "\n\n".join(lines)
 
 
+def refused(message: str) -> dict:
+    """Nothing scored: the reason in one line where the summary goes, no scores (an earlier
+    text's would read as this one's)."""
+    return {"score_md": "⚠ " + " ".join(message.split()), "score_view": scored_html([]), "score_data": None}
+
+
 def scores_json(scores: list[TokenScore], before: int) -> dict:
     """The API's structured answer, the CLI's lines and summary."""
     ppl = perplexity(scores)
