@@ -86,6 +86,18 @@ def test_follow_ups_continue_the_conversation_and_regenerate_replaces_the_answer
     assert (new["history"], new["conversation"]) == ([], "")
 
 
+def test_a_changed_system_prompt_says_earlier_turns_are_read_after_it(h):
+    first = run(h, mode="chat", prompt="Hello", system="You are a pirate.")
+    history = after(h, first, [])["history"]
+
+    def count(system, mode="chat", turns=history):
+        return h.preview("And then?", mode, system, 5, turns, None, "", first)["context_count"]
+    assert "differs from the one the last answer was made under" in count("You are a poet.")
+    assert "differs" not in count("You are a pirate.")  # the same prompt
+    assert "differs" not in count("You are a poet.", turns=[])  # a new conversation
+    assert "differs" not in count("You are a poet.", mode="completion")  # no template, no turns
+
+
 def test_a_follow_up_reads_the_earlier_turns_from_the_kv_cache(h, tiny_engine):
     """The next turn's prompt repeats the conversation: its whole blocks come from the KV cache
     the last answer left, and the statistics say how many prompt tokens were read from there."""

@@ -320,6 +320,12 @@ class RunHandlers(PageBase):
         it will be fed: both from one tokenization, so that their counts agree. Once a run has
         been made the view shows that run's tokens (its title says so) until the next one."""
         text, ids = self._context(prompt, mode, system, max_new_tokens, history, model, prefix_ids)
+        made = rec.controls if rec is not None and rec.mode == "chat" and history else None
+        if mode == "chat" and made is not None and (made.system or "") != (system or ""):
+            # The template renders the whole conversation again: earlier answers are then read
+            # after a system prompt they were not made under.
+            text += (" · the system prompt differs from the one the last answer was made under: every "
+                     "earlier turn is read after this one")
         out = {"context_count": text}
         if rec is None:
             out["tokens"] = render.run_tokens_html(self.view(model).tokenizer, ids or [], fed=False)
