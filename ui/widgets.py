@@ -65,8 +65,6 @@ def setting_control(s: Setting, value, context: int, label_prefix: str = "", ele
                      elem_classes=[UNCHECKED], visible=visible, interactive=None if available else False)
 
 
-
-
 # Vega-Lite's own category colours, in its order.
 SERIES_COLORS = ("#4c78a8", "#f58518", "#e45756", "#72b7b2", "#54a24b", "#eeca3b", "#b279a2", "#9d755d")
 # A color_map key no series has: what it holds makes Gradio rebuild the chart (see line_colors).
