@@ -78,7 +78,8 @@ def build(page, h: Handlers) -> None:
         add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
         with gr.Row():
             for name, label in (("out_a", "A"), ("out_b", "B")):
-                add(name, gr.HighlightedText(label=label, color_map=COMPARE_COLOR_MAP, show_legend=True,
+                add(name, gr.HighlightedText([(f"{label}'s text comes here with Run A and B.", None)], label=label,
+                                             color_map=COMPARE_COLOR_MAP, show_legend=True,
                                              show_inline_category=False, elem_id=f"compare-{label.lower()}",
                                              min_width=300))
         add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series", color_title=" ",
