@@ -173,8 +173,11 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
             f"{_bar('tl-raw', c.raw_prob)}"
             f"{_bar('tl-final', c.prob, FORBIDDEN_MARK if c.forbidden else bias_mark((bias or {}).get(c.id)))}</div>")
     missing = " (not given by the server)"
-    raw_head = "raw model probability" + ("" if any(known(c.raw_prob) for c in step.top) else missing)
-    final_head = "final (sampled from)" + ("" if any(known(c.prob) for c in step.top) else missing)
+    # The heads name what the numbers are: "log p" while the page shows log-probabilities (PROB_CSS).
+    raw_head = ("raw model <span class='tl-p'>probability</span><span class='tl-lp'>log p</span>"
+                + ("" if any(known(c.raw_prob) for c in step.top) else missing))
+    final_head = ("final <span class='tl-lp'>log p </span>(sampled from)"
+                  + ("" if any(known(c.prob) for c in step.top) else missing))
     rank = (f", rank {step.rank}" if step.rank is not None
             else ", rank not known (below the returned candidates)")
     head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "

@@ -349,9 +349,13 @@ def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):
     step = StepEvent(step=3, token_id=7, piece=" Paris", text=" Paris", prob=0.88, raw_prob=0.5,
                      top=[Candidate(7, " Paris", 0.88, 0.5)], entropy=1.0, rank=1, kv_cache_bytes=0,
                      kv_cache_capacity_bytes=0, ms=1.0)
-    title = re.search("<div class='tl-title'>(.*?)</div>", formatting.bars_html(step)).group(1)
+    bars = formatting.bars_html(step)
+    title = re.search("<div class='tl-title'>(.*?)</div>", bars).group(1)
     assert "with p = 0.8800 (raw p = 0.5000), rank 1" in as_seen(title, logp=False)
     assert "with log p = -0.128 (raw log p = -0.693), rank 1" in as_seen(title, logp=True)
+    heads = re.findall("<span class='tl-h2[^']*'>(.*?)</span>(?=<span class='tl-h2|</div>)", bars)
+    assert [as_seen(t, logp=False) for t in heads] == ["raw model probability", "final (sampled from)"]
+    assert [as_seen(t, logp=True) for t in heads] == ["raw model log p", "final log p (sampled from)"]
     rec = run(h)
     first = rec.steps[0]
     head = re.search("<span class='tl-pop-head'>(.*?)</span><span class='tl-(?:alt|pop-rows3)",
