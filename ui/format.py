@@ -173,10 +173,11 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
             f"{_bar('tl-raw', c.raw_prob)}"
             f"{_bar('tl-final', c.prob, FORBIDDEN_MARK if c.forbidden else bias_mark((bias or {}).get(c.id)))}</div>")
     missing = " (not given by the server)"
-    # The heads name what the numbers are: "log p" while the page shows log-probabilities (PROB_CSS).
-    raw_head = ("raw model <span class='tl-p'>probability</span><span class='tl-lp'>log p</span>"
+    # The heads name what the numbers are: "log p" while the page shows log-probabilities (words
+    # switched as tl-p / tl-lp numbers are, in classes of their own: a number's class means a number).
+    raw_head = ("raw model <span class='tl-p-word'>probability</span><span class='tl-lp-word'>log p</span>"
                 + ("" if any(known(c.raw_prob) for c in step.top) else missing))
-    final_head = ("final <span class='tl-lp'>log p </span>(sampled from)"
+    final_head = ("final <span class='tl-lp-word'>log p </span>(sampled from)"
                   + ("" if any(known(c.prob) for c in step.top) else missing))
     rank = (f", rank {step.rank}" if step.rank is not None
             else ", rank not known (below the returned candidates)")

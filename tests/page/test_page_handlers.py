@@ -339,9 +339,9 @@ def test_a_new_run_resets_the_last_runs_downloads_charts_and_seed(h):
 
 def as_seen(text: str, logp: bool) -> str:
     """HTML as the page shows it with the "Show log p" switch on or off (PROB_CSS hides one of
-    each tl-p / tl-lp pair), tags removed."""
+    each tl-p / tl-lp pair, and of each tl-p-word / tl-lp-word), tags removed."""
     hidden = "tl-p" if logp else "tl-lp"
-    return re.sub("<[^>]+>", "", re.sub(f"<span class='{hidden}'>[^<]*</span>", "", text))
+    return re.sub("<[^>]+>", "", re.sub(f"<span class='{hidden}(?:-word)?'>[^<]*</span>", "", text))
 
 
 def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):

@@ -96,7 +96,7 @@ def remote_step(**kw) -> StepEvent:
 def test_bars_say_what_the_server_does_not_give():
     html = formatting.bars_html(remote_step(), approx="From the server's log-probabilities")
     assert "(sampled from) (not given by the server)" in html
-    assert "raw model <span class='tl-p'>probability</span>" in html and "0.7725" in html
+    assert "raw model <span class='tl-p-word'>probability</span>" in html and "0.7725" in html
     assert "p = <span class='tl-p'>–</span>" in html and "rank not known" in html and "From the server" in html
     assert "0.0000" not in html  # an unknown number is a dash, not a zero
 

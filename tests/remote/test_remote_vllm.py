@@ -145,7 +145,7 @@ def test_bars_show_the_servers_log_probabilities(handlers, model):
         bars = handlers.select_step(rec, step.step)
         shown = re.findall(r"<span class='tl-p'>([^<]*)</span>", bars)[2::2]  # each candidate's raw p
         assert [float(x) for x in shown] == pytest.approx([expected[c.id] for c in step.top], abs=5e-5, rel=5e-3)
-        assert "raw model <span class='tl-p'>probability<" in bars and "From the server&#x27;s log-probabilities" in bars
+        assert "raw model <span class='tl-p-word'>probability<" in bars and "From the server&#x27;s log-probabilities" in bars
     # Two requests for the same tokens: the same numbers, but for float rounding in the batch.
     assert worst < 1e-4, worst
 
