@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from browser import generate_to_end, open_at, open_page, set_slider, sync_api, wait_loaded
+from browser import generate_to_end, open_at, open_page, set_slider, wait_loaded
 
 SHOTS = Path("/tmp/shots/fix-layout")
 SIZES = [(1400, 1000), (420, 900)]
@@ -91,10 +91,9 @@ CHART_HEIGHTS_JS = """[...document.querySelectorAll('.vega-embed svg')].filter(s
 
 
 @pytest.mark.parametrize("width,height", SIZES)
-def test_charts_before_a_run_have_their_height_and_after_it_their_lines(live_app, browser, width, height):
+def test_charts_before_a_run_have_their_height(live_app, browser, width, height):
     """Before any run the charts are empty but drawn at their size, axes and titles readable (an
-    empty untyped column made Vega-Lite draw them 0 px high, their axis titles squeezed); after
-    the run every line is drawn in a colour."""
+    empty untyped column made Vega-Lite draw them 0 px high, their axis titles squeezed)."""
     page = open_at(browser, live_app[0], width, height, QUERY)
     page.get_by_text("Sampling experiments").click()
     page.wait_for_selector("#rank-chart svg .role-title-text")
@@ -104,20 +103,8 @@ def test_charts_before_a_run_have_their_height_and_after_it_their_lines(live_app
     generate_to_end(page)
     page.wait_for_timeout(300)
     after = {c["id"]: c["height"] for c in page.evaluate(CHART_HEIGHTS_JS)}
-    # Every line drawn after the run has a colour (the charts drawn empty kept an empty colour
-    # scale: the KV chart's lines had no stroke, invisible).
-    lines_js = """[...document.querySelectorAll('.vega-embed svg')].filter(s => s.getClientRects().length)
-        .map(s => [s.closest('.block').id, [...s.querySelectorAll('g.mark-line path')].map(p => p.getAttribute('stroke'))])"""
-    try:  # the colours come in an event after the data's: wait for them (a minute at most)
-        page.wait_for_function(f"{lines_js}.every(([id, paths]) => paths.length && paths.every(s => s))")
-    except sync_api.TimeoutError:
-        pass  # the assertion below says what was drawn
-    strokes = page.evaluate(lines_js)
     shot(page, f"charts-after-a-run-{width}", "#kv-chart")
     page.close()
-    lines = dict(strokes)
-    assert {"kv-chart", "latency-chart", "run-chart", "entropy-chart", "rank-chart"} <= set(lines), strokes
-    assert all(lines[c] and all(lines[c]) for c in lines), strokes
     assert {"kv-chart", "latency-chart", "run-chart", "entropy-chart", "rank-chart"} <= {c["id"] for c in heights}
     for c in heights:  # as high as after a run, within the legend a run adds
         assert c["height"] >= 200 and abs(c["height"] - after[c["id"]]) <= 40, (c, after)

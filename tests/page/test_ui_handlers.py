@@ -1,5 +1,6 @@
 """The page's handlers called directly, as plain functions, on a tiny model."""
 
+import dataclasses
 import json
 import threading
 from types import SimpleNamespace
@@ -12,7 +13,9 @@ from ui.controls import MAX_STOP_TEXT, Controls, controls_from_query, parse_stop
 from ui.handlers import RUN_OUTPUTS, Handlers
 import ui.format as formatting
 import ui.run.render as run_render
-from ui.widgets import setting_control
+import ui.experiments.render as exp_render
+from ui.run import kv as kv_panel
+from ui.widgets import REBUILD, setting_control
 
 ARGS = {"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 12}
 
@@ -69,6 +72,21 @@ def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
     assert used == [(len(rec.prompt_ids) + k) * rec.kv_bytes_per_token / 2**20 for k in range(12)]
     assert len(latency) == 11 and len(rank_chart) == 12
     assert slider["maximum"] == 11 and slider["value"] == 11 and slider["interactive"]
+
+
+def test_the_charts_colours_name_every_line_and_change_once_the_run_ends(handlers):
+    """After each event that gives the charts data, one sends their colours (Gradio builds a
+    chart's colour scale only when its colours change): every series of the data gets a colour of
+    its own, and the map changes when the run ends, so that the chart is built with its last data."""
+    rec = run(handlers)[-1]["record"]
+    ended = handlers.chart_colors(rec)
+    for name, column in (("kv_chart", "series"), ("run_chart", "metric")):
+        frame = kv_panel.kv_frame(rec) if name == "kv_chart" else exp_render.run_chart_frames(rec)[0]
+        colors = {k: v for k, v in ended[name]["color_map"].items() if k != REBUILD}
+        assert set(colors) == set(frame[column]) and len(set(colors.values())) == len(colors)
+    running = dataclasses.replace(rec, done=None)
+    assert handlers.chart_colors(running)["kv_chart"]["color_map"] != ended["kv_chart"]["color_map"]
+    assert handlers.chart_colors(None) == {}
 
 
 def test_live_charts_draw_the_running_run(tiny_engine, hold):
