@@ -8,7 +8,7 @@ import math
 import threading
 import time
 
-from inference.serving.scheduler import fair_shares
+from inference.serving.scheduler import prefill_shares
 
 TIMEOUT_S = 60.0  # only a broken test waits this long
 
@@ -53,7 +53,7 @@ class Hold:
             return run.prefilled == run.n_prompt or shares[id(run)] == run.n_prompt - run.prefilled
 
         def held(active):
-            shares = fair_shares({id(r): r.n_prompt - r.prefilled for r in active if r.prefilled < r.n_prompt}, chunk)
+            shares = prefill_shares(active, chunk)  # as the pass will read them
             cancels = [r.cancel for r in active if id(r.cancel) in self._held and makes_a_token(r, shares)]
             if cancels:
                 with self._cond:

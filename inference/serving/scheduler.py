@@ -82,6 +82,11 @@ def fair_shares(unread: dict, budget: int) -> dict:
     return shares
 
 
+def prefill_shares(runs, budget: int) -> dict:
+    """fair_shares of the runs (by id()) still reading their prompt."""
+    return fair_shares({id(r): r.n_prompt - r.prefilled for r in runs if r.prefilled < r.n_prompt}, budget)
+
+
 class Scheduler:
     """Owns the model's forward passes and the KV pool; runs a thread that steps every run."""
 
@@ -247,8 +252,7 @@ class Scheduler:
         dev = self.model.device
         tokens, positions, slots, sampling = [], [], [], []
         decode, prefills, reading = [], [], []  # reading: runs whose prompt is still not all read
-        unread = {id(run): run.n_prompt - run.prefilled for run in active if run.prefilled < run.n_prompt}
-        shares = fair_shares(unread, self.prefill_chunk)
+        shares = prefill_shares(active, self.prefill_chunk)
         for run in active:
             if run.prefilled == run.n_prompt:  # generating: feed back the last token
                 start, new = run.table.length, [run.next_token]

@@ -54,7 +54,8 @@ def _merged(series: dict[str, list]) -> dict[str, list]:
 
 
 def latency_frame(rec: RunRecord) -> pd.DataFrame:
-    return line_frame([{"step": s.step, "ms": round(s.ms, 1)} for s in rec.steps[1:]], "ms")  # a tenth of a ms: finer is timer noise
+    # A tenth of a ms (the tooltip's digits): finer is timer noise.
+    return line_frame([{"step": s.step, "ms": round(s.ms, 1)} for s in rec.steps[1:]], "ms")
 
 
 def pool_markdown(step: StepEvent | None) -> str:
