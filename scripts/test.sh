@@ -13,4 +13,6 @@ if { ! command -v chromium || ! command -v g++; } >/dev/null 2>&1 && command -v 
 fi
 # Two workers, each taking whole files (a file's fixtures, such as a served page, are built once):
 # many tests wait on a browser or a server, so two overlap even on two cores. -n 0: one process.
-exec "$PY" -m pytest -q -rs -n 2 --dist loadfile "$@"  # -rs: say why any test was skipped
+# -rs: say why any test was skipped; --durations=20: the 20 slowest, to tell where the time goes.
+# The fast part alone, for the edit-test loop: bash scripts/test.sh -m "not browser and not slow".
+exec "$PY" -m pytest -q -rs -n 2 --dist loadfile --durations=20 "$@"

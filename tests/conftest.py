@@ -18,6 +18,24 @@ from engine_hold import Hold  # noqa: E402
 from tiny_models import CONFIGS, make_tiny_model, train_sentencepiece  # noqa: E402
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "browser: drives chromium through Playwright (tests/browser.py)")
+    config.addinivalue_line("markers", "slow: among the slowest tests (a real model, a subprocess suite, "
+                                       "lm-eval); the fast part: -m 'not browser and not slow'")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that opens the browser is marked `browser`: each one that uses the `browser`
+    fixture (directly or through another fixture), and each one of a module that imports
+    tests/browser.py."""
+    for item in items:
+        module = getattr(item, "module", None)
+        uses_module = module is not None and any(getattr(v, "__module__", None) == "browser"
+                                                 for v in vars(module).values())
+        if "browser" in getattr(item, "fixturenames", ()) or uses_module:
+            item.add_marker(pytest.mark.browser)
+
+
 @pytest.fixture(scope="session")
 def sp_model_bytes() -> bytes:
     return train_sentencepiece(384)

@@ -11,6 +11,10 @@ row takes several small operators: `rms_norm` (five), `rope_store` (seven), `glu
 Each returns None where it does not apply (another dtype, device or layout), and every one of
 them where there is no C compiler or TOKEN_LAB_KERNELS=0: callers then use torch's operators,
 the same float32 arithmetic in another order, only slower.
+
+They compile for this machine's CPU (-march=native); TOKEN_LAB_KERNELS_MARCH sets another
+-march (x86-64-v2, say: the instruction set of an older CPU), each built and cached apart, so
+the tests can check that no result depends on the vector width (tests/model/test_kernels_isa.py).
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ def cache_dir() -> Path:
     return cache_root() / "kernels"
 
 
+def march() -> str:
+    """The -march the kernels compile for: TOKEN_LAB_KERNELS_MARCH, else native (this CPU's)."""
+    return os.environ.get("TOKEN_LAB_KERNELS_MARCH", "").strip() or "native"
+
+
 def _cpu_flags() -> str:
     """What -march=native compiles for: a library built on another CPU is not reused."""
     try:
@@ -54,7 +63,7 @@ def _build(compiler: str, target: Path) -> None:
     os.close(fd)
     try:
         # -fopenmp links libgomp.so.1, which resolves to the one torch has loaded: one thread pool.
-        subprocess.run([compiler, "-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC",
+        subprocess.run([compiler, "-O3", f"-march={march()}", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC",
                         str(SOURCE), "-o", tmp], check=True, capture_output=True, timeout=120)
         os.replace(tmp, target)
     finally:
@@ -62,9 +71,9 @@ def _build(compiler: str, target: Path) -> None:
             os.unlink(tmp)
 
 
-@cache
-def _library() -> ctypes.CDLL | None:
-    """The compiled kernels, or None where they cannot be built or are switched off."""
+def _built() -> Path | None:
+    """The compiled kernels' file, built where it is not cached yet (one per source, compiler,
+    CPU and -march); None where they cannot be built or are switched off."""
     if os.environ.get("TOKEN_LAB_KERNELS", "1") == "0" or platform.machine() not in ("x86_64", "AMD64", "aarch64"):
         return None
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
@@ -72,13 +81,25 @@ def _library() -> ctypes.CDLL | None:
         return None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _cpu_flags()]).encode()).hexdigest()[:16]
+        key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _cpu_flags(), march()]).encode()).hexdigest()[:16]
         target = cache_dir() / f"kernels-{key}.so"
         with _lock:
             if not target.exists():
                 _build(compiler, target)
-        lib = ctypes.CDLL(str(target))  # CDLL: the GIL is released during each call
     except (OSError, subprocess.SubprocessError):
+        return None
+    return target
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    """The compiled kernels, or None where they cannot be built or are switched off."""
+    target = _built()
+    if target is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(target))  # CDLL: the GIL is released during each call
+    except OSError:
         return None
     i64, f32, ptr = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p
     signatures = {
@@ -97,6 +118,12 @@ def _library() -> ctypes.CDLL | None:
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = None
     return lib
+
+
+def library_path() -> Path | None:
+    """The file the kernels are loaded from (built on the first call); None where there are none."""
+    lib = _library()
+    return None if lib is None else Path(lib._name)
 
 
 def available() -> bool:
