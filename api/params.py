@@ -18,7 +18,7 @@ from api.errors import APIError, bad, request_key
 from inference.errors import InputError, shown
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, SETTINGS, defaults
-from ui.public import tokens_message
+from inference.request import tokens_message
 
 MAX_LOGPROBS = 20  # top candidates per token at most, as vLLM's default --max-logprobs
 MAX_N = 16  # completions of one prompt at most

@@ -27,6 +27,11 @@ class EngineClosed(TokenLabError):
     """The engine was closed (the program is stopping): it starts no more work."""
 
 
+class EngineDown(TokenLabError):
+    """The engine's scheduler died of an internal fault: every run was answered with this, and
+    it takes no more until the program is restarted."""
+
+
 def shown(value, limit: int = 40) -> str:
     """repr(value) for a message, cut to about `limit` characters: a value a visitor sent can be
     megabytes long, and the message must stay one short line (only the head is converted)."""

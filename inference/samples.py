@@ -4,11 +4,11 @@ as (k, event), k the sample. Sample k is the run a single generate with seed s+k
 from __future__ import annotations
 
 import queue
-import secrets
 from typing import Iterator
 
 from inference.errors import InputError, shown
 from inference.events import DoneEvent
+from inference.request import choose_seed
 
 MAX_SAMPLES = 64
 SEED_END = 2**63  # seeds are in [0, 2^63), as SamplingParams checks
@@ -18,7 +18,7 @@ def first_seed(seed: int | None, n) -> int:
     """Check n (1..MAX_SAMPLES) and the seeds s..s+n-1; s is `seed`, or random when None."""
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_SAMPLES:
         raise InputError(f"the number of samples must be a whole number from 1 to {MAX_SAMPLES}, got {shown(n)}")
-    s = seed if seed is not None else secrets.randbelow(2**31)
+    s = choose_seed(seed)
     if s + n > SEED_END:
         raise InputError(f"seeds {s}..{s + n - 1} pass 2^63 - 1: use a seed of at most {SEED_END - n}")
     return s

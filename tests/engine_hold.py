@@ -27,7 +27,7 @@ class Hold:
         self._cond = threading.Condition()
         self._held: set[int] = set()  # id() of the cancel flags of held runs
         self._monkeypatch = monkeypatch
-        step, generate_ids, generate_many = engine.scheduler._step, engine.generate_ids, engine.generate_many
+        step, run, generate_many = engine.scheduler._step, engine.run, engine.generate_many
 
         def held_while(events, cancel):
             if cancel is not None:
@@ -41,8 +41,8 @@ class Hold:
                         self.ended += 1
                         self._cond.notify_all()
 
-        def tracked(ids, params, top_n=10, cancel=None, given=()):
-            return held_while(generate_ids(ids, params, top_n, cancel, given=given), cancel)
+        def tracked(request, cancel=None):  # every run but a batch of samples goes through run()
+            return held_while(run(request, cancel), cancel)
 
         def tracked_many(ids, params, n, top_n=10, cancel=None):  # a batch of samples: one flag
             return held_while(generate_many(ids, params, n, top_n, cancel), cancel)
@@ -65,7 +65,7 @@ class Hold:
                         raise TimeoutError(f"forward pass {n} was held for {TIMEOUT_S:.0f} s")
             return step(active)
 
-        monkeypatch.setattr(engine, "generate_ids", tracked)
+        monkeypatch.setattr(engine, "run", tracked)
         monkeypatch.setattr(engine, "generate_many", tracked_many)
         monkeypatch.setattr(engine.scheduler, "_step", held)
 
@@ -127,7 +127,7 @@ def wait_until(predicate, what: str = "the condition", timeout_s: float = TIMEOU
 def fail_mid_run(monkeypatch, engine, error: Exception) -> None:
     """The engine's runs raise `error` after their first event (an engine error mid-run), for
     the rest of the test."""
-    real = engine.generate_ids
+    real = engine.run
 
     def failing(*args, **kwargs):
         events = real(*args, **kwargs)
@@ -136,4 +136,4 @@ def fail_mid_run(monkeypatch, engine, error: Exception) -> None:
         finally:
             events.close()
         raise error
-    monkeypatch.setattr(engine, "generate_ids", failing)
+    monkeypatch.setattr(engine, "run", failing)

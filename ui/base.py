@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import secrets
 import tempfile
 import threading
 from collections import deque
@@ -16,7 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from inference.errors import TokenLabError
-from ui.controls import NAMES, Controls, page_message, parse_seed
+from ui.controls import NAMES, Controls, page_message
 from ui.format import bars_html
 from ui.public import Admission, Limits, Refused, client_key
 from ui.run_state import RunRecord
@@ -95,12 +94,6 @@ def failure_line(e: Exception, what: str) -> str:
     return " ".join(str(text).split())
 
 
-def seed_or_random(text) -> int:
-    """The seed typed, or a random one: either way the run knows, and shows, its seed."""
-    seed = parse_seed(text)
-    return secrets.randbelow(2**31) if seed is None else seed
-
-
 def session_of(request: gr.Request | None) -> str:
     return getattr(request, "session_hash", None) or "local"
 
@@ -149,6 +142,8 @@ class PageBase:
         # and those of them whose Stop came before the engine did.
         self._waiting: dict[str, float] = {}
         self._stopped_waiting: set[str] = set()
+        # The run each session's click prepared (begin), for the page's generate to run as it is.
+        self._prepared: dict[str, object] = {}
         self._lock = threading.Lock()
         # Downloads the page offers (ui/run/handlers.py): written here, the oldest deleted once
         # there are more than KEEP_FILES.
@@ -162,6 +157,7 @@ class PageBase:
         not kept for ever."""
         with self._lock:
             self._waiting.pop(session, None)
+            self._prepared.pop(session, None)
             self._stopped_waiting.discard(session)
 
     def admit(self, request: gr.Request | None) -> str:

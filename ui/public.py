@@ -43,10 +43,6 @@ def sessions_message(cap: int, idle_s: float) -> str:
             f"wait {max(1, round(idle_s / 60))} minutes for an idle one to expire.")
 
 
-def tokens_message(cap: int, asked=None) -> str:
-    return f"The server allows at most {cap} new tokens" + (f"; got {asked}" if asked is not None else "") + "."
-
-
 def samples_message(cap: int, asked) -> str:
     return f"The server allows at most {cap} samples at once; got {asked}."
 

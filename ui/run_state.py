@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from inference.loading.byte_pieces import hex_pieces, unfinished_tail
 from inference.sampling.settings import how_made
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 
@@ -47,11 +48,21 @@ class RunRecord:
     # token ids: the model read them after the prompt; given_text is their text.
     given: list[int] = field(default_factory=list)
     given_text: str = ""
+    request: object = None  # the inference.request.RunRequest it runs (None: a record read back)
 
     @property
     def answer_text(self) -> str:
         """The whole text after the prompt: the given tokens' and the generated ones'."""
         return self.given_text + (self.done.text if self.done is not None else "".join(s.text for s in self.steps))
+
+    @property
+    def cut_off(self) -> str:
+        """The bytes of a character the run's end cut off, as pieces ("<0xE5><0xA4>"; "" for
+        none): the engine's text leaves them out (StreamDecoder.flush), the page says them."""
+        if self.done is None or self.done.reason == "stop":  # (a stop string ends the text first)
+            return ""
+        steps = self.steps[:-1] if self.done.reason == "eos" else self.steps  # (its token is no text)
+        return hex_pieces(unfinished_tail([s.piece for s in steps]))
 
     def add(self, ev) -> None:
         """Take one engine event."""
@@ -104,7 +115,8 @@ def run_jsonl(rec: RunRecord) -> str:
     lines = [json.dumps(s.to_json(), ensure_ascii=False) for s in rec.steps]
     if rec.done is not None:
         made = {} if rec.params is None else how_made(rec.params, rec.given)
-        lines.append(json.dumps({**rec.done.to_json(), **made, "model": rec.model}, ensure_ascii=False))
+        cut = {"cut_off": rec.cut_off} if rec.cut_off else {}  # bytes of a character the end cut, not in text
+        lines.append(json.dumps({**rec.done.to_json(), **made, **cut, "model": rec.model}, ensure_ascii=False))
     return "\n".join(lines) + "\n"
 
 

@@ -11,7 +11,7 @@ from inference.errors import TokenLabError, shown
 from inference.sampling.settings import SETTINGS
 from ui.base import PageBase, page_error, takes_controls
 from ui.controls import MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop, share_url
-from ui.public import tokens_message
+from inference.request import tokens_message
 
 MAX_URL_CHARS = 2048  # the page's own address, sent by the browser for the share link
 # The controls in "More settings" (closed unless a link sets one of them).

@@ -5,7 +5,8 @@ from __future__ import annotations
 import gradio as gr
 
 from inference.sampling.settings import Setting
-from ui.public import Limits, tokens_message
+from inference.request import tokens_message
+from ui.public import Limits
 
 # Sliders and number boxes of sampling settings send their value unchecked: the settings schema
 # checks it, with the setting's name in its message. Gradio's own check ("Value 7 is greater than

@@ -13,7 +13,6 @@ what needs the model's insides (attention, logit lens, replay) raises NotAvailab
 from __future__ import annotations
 
 import queue
-import secrets
 import threading
 import time
 from dataclasses import replace
@@ -24,6 +23,7 @@ from inference.model.config import ModelConfig
 from inference.contract import EngineInfo
 from inference.errors import EngineClosed, InputError, NotAvailable, ServerError
 from inference.events import DoneEvent, PromptToken, StepEvent, TokenScore, token_scores
+from inference.request import RunRequest, prepare_run
 from inference.samples import first_seed, merged
 from inference.remote.steps import MODES, candidates, meaning, split_text, token_numbers
 from inference.remote.discovery import pick_model, probe_logprobs_mode, read_config, server_info
@@ -251,37 +251,43 @@ class RemoteEngine:
     # ------------------------------------------------------------ generation
 
     def generate(self, req, cancel: threading.Event | None = None) -> Iterator[StepEvent | DoneEvent]:
-        ids = self.prompt_ids(req.prompt, req.chat, req.system)
-        return self.generate_ids(ids, req.params, req.top_n, cancel)
+        return self.run(prepare_run(self, req.params, prompt=req.prompt, chat=req.chat, system=req.system,
+                                    top_n=req.top_n), cancel)
 
     def generate_ids(self, ids: list[int], params, top_n: int = 10,
                      cancel: threading.Event | None = None, given: list[int] = ()
                      ) -> Iterator[StepEvent | DoneEvent]:
-        """One streamed request. Setting `cancel` (or closing this generator) closes the
-        connection, which aborts the request on the server. Times are measured here, at the
-        page: they include the network and the server's queue. given: tokens generated already
-        (a branch's); the server reads them as prompt, so a setting that counts generated
+        """`run` of the request prepare_run makes of these ids and settings."""
+        yield from self.run(prepare_run(self, params, ids=ids, given=given, top_n=top_n), cancel)
+
+    def check_run(self, request: RunRequest) -> None:
+        """The server reads given tokens (a branch's) as prompt: a setting that counts generated
         tokens apart from the prompt's (presence and frequency penalties) is refused with them."""
-        if given and (params.presence_penalty or params.frequency_penalty):
+        p = request.params
+        if request.given and (p.presence_penalty or p.frequency_penalty):
             raise InputError("a branch in front of a server cannot use presence or frequency penalties: the "
                              "server would count its given tokens as prompt, not as generated")
-        ids = list(ids) + list(given)
-        n_prompt = len(ids)
-        max_new = min(params.max_new_tokens, self.max_seq_len - n_prompt)
-        if max_new < 1:
-            raise InputError(f"the prompt is {n_prompt} tokens and fills the context window of "
-                             f"{self.max_seq_len}")
-        capped = max_new < params.max_new_tokens
-        seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
-        body = {"model": self.name, "prompt": list(ids), **server_settings(params, self.tokenizer, max_new_tokens=max_new),
-                "stream": True, "seed": seed, "stop": list(params.stop),
+
+    @property
+    def down(self):
+        """A server's failures are each request's own (a ServerError): the page never goes down."""
+        return None
+
+    def run(self, request: RunRequest, cancel: threading.Event | None = None) -> Iterator[StepEvent | DoneEvent]:
+        """One streamed request. Setting `cancel` (or closing this generator) closes the
+        connection, which aborts the request on the server. Times are measured here, at the
+        page: they include the network and the server's queue."""
+        params, ids = request.params, request.ids
+        body = {"model": self.name, "prompt": ids,
+                **server_settings(params, self.tokenizer, max_new_tokens=request.max_new),
+                "stream": True, "seed": request.seed, "stop": list(params.stop),
                 # Token ids, not strings: two tokens may spell the same text.
                 "return_token_ids": True, "return_tokens_as_token_ids": True,
                 # Special tokens' text is output, as the local engine does (EOS never is).
                 "skip_special_tokens": False, "spaces_between_special_tokens": False}
-        if top_n > 0:
-            body["logprobs"] = top_n
-        return self._run(body, n_prompt, max_new, capped, seed, top_n,
+        if request.top_n > 0:
+            body["logprobs"] = request.top_n
+        return self._run(body, len(ids), request.max_new, request.capped, request.seed, request.top_n,
                          meaning(self.info.capabilities.logprobs, params), cancel)
 
     def generate_many(self, ids: list[int], params, n: int, top_n: int = 10,

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import queue
-import secrets
 import threading
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -16,14 +15,15 @@ from inference.model.anatomy import StepCapture, capture_pattern, capture_step
 from inference.loading.chat import chat_messages, default_system_prompt, render_chat_segments
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
-from inference.errors import EngineClosed, InputError, ModelError, NotAvailable, shown
+from inference.errors import EngineClosed, EngineDown, InputError, ModelError, NotAvailable, shown
 from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent, token_scores
+from inference.request import RunRequest, check_ids, prepare_run
 from inference.samples import Tagged, first_seed, merged
 from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
 from inference.sampling.replay import StageStat, pipeline
-from inference.sampling.constrain import compile_constraint
+from inference.sampling.constrain import compile_constraint, matcher
 from inference.sampling.state import RunState, check_vocab
 from inference.sampling.params import SamplingParams
 from inference.serving.scheduler import Scheduler
@@ -41,18 +41,6 @@ class Request:
 # Prompt positions whose logits are made at once when every position's are needed: 256 rows of
 # a 49,152-token vocabulary are 48 MiB of float32.
 PROMPT_ROWS = 256
-
-
-def check_ids(ids, vocab_size: int, max_seq_len: int) -> None:
-    """Token ids a caller gives (an API's prompt): a non-empty list of ids of the vocabulary
-    that fits the context window; InputError otherwise."""
-    if not isinstance(ids, (list, tuple)) or not ids:
-        raise InputError("the prompt is empty")
-    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < vocab_size][:1]
-    if bad:
-        raise InputError(f"token ids must be integers in [0, {vocab_size}), got {shown(bad[0])}")
-    if len(ids) > max_seq_len:
-        raise InputError(f"the prompt is {len(ids)} tokens but the context window is {max_seq_len}")
 
 
 # The most ids a text of given ids may list: more than any context window here. Longer text is
@@ -349,34 +337,48 @@ class Engine:
     def generate(self, req: Request, cancel: threading.Event | None = None
                  ) -> Iterator[StepEvent | DoneEvent]:
         """Yield one StepEvent per new token, then a DoneEvent. Input errors raise before any event."""
-        params = req.params
-        ids = self.prompt_ids(req.prompt, req.chat, req.system)
-        return self.generate_ids(ids, params, req.top_n, cancel)
+        return self.run(prepare_run(self, req.params, prompt=req.prompt, chat=req.chat, system=req.system,
+                                    top_n=req.top_n), cancel)
 
     def generate_ids(self, ids: list[int], params: SamplingParams, top_n: int = 10,
                      cancel: threading.Event | None = None, given: list[int] = ()
                      ) -> Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]:
-        """Generate from prompt ids through the scheduler, beside whoever else is running.
+        """`run` of the request prepare_run makes of these ids and settings. given: tokens
+        generated already after the prompt (a branch of a run continues after them, as token
+        ids): the model reads them, the stages count them as generated (penalties, DRY, XTC's and
+        Mirostat's steps), and the events are the new tokens only. Input errors raise before
+        any event."""
+        yield from self.run(prepare_run(self, params, ids=ids, given=given, top_n=top_n), cancel)
+
+    def check_run(self, request: RunRequest) -> None:
+        """What only this engine can check of a prepared request, on the caller's thread, so
+        that a run it would refuse is never queued: the constraint compiles against this
+        vocabulary and allows the given tokens (a branch or an edit continues after them)."""
+        p = request.params
+        if not p.constraint:
+            return
+        compile_constraint(p.constraint, p.constraint_text, self.tokenizer, self.cfg.vocab_size)  # cached for the run
+        try:
+            matcher(p.constraint, p.constraint_text, self.tokenizer, self.cfg.vocab_size, list(request.given))
+        except InputError:
+            m = matcher(p.constraint, p.constraint_text, self.tokenizer, self.cfg.vocab_size, [])
+            at = next(i for i, t in enumerate(request.given) if not m.accept(t))
+            what = {"json_schema": "JSON schema", "regex": "regular expression", "grammar": "grammar"}[p.constraint]
+            raise InputError(f"the {what} does not allow the given tokens: token {at} of them "
+                             f"({self.tokenizer.piece(request.given[at])!r}) is not text it allows; "
+                             "continue from a token it allows, or turn the constraint off",
+                             field="constraint_text") from None
+
+    def run(self, request: RunRequest, cancel: threading.Event | None = None
+            ) -> Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]:
+        """Run a prepared request through the scheduler, beside whoever else is running.
         Yields WaitEvents while the run is queued for KV blocks, a PrefillEvent after each chunk
-        of a prompt longer than one (but the last), one StepEvent per new token, then a DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
-        Closing the generator ends the run and gives its blocks back before it returns.
-        given: tokens generated already after the prompt (a branch of a run continues after
-        them, as token ids): the model reads them, the stages count them as generated (penalties,
-        DRY, XTC's and Mirostat's steps), and the events are the new tokens only."""
-        check_vocab(params, self.cfg.vocab_size, self.tokenizer)
-        given = list(given)
-        ids = list(ids) + given
-        check_ids(ids, self.cfg.vocab_size, self.cfg.max_seq_len)
-        if params.constraint:  # compiled here, on the caller's thread: the scheduler's finds it cached
-            compile_constraint(params.constraint, params.constraint_text, self.tokenizer, self.cfg.vocab_size)
-        max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
-        if max_new < 1:
-            raise InputError(f"the prompt is {len(ids)} tokens and fills the context window of "
-                             f"{self.cfg.max_seq_len}")
-        seed = params.seed if params.seed is not None else secrets.randbelow(2**31)
-        run = self.scheduler.submit(ids, params, max(0, min(top_n, self.cfg.vocab_size)),
-                                    cancel or threading.Event(), max_new, max_new < params.max_new_tokens, seed,
-                                    len(given))
+        of a prompt longer than one (but the last), one StepEvent per new token, then a
+        DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
+        Whatever ends the run early (its error, the engine going down) is raised here. Closing
+        the generator ends the run and gives its blocks back before it returns."""
+        run = self.scheduler.submit(request.ids, request.params, request.top_n, cancel or threading.Event(),
+                                    request.max_new, request.capped, request.seed, len(request.given))
         try:
             while True:
                 ev = run.events.get()
@@ -389,6 +391,11 @@ class Engine:
             if not run.released.is_set():
                 self.scheduler.abandon(run)
 
+    @property
+    def down(self) -> EngineDown | None:
+        """Why the engine stopped serving (its scheduler died), or None while it serves."""
+        return self.scheduler.down
+
     def generate_many(self, ids: list[int], params: SamplingParams, n: int, top_n: int = 10,
                       cancel: threading.Event | None = None) -> Iterator[tuple[int, object]]:
         """n samples of one prompt: n runs submitted to the scheduler together, sample k with
@@ -397,17 +404,17 @@ class Engine:
         Each sample reads the prompt itself: a run owns its blocks, and shared blocks would need
         counting their owners. Only sample 0 leaves its blocks to the prefix cache. `cancel`
         (or closing the generator) ends them all."""
-        check_vocab(params, self.cfg.vocab_size, self.tokenizer)
         seed = first_seed(params.seed, n)
-        max_new = min(params.max_new_tokens, self.cfg.max_seq_len - len(ids))
+        request = prepare_run(self, replace(params, seed=seed), ids=ids, top_n=top_n)
         cancel = cancel or threading.Event()
         shared: queue.Queue = queue.Queue()
         runs = []
         try:
             for k in range(n):
+                sample = request.with_seed(seed + k)
                 runs.append(self.scheduler.submit(
-                    ids, params, max(0, min(top_n, self.cfg.vocab_size)), cancel, max_new,
-                    max_new < params.max_new_tokens, seed + k, events=Tagged(shared, k), keep_prefix=k == 0))
+                    sample.ids, sample.params, sample.top_n, cancel, sample.max_new, sample.capped, sample.seed,
+                    events=Tagged(shared, k), keep_prefix=k == 0))
             yield from merged(shared, n)
         finally:  # also reached when the consumer closes the generator (stop, closed tab)
             for run in runs:

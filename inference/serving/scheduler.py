@@ -8,7 +8,11 @@ own settings, seed and generator. Decoding is bound by reading the weights, so a
 costs little more than a step for one.
 
 A run's results do not depend on who else runs: its rows see only its own cache slots, and its
-sampling only its own generator.
+sampling only its own generator. Nor does its failure: whatever one run raises while it starts,
+is sampled, emits a token or ends (a constraint, a sampler stage, the tokenizer, a stop string,
+the KV pool) ends that run alone with its error, its blocks back in the pool. Should the loop
+itself ever die, every run waiting or running is answered with the error at once and the
+scheduler refuses new runs (`down`) instead of leaving them to hang.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from inference.errors import EngineClosed, ResourceError
+from inference.errors import EngineClosed, EngineDown, ResourceError
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
 from inference.model.transformer import PagedBatch, Transformer
@@ -82,6 +86,11 @@ def fair_shares(unread: dict, budget: int) -> dict:
     return shares
 
 
+def _one_line(error: BaseException) -> str:
+    text = str(error).strip().split("\n")[0]
+    return text if len(text) <= 200 else text[:200] + "…"
+
+
 def prefill_shares(runs, budget: int) -> dict:
     """fair_shares of the runs (by id()) still reading their prompt."""
     return fair_shares({id(r): r.n_prompt - r.prefilled for r in runs if r.prefilled < r.n_prompt}, budget)
@@ -108,6 +117,7 @@ class Scheduler:
         self._cv = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._down: EngineDown | None = None  # the loop died: why (every later submit raises it)
 
     # ------------------------------------------------------------ the callers' side
 
@@ -128,6 +138,8 @@ class Scheduler:
         if events is not None:
             run.events = events
         with self._cv:
+            if self._down is not None:
+                raise self._down
             if self._closed:
                 raise EngineClosed("the engine is closed: it takes no more runs")
             self._waiting.append(run)
@@ -168,6 +180,11 @@ class Scheduler:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def down(self) -> EngineDown | None:
+        """Why the scheduler's loop died (None while it serves): it then takes no more runs."""
+        return self._down
+
     def stats(self) -> PoolStats:
         with self._cv:
             return self._stats()
@@ -186,13 +203,37 @@ class Scheduler:
     # ------------------------------------------------------------ the scheduler's thread
 
     def _loop(self) -> None:
-        while True:
-            with self._cv:
-                while not self._active and not self._waiting and not self._closed:
-                    self._cv.wait()
-                if not self._active and not self._waiting:  # closed, and every run has ended
-                    return
-            self._iteration()  # its locals end with it: a finished run is not kept while idle
+        try:
+            while True:
+                with self._cv:
+                    while not self._active and not self._waiting and not self._closed:
+                        self._cv.wait()
+                    if not self._active and not self._waiting:  # closed, and every run has ended
+                        return
+                self._iteration()  # its locals end with it: a finished run is not kept while idle
+        except BaseException as e:  # noqa: BLE001 - a fault of the loop's own, not of one run's
+            self._die(e)
+
+    def _die(self, error: BaseException) -> None:
+        """The loop cannot go on: answer every run waiting or running with the error, give their
+        blocks back, and refuse new runs. Nobody is left waiting on a thread that is gone."""
+        with self._cv:
+            self._down = EngineDown(f"the engine stopped after an internal error "
+                                    f"({error.__class__.__name__}: {_one_line(error)}); restart it")
+            runs = [*self._waiting, *self._active]
+            self._waiting.clear()
+            for run in runs:
+                if run.released.is_set():
+                    continue
+                if run in self._active:
+                    try:
+                        self._release(run)
+                    except Exception:  # noqa: BLE001 - the blocks are lost; the answer is not
+                        self._active.remove(run)
+                run.events.put(self._down)
+                run.released.set()
+            self._active.clear()
+            self._cv.notify_all()
 
     def _iteration(self) -> None:
         with self._cv:
@@ -219,8 +260,13 @@ class Scheduler:
             self._reserved += run.blocks_needed
             prefix = self.prefix_cache.take_prefix(run.ids)
             self.prefix_cache.evict(self._reserved + self.prefix_cache.blocks - self.pool.n_blocks)
-            self._start(run, prefix)
             self._active.append(run)
+            try:
+                self._start(run, prefix)
+            except Exception as e:  # noqa: BLE001 - this run's settings or tokens: it ends alone
+                if run.table is None:  # its cached prefix was not adopted yet
+                    self.pool.give_back(prefix)
+                self._fail(run, e)
         self._tell_waiting()
 
     def _tell_waiting(self) -> None:
@@ -235,9 +281,6 @@ class Scheduler:
         """Set the run up; prefix: cached blocks that already hold its prompt's first positions."""
         dev = self.model.device
         run.admitted = run.last_step_end = time.perf_counter()
-        run.table = BlockTable(self.pool, run.n_prompt + run.max_new, dev)
-        run.table.adopt(prefix)
-        run.prefilled = run.reused = run.table.length
         run.generator = torch.Generator(device=dev)
         run.generator.manual_seed(run.seed)
         prompt, given = run.ids[:run.n_prompt - run.given], run.ids[run.n_prompt - run.given:]
@@ -246,6 +289,9 @@ class Scheduler:
         run.stream, run.stops = self.tokenizer.stream(), StopMatcher(run.params.stop)
         for token in given:  # the text goes on from theirs (a character split across the seam)
             run.stream.push(token)
+        run.table = BlockTable(self.pool, run.n_prompt + run.max_new, dev)
+        run.table.adopt(prefix)
+        run.prefilled = run.reused = run.table.length
 
     def _step(self, active: list[Run]) -> None:
         """One forward pass: a decode row per generating run, prompt chunks within the budget."""
@@ -261,8 +307,12 @@ class Scheduler:
                 new = run.ids[start:start + shares[id(run)]]
             else:
                 continue
+            try:  # the run's blocks first: a run the pool cannot grow ends alone, the batch unchanged
+                run.table.grow_to(start + len(new))
+            except Exception as e:  # noqa: BLE001
+                self._fail(run, e)
+                continue
             row = len(tokens)
-            run.table.grow_to(start + len(new))
             tokens += new
             positions += range(start, start + len(new))
             slots.append(run.table.slots(start, start + len(new)))
@@ -278,28 +328,55 @@ class Scheduler:
                 reading.append(run)
         if not tokens:
             return
+        stepped = [run for run in active if not run.released.is_set()]
         try:
             with torch.inference_mode():
                 if self.static is not None and not prefills and bucket_for(len(decode)):
                     logits = self.static(tokens, positions, *self._static_rows(decode))
                 else:
                     logits = self._forward(tokens, positions, slots, decode, prefills, sampling)
-                runs = [run for _, run in sampling]
-                infos = pick_rows(logits, [RowSampling(r.params, r.state, r.generator, r.top_n) for r in runs])
-            for run, info in zip(runs, infos):
-                self._emit(run, info)
-            for run in reading:
-                run.events.put(PrefillEvent(run.prefilled, run.n_prompt))
         except torch.OutOfMemoryError:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
-            for run in active:
+            for run in stepped:
                 self._fail(run, ResourceError(
                     f"out of {dev.type.upper()} memory after {len(run.step_ms)} tokens ({run.n_prompt} "
                     "prompt tokens, with other runs on this server); try a shorter prompt or fewer new tokens"))
-        except Exception as e:  # handed to each run's caller, who reports it; the scheduler goes on
-            for run in active:
+            return
+        except Exception as e:  # noqa: BLE001 - the pass all of them shared: each caller reports it
+            for run in stepped:
                 self._fail(run, e)
+            return
+        for run, info in self._sample(logits, [run for _, run in sampling]):
+            if isinstance(info, Exception):
+                self._fail(run, info)
+                continue
+            try:
+                self._emit(run, info)
+            except Exception as e:  # noqa: BLE001 - its constraint, tokenizer or stop strings
+                self._fail(run, e)
+        for run in reading:
+            run.events.put(PrefillEvent(run.prefilled, run.n_prompt))
+
+    def _sample(self, logits: torch.Tensor, runs: list[Run]) -> list[tuple[Run, StepInfo | Exception]]:
+        """Each run's token from its row of logits, sampled together (pick_rows); a run whose
+        stages raise gets its error instead, and the others their tokens as if it were not
+        there: their generators are put back as they were and each row is sampled alone."""
+        rows = [RowSampling(r.params, r.state, r.generator, r.top_n) for r in runs]
+        before = [r.generator.get_state() for r in runs]
+        try:
+            with torch.inference_mode():
+                return list(zip(runs, pick_rows(logits, rows)))
+        except Exception:  # noqa: BLE001 - which run's? each row alone says
+            out = []
+            for i, (run, row) in enumerate(zip(runs, rows)):
+                run.generator.set_state(before[i])
+                try:
+                    with torch.inference_mode():
+                        out.append((run, pick_rows(logits[i:i + 1], [row])[0]))
+                except Exception as e:  # noqa: BLE001
+                    out.append((run, e))
+            return out
 
     def _forward(self, tokens, positions, slots, decode, prefills, sampling) -> torch.Tensor:
         """The eager step: any mix of decode rows and prompt chunks."""
@@ -389,21 +466,28 @@ class Scheduler:
     def _release(self, run: Run, keep: bool = False) -> None:
         """Give the run's blocks back; keep: its whole blocks go to the prefix cache instead."""
         with self._cv:  # the cache and the pool's accounting change together
-            if keep:
-                held = (run.ids + run.generated)[:run.table.length]  # every token but the last sampled
-                self.prefix_cache.keep(held, run.table.blocks)
-                run.table.blocks = []
-            run.table.release()
+            if run.table is not None:
+                if keep:
+                    held = (run.ids + run.generated)[:run.table.length]  # every token but the last sampled
+                    self.prefix_cache.keep(held, run.table.blocks)
+                    run.table.blocks = []
+                run.table.release()
             self._reserved -= run.blocks_needed
             self._active.remove(run)
             self._cv.notify()
         run.released.set()
 
     def _finish(self, run: Run, reason: str) -> None:
+        try:  # its last text (the tokenizer's and the stop strings' tail) before its blocks go
+            done = self._done(run, reason)
+        except Exception as e:  # noqa: BLE001 - the run ends with its error instead
+            self._fail(run, e)
+            return
         self._release(run, keep=reason != "cancelled" and run.keep_prefix)
-        run.events.put(self._done(run, reason))
+        run.events.put(done)
 
     def _fail(self, run: Run, error: Exception) -> None:
+        """End the run with its error (its caller raises it), its blocks back in the pool."""
         if not run.released.is_set():
             self._release(run)
             run.events.put(error)

@@ -146,11 +146,11 @@ def test_a_number_box_label_says_what_its_zero_does_as_its_help_does():
 
 
 def test_an_engine_that_refuses_the_run_at_once_ends_it_on_the_page(h, tiny_engine, monkeypatch):
-    """A server's engine raises from generate_ids itself (it is no generator): the page's run
+    """A server's engine raises from run itself (it is no generator): the page's run
     ends as for an error mid-run, not with an error that leaves the page running."""
     def refusing(*args, **kwargs):
         raise InputError("a branch in front of a server cannot use presence or frequency penalties")
-    monkeypatch.setattr(tiny_engine, "generate_ids", refusing)
+    monkeypatch.setattr(tiny_engine, "run", refusing)
     c = controls()
     h.begin(*c.values(), REQ)
     updates = list(h.generate_on_page(*c.values(), REQ))

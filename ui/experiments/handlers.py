@@ -10,7 +10,7 @@ import gradio as gr
 from inference.errors import TokenLabError
 from inference.sampling.replay import replay_state
 from inference.sampling.settings import SHAPING_SETTINGS
-from ui.base import PageBase, named_args, page_error, seed_or_random, step_index, takes_controls
+from ui.base import PageBase, named_args, page_error, step_index, takes_controls
 from ui.controls import Controls, page_message, sampling_params
 from ui.experiments import render
 from ui.experiments.two_models import TwoModels, along, same_vocabulary
@@ -55,7 +55,7 @@ class ExperimentHandlers(PageBase):
                 "replay_bars": render.replay_bars(ev, final_ran, final_again, tok)}
 
     def _collect(self, rec: RunRecord, cancel) -> RunRecord:
-        for ev in self.view(rec.model).engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel):
+        for ev in self.view(rec.model).engine.run(rec.request, cancel):
             rec.add(ev)
         return rec
 
@@ -84,9 +84,10 @@ class ExperimentHandlers(PageBase):
         tokenizers agree, both then read A's text and their distributions are compared."""
         *b_values, model_b = b_values
         try:
-            chosen = seed_or_random(c.seed)
             cb = dataclasses.replace(c, model=model_b or c.model)
-            ra, rb = self._prepare(c, chosen), self._prepare(cb, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
+            ra = self._prepare(c, None)  # the seed typed, else one chosen for both
+            chosen = ra.seed
+            rb = self._prepare(cb, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
             with self._job(request) as cancel:
                 ra, rb = self._collect(ra, cancel), self._collect(rb, cancel)
                 two, two_note = self._two_models(ra, rb) if ra.model != rb.model else (None, "")

@@ -6,9 +6,11 @@ from __future__ import annotations
 import html
 import inspect
 import json
+import dataclasses
 import secrets
 import shutil
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
 
@@ -16,14 +18,13 @@ import gradio as gr
 
 from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
-from inference.serving.engine import check_ids, parse_ids
+from inference.request import prepare_run
+from inference.serving.engine import parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
-from inference.sampling.state import check_vocab
-from ui.base import PageBase, failure_line, named_args, seed_or_random, session_of, step_index, takes_controls
+from ui.base import PageBase, failure_line, named_args, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
-from ui.controls import MODES, NAMES, Controls, page_message, sampling_params
+from ui.controls import MODES, NAMES, Controls, page_message, parse_seed, sampling_params
 from ui.experiments.render import entropy_frame, run_chart_frames
-from ui.public import tokens_message
 from ui.inside.render import memory_markdown
 from ui.run import kv, render
 from ui.run_state import RunRecord, run_jsonl
@@ -74,13 +75,15 @@ class RunHandlers(PageBase):
         unlimited, so that this is no HTTP 500), and the run is not queued."""
         session = self.admit(request)
         try:
-            rec = self._prepare(c, 0, history)  # every control that cannot be used, named as the page labels it
+            rec = self._prepare(c, None, history)  # every control that cannot be used, named as the page labels it
         except TokenLabError as e:
             return {"status": f"{NOT_STARTED} {page_message(e)}"}
-        rec.seed, rec.queued_at = None, time.monotonic()
+        rec.queued_at = time.monotonic()
         with self._lock:
             self._waiting[session] = rec.queued_at
+            self._prepared[session] = rec  # what generate_on_page runs: the run is prepared once
             self._stopped_waiting.discard(session)
+        rec = dataclasses.replace(rec, seed=None)  # (shown once the run has it)
         empty = RunRecord()
         run_chart, rank_chart = run_chart_frames(empty)
         return {
@@ -102,15 +105,19 @@ class RunHandlers(PageBase):
     @takes_controls(after=("history",))
     def generate(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[dict]:
         """Stream a run: RUN_OUTPUTS' values, as `outputs` gives them."""
+        try:
+            rec = self._prepare(c, None, history)
+        except TokenLabError as e:  # (the page said it by labels in `begin`; scripts get their parameters' names)
+            raise gr.Error(str(e), print_exception=False) from None
+        yield from self._generate(rec, request)
+
+    def _generate(self, rec: RunRecord, request: gr.Request = None) -> Iterator[dict]:
+        """Stream a prepared run: RUN_OUTPUTS' values."""
         session = session_of(request)
         with self._lock:
             queued_at = self._waiting.pop(session, None)
             stopped = session in self._stopped_waiting
             self._stopped_waiting.discard(session)
-        try:
-            rec = self._prepare(c, seed_or_random(c.seed), history)
-        except TokenLabError as e:  # (the page said it by labels in `begin`; scripts get their parameters' names)
-            raise gr.Error(str(e), print_exception=False) from None
         rec.queued_at, rec.started_at = queued_at, time.monotonic()
         with self._job(request) as cancel:
             if stopped:  # Stop was pressed while the run waited: it ends before its first token
@@ -125,7 +132,7 @@ class RunHandlers(PageBase):
             notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
                       f"uses {n} of the {m.context}-token context window.")
         try:
-            events = m.engine.generate_ids(rec.prompt_ids, rec.params, self.top_n, cancel, given=rec.given)
+            events = m.engine.run(rec.request, cancel)
         except Exception as e:  # noqa: BLE001 - a server's engine refuses at once (it is no generator):
             events = raising(e)  # the run fails after its first update, as one refused mid-way does
         stream = EventPump(events, cancel)
@@ -143,15 +150,18 @@ class RunHandlers(PageBase):
         """`generate` for the page's own buttons. Input that `begin` refused (and said so in the
         status line) is not raised again, since gradio would mark every output "Error": it is
         repeated in a toast and every panel is kept. Scripts call /generate, which raises."""
+        with self._lock:
+            rec = self._prepared.pop(session_of(request), None)
+        if rec is None or rec.controls != c or rec.history != (list(history or []) if c.mode == "chat" else []):
+            try:  # not the run `begin` prepared (a script's click): prepared here
+                rec = self._prepare(c, None, history)
+            except TokenLabError as e:
+                gr.Warning(f"Not started: {page_message(e, one_line=True)}")  # a toast: one line
+                yield {}
+                return
+        prepared, rec = rec, None
         try:
-            self._prepare(c, 0, history)
-        except TokenLabError as e:
-            gr.Warning(f"Not started: {page_message(e, one_line=True)}")  # a toast: one line
-            yield {}
-            return
-        rec = None
-        try:
-            for out in self.generate(*c.values(), request, history):
+            for out in self._generate(prepared, request):
                 rec = out.get("record", rec)
                 yield out
         except Exception as e:  # noqa: BLE001 - any engine error: the run ends, said in one line
@@ -421,31 +431,30 @@ class RunHandlers(PageBase):
             return {}
         return {"bars": self._bars(rec.steps[i], rec=rec, pick=True), "step": gr.update(value=i)}
 
-    def _prepare(self, c: Controls, seed: int, history=None, **override) -> RunRecord:
-        """Validate the controls and tokenize the prompt: an empty record ready to run."""
+    def _prepare(self, c: Controls, seed: int | None, history=None, **override) -> RunRecord:
+        """A run of the page's controls, prepared by the one function every door calls
+        (inference.request.prepare_run), in an empty record ready to run. seed: the run's
+        (None: the one typed, else chosen there); override: settings that replace the controls'
+        (compare's B)."""
         if c.mode not in MODES:
             raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
-        params = sampling_params(c, seed, **override)
-        cap = self.limits.max_new_tokens
-        if cap is not None and params.max_new_tokens > cap:
-            raise TokenLabError(tokens_message(cap, params.max_new_tokens))
+        params = sampling_params(c, seed, **override)  # every control that cannot be used, named at once
+        if seed is None:  # the one typed (checked above), else prepare_run chooses it
+            params = replace(params, seed=parse_seed(c.seed))
         chat, m = c.mode == "chat", self.view(c.model)
         if chat and isinstance(c.prompt, str) and not c.prompt.strip():  # the API's may be empty; here a slip
             raise TokenLabError("the message is empty: type what you say to the model")
         turns = list(history or []) if chat else []
-        ids = m.engine.prompt_ids(c.prompt, chat, c.system, turns)
-        given = parse_ids(c.prefix_ids, "prefix ids")
-        tokens = getattr(m.tokenizer, "vocab_size", None) or 2**62
-        # The engine checks the bias only once the run streams; the model's own count where known.
-        check_vocab(params, m.info.cfg.vocab_size if m.info.cfg is not None else tokens, m.tokenizer)
-        if given:  # the ids and the room they leave, checked before the run is queued
-            check_ids(ids + given, tokens, m.context - 1)
-        return RunRecord(m.label, m.engine.prompt_text(c.prompt, chat, c.system, turns), ids, seed=seed,
+        request = prepare_run(m.engine, params, prompt=c.prompt, chat=chat, system=c.system, history=turns,
+                              given=parse_ids(c.prefix_ids, "prefix ids"), top_n=self.top_n,
+                              token_cap=self.limits.max_new_tokens)
+        given = list(request.given)
+        return RunRecord(m.label, request.prompt_text, list(request.prompt_ids), seed=request.seed,
                          given=given, given_text=continued_text(m.tokenizer, given),
-                         params=params, bias=dict(decode_logit_bias(params.logit_bias, m.tokenizer)),
+                         params=request.params, bias=dict(decode_logit_bias(request.params.logit_bias, m.tokenizer)),
                          mode=c.mode, user_message=c.prompt, system=c.system or "",
-                         history=turns, max_steps=min(params.max_new_tokens, m.context - len(ids) - len(given)),
-                         controls=c, kv_bytes_per_token=m.info.kv_bytes_per_position)
+                         history=turns, max_steps=request.max_new,
+                         controls=c, kv_bytes_per_token=m.info.kv_bytes_per_position, request=request)
 
     # -------------------------------------------------------- the server's own load
 
@@ -475,6 +484,7 @@ class RunHandlers(PageBase):
         self.stop(request)
         with self._lock:
             self._waiting.pop(session, None)
+            self._prepared.pop(session, None)
             self._stopped_waiting.discard(session)
         self.admission.sessions.forget(session)
         self.keeper.closed(session)

@@ -9,7 +9,7 @@ import gradio as gr
 
 from inference.errors import InputError, TokenLabError, shown
 from inference.samples import MAX_SAMPLES
-from ui.base import PageBase, failure_line, page_error, seed_or_random, takes_controls
+from ui.base import PageBase, failure_line, page_error, takes_controls
 from ui.controls import Controls
 from ui.public import samples_message
 from ui.samples import render
@@ -41,7 +41,7 @@ class SampleHandlers(PageBase):
         and the first step against the model. Stop ends them all; what ended is shown."""
         try:
             n = parse_samples(n_samples, self.limits.max_samples)
-            rec = self._prepare(c, seed_or_random(c.seed), history)  # the checks of a run, its token cap
+            rec = self._prepare(c, None, history)  # the checks of a run, its token cap
         except TokenLabError as e:
             raise page_error(e) from None
         m = self.view(rec.model)

@@ -1,0 +1,150 @@
+"""A run request: what a door received (the page's controls, an API body, the CLI's flags)
+turned once into a validated, immutable request that the engine runs.
+
+Every door maps its own field names onto `prepare_run` and runs what it returns; nothing after it
+parses a setting, chooses a seed or tokenizes the prompt again. A request it returns can start:
+its settings are the schema's, its seed is chosen, its prompt is rendered and tokenized, its given
+ids, constraint, vocabulary and context room are checked; whatever fails is one InputError whose
+`field` names the setting at fault (each door calls it by its own name for it).
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, replace
+from typing import Mapping
+
+from inference.errors import InputError, shown
+from inference.sampling.params import SamplingParams
+from inference.sampling.settings import BY_NAME, SETTINGS, defaults
+
+SEED_RANGE = 2**31  # a random seed is below this: short enough to read and type back
+
+
+def choose_seed(seed: int | None) -> int:
+    """The seed a run uses: the one given, else a random one (the one place it is chosen). Either
+    way the run knows, and reports, its seed, so that it can be repeated."""
+    return secrets.randbelow(SEED_RANGE) if seed is None else seed
+
+
+class SettingErrors(InputError):
+    """Every setting that cannot be used, each (its schema name, its message), not only the first."""
+
+    def __init__(self, errors: list[tuple[str, str]]):
+        super().__init__("; ".join(message for _, message in errors), field=errors[0][0] if len(errors) == 1 else None)
+        self.errors = errors
+
+
+def parse_settings(raw: Mapping[str, object], generation_defaults: dict | None = None,
+                   seed: int | None = None, stop=()) -> SamplingParams:
+    """The sampling settings a door received, by schema name (a name absent or None: the model's
+    default from its generation_config.json, else the schema's), parsed against the schema:
+    SettingErrors naming every setting that cannot be used. Then the checks across settings
+    (SamplingParams' own: the constraint parses, the seed, the stop strings)."""
+    unknown = sorted(set(raw) - set(BY_NAME))
+    if unknown:
+        raise InputError(f"there is no sampling setting {shown(unknown[0])}", field=unknown[0])
+    values, errors = defaults(generation_defaults), []
+    for s in SETTINGS:
+        if raw.get(s.name) is None:
+            continue
+        try:
+            values[s.name] = s.parse(raw[s.name])
+        except InputError as e:
+            errors.append((e.field or s.name, str(e)))
+    if errors:
+        raise SettingErrors(errors)
+    return SamplingParams(**values, seed=seed, stop=tuple(stop))
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One run, validated: the ids fed, the settings (its seed chosen) and what it reports."""
+    prompt_ids: tuple[int, ...]  # the prompt as fed (a chat rendered by the model's template)
+    params: SamplingParams  # params.seed is the seed the run uses
+    given: tuple[int, ...] = ()  # generated already after the prompt (a branch's or an edit's)
+    top_n: int = 10  # candidates reported per step (0: none, the benchmark's baseline)
+    max_new: int = 1  # the tokens it may make: max_new_tokens, lowered to the room the context leaves
+    prompt_text: str | None = None  # the text fed (None: the door gave ids)
+
+    @property
+    def ids(self) -> list[int]:
+        """Every id the model reads before the first new token."""
+        return [*self.prompt_ids, *self.given]
+
+    @property
+    def seed(self) -> int:
+        return self.params.seed
+
+    @property
+    def capped(self) -> bool:
+        """max_new_tokens was lowered to fit the context window."""
+        return self.max_new < self.params.max_new_tokens
+
+    def with_seed(self, seed: int) -> "RunRequest":
+        """The same run with another seed (sample k of many is seed s + k)."""
+        return replace(self, params=replace(self.params, seed=seed))
+
+
+def tokens_message(cap: int, asked=None) -> str:
+    """A server's cap on max new tokens (a shared page's), as every door says it."""
+    return f"The server allows at most {cap} new tokens" + (f"; got {asked}" if asked is not None else "") + "."
+
+
+def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prompt: str | None = None,
+                ids=None, chat: bool = False, system: str | None = None, history=(), given=(),
+                seed: int | None = None, stop=(), top_n: int = 10, token_cap: int | None = None,
+                controls: bool = False) -> RunRequest:
+    """The one way a run is prepared, whichever door it came by.
+
+    settings: the values by schema name (parsed here, over the model's defaults), or settings a
+    door parsed already (the page names every field that cannot be used at once); seed and stop
+    go with a mapping (a SamplingParams carries its own). prompt (rendered with the chat template
+    when chat, with system and the earlier turns of history) or ids: what the model reads;
+    given: ids generated already after it. token_cap: a shared page's most new tokens a visitor
+    may ask for. controls: control-token text the user wrote becomes the token (the API's, as
+    vLLM's). Raises InputError (one line, `field` the setting at fault)."""
+    if isinstance(settings, SamplingParams):
+        params = settings
+    else:
+        params = parse_settings(settings, engine.generation_defaults, seed, stop)
+    if token_cap is not None and params.max_new_tokens > token_cap:
+        raise InputError(tokens_message(token_cap, params.max_new_tokens))
+    params = replace(params, seed=choose_seed(params.seed))
+    info = engine.describe()
+    context = info.max_seq_len
+    # A server whose config is not known checks the ids against its vocabulary itself.
+    vocab = info.cfg.vocab_size if info.cfg is not None else None
+    text = None
+    if ids is None:
+        if not isinstance(prompt, str):
+            raise InputError("the prompt must be text")
+        text = engine.prompt_text(prompt, chat, system, list(history))
+        ids = engine.prompt_ids(prompt, chat, system, list(history), controls=controls)
+    given = list(given)
+    check_ids(list(ids) + given, vocab, context)
+    if vocab is not None:
+        from inference.sampling.state import check_vocab
+        check_vocab(params, vocab, engine.tokenizer)
+    n = len(ids) + len(given)
+    max_new = min(params.max_new_tokens, context - n)
+    if max_new < 1:
+        raise InputError(f"the prompt is {n} tokens and fills the context window of {context}"
+                         + (f" ({len(given)} of them given)" if given else ""))
+    request = RunRequest(tuple(ids), params, tuple(given), max(0, top_n if vocab is None else min(top_n, vocab)), max_new, text)
+    engine.check_run(request)
+    return request
+
+
+def check_ids(ids, vocab_size: int | None, max_seq_len: int) -> None:
+    """Token ids a caller gives (an API's prompt, a branch's given ids): a non-empty list of ids
+    of the vocabulary (None: not known here) that fits the context window; InputError otherwise."""
+    if not isinstance(ids, (list, tuple)) or not ids:
+        raise InputError("the prompt is empty")
+    end = vocab_size if vocab_size is not None else 2**62
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < end][:1]
+    if bad:
+        raise InputError(f"token ids must be integers in [0, {vocab_size if vocab_size is not None else '∞'}), "
+                         f"got {shown(bad[0])}")
+    if len(ids) > max_seq_len:
+        raise InputError(f"the prompt is {len(ids)} tokens but the context window is {max_seq_len}")
