@@ -1,12 +1,15 @@
-"""The browser the page tests drive: Playwright and Debian's chromium, set up once here for
-test_ui_browser.py and test_ui_page.py (the `browser` fixture of conftest.py, one per module).
-Importing this module skips the importing test module where Playwright is not installed."""
+"""The browser the page tests drive: Playwright and Debian's chromium (the `browser` fixture of
+conftest.py, one per test module), and the helpers every browser test shares: waits, what the
+page shows, and screenshots, under test-results/shots/<the test's module>/ (gitignored).
+Importing this module skips the importing test module where Playwright is not installed; the
+tests of a module that imports it are marked `browser` (conftest.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 from contextlib import contextmanager
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +17,7 @@ sync_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WAIT_MS = 60_000  # an upper bound only: every wait ends as soon as its condition holds
+SHOTS = Path(__file__).resolve().parents[1] / "test-results" / "shots"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -97,3 +101,30 @@ def run_to_end(page, click) -> None:
     page.wait_for_function("window.tlSeen.some((t) => t.includes('Waiting for the engine')) && "
                            "document.querySelector('#status').innerText.includes('Run ended')")
     page.wait_for_function("!document.querySelector('#generate').disabled")
+
+
+def shot(page, name: str, full: bool = False, selector: str | None = None) -> Path:
+    """A screenshot of the window (the whole page with `full`), scrolled to the selector's element
+    first, saved as test-results/shots/<the running test's module>/<name>.png."""
+    if selector:
+        page.locator(selector).first.scroll_into_view_if_needed()
+    module = Path(os.environ.get("PYTEST_CURRENT_TEST", "unknown").split("::")[0]).stem
+    path = SHOTS / module / f"{name}.png"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path), full_page=full)
+    return path
+
+
+def wait_text(page, selector: str, needle: str) -> None:
+    """Until the element's text holds `needle`."""
+    page.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
+
+
+def output_text(page) -> str | None:
+    """The generated text the output box holds (its data-text), None before any run."""
+    return page.evaluate("document.querySelector('#output .tl-out')?.dataset.text ?? null")
+
+
+def overflows(page) -> bool:
+    """Whether the page is wider than the window (it would need sideways scrolling)."""
+    return page.evaluate("document.documentElement.scrollWidth > document.documentElement.clientWidth + 1")

@@ -6,8 +6,8 @@ Hooks:
   busy-at-exit  after a run's last token the scheduler's thread goes on computing, inside torch,
                 until the engine is closed: the moment of exit, held open. An engine not closed
                 before exit leaves that thread inside torch while the interpreter finalizes,
-                which aborts the process (issue 31: exit 134, "terminate called without an
-                active exception").
+                which aborts the process (exit 134, "terminate called without an active
+                exception").
   hold          each run is held before its third token until it is cancelled (Ctrl-C, SIGTERM,
                 a close); the file named by $TOKENLAB_TEST_MARK is written once one is held.
   none          no hook.

@@ -134,7 +134,7 @@ def test_inspect_handler_renders_all_parts(tiny_engine):
 
 
 def test_the_families_path_names_its_turns(tmp_path, sp_model_bytes):
-    """Inside one token names the family's turns, read from the config (issue 28)."""
+    """Inside one token names the family's turns, read from the config."""
     from inference.model.anatomy import family_path
     from tiny_families import make_family_model
     gemma = ModelConfig.from_json(make_family_model(tmp_path, "gemma3_text", sp_model_bytes)[0] / "config.json")

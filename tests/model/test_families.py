@@ -108,7 +108,7 @@ def test_paged_batched_runs_match_transformers(checkpoints, name, monkeypatch):
 
 
 def test_a_window_shorter_than_the_context_changes_the_numbers(checkpoints):
-    """The issue's defect: full attention in place of Mistral's window of 8 is far off over a
+    """Full attention in place of Mistral's window of 8 is far off over a
     30-token prompt, so the tests above would catch it."""
     d, ref = checkpoints["mistral"]
     full = transformers.MistralForCausalLM(transformers.MistralConfig(

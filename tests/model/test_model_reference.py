@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+import helpers
 from inference.serving.engine import Engine
 from tiny_models import CONFIGS
 
@@ -12,9 +13,7 @@ TOL = 1e-4
 
 
 def hf_reference(model_dir):
-    model = transformers.LlamaForCausalLM.from_pretrained(
-        model_dir, dtype=torch.float32, attn_implementation="eager")
-    return model.eval()
+    return helpers.hf_reference(model_dir, attn_implementation="eager")
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

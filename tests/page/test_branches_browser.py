@@ -1,16 +1,14 @@
 """A branch on the page, in chromium at 1400 and 420 px: a candidate clicked continues the run
 with max new tokens as the person set it, the counters count the given tokens, and a prompt typed
 by hand afterwards leaves the branch (the next run has no given tokens). Screenshots go to
-test-results/branches/."""
+test-results/shots/test_branches_browser/."""
 
 import re
-from pathlib import Path
 
 import pytest
 
-from browser import open_page, run_to_end, wait_loaded
+from browser import open_page, run_to_end, shot, wait_loaded
 
-SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "branches"
 QUERY = "?prompt=The%20quick&temperature=0&seed=1&max_new_tokens=6"
 
 
@@ -48,8 +46,7 @@ def test_a_branch_keeps_max_new_tokens_counts_its_given_tokens_and_a_new_prompt_
     stats = page.inner_text("#stats")
     assert re.search(r"given tokens \(continued after\)\s+3", stats) and f"at {root[0] + 3 + 6} ctx" in stats
     page.evaluate("window.scrollTo(0, 0)")
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"branch-{width}.png"))
+    shot(page, f"branch-{width}")
     # Re-running the branch's settings (Generate, prompt untouched) runs the branch again.
     assert "3 given" in page.inner_text("#context-count")
     # A prompt typed by hand leaves the branch: the counter and the next run have no given tokens.
@@ -61,5 +58,5 @@ def test_a_branch_keeps_max_new_tokens_counts_its_given_tokens_and_a_new_prompt_
     assert fresh[1] == 0 and fresh[2] == 6
     assert page.locator("#output .tl-given").count() == 0
     assert page.input_value("#max-new-tokens input[type=number]") == "6"
-    page.screenshot(path=str(SHOTS / f"after-new-prompt-{width}.png"))
+    shot(page, f"after-new-prompt-{width}")
     page.close()

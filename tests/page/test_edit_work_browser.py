@@ -2,27 +2,16 @@
 seam table lists the tokens the tokenizer changed, follows the box however its text changes (a
 paste, Backspace) and, after a continue, says it is the edit of the run before; undo goes back; a reload brings back the
 settings, the conversation, the branches and the run; "Clear saved work" returns the defaults; a
-link wins over saved work. Screenshots go to test-results/edit-work/."""
+link wins over saved work. Screenshots go to test-results/shots/test_edit_work_browser/."""
 
 import functools
 import threading
-from pathlib import Path
 
 import pytest
 
-from browser import open_page, run_to_end, wait_loaded
+from browser import open_page, output_text, overflows, run_to_end, shot, wait_loaded, wait_text
 
-SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "edit-work"
 QUERY = "?prompt=The%20quick&temperature=0&seed=1&max_new_tokens=5"
-
-
-def shot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
-
-
-def wait_text(page, selector: str, needle: str) -> None:
-    page.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
 
 
 def type_in(page, selector: str, text: str) -> None:
@@ -38,16 +27,8 @@ def link(page) -> str:
     return page.input_value("#share-link textarea")
 
 
-def output_text(page) -> str:
-    return page.evaluate("document.querySelector('#output .tl-out')?.dataset.text ?? null")
-
-
 def edit_box(page) -> str:
     return page.input_value("#edit-text textarea")
-
-
-def overflows(page) -> bool:
-    return page.evaluate("document.documentElement.scrollWidth > document.documentElement.clientWidth + 1")
 
 
 def columns_overlap(page) -> bool:

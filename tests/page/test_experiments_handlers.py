@@ -1,5 +1,4 @@
-"""The sampling experiments' defects found by the audit of the two-model page, each checked at
-its handler: replay under another sampler order lists each pipeline in its own order; compare
+"""The sampling experiments on a page offering two models, each checked at its handler: replay under another sampler order lists each pipeline in its own order; compare
 across two vocabularies finds the divergence in the texts, not the ids."""
 
 import re

@@ -1,24 +1,11 @@
 """The "Many samples" and "Probability of a text" panels in chromium, at 1400 and 420 px: they
 work for a person (the click, the tables, a token's popover and its alternatives), and nothing
-needs sideways scrolling of the page. Screenshots go to test-results/explore/."""
-
-from pathlib import Path
+needs sideways scrolling of the page. Screenshots go to test-results/shots/test_explore_browser/."""
 
 import pytest
 
-from browser import open_page, set_slider, wait_loaded
+from browser import open_page, overflows, set_slider, shot, wait_loaded, wait_text
 from engine_hold import wait_until
-
-SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "explore"
-
-
-def shot(page, name: str) -> None:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
-
-
-def wait_text(page, selector: str, needle: str) -> None:
-    page.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
 
 
 def open_panel(browser, url: str, width: int, height: int, query: str, panel: str):
@@ -28,10 +15,6 @@ def open_panel(browser, url: str, width: int, height: int, query: str, panel: st
     wait_loaded(page)
     page.get_by_text(panel).click()
     return page
-
-
-def page_overflows(page) -> bool:
-    return page.evaluate("document.documentElement.scrollWidth > document.documentElement.clientWidth + 1")
 
 
 @pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
@@ -47,7 +30,7 @@ def test_many_samples_panel(live_app, browser, width, height):
     assert page.locator("#samples-outcomes tr").count() >= 2
     assert page.locator("#samples-first tr").count() >= 3
     page.wait_for_function("!document.querySelector('#samples').disabled")  # the button is back
-    assert not page_overflows(page)
+    assert not overflows(page)
     page.locator("#samples-first").scroll_into_view_if_needed()
     page.locator("#samples-summary").scroll_into_view_if_needed()
     shot(page, f"samples-{width}")
@@ -73,7 +56,7 @@ def test_probability_of_a_text_panel(live_app, browser, width, height):
     chips.nth(2).click()
     page.mouse.move(0, 0)
     assert pop.locator(".tl-more").is_visible() and pop.locator(".tl-alt").count() == 10
-    assert not page_overflows(page)
+    assert not overflows(page)
     shot(page, f"score-text-{width}")
     # The run's prompt as fed, into the box and scored.
     page.click("#generate")

@@ -41,9 +41,9 @@ def default_handlers():
 
 @pytest.fixture(scope="module")
 def hf_reference():
-    transformers = pytest.importorskip("transformers")
+    from helpers import hf_reference
     from inference.loading.default_model import default_model_dir
-    return transformers.LlamaForCausalLM.from_pretrained(default_model_dir(), dtype=torch.float32).eval()
+    return hf_reference(default_model_dir())
 
 
 def test_the_apps_defaults_decode_in_float32(default_handlers):

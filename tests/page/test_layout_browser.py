@@ -1,16 +1,14 @@
-"""The layout audit (branch fix-layout) in chromium at 1400×1000 and 420×900: wide tables say
-that they scroll and keep their row names in view, chart titles are whole, the bars' headers and
-the sliders' labels are readable, and no untranslated key is read out. Screenshots go to
-/tmp/shots/fix-layout/."""
+"""The page's layout in chromium at 1400×1000 and 420×900: wide tables say that they scroll and
+keep their row names in view, chart titles are whole, the bars' headers and the sliders' labels
+are readable, and no untranslated key is read out. Screenshots go to
+test-results/shots/test_layout_browser/."""
 
 import re
-from pathlib import Path
 
 import pytest
 
-from browser import generate_to_end, open_at, open_page, set_slider, wait_loaded
+from browser import generate_to_end, open_at, open_page, set_slider, shot, wait_loaded, wait_text
 
-SHOTS = Path("/tmp/shots/fix-layout")
 SIZES = [(1400, 1000), (420, 900)]
 QUERY = "prompt=The%20quick%20brown&temperature=0.8&seed=3&max_new_tokens=10"
 
@@ -27,24 +25,11 @@ TABLES_JS = """() => [...document.querySelectorAll('table')].filter(t => t.getCl
           hint: hint?.classList.contains('tl-scroll-hint') && hint.checkVisibility() ? hint.innerText : ''};
 })"""
 
-
-def shot(page, name: str, selector: str | None = None) -> None:
-    """A screenshot of the window, scrolled to the selector's element first."""
-    if selector:
-        page.locator(selector).first.scroll_into_view_if_needed()
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=False)
-
-
 def ran(browser, live_app, width: int, height: int):
     """The page at this size with QUERY's settings, after a run to its end."""
     page = open_at(browser, live_app[0], width, height, QUERY)
     generate_to_end(page)
     return page
-
-
-def wait_text(page, selector: str, needle: str) -> None:
-    page.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
 
 
 def tables_say_they_scroll(page) -> list[dict]:

@@ -1,4 +1,4 @@
-"""The layout and wording audit (branch fix-layout), at the renderers: sizes in the page's one
+"""The layout and wording at the renderers: sizes in the page's one
 unit, a few samples' shares not rounded away, a chi-square note that says only what applies, the
 KV chart from the first real step. The browser's checks are in test_layout_browser.py."""
 

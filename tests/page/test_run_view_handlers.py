@@ -1,28 +1,26 @@
-"""Issue 25, item 6: the defects seen in the browser, each checked here at the handlers (the
-browser's own checks are in test_defects_browser.py). One test per defect, named after it."""
+"""The run's view at the handlers: the output's popovers (raw and final numbers, coloured by
+either), the output above its bars, the tokens view and the context line, the logit lens's
+labels, raw and final as one number where nothing is filtered, and the KV chart (the browser's
+checks are in test_run_view_browser.py)."""
 
 import dataclasses
 import re
 from types import SimpleNamespace
 
-import gradio as gr
 import pytest
 import torch
 
 from inference.sampling.params import SamplingParams
 from inference.serving.step_stats import RowSampling, pick_rows
-from ui.chat import conversation_html
-from ui.controls import Controls, shaping_values
+from ui.controls import Controls
 from ui.format import bars_html, fmt_p, token_label
-from ui.handlers import RUN_OUTPUTS, Handlers
+from ui.handlers import Handlers
 from ui.inside.render import lens_html
 from ui.layout import build_ui
-from ui.public import RUN_GOING
-import ui.experiments.render as exp_render
 import ui.run.kv as kv_panel
 import ui.run.render as run_render
 
-REQ = SimpleNamespace(session_hash="defects")
+REQ = SimpleNamespace(session_hash="run-view")
 
 
 @pytest.fixture
@@ -80,59 +78,6 @@ def test_output_and_bars_in_view_together_wide_layout(tiny_engine):
     assert "settings" not in inside and "prompt" not in inside
 
 
-def test_compare_turns_generate_off_and_stop_on_and_b_copies_the_run(h, tiny_engine):
-    begun = h.compare_begin(REQ)
-    assert begun["generate"]["interactive"] is False and begun["stop_button"]["interactive"] is True
-    assert begun["x_button"]["interactive"] is False and begun["compare_button"]["interactive"] is False
-    ended = h.compare_end([])
-    assert ended["generate"]["interactive"] is True and ended["stop_button"]["interactive"] is False
-    # While a job is going, compare and "Score it" are refused in one line (not a bare "Error").
-    cancel = h.registry.start(REQ.session_hash)
-    try:
-        for fn in (h.compare_begin, h.likelihood_begin):
-            with pytest.raises(gr.Error) as e:
-                fn(REQ)
-            assert e.value.message == RUN_GOING and "\n" not in e.value.message
-    finally:
-        h.registry.finish(REQ.session_hash, cancel)
-    h.likelihood_begin(REQ)  # nothing going: no refusal
-    # B starts as a copy of the page's settings, and after a run as a copy of that run's.
-    page = build_ui(tiny_engine).tokenlab_page
-    d = h.defaults
-    from inference.sampling.settings import SHAPING_SETTINGS
-    assert [page[f"b_{n}"].value for n in SHAPING_SETTINGS] == [getattr(d, n) for n in SHAPING_SETTINGS]
-    rec = run(h, temperature=0.7, top_p=0.8)
-    after = h.after_run(rec, [], REQ)
-    assert (after["b_temperature"], after["b_top_p"]) == (0.7, 0.8)
-    # A is the main settings: the label says so, not "above" (replay's controls are above it).
-    md = [getattr(c, "value", "") for c in build_ui(tiny_engine).blocks.values() if isinstance(c, gr.Markdown)]
-    compare_md = next(v for v in md if isinstance(v, str) and v.startswith("**Compare A/B**"))
-    assert "Sampling settings" in compare_md and "settings above" not in compare_md
-
-
-def test_regenerate_with_a_seed_says_the_answer_will_be_the_same(h):
-    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    popped = h.pop_last_turn(history, "42")
-    assert "Seed 42 is fixed" in popped["chat_note"] and "clear the seed" in popped["chat_note"]
-    assert h.pop_last_turn(history, "")["chat_note"] == ""
-    # And it is true: the same seed gives the same answer, a cleared one a different seed.
-    a = run(h, mode="chat", prompt="Hi", seed="42", temperature=1.0)
-    b = run(h, mode="chat", prompt="Hi", seed="42", temperature=1.0)
-    assert [s.token_id for s in a.steps] == [s.token_id for s in b.steps]
-
-
-def test_new_conversation_and_completion_mode_clear_the_chat(h):
-    history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    kept = h.count_context("", "chat", "", 8, history)
-    assert "1 earlier turn kept" in kept
-    new = h.new_conversation("", "chat", "", 8, "")
-    assert new["history"] == [] and new["conversation"] == "" and new["chat_note"] == ""
-    assert "earlier turn" not in new["context_count"] and new["context_count"] == h.count_context("", "chat", "", 8, [])
-    assert h.switch_mode("completion")["conversation"]["visible"] is False
-    assert h.switch_mode("chat")["conversation"]["visible"] is True
-    assert "1 turn" in conversation_html(history)  # kept, shown again back in chat mode
-
-
 def test_tokens_view_and_context_line_agree_before_the_first_run(tiny_engine, h):
     page = build_ui(tiny_engine).tokenlab_page
     context, tokens = page["context_count"].value, page["tokens"].value
@@ -147,12 +92,6 @@ def test_tokens_view_and_context_line_agree_before_the_first_run(tiny_engine, h)
     assert "tokens" not in h.preview("Once upon a time", "completion", "", 8, None, None, rec=run(h))
 
 
-def test_ab_bars_stack_on_a_narrow_screen():
-    css = (run_render.__file__.rsplit("/run/", 1)[0] + "/assets/page.css")
-    text = open(css, encoding="utf-8").read()
-    assert re.search(r"@media \(max-width: 860px\) \{ #compare-bars \{ flex-direction: column", text)
-
-
 def test_logit_lens_labels_an_invisible_token_visibly():
     tok = SimpleNamespace(piece=lambda i: {0: "\u00a0", 1: "a"}[i])
     lens = lens_html(SimpleNamespace(lens=[[(0, 0.5), (1, 0.25)]]), tok)
@@ -162,11 +101,6 @@ def test_logit_lens_labels_an_invisible_token_visibly():
     step = SimpleNamespace(top=[SimpleNamespace(id=0, piece="\u00a0", raw_prob=0.5, prob=0.5, forbidden=False)],
                            token_id=0, step=0, piece="\u00a0", prob=0.5, raw_prob=0.5, rank=1, masked_mass=None)
     assert "⟨U+00A0⟩" in bars_html(step)
-
-
-def test_typed_temperature_beyond_its_range_is_said():
-    js = open(run_render.__file__.rsplit("/run/", 1)[0] + "/assets/clamp.js", encoding="utf-8").read()
-    assert "is above the maximum" in js and "tl-setting" in js  # the browser test types 5
 
 
 def test_raw_and_final_are_the_same_number_with_nothing_filtered(h, tiny_engine):
@@ -208,22 +142,3 @@ def test_kv_chart_legend_has_a_line_for_each_entry_and_its_panel_says_mib(h):
     assert set(kv_panel.kv_frame(crowded).series) == {"used", "allocated", "server pool, all runs"}
     text = kv_panel.pool_markdown(rec.steps[-1]) + kv_panel.kv_formula(h.info, None, rec.steps[-1].kv_cache_bytes)
     assert "MiB" in text and not re.search(r"\d (k|M|G)B\b", text)
-
-
-def test_charts_name_their_axes_and_replay_keeps_the_bars_colours(tiny_engine, h):
-    page = build_ui(tiny_engine).tokenlab_page
-    for name in ("kv_chart", "run_chart", "compare_chart"):
-        # An empty chart shows no lone legend title ("" itself makes vega's chart endlessly tall).
-        assert page[name].color_title == " "
-    assert page["run_chart"].y_title == "probability" and page["run_chart"].y == "value"
-    assert page["entropy_chart"].y == "nats" and "nats" in page["entropy_chart"].y_title
-    rec = run(h)
-    assert set(exp_render.run_chart_frames(rec)[0].metric) == {"chosen-token probability"}
-    assert exp_render.entropy_frame(rec).nats.tolist() == [round(s.entropy, 3) for s in rec.steps]
-    out = h.replay_step(rec, 2, *shaping_values(temperature=0.5, top_k=3))
-    bars = out["replay_bars"]
-    head = re.search(r"tl-head'>(.*?)</div>", bars).group(1)
-    assert "final in the run" in head
-    # The run's final bars are the main bars' final colour (tl-final); blue (tl-raw) is raw only.
-    assert "tl-raw" not in bars and bars.count("class='tl-final'") == bars.count("class='tl-replayed'") > 0
-    assert set(RUN_OUTPUTS) >= {"bars"}

@@ -1,23 +1,19 @@
 """The "Probability of a text" panel refusing in chromium, at 1400 and 420 px: the prompt scored
 before a run, an empty text, a text longer than the context window. Each says why in one line
 where the summary goes; the Text box keeps what was typed, and no Gradio error badge covers it or
-the result. Screenshots go to /tmp/shots/fix-edit-score/."""
-
-from pathlib import Path
+the result. Screenshots go to test-results/shots/test_text_score_browser/."""
 
 import pytest
 
-from browser import open_at
+from browser import open_at, shot
 from ui.text_score.section import EXAMPLE
 
-SHOTS = Path("/tmp/shots/fix-edit-score")
 LONG = "x" * 40_000  # the tiny model's context window is 256 tokens
 
 # Gradio's error badge (its status tracker's "Error") and its toast, where one shows in the panel.
 SHOWN_ERRORS_JS = """() => [...document.querySelectorAll(
         "#score-panel [data-testid='status-tracker'] .error, [data-testid='toast-body']")]
     .filter((e) => e.getClientRects().length > 0).map((e) => e.innerText)"""
-
 
 def answered(page, message: str) -> None:
     """Until the panel says `message`, or Gradio shows an error (then the asserts say which)."""
@@ -45,6 +41,5 @@ def test_a_refusal_is_a_line_in_the_panel_and_the_text_stays(live_app, browser, 
         assert box.input_value() == text and box.is_visible()
         assert page.locator("#score-view .tl-t").count() == 0  # nothing scored is shown
         page.locator("#score-summary").scroll_into_view_if_needed()
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(SHOTS / f"score-{'prompt' if button == '#score-prompt' else len(text)}-{width}.png"))
+        shot(page, f"score-{'prompt' if button == '#score-prompt' else len(text)}-{width}")
     page.close()

@@ -1,6 +1,6 @@
 """The page as people use it: Playwright driving Debian's chromium at 1400 px and 420 px, two
 users at once, every HTTP response recorded. Runs that must be caught mid-way are held
-(engine_hold.Hold, the `hold` fixture), never raced. Screenshots land in test-results/ui-page/
+(engine_hold.Hold, the `hold` fixture), never raced. Screenshots land in test-results/shots/test_ui_page/
 (gitignored)."""
 
 from __future__ import annotations
@@ -13,12 +13,11 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from browser import WAIT_MS, set_slider, wait_loaded
+from browser import WAIT_MS, output_text, set_slider, shot, wait_loaded, wait_text
 from browser import run_to_end as run_to_end_after
 from conftest import no_early_end
 from engine_hold import wait_until
 
-SHOTS = Path(__file__).resolve().parents[2] / "test-results" / "ui-page"
 SEED = "#seed input, #seed textarea"
 
 # A chat template that, like SmolLM2's, adds a system prompt of its own when none is given.
@@ -121,20 +120,8 @@ def pages(browser):
     assert p.server_errors() == [], p.server_errors()
 
 
-def shot(page, name: str) -> Path:
-    SHOTS.mkdir(parents=True, exist_ok=True)
-    path = SHOTS / f"{name}.png"
-    page.screenshot(path=str(path), full_page=True)
-    return path
-
-
 def text_of(page, selector: str) -> str:
     return page.evaluate(f"(document.querySelector({selector!r})?.innerText || '')")
-
-
-def wait_text(page, selector: str, needle: str) -> None:
-    page.wait_for_function(
-        f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
 
 
 def set_number(page, selector: str, value) -> None:
@@ -173,10 +160,6 @@ def stats_value(page, name: str) -> str:
             if (cells.length === 2 && cells[0].innerText.trim() === name) return cells[1].innerText.trim();
         }
         return null; }""", name)
-
-
-def output_text(page) -> str:
-    return page.evaluate("document.querySelector('#output .tl-out')?.dataset.text ?? null")
 
 
 def open_accordion(page, title: str) -> None:
@@ -240,7 +223,7 @@ def test_bad_link_values_are_ignored_and_named_one_per_line(live_app, pages, wid
     assert float(page.input_value("#top-p input[type=number]")) == handlers.defaults.top_p
     assert int(page.input_value("#max-new-tokens input[type=number]")) == handlers.defaults.max_new_tokens
     assert int(page.get_attribute("#max-new-tokens input[type=range]", "max")) == engine.cfg.max_seq_len - 1
-    shot(page, f"bad-link-{width}")
+    shot(page, f"bad-link-{width}", full=True)
 
 
 # ---------------------------------------------------------------- controls in step with the run
@@ -261,7 +244,7 @@ def test_controls_follow_the_run(live_app, pages, hold):
     page.wait_for_function("document.querySelector('#step input[type=number]').value === '5'")
     assert page.get_attribute("#step input[type=range]", "max") == "29"
     assert "Step 5" in text_of(page, "#topk .tl-title") and "Generating" in text_of(page, "#status")
-    shot(page, "during-run-1400")
+    shot(page, "during-run-1400", full=True)
     hold.open()
     wait_text(page, "#status", "Run ended")
     page.wait_for_function("!document.querySelector('#generate').disabled")
@@ -331,7 +314,7 @@ def test_a_new_run_clears_the_old_panels_and_bad_input_keeps_them_all(live_app, 
         refused(page, message)
         assert panels() == before, field
         page.fill(field, "Once upon a time" if field.startswith("#prompt") else "")
-    shot(page, "bad-input-kept-1400")
+    shot(page, "bad-input-kept-1400", full=True)
 
 
 # ---------------------------------------------------------------- no 5xx, every refusal named
@@ -425,8 +408,8 @@ def test_a_queued_user_sees_the_wait_and_a_long_prompt_its_prefill(small_pool_ap
                         f"|| [0, 0])[1]) >= {first + 1.0}")  # the time counts up
     assert "No run yet" not in text_of(b, "#stats")
     assert b.is_disabled("#generate") and not b.is_disabled("#stop")
-    shot(a, "prefill-1400")
-    shot(b, "queued-420")
+    shot(a, "prefill-1400", full=True)
+    shot(b, "queued-420", full=True)
     held.open()
     wait_text(a, "#status", "Run ended")
     wait_text(b, "#status", "Run ended")
@@ -486,7 +469,7 @@ def test_replay_starts_at_the_run_and_follows_its_controls(live_app, pages):
     set_number(page, "#replay-top-k input", 1)
     page.wait_for_function("[...document.querySelectorAll('#replay-stages tr')].some("
                            "(r) => r.innerText.startsWith('top-k') && r.cells[4].innerText.trim() === '1')")
-    shot(page, "replay-1400")
+    shot(page, "replay-1400", full=True)
 
 
 def test_default_system_prompt_is_shown_in_chat_mode_and_follow_ups_continue(chat_app, pages):
@@ -521,7 +504,7 @@ def test_default_system_prompt_is_shown_in_chat_mode_and_follow_ups_continue(cha
     turns = page.locator("#conversation .tl-turn").all_inner_texts()
     assert len(turns) == 4 and "And then?" in turns[2]
     assert turns[3] == "assistant: " + output_text(page)  # the regenerated answer replaced the old
-    shot(page, "chat-1400")
+    shot(page, "chat-1400", full=True)
     page.click("#new-conversation")
     page.wait_for_function("document.querySelectorAll('#conversation .tl-turn').length === 0")
 
@@ -561,7 +544,7 @@ def test_tokens_show_their_alternatives_and_the_run_can_be_copied_and_downloaded
     assert page.evaluate("""(() => { const p = [...document.querySelectorAll('#output .tl-pop')]
         .find((x) => getComputedStyle(x).display !== 'none'); const r = p.getBoundingClientRect();
         return p.contains(document.elementFromPoint(r.left + r.width / 2, r.top + r.height - 3)); })()""")
-    shot(page, "popover-1400")
+    shot(page, "popover-1400", full=True)
     # Copy the text.
     page.click("#copy-text")
     page.wait_for_function("navigator.clipboard.readText().then((t) => t.length > 0)", polling=200)
@@ -628,7 +611,7 @@ def test_full_attention_pattern_with_hover(live_app, pages):
     page.focus("#inspect-head input[type=range]")
     page.keyboard.press("ArrowRight")
     wait_text(page, "#pattern .tl-title", "head 1")
-    shot(page, "pattern-1400")
+    shot(page, "pattern-1400", full=True)
 
 
 # ---------------------------------------------------------------- layout at both widths
@@ -667,7 +650,7 @@ def test_layout_at_both_widths(live_app, pages, width):
         assert scroll[:2] == ["auto", "220px"] and (scroll[3] > 0 or not scroll[2]), scroll
     else:  # a narrow (touch) screen shows every chip, with the page's own scroll: none is cut
         assert scroll[:3] == ["visible", "none", False], scroll
-    shot(page, f"layout-{width}")
+    shot(page, f"layout-{width}", full=True)
     # The replay table: its headers stay whole.
     open_accordion(page, "Sampling experiments")
     page.click("#replay")
@@ -689,10 +672,10 @@ def test_layout_at_both_widths(live_app, pages, width):
     assert lb["x"] + lb["width"] <= vw + 1 and page.evaluate(
         "getComputedStyle(document.querySelector('#lens .tl-lens')).overflowX") == "auto"
     page.get_by_role("tab", name="Attention", exact=True).click()
-    shot(page, f"layout-inside-{width}")
+    shot(page, f"layout-inside-{width}", full=True)
 
 
-# ---------------------------------------------------------------- found by the verification of issue 18
+# ---------------------------------------------------------------- popovers, candidate numbers, downloads, the system box
 
 VISIBLE_POPOVERS_JS = """() => [...document.querySelectorAll('#output .tl-pop')]
     .filter((p) => getComputedStyle(p).display !== 'none').map((p) => Number(p.parentElement.dataset.i))"""
@@ -720,7 +703,7 @@ def test_one_popover_at_a_time_and_it_stays_by_its_token(live_app, pages):
     assert page.evaluate(POPOVER_BY_ITS_TOKEN_JS, 2)
     page.evaluate("window.scrollBy(0, 150)")
     page.wait_for_function(POPOVER_BY_ITS_TOKEN_JS, arg=2)
-    shot(page, "popover-scrolled-420")
+    shot(page, "popover-scrolled-420", full=True)
 
 
 @pytest.mark.parametrize("width", [1400, 420])
@@ -741,7 +724,7 @@ def test_candidate_numbers_stay_on_one_line(live_app, pages, width):
     page.wait_for_function("/^[-−0]/.test(document.querySelector('#topk .tl-num').innerText)")
     cells = lines_per_cell(page, "#topk .tl-num")
     assert all(re.fullmatch(r"[-−]?\d+\.\d{3}|−∞", t) and n == 1 for t, n in cells), cells
-    shot(page, f"bars-small-numbers-{width}")
+    shot(page, f"bars-small-numbers-{width}", full=True)
 
 
 def test_a_new_run_takes_the_last_runs_downloads_and_seed_away(live_app, pages, hold):
@@ -783,4 +766,4 @@ def test_the_system_box_is_wide_enough_to_read_the_default(chat_app, pages, widt
         assert system["width"] >= 0.8 * prompt["width"] and system["y"] >= mode["y"] + mode["height"], (system, mode)
     else:
         assert system["x"] > mode["x"] + mode["width"] - 1 and system["y"] < mode["y"] + mode["height"], (system, mode)
-    shot(page, f"system-box-{width}")
+    shot(page, f"system-box-{width}", full=True)

@@ -1,4 +1,4 @@
-"""Closing the engine, and exit statuses scripts can trust (issue 31). A daemon thread still
+"""Closing the engine, and exit statuses scripts can trust. A daemon thread still
 inside torch while the interpreter finalizes aborts the process (exit 134, "terminate called
 without an active exception"); the engine's close() ends its thread first. Each outcome here is
 held where the test wants it (engine_hold.py, hooked.py), never left to the machine's speed."""

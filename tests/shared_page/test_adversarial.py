@@ -25,6 +25,7 @@ import pytest
 from bench.adversarial import (BIG_PROMPT, CAP_TOKENS, args, GOOD, GOOD_SETTINGS, SESSIONS, VISITOR_REQUESTS,
                                good_run, start_visitor, visitor_log)
 from bench.page_client import free_port, wait_until_served
+from helpers import files_under
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -36,10 +37,6 @@ def rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
-
-
-def files_under(*dirs: Path) -> list[str]:
-    return sorted(str(p.relative_to(d)) for d in dirs for p in d.rglob("*") if p.is_file())
 
 
 # ------------------------------------------------------------------ the test

@@ -5,7 +5,6 @@ import os
 import socket
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
@@ -13,6 +12,7 @@ import httpx
 import pytest
 
 from engine_hold import wait_until
+from helpers import files_under
 from page_api import call, output
 from ui.controls import Controls
 from ui.handlers import Handlers
@@ -27,10 +27,6 @@ LIMITS = Limits(max_new_tokens=40, runs_per_client=1, sessions_per_client=3)
 
 def req(session, host="198.51.100.1", user=None):
     return SimpleNamespace(session_hash=session, client=SimpleNamespace(host=host), username=user)
-
-
-def files_under(*dirs) -> list[str]:
-    return sorted(str(p) for d in dirs if Path(d).exists() for p in Path(d).rglob("*") if p.is_file())
 
 
 @pytest.fixture(scope="module")

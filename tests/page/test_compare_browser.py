@@ -1,0 +1,48 @@
+"""Compare A/B in chromium at 1400×1000 and 420×900: a comparison turns Generate off, B starts as a
+copy of the run's settings, and the A/B bars fit the window (the handlers' checks are in
+test_compare_handlers.py). Screenshots go to test-results/shots/test_compare_browser/."""
+
+import pytest
+
+from browser import generate_to_end, open_at, overflows, set_slider, shot
+
+SIZES = [(1400, 1000), (420, 900)]
+
+
+def box(page, selector: str) -> dict:
+    return page.locator(selector).first.bounding_box()
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_compare_turns_generate_off_and_its_bars_fit(live_app, browser, hold, width, height):
+    url, engine, _ = live_app
+    page = open_at(browser, url, width, height, "prompt=The%20quick&temperature=0.5&top_p=0.9&seed=5&max_new_tokens=12")
+    generate_to_end(page)
+    page.get_by_text("Sampling experiments").click()
+    # B starts as a copy of the run's settings (set at the run's end, by an event of its own);
+    # the label says A is the page's own settings.
+    page.wait_for_function("document.querySelector('#b-temperature input[type=number]')?.value === '0.5'")
+    page.wait_for_function("document.querySelector('#b-top-p input[type=number]')?.value === '0.9'")
+    assert "Sampling settings" in page.inner_text("#compare-label")
+    set_slider(page, "#b-temperature", 1.5, key="Tab")
+    held = hold(engine)
+    page.click("#compare")
+    page.wait_for_function("document.querySelector('#generate').disabled && !document.querySelector('#stop').disabled "
+                           "&& document.querySelector('#likely').disabled")
+    held.open()
+    page.wait_for_function("(document.querySelector('#compare-summary')?.innerText || '').includes('perplexity')")
+    page.wait_for_function("!document.querySelector('#generate').disabled && document.querySelector('#stop').disabled "
+                           "&& !document.querySelector('#likely').disabled")
+    page.wait_for_selector("#compare-bars-a .tl-bars")
+    a, b = box(page, "#compare-bars-a"), box(page, "#compare-bars-b")
+    if width == 420:  # stacked, each the column's width: no sideways scrolling
+        assert b["y"] >= a["y"] + a["height"] - 1 and a["width"] > 300
+        scrolls = page.evaluate("[...document.querySelectorAll('#compare-bars .tl-bars')]"
+                                ".map(e => e.scrollWidth > e.clientWidth + 1)")
+        assert scrolls == [False, False]
+    assert not overflows(page)
+    page.locator("#compare-summary").scroll_into_view_if_needed()
+    shot(page, f"compare-{width}")
+    page.locator("#compare-bars").scroll_into_view_if_needed()
+    shot(page, f"compare-bars-{width}")
+    page.close()

@@ -1,0 +1,83 @@
+"""Compare A/B and the experiments' charts at the handlers: a comparison turns Generate off and Stop
+on, B copies the run's settings, the A/B bars stack on a narrow screen, the charts name their
+axes and replay keeps the bars' colours (the browser's checks are in test_compare_browser.py)."""
+
+import re
+from types import SimpleNamespace
+
+import gradio as gr
+import pytest
+
+from ui.controls import Controls, shaping_values
+from ui.handlers import RUN_OUTPUTS, Handlers
+from ui.layout import build_ui
+from ui.public import RUN_GOING
+import ui.experiments.render as exp_render
+import ui.run.render as run_render
+
+REQ = SimpleNamespace(session_hash="compare")
+
+
+@pytest.fixture
+def h(tiny_engine):
+    return Handlers(tiny_engine, top_n=5)
+
+
+def run(h, **kw):
+    c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
+    return list(h.generate(*c.values(), REQ))[-1]["record"]
+
+
+def test_compare_turns_generate_off_and_stop_on_and_b_copies_the_run(h, tiny_engine):
+    begun = h.compare_begin(REQ)
+    assert begun["generate"]["interactive"] is False and begun["stop_button"]["interactive"] is True
+    assert begun["x_button"]["interactive"] is False and begun["compare_button"]["interactive"] is False
+    ended = h.compare_end([])
+    assert ended["generate"]["interactive"] is True and ended["stop_button"]["interactive"] is False
+    # While a job is going, compare and "Score it" are refused in one line (not a bare "Error").
+    cancel = h.registry.start(REQ.session_hash)
+    try:
+        for fn in (h.compare_begin, h.likelihood_begin):
+            with pytest.raises(gr.Error) as e:
+                fn(REQ)
+            assert e.value.message == RUN_GOING and "\n" not in e.value.message
+    finally:
+        h.registry.finish(REQ.session_hash, cancel)
+    h.likelihood_begin(REQ)  # nothing going: no refusal
+    # B starts as a copy of the page's settings, and after a run as a copy of that run's.
+    page = build_ui(tiny_engine).tokenlab_page
+    d = h.defaults
+    from inference.sampling.settings import SHAPING_SETTINGS
+    assert [page[f"b_{n}"].value for n in SHAPING_SETTINGS] == [getattr(d, n) for n in SHAPING_SETTINGS]
+    rec = run(h, temperature=0.7, top_p=0.8)
+    after = h.after_run(rec, [], REQ)
+    assert (after["b_temperature"], after["b_top_p"]) == (0.7, 0.8)
+    # A is the main settings: the label says so, not "above" (replay's controls are above it).
+    md = [getattr(c, "value", "") for c in build_ui(tiny_engine).blocks.values() if isinstance(c, gr.Markdown)]
+    compare_md = next(v for v in md if isinstance(v, str) and v.startswith("**Compare A/B**"))
+    assert "Sampling settings" in compare_md and "settings above" not in compare_md
+
+
+def test_ab_bars_stack_on_a_narrow_screen():
+    css = (run_render.__file__.rsplit("/run/", 1)[0] + "/assets/page.css")
+    text = open(css, encoding="utf-8").read()
+    assert re.search(r"@media \(max-width: 860px\) \{ #compare-bars \{ flex-direction: column", text)
+
+
+def test_charts_name_their_axes_and_replay_keeps_the_bars_colours(tiny_engine, h):
+    page = build_ui(tiny_engine).tokenlab_page
+    for name in ("kv_chart", "run_chart", "compare_chart"):
+        # An empty chart shows no lone legend title ("" itself makes vega's chart endlessly tall).
+        assert page[name].color_title == " "
+    assert page["run_chart"].y_title == "probability" and page["run_chart"].y == "value"
+    assert page["entropy_chart"].y == "nats" and "nats" in page["entropy_chart"].y_title
+    rec = run(h)
+    assert set(exp_render.run_chart_frames(rec)[0].metric) == {"chosen-token probability"}
+    assert exp_render.entropy_frame(rec).nats.tolist() == [round(s.entropy, 3) for s in rec.steps]
+    out = h.replay_step(rec, 2, *shaping_values(temperature=0.5, top_k=3))
+    bars = out["replay_bars"]
+    head = re.search(r"tl-head'>(.*?)</div>", bars).group(1)
+    assert "final in the run" in head
+    # The run's final bars are the main bars' final colour (tl-final); blue (tl-raw) is raw only.
+    assert "tl-raw" not in bars and bars.count("class='tl-final'") == bars.count("class='tl-replayed'") > 0
+    assert set(RUN_OUTPUTS) >= {"bars"}
