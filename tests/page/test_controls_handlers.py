@@ -1,6 +1,7 @@
 """The controls at the handlers: a regenerate with a fixed seed says the answer will be the same, a
-new conversation and completion mode clear the chat, and a temperature typed beyond its range is
-said (the browser's checks are in test_controls_browser.py)."""
+new conversation and completion mode clear the chat, a temperature typed beyond its range is
+said, and a number box's label says what its zero does (the browser's checks are in
+test_controls_browser.py)."""
 
 from types import SimpleNamespace
 
@@ -50,3 +51,17 @@ def test_new_conversation_and_completion_mode_clear_the_chat(h):
 def test_typed_temperature_beyond_its_range_is_said():
     js = open(run_render.__file__.rsplit("/run/", 1)[0] + "/assets/clamp.js", encoding="utf-8").read()
     assert "is above the maximum" in js and "tl-setting" in js  # the browser test types 5
+
+
+def test_a_number_box_label_says_what_its_zero_does_as_its_help_does():
+    """Each number box's label says what its off value does, in the words its help uses (DRY
+    range: 0 searches the whole context, so "0 = all", not "0 = default")."""
+    import re
+    from inference.sampling.settings import SETTINGS
+    from ui.widgets import setting_control
+    boxes = {s.name: (s, setting_control(s, s.default, 256)) for s in SETTINGS if s.control == "number"}
+    assert boxes["dry_penalty_last_n"][1].label == "DRY range (0 = all)"
+    assert boxes["top_k"][1].label == "Top-k (0 = off)"
+    for s, box in boxes.values():
+        said = re.fullmatch(re.escape(s.label) + r" \((.+)\)", box.label).group(1)
+        assert said in s.help, (box.label, s.help)

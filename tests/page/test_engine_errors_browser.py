@@ -1,5 +1,5 @@
 """An engine error on the page in chromium at 1400 and 420 px wide: an error mid-run ends the run,
-said in one line of the status line (the handlers' checks are in test_audit_handlers.py).
+said in one line of the status line (the handlers' checks are in test_engine_errors_handlers.py).
 Screenshots go to test-results/shots/test_engine_errors_browser/."""
 
 import pytest

@@ -1,7 +1,7 @@
 """The model picker in chromium on a page offering several models, at 1400 and 420 px wide: picking
 a model updates the KV-cache formula, the mode and a not-started status, and a model picked while
-a run streams is taken (the handlers' checks are in test_audit_handlers.py). Screenshots go to
-test-results/shots/test_model_picker_browser/."""
+a run streams is taken (the handlers' checks are in test_model_picker_handlers.py). Screenshots
+go to test-results/shots/test_model_picker_browser/."""
 
 import pytest
 

@@ -1,0 +1,84 @@
+"""The model picker on a page offering several models, at the handlers: the KV-cache formula, the
+status line and the chat mode follow the model picked, and the model list counts the weights'
+second copies (the browser's checks are in test_model_picker_browser.py)."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from ui.controls import Controls
+from tiny_models import offered, without_chat_template
+from ui.handlers import Handlers
+import ui.run.kv as kv_panel
+import ui.run.render as run_render
+
+REQ = SimpleNamespace(session_hash="model-picker")
+
+
+def controls(**kw) -> Controls:
+    return Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 6, "seed": "3", **kw})
+
+
+@pytest.fixture(scope="module")
+def picker(tiny_dirs, tmp_path_factory):
+    """A page offering "mha" (the default), "gqa_tied" and "plain" (gqa_tied without a chat template)."""
+    plain = without_chat_template(tiny_dirs["gqa_tied"], tmp_path_factory.mktemp("plain") / "plain")
+    models = offered({"mha": tiny_dirs["mha"], "gqa_tied": tiny_dirs["gqa_tied"], "plain": plain})
+    yield Handlers(models.engine(), models=models)
+    models.close()
+
+
+def test_the_kv_formula_follows_the_model_picked_before_any_run(picker, tiny_dirs):
+    """The formula's numbers are the picked model's, as its config.json gives them: 2 × layers ×
+    KV heads × head dim × 4 bytes (float32). "mha" has 4 KV heads, gqa_tied 2."""
+    def dims(label):
+        cfg = json.loads((tiny_dirs[label] / "config.json").read_text())
+        head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
+        return f"2 × {cfg['num_hidden_layers']} × {cfg['num_key_value_heads']} × {head_dim} × 4 "
+
+    assert dims("mha") in kv_panel.kv_formula(picker.info) and dims("mha") != dims("gqa_tied")
+    for label in ("gqa_tied", "mha"):
+        out = picker.choose_model(label, "The quick", "completion", "", 5)
+        assert dims(label) in out["kv_text"], out["kv_text"]
+
+
+def test_a_not_started_status_goes_when_another_model_is_picked(picker):
+    """Chat mode on the model without a template is refused in the status line; picking a
+    model clears that message (Generate checks again); a run's own status stays."""
+    c = controls(model="plain", mode="chat")
+    refused = picker.begin(*c.values(), REQ)["status"]
+    assert refused == "⚠ Not started: this model has no chat template; use completion mode"
+    assert picker.choose_model("mha", "The quick", "chat", "", 5, [], refused)["status"] == ""
+    ended = "Run ended: 6 tokens · stopped at max new tokens"
+    assert "status" not in picker.choose_model("gqa_tied", "The quick", "chat", "", 5, [], ended)
+
+
+def test_chat_mode_is_offered_only_for_a_model_with_a_chat_template(picker):
+    """Picking the model without a template sets the mode to completion and keeps chat from being
+    picked (the radio is not interactive, its note says why); a model with one offers it again."""
+    plain = picker.choose_model("plain", "The quick", "chat", "", 5)["mode"]
+    assert plain["value"] == "completion" and plain["interactive"] is False and "no chat template" in plain["info"]
+    with_template = picker.choose_model("gqa_tied", "The quick", "completion", "", 5)["mode"]
+    assert with_template["interactive"] is True and "value" not in with_template
+    assert [picker.view(m).info.chat for m in ("plain", "gqa_tied", "mha")] == [False, True, True]
+
+
+def test_the_model_list_says_its_weights_count_the_second_copies(picker):
+    """The list's weights are the parameters as loaded plus the linear layers' second copies
+    (counted here from the model's own modules); where there are copies it says so, so that
+    it does not seem to disagree with the card's parameters × bytes."""
+    from inference.serving.models import Footprint
+    engine = picker.view("mha").engine
+    copies = {id(c): c for m in engine.model.modules()
+              for c in (getattr(m, "decode_weight", None), getattr(m, "rows_weight", None)) if c is not None}
+    f = picker.models.footprint("mha")
+    assert f.copies_bytes == sum(c.numel() * c.element_size() for c in copies.values())
+    mib = 2**20
+    listed = picker.models_markdown()
+    assert f"**mha** (default): {f.weights_bytes / mib:,.0f} MiB of weights" in listed
+    assert ("second copies" in listed) == (f.copies_bytes > 0)
+    # SmolLM2-135M at float32 with oneDNN's copies: 513 MiB as loaded, 517 MiB of copies.
+    said = run_render.weights_text(Footprint(1030 * mib, 4 * mib, 517 * mib))
+    assert said.startswith("1,030 MiB of weights in memory: 513 MiB as loaded and 517 MiB of their second copies")
+    assert run_render.weights_text(Footprint(513 * mib, 4 * mib)) == "513 MiB of weights"
