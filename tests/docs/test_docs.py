@@ -1,5 +1,5 @@
 """The README and docs/ say what the code does: the README's size, its install order, every
-relative link, the CLI's subcommands and flags, the app's flags, the environment variables, and the
+relative link and every file named, the CLI's subcommands and flags, the app's flags, the environment variables, and the
 figures the docs state in more than one place.
 
 Each check is a function returning what is wrong (empty: nothing), run on the real files and, in the
@@ -89,6 +89,16 @@ def link_problems(path: Path, text: str) -> list[str]:
                 and anchor not in heading_anchors(read(dest) if file else text):
             problems.append(f"{target}: no heading #{anchor} in {dest.name if file else path.name}")
     return problems
+
+
+OUTPUTS = ("bench/results",)  # folders the code writes (ignored by git), not in a clone
+CODE_PATH = re.compile(r"`((?:tests|inference|ui|api|bench|scripts|docs)/[\w/.\-]*[\w/])`")
+
+
+def path_problems(text: str, root: Path = ROOT) -> list[str]:
+    """Every file or folder of the repository a text names in backticks (`tests/x.py`) exists."""
+    return [f"{name}: no such file" for name in CODE_PATH.findall(text)
+            if not (root / name).exists() and not name.startswith(OUTPUTS)]
 
 
 def subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -216,6 +226,11 @@ def test_every_relative_link_points_to_a_file_that_exists(path):
     assert link_problems(path, read(path)) == []
 
 
+@pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
+def test_every_file_the_docs_name_exists(path):
+    assert path_problems(read(path)) == []
+
+
 def test_the_cli_doc_names_only_the_parsers_subcommands_and_flags():
     from inference.cli import build_parser
     assert cli_problems(read(ROOT / "docs" / "cli.md"), build_parser()) == []
@@ -255,6 +270,9 @@ def test_the_checks_fail_on_texts_made_wrong(tmp_path):
     assert not link_problems(doc, "[a](there.md) [b](there.md#a-heading) [c](https://x.org/y) [d](#top)\n# Top")
     assert link_problems(doc, "[a](missing.md)") and link_problems(doc, "[b](there.md#no-such)")
     assert link_problems(doc, "[d](#bottom)\n# Top")
+
+    assert not path_problems("`tests/docs/test_docs.py`, `ui/assets/` and `a/b.py`")
+    assert path_problems("`tests/docs/no_such_test.py`")
 
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
