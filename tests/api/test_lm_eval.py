@@ -33,6 +33,7 @@ metric_list:
 """
 
 
+@pytest.mark.slow  # lm-eval imports for tens of seconds
 def test_lm_eval_local_completions_runs_a_loglikelihood_task(live_app, tmp_path, monkeypatch):
     url, engine, _ = live_app
     for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):

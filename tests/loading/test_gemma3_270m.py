@@ -13,6 +13,9 @@ import torch
 from inference.sampling.params import SamplingParams
 from inference.serving.engine import Engine, Request
 
+# The slowest module: a 270M model read twice from its GGUF file (a minute and more).
+pytestmark = pytest.mark.slow
+
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers needs it to load a GGUF
 

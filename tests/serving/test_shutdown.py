@@ -159,6 +159,7 @@ def test_closing_a_remote_engine_ends_its_streaming_run_and_watcher():
 # ------------------------------------------------------------------ the CLI's exit status
 
 
+@pytest.mark.slow  # the CLI in a process of its own, held at its exit
 def test_the_cli_exits_0_though_its_scheduler_is_computing_at_exit(tiny_dirs):
     """The moment of exit held open: after the run's last token the scheduler's thread goes on
     computing inside torch until the engine is closed (hooked.py busy-at-exit). Without the

@@ -42,6 +42,7 @@ def rss_mib(pid: int) -> float:
 # ------------------------------------------------------------------ the test
 
 
+@pytest.mark.slow  # the page in a process of its own under a hostile visitor for tens of seconds
 def test_a_hostile_visitor_does_not_hurt_a_well_behaved_one(tiny_dirs, tmp_path):
     port = free_port()
     gradio_tmp, py_tmp = tmp_path / "gradio", tmp_path / "tmp"

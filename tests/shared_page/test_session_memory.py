@@ -193,6 +193,7 @@ def test_keeper_ignores_closes_before_launch():
     assert not keeper.closing("s") and keeper.sweep() == 0 and keeper.kept() == 0
 
 
+@pytest.mark.slow  # waits for the sweep's own timer
 def test_the_sweep_runs_on_its_own(capped_app, monkeypatch):
     """No call triggers it: the server's loop sweeps every few seconds once a request came."""
     app, keeper = capped_app, capped_app.handlers.keeper

@@ -103,6 +103,7 @@ def test_users_bench_reports_the_median_round():
     assert median_round(runs[:2])["aggregate_tok_s"] == 10.0  # even: the lower middle
 
 
+@pytest.mark.slow  # a minute: a page, its visitors and their bench in processes of their own
 def test_adversarial_bench_reports_ttft_alone_and_under_attack(tmp_path):
     """bench.adversarial end to end on random weights of the tiny shape: its fields, numbers
     that agree with each other, and the visitor's every request made (no bound on any time:
