@@ -47,19 +47,31 @@ class StreamDecoder:
     """Turns a stream of token ids into text without ever emitting a broken character.
 
     Bytes of a multi-byte UTF-8 character split over several tokens are held until complete;
-    bytes that can never form a character become U+FFFD, and flush() ends an incomplete tail
-    with U+FFFD too.
+    bytes that can never form a character become U+FFFD. A character the stream ends inside
+    is no text at all, never U+FFFD: flush() returns nothing for it and keeps its bytes in
+    `cut`, so that whoever shows the text can say the run cut them off.
     """
 
     def __init__(self, token_bytes: list[bytes]):
         self._token_bytes = token_bytes
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.cut = b""  # after flush(): the bytes of the character the stream ended inside
 
     def push(self, token_id: int) -> str:
         return self._utf8.decode(self._token_bytes[token_id])
 
+    @property
+    def held(self) -> bytes:
+        """The bytes of a character begun and not yet finished (the decoder holds only bytes
+        that some next byte could still finish: any others it has turned into U+FFFD)."""
+        return self._utf8.getstate()[0]
+
     def flush(self) -> str:
-        return self._utf8.decode(b"", final=True)
+        """The end of the stream: the text still to come, which is none. The bytes of a
+        character it ended inside go to `cut`, not into the text."""
+        self.cut = self.held
+        self._utf8.reset()
+        return ""
 
 
 class Tokenizer:
@@ -132,9 +144,20 @@ class Tokenizer:
         """Ids of text a chat template wrote: its control-token text becomes the token's id."""
         return self._template_fn(text, continuing)
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of the ids as a continuation: special tokens appear as their text."""
-        return b"".join(self.token_bytes[i] for i in ids).decode("utf-8", errors="replace")
+    def decode(self, ids: list[int], unfinished: str = "\ufffd") -> str:
+        """Text of the ids as a continuation: special tokens appear as their text. `unfinished`
+        stands for the bytes of a character the last ids leave unfinished: U+FFFD by default (as
+        Hugging Face tokenizers and vLLM decode), "" as a run's text has it (StreamDecoder)."""
+        data = b"".join(self.token_bytes[i] for i in ids)
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        text = utf8.decode(data)
+        return text + (unfinished if utf8.getstate()[0] else "")
+
+    def unfinished_bytes(self, ids: list[int]) -> bytes:
+        """The bytes of a character the last ids begin and do not finish (b"": none)."""
+        utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        utf8.decode(b"".join(self.token_bytes[i] for i in ids))
+        return utf8.getstate()[0]
 
     def piece(self, token_id: int) -> str:
         """A readable piece: the token's text, with bytes of a split character as <0xNN>."""

@@ -39,16 +39,17 @@ def test_chinese_and_emoji_stream_without_broken_characters(tiny_dirs, sp_model_
             assert "" in deltas
 
 
-def test_invalid_tail_is_flushed_as_replacement_character():
+def test_an_unfinished_tail_is_cut_not_replaced():
     table = [b"a", b"\xe4\xbb", b"\x8a", b"\xff"]
     dec = StreamDecoder(table)
     assert dec.push(0) == "a"
     assert dec.push(1) == ""  # two of three bytes of 今
     assert dec.push(2) == "今"
-    assert dec.push(1) == ""
-    assert dec.flush() == "\ufffd"
+    assert dec.push(1) == "" and dec.held == b"\xe4\xbb"
+    assert dec.flush() == "" and dec.cut == b"\xe4\xbb"  # bytes the stream did not finish: no U+FFFD
     dec = StreamDecoder(table)
     assert dec.push(3) == "\ufffd"  # a byte that can never start a character
+    assert dec.flush() == "" and dec.cut == b""
 
 
 def test_generated_stream_equals_one_shot_decode(tiny_engine):
@@ -57,7 +58,7 @@ def test_generated_stream_equals_one_shot_decode(tiny_engine):
         events = list(tiny_engine.generate(Request("今天天气真", SamplingParams(
             temperature=1.3, max_new_tokens=40, seed=seed))))
         ids = [e.token_id for e in events[:-1] if e.token_id not in tiny_engine.eos_ids]
-        assert events[-1].text == tiny_engine.tokenizer.decode(ids)
+        assert events[-1].text == tiny_engine.tokenizer.decode(ids, unfinished="")
 
 
 def test_display_pieces_mark_split_bytes(tiny_dirs):

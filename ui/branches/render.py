@@ -22,7 +22,9 @@ def tree_html(nodes: list[dict], viewing: int | None) -> str:
 
     def walk(i: int, depth: int) -> None:
         n = nodes[i]
-        text = n["record"].answer_text if n["record"] is not None else "(running…)"
+        rec = n["record"]
+        # A character the run's end cut off is said so, as the output says it (never as U+FFFD).
+        text = "(running…)" if rec is None else rec.answer_text + (f"[cut off: {rec.cut_off}]" if rec.cut_off else "")
         if n["parent"] is None:
             where = "the run"
         else:

@@ -65,8 +65,6 @@ def highlighted_output(rec: RunRecord, tokenizer) -> list[tuple[str, str | None]
     chips = output_chips(rec, tokenizer)
     out = [(c.text, bucket(c.prob)) for c in chips]
     tail = rec.done.tail if rec.done else ""
-    if chips and chips[-1].cut:  # shown as cut off above, not as U+FFFD
-        tail = tail.replace("\ufffd", "")
     if tail:
         out.append((tail, None))
     return out
@@ -127,8 +125,6 @@ def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, em
             parts.append(f"<span class='{chip_class(c)}' data-i='{i}' title='p {fmt_p(c.prob)}, raw p {fmt_p(c.raw)}'>"
                          f"{_shown(c.text) or '∅'}</span>")
     tail = rec.done.tail if rec.done else ""
-    if chips and chips[-1].cut:
-        tail = tail.replace("\ufffd", "")
     if tail:
         parts.append(f"<span class='tl-tail' title='text held back until the end'>{_shown(tail)}</span>")
     if rec.given:  # a branch: the tokens it continued after, as given
@@ -146,8 +142,6 @@ def output_tokens(rec: RunRecord | None, tokenizer) -> list[dict]:
         return []
     out = [{"token": c.text, "prob": c.prob, "step": c.steps[0]} for c in output_chips(rec, tokenizer)]
     tail = rec.done.tail if rec.done else ""
-    if out and rec.steps and output_chips(rec, tokenizer)[-1].cut:
-        tail = tail.replace("\ufffd", "")
     if tail:  # text held back until the end: no step of its own
         out.append({"token": tail, "prob": None, "step": None})
     return out
