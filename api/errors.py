@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse
 
-from inference.errors import (ContextTooLong, EngineClosed, InputError, ModelNotServed, NotAvailable,
+from inference.errors import (ContextTooLong, EngineClosed, EngineDown, InputError, ModelNotServed, NotAvailable,
                               ResourceError, ServerError, TokenLabError)
 
 
@@ -52,6 +52,6 @@ def from_engine(e: TokenLabError) -> APIError:
         return APIError(400, str(e), param=request_key(getattr(e, "field", None)))
     if isinstance(e, ServerError):
         return APIError(502, str(e), type="api_error", code="upstream_error")
-    if isinstance(e, (EngineClosed, ResourceError)):
+    if isinstance(e, (EngineClosed, EngineDown, ResourceError)):
         return APIError(503, str(e), type="api_error", code="unavailable")
     return APIError(500, str(e), type="api_error")

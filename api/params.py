@@ -10,15 +10,15 @@ model's generation_config.json values where it has them, as vLLM's, else the sch
 
 from __future__ import annotations
 
+import json
 import math
-import secrets
 from dataclasses import dataclass, replace
 
 from api.errors import APIError, bad, request_key
 from inference.errors import InputError, shown
 from inference.sampling.params import SamplingParams
-from inference.sampling.settings import BY_NAME, SETTINGS, defaults
-from inference.request import tokens_message
+from inference.sampling.settings import BY_NAME, CONSTRAINT_KINDS, SETTINGS, defaults
+from inference.request import choose_seed, tokens_message
 
 MAX_LOGPROBS = 20  # top candidates per token at most, as vLLM's default --max-logprobs
 MAX_N = 16  # completions of one prompt at most
@@ -27,19 +27,24 @@ COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 MAX_BIAS = 100  # a logit bias in [-100, 100], as OpenAI's API takes it
 
 # Each sampling setting's request key: vLLM's name where the schema gives it, else its own.
-SAMPLING_KEYS = {(s.server_key or s.name): s for s in SETTINGS if s.name != "max_new_tokens"}
+SAMPLING_KEYS = {(s.server_key or s.name): s for s in SETTINGS
+                 if s.name != "max_new_tokens" and s.stage_name != "constraint"}
 MAX_TOKENS = BY_NAME["max_new_tokens"].server_key  # "max_tokens"
 # vLLM's top_k is -1 when off; the schema's off is 0.
 TOP_K_OFF = -1
 
 # Fields of both endpoints beside the sampling settings. Each is read below; "user" changes nothing
 # Token Lab computes.
-COMMON = {"model", "n", "stream", "stream_options", "seed", "stop", "user", MAX_TOKENS,
+COMMON = {"model", "n", "stream", "stream_options", "seed", "stop", "user", MAX_TOKENS, "structured_outputs",
           "logprobs_distribution", "return_token_ids", "return_tokens_as_token_ids",
           "skip_special_tokens", "spaces_between_special_tokens", "best_of"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "prompt_logprobs", "suffix"}
 CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
-                        "add_generation_prompt"}
+                        "add_generation_prompt", "response_format"}
+# The constraint's settings, read from vLLM's structured_outputs object (and OpenAI's
+# response_format on chat), never under their own names.
+CONSTRAINT = BY_NAME["constraint"].server_key  # "structured_outputs"
+STRUCTURED_KEYS = {v[2]: k for k, v in CONSTRAINT_KINDS.items()}  # "json" -> "json_schema", ...
 DISTRIBUTIONS = ("raw", "final")
 
 
@@ -124,6 +129,64 @@ def _logit_bias(value) -> str:
     return " ".join(items)
 
 
+def _schema_text(schema, key: str) -> str:
+    """A JSON schema sent as an object (or as its JSON text) as the constraint's text."""
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except json.JSONDecodeError:
+            raise bad(f"{key} must be a JSON schema (an object, or its JSON text)", key) from None
+    if not isinstance(schema, dict):
+        raise bad(f"{key} must be a JSON schema (an object)", key)
+    return json.dumps(schema)
+
+
+def constraint(body: dict) -> dict:
+    """The constraint a request asks for, as the schema's settings: vLLM's structured_outputs
+    ({"json": schema} | {"regex": pattern} | {"grammar": EBNF}, one of them) or, on chat,
+    OpenAI's response_format ({"type": "json_schema", "json_schema": {"schema": ...}},
+    {"type": "json_object"} or {"type": "text"}). Both together are refused."""
+    out = {}
+    so = body.get(CONSTRAINT)
+    if so is not None:
+        kinds = [k for k in STRUCTURED_KEYS if isinstance(so, dict) and so.get(k) is not None]
+        extra = sorted(set(so) - set(STRUCTURED_KEYS)) if isinstance(so, dict) else []
+        if not isinstance(so, dict) or len(kinds) != 1 or extra:
+            raise bad(f"{CONSTRAINT} must be an object with one of " + ", ".join(repr(k) for k in STRUCTURED_KEYS)
+                      + (f"; Token Lab does not serve {extra[0]!r}" if extra else ""), CONSTRAINT)
+        key = kinds[0]
+        value = so[key]
+        if key == "json":
+            text = _schema_text(value, f"{CONSTRAINT}.json")
+        elif isinstance(value, str):
+            text = value
+        else:
+            raise bad(f"{CONSTRAINT}.{key} must be text", CONSTRAINT)
+        out = {"constraint": STRUCTURED_KEYS[key], "constraint_text": text}
+    rf = body.get("response_format")
+    if rf is not None:
+        kind = rf.get("type") if isinstance(rf, dict) else None
+        if kind not in ("text", "json_object", "json_schema"):
+            raise bad("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                      "{\"type\": \"json_schema\", \"json_schema\": {\"schema\": ...}}", "response_format")
+        if out and kind != "text":
+            raise bad(f"response_format and {CONSTRAINT} together: send one constraint", "response_format")
+        if kind == "json_object":
+            out = {"constraint": "json_schema", "constraint_text": '{"type": "object"}'}
+        elif kind == "json_schema":
+            spec = rf.get("json_schema")
+            if not isinstance(spec, dict) or "schema" not in spec:
+                raise bad("response_format.json_schema must be an object with a schema", "response_format")
+            out = {"constraint": "json_schema", "constraint_text": _schema_text(spec["schema"], "response_format")}
+    if out:
+        from inference.sampling.constrain import check
+        try:
+            check(out["constraint"], out["constraint_text"])
+        except InputError as e:
+            raise bad(str(e), "response_format" if rf is not None else CONSTRAINT) from None
+    return out
+
+
 def sampling(body: dict, generation_defaults: dict) -> SamplingParams:
     """The request's sampling settings over the model's defaults, its seed (a random one when
     not given: the answer's completions can then be told apart, not repeated) and stops."""
@@ -150,9 +213,10 @@ def sampling(body: dict, generation_defaults: dict) -> SamplingParams:
         raise bad("stop must be a string or a list of strings", "stop")
     seed = body.get("seed")
     if seed is None:
-        seed = secrets.randbelow(2**31)
+        seed = choose_seed(None)
     elif isinstance(seed, bool) or not isinstance(seed, int):
         raise bad(f"seed must be an integer, got {shown(seed)}", "seed")
+    values.update(constraint(body))
     try:
         return SamplingParams(**{**values, "max_new_tokens": 1}, seed=seed, stop=tuple(stops))
     except InputError as e:

@@ -191,6 +191,9 @@ class API:
 
     async def models(self, request: Request):
         self.client(request)
+        down = [self.offered.engine(name).down for name in self.offered.labels if self.offered.loaded(name)]
+        if any(down):  # the engine cannot serve: said at once, not left to hang a client's run
+            raise from_engine(next(d for d in down if d))
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "token-lab",
              **({"max_model_len": self.offered.engine(name).describe().max_seq_len}

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 
 from inference.errors import InputError, NotAvailable, TokenLabError
 from inference.samples import MAX_SAMPLES, first_seed
-from inference.sampling.settings import CONSTRAINT_KINDS, MAX_CONSTRAINT_CHARS, SETTINGS, defaults, how_made
+from inference.sampling.settings import CONSTRAINT_KINDS, MAX_CONSTRAINT_CHARS, SETTINGS, how_made
 
 
 class _Parser(argparse.ArgumentParser):
@@ -199,14 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _sampling_params(args, model_defaults: dict):
-    from inference.sampling.params import SamplingParams
-
-    values = {k: getattr(args, k, None) if getattr(args, k, None) is not None else v
-              for k, v in defaults(model_defaults).items()}
+def _settings(args) -> dict:
+    """The sampling settings the flags give, by schema name (those not given: the model's
+    defaults, merged by prepare_run)."""
+    values = {s.name: getattr(args, s.name, None) for s in SETTINGS if getattr(args, s.name, None) is not None}
     values = {k: ", ".join(v) if isinstance(v, list) else v for k, v in values.items()}
-    values.update(_constraint(args))
-    return SamplingParams(**values, seed=args.seed, stop=tuple(args.stop))
+    return {**values, **_constraint(args)}
 
 
 def _constraint(args) -> dict:
@@ -257,9 +255,10 @@ def _ctrl_c_cancels(cancel: threading.Event):
 
 
 def _cmd_generate(args) -> int:
+    from inference.request import parse_settings, prepare_run
     from inference.serving.engine import parse_ids
 
-    _sampling_params(args, {})  # bad values fail before the model loads
+    parse_settings(_settings(args), {}, args.seed, args.stop)  # bad values fail before the model loads
     if args.top < 1:
         raise InputError(f"--top must be >= 1, got {args.top}")
     if not 1 <= args.n <= MAX_SAMPLES:
@@ -268,23 +267,23 @@ def _cmd_generate(args) -> int:
         raise InputError("the prompt is empty")
     if args.system is not None and not args.chat:
         raise InputError("--system is the chat template's system prompt: give --chat too")
+    given = parse_ids(args.prefix_ids, "--prefix-ids")
+    if args.n != 1 and given:
+        raise InputError("--prefix-ids and --n together are not served: draw the samples of a branch "
+                         "by its prompt and ids on the page, or one branch at a time here")
     engine = open_engine(args)
     cancel = threading.Event()
     # Ctrl-C is caught until the engine is closed: a close cut short could leave its thread
     # computing while the interpreter finalizes.
     with _ctrl_c_cancels(cancel), engine:
-        params = _sampling_params(args, engine.generation_defaults)
-        given = parse_ids(args.prefix_ids, "--prefix-ids")
-        ids = engine.prompt_ids(args.prompt, args.chat, args.system)
+        seed = first_seed(args.seed, args.n) if args.n != 1 else args.seed
+        request = prepare_run(engine, _settings(args), prompt=args.prompt, chat=args.chat, system=args.system,
+                              given=given, seed=seed, stop=args.stop, top_n=args.top)
+        name = engine.describe().name
         if args.n != 1:
-            if given:
-                raise InputError("--prefix-ids and --n together are not served: draw the samples of a branch "
-                                 "by its prompt and ids on the page, or one branch at a time here")
-            params = dataclasses.replace(params, seed=first_seed(params.seed, args.n))
-            samples = engine.generate_many(ids, params, args.n, args.top, cancel)
-            return _print_samples(samples, args.jsonl, cancel, params, engine.describe().name)
-        events = engine.generate_ids(ids, params, args.top, cancel, given=given)
-        return _print_run(events, args.jsonl, cancel, params, engine.describe().name, given)
+            samples = engine.generate_many(list(request.prompt_ids), request.params, args.n, args.top, cancel)
+            return _print_samples(samples, args.jsonl, cancel, request.params, name)
+        return _print_run(engine.run(request, cancel), args.jsonl, cancel, request.params, name, given)
 
 
 def _tokens(n: int) -> str:
@@ -428,3 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         # What is still buffered would fail again at exit; it has nowhere to go.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except Exception as e:  # noqa: BLE001 - an engine fault that ended the run: one line, exit 1
+        print(f"error: the engine failed: {e.__class__.__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}",
+              file=sys.stderr)
+        return 1

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent
     from inference.model.anatomy import StepCapture
     from inference.model.config import ModelConfig
+    from inference.request import RunRequest
     from inference.sampling.replay import StageStat
     from inference.sampling.params import SamplingParams
     from inference.sampling.state import RunState
@@ -103,7 +104,18 @@ class Engine(Protocol):
                    history: list[dict] | None = None, controls: bool = False) -> list[int]:
         """controls: control-token text the user wrote becomes the token (the API's, as vLLM's)."""
 
-    # -- generation and scoring
+    # -- generation and scoring (a run is prepared by inference.request.prepare_run)
+    def check_run(self, request: "RunRequest") -> None:
+        """What only this engine can check of a prepared request (prepare_run calls it)."""
+
+    def run(self, request: "RunRequest", cancel: threading.Event | None = None
+            ) -> "Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]":
+        """Run a prepared request: its events; its failure raised here, that run's alone."""
+
+    @property
+    def down(self) -> "Exception | None":
+        """Why the engine can no longer serve (its scheduler died), None while it serves."""
+
     def generate_ids(self, ids: list[int], params: "SamplingParams", top_n: int = 10,
                      cancel: threading.Event | None = None, given: list[int] = ()
                      ) -> "Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]":

@@ -104,6 +104,8 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
     given: ids generated already after it. token_cap: a shared page's most new tokens a visitor
     may ask for. controls: control-token text the user wrote becomes the token (the API's, as
     vLLM's). Raises InputError (one line, `field` the setting at fault)."""
+    if engine.down is not None:  # its scheduler died: refused at once, never queued to hang
+        raise engine.down
     if isinstance(settings, SamplingParams):
         params = settings
     else:

@@ -36,7 +36,7 @@ class Meaning:
 
 
 def meaning(mode: str, params) -> Meaning:
-    greedy = params.temperature == 0
+    greedy = params.greedy
     # No stage that reorders tokens (the repetition penalty) moves them.
     no_penalty = all(BY_NAME[n].keeps_order for n in params.changed)
     plain = params.plain  # the distribution sampled from is the model's own

@@ -25,7 +25,7 @@ def validate(p) -> None:
             check(p.constraint, p.constraint_text)
         except InputError as e:
             raise InputError(str(e), field=e.field or "constraint_text") from None
-    if p.dynatemp_range > 0 and p.temperature == 0:  # greedy keeps one token: no range to scale
+    if p.dynatemp_range > 0 and _greedy(p):  # greedy keeps one token: no range to scale
         raise InputError(f"dynatemp_range needs temperature above 0: temperature 0 is greedy (one token "
                          f"kept), which a dynamic temperature cannot change (got a range of {p.dynatemp_range:g})",
                          field="dynatemp_range")
@@ -40,6 +40,11 @@ def validate(p) -> None:
         if len(s) > MAX_STOP_LENGTH:
             raise InputError(f"stop strings must be at most {MAX_STOP_LENGTH} characters, "
                              f"got one of {len(s)}", field="stop")
+
+
+def _greedy(self) -> bool:
+    """Temperature 0: the most likely token after the stages, no draw (the one place it is decided)."""
+    return self.temperature == 0
 
 
 def _plain(self) -> bool:
@@ -61,7 +66,7 @@ SamplingParams = make_dataclass(
     + [("seed", "int | None", field(default=None)),  # None = random; the seed used is reported
        ("stop", "tuple[str, ...]", field(default=()))],
     frozen=True,
-    namespace={"__post_init__": validate, "plain": property(_plain), "changed": property(_changed),
+    namespace={"__post_init__": validate, "plain": property(_plain), "greedy": property(_greedy), "changed": property(_changed),
                "__module__": __name__,
                "__doc__": "One run's sampling settings (fields from settings.SETTINGS), its seed "
                           "(None = random; the seed used is reported) and its stop strings."})

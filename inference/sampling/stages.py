@@ -40,7 +40,7 @@ def final_probs(logits: torch.Tensor, params: SamplingParams, state: RunState | 
     """softmax(final_logits): the distribution sampled from. Greedy keeps one token, whose
     probability every later stage leaves at 1: its one-hot is made directly, without the passes
     over the vocabulary that masking and a softmax would cost."""
-    if params.temperature == 0:
+    if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, greedy_logits(logits, params, state).argmax(dim=-1, keepdim=True), 1.0)
     return final_logits(logits, params, state).softmax(dim=-1)
 

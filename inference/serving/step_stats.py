@@ -78,7 +78,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     # The largest logits of every row first (one pass on a CPU; None elsewhere or with a NaN): a
     # greedy row no stage changed takes the first of them, argmax's choice, without a pass of its own.
     top = kernels.top_k(logits, max(top_n, 1))  # (values, ids), each (R, max(top_n, 1))
-    greedy = [i for i, row in enumerate(rows) if row.params.temperature == 0]
+    greedy = [i for i, row in enumerate(rows) if row.params.greedy]
     next_id = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (R,)
     if greedy:
         at = torch.tensor(greedy, device=logits.device)
@@ -93,7 +93,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     # one, and reports the raw numbers (a float32 softmax differs from them in the last digit).
     unchanged = torch.zeros(len(rows), dtype=torch.bool)  # (R,)
     for i, row in enumerate(rows):
-        if row.params.temperature != 0:
+        if not row.params.greedy:
             row_logits = logits[i]
             shaped = final_logits(row_logits, row.params, row.state)
             unchanged[i] = shaped is row_logits

@@ -18,6 +18,14 @@ SHOWN = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "reco
          "run_chart", "rank_chart", "entropy_chart", "tokens", "downloads", "run_seed", "prompt_view",
          *(f"replay_{n}" for n in SHAPING_SETTINGS), *(f"b_{n}" for n in SHAPING_SETTINGS), *NAMES)
 PICK_JS = (Path(__file__).parent.parent / "assets" / "pick.js").read_text(encoding="utf-8")
+LEAVE_JS = (Path(__file__).parent.parent / "assets" / "leave.js").read_text(encoding="utf-8")
+
+
+def by_hand_js(box: str) -> str:
+    """The change event's function in the browser: the given ids dropped where the change of
+    `box` was made by hand (leave.js marks it), kept otherwise."""
+    return (f"(ids) => {{ const hand = !!(window.tlByHand && window.tlByHand[{box!r}]); "
+            f"if (window.tlByHand) window.tlByHand[{box!r}] = false; return hand ? '' : ids; }}")
 
 
 def build(page, h: Handlers) -> None:
@@ -25,7 +33,7 @@ def build(page, h: Handlers) -> None:
     the run to it."""
     page.add("branches", gr.State([]))
     page.add("branch_view", gr.HTML(tree_html([], None), label="Branches", elem_id="branches",
-                                    js_on_load=PICK_JS))
+                                    js_on_load=PICK_JS + "\n" + LEAVE_JS))
     page.after_run.append((h.grow_tree, ("record", "branches"), ("branches", "branch_view")))
 
 
@@ -47,6 +55,12 @@ def wire(page, h: Handlers, chain_run) -> None:
     page.on(lambda fn, **kw: gr.on([page[n].input for n in ("prompt", "system", "mode", "model")], fn, **kw),
             h.leave_branch, inputs=("prefix_ids",), outputs=("prefix_ids",), queue=False, show_progress="hidden",
             api_visibility="private")
+    # Gradio's `input` comes with key presses only: a paste, a cut, a drop or a script's fill
+    # changes the box without it. Every change of the prompt's text made by hand (leave.js) leaves
+    # the branch too, in the browser alone.
+    for n in ("prompt", "system"):
+        page[n].change(None, inputs=page["prefix_ids"], outputs=page["prefix_ids"], js=by_hand_js(n),
+                       queue=False, show_progress="hidden", api_visibility="private")
     viewed = page.on(page["branch_view"].select, h.view_branch, inputs=("branches",),
                      outputs=(*SHOWN, "branch_view"), api_visibility="private", queue=False, show_progress="hidden")
     page.chain(viewed, page.after_view)
