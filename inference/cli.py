@@ -32,15 +32,12 @@ MODEL_HELP = ("a Hugging Face model directory, a .gguf file, or gemma3-270m (Gem
 
 
 def number(text: str) -> int | float:
-    """A setting's flag as the number written (5 stays 5, as an API's JSON sends it; 0.5 is a
-    float): the schema checks its kind and range, in the words every door uses."""
+    """A float setting's flag as the number written (5 stays 5, as an API's JSON sends it): the
+    schema checks its range, in the words every door uses."""
     try:
         return int(text)
     except ValueError:
-        try:
-            return float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+        return float(text)  # (argparse says "invalid number value" for text that is none)
 
 
 def mib(text: str) -> float:
@@ -174,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     for s in SETTINGS:  # a text setting takes its items as one argument or several
         if s.stage_name == "constraint":  # the flags of each kind of constraint, below
             continue
-        g.add_argument(s.flag, type=str if s.kind is str else number, default=None, nargs="+" if s.kind is str else None,
+        g.add_argument(s.flag, type={str: str, int: int}.get(s.kind, number), default=None, nargs="+" if s.kind is str else None,
                        help=f"{s.help}; {'' if s.kind is str else 'in '}{s.range_text()}, default {s.default_text()}")
     kinds = g.add_mutually_exclusive_group()
     for kind, (what, arg, _) in CONSTRAINT_KINDS.items():
