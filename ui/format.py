@@ -10,6 +10,7 @@ import pandas as pd
 
 from inference.device import dtype_name
 from inference.events import DoneEvent, StepEvent
+from inference.loading.byte_pieces import byte_hint, short_hint
 from inference.sampling.penalties import BAN
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
@@ -165,11 +166,12 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
     rows = []
     for c in step.top:
         chosen = c.id == step.token_id
-        label = html.escape(token_label(c.piece))
+        hint = byte_hint(c.piece)
         rows.append(
             f"<div class='tl-row{' tl-chosen' if chosen else ''}{' tl-pick' if pick else ''}'"
             + (f" data-pick='{step.step}:{c.id}' tabindex='0'" if pick else "") + ">"
-            f"<span class='tl-tok' title='id {c.id}{PICK_TITLE if pick else ''}'>{'▶ ' if chosen else ''}{label}</span>"
+            f"<span class='tl-tok{' tl-tok-bytes' if hint else ''}' title='id {c.id}{' · ' + html.escape(hint, quote=True) if hint else ''}"
+            f"{PICK_TITLE if pick else ''}'>{'▶ ' if chosen else ''}{token_html(c.piece)}</span>"
             f"{_bar('tl-raw', c.raw_prob)}"
             f"{_bar('tl-final', c.prob, FORBIDDEN_MARK if c.forbidden else bias_mark((bias or {}).get(c.id)))}</div>")
     missing = " (not given by the server)"
@@ -182,7 +184,7 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
     rank = (f", rank {step.rank}" if step.rank is not None
             else ", rank not known (below the returned candidates)")
     head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
-            f"<b>{html.escape(token_label(step.piece))}</b> (id {step.token_id}) with "
+            f"<b>{html.escape(token_label(step.piece))}</b>{byte_note(step.piece)} (id {step.token_id}) with "
             f"{chosen_prob_html(step.prob, step.raw_prob)}{rank}</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
             + (masked_html(step) if constrained else "")
@@ -233,3 +235,20 @@ def token_label(piece: str) -> str:
     character, a non-breaking or zero-width space) written as its code point: ⟨U+000C⟩."""
     return "".join(ch if ch.isprintable() and not ch.isspace() or ch in "␣↵⇥" else f"⟨U+{ord(ch):04X}⟩"
                    for ch in visible(piece))
+
+
+def token_html(piece: str) -> str:
+    """A candidate's label as HTML: token_label; a piece holding bytes of a split character may
+    break between its <0xNN> bytes (a narrow column shows them all) and says, under them, which
+    bytes of a character they are ("1st of 3 bytes": byte_pieces.short_hint)."""
+    label = html.escape(token_label(piece))
+    hint = short_hint(piece)
+    if not hint:
+        return label
+    return label.replace("&gt;&lt;", "&gt;<wbr>&lt;") + f"<span class='tl-byte-hint'>{html.escape(hint)}</span>"
+
+
+def byte_note(piece: str) -> str:
+    """" (1st byte of a 3-byte character)" after a piece holding bytes of a split character, else ""."""
+    hint = byte_hint(piece)
+    return f" <span class='tl-byte-note'>({html.escape(hint)})</span>" if hint else ""

@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from inference.device import dtype_name
 from inference.model.anatomy import decode_cost
 from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, order
+from inference.loading.byte_pieces import byte_hint, completed_label
 from ui.format import (BUCKETS, REASONS, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
-                       approx_note, ordinal, prob_html, shown_prob, si, token_label, visible)
+                       approx_note, ordinal, prob_html, shown_prob, si, token_html, token_label, visible)
 from ui.run_state import RunRecord
 
 # Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
@@ -99,11 +100,18 @@ def _popover(rec: RunRecord, chip: "Chip", tokenizer) -> str:
         shown = shown + [c for c in first.top if c.id == first.token_id]
     rows = "<span class='tl-pop-cols'><span>token</span><span>raw</span><span>final</span></span>" + "".join(
         f"<span class='tl-alt{' tl-alt-chosen' if c.id == first.token_id else ''}'>"
-        f"<span>{html.escape(token_label(c.piece))}</span><span>{prob_html(c.raw_prob)}</span>"
+        f"<span>{token_html(c.piece)}</span><span>{prob_html(c.raw_prob)}</span>"
         f"<span>{prob_html(c.prob)}</span></span>"
         for c in shown)
     span = f"steps {chip.steps[0]}–{chip.steps[-1]}" if len(chip.steps) > 1 else f"step {chip.steps[0]}"
-    return (f"<span class='tl-pop' role='tooltip'><span class='tl-pop-head'>{span} · id {first.token_id} · "
+    pieces = [rec.steps[i].piece for i in chip.steps]
+    if chip.cut:  # bytes of a character the run's end cut off
+        char = f"<span class='tl-pop-char'>{html.escape(''.join(pieces))}: the run ended before the character did</span>"
+    elif len(chip.steps) > 1 or byte_hint(first.piece):  # byte tokens the run finished as a character
+        char = f"<span class='tl-pop-char'>{html.escape(completed_label(pieces, visible(chip.text)))}</span>"
+    else:
+        char = ""
+    return (f"<span class='tl-pop' role='tooltip'>{char}<span class='tl-pop-head'>{span} · id {first.token_id} · "
             f"{chosen_prob_html(first.prob, first.raw_prob)}</span><span class='tl-pop-rows3'>{rows}</span></span>")
 
 
