@@ -15,6 +15,10 @@ from ui.public import ENGINE
 from ui.run_state import RunRecord
 from ui.widgets import setting_control
 
+# A chart's y axis takes its data's extent with headroom: Vega-Lite rounds an axis left to it
+# out to the next tick ("nice"), but not one with a set end (gr.LinePlot's y_lim), whose line
+# then runs along the top edge, its end cut. Probabilities reach 1: their axis ends past it.
+PROBABILITY_LIM = [0, 1.05]
 
 
 def build(page, h: Handlers) -> None:
@@ -27,7 +31,7 @@ def build(page, h: Handlers) -> None:
         # Short titles: a chart's title is cut at its width, never wrapped; the caption explains.
         gr.Markdown(CHARTS_CAPTION, elem_id="charts-caption")
         with gr.Row():
-            add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric", y_lim=[0, 1],
+            add("run_chart", gr.LinePlot(run_frame, **step_axis(), y="value", color="metric", y_lim=PROBABILITY_LIM,
                                          y_title="probability", color_title=" ", title="Chosen token's probability",
                                          elem_id="run-chart", min_width=320))
             add("entropy_chart", gr.LinePlot(entropy_frame(RunRecord()), **step_axis(), y="nats",

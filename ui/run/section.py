@@ -155,7 +155,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
     with gr.Row():
         with gr.Column(min_width=320):
             add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(), x_title=kv.KV_X_TITLE, y="MiB",
-                                        y_lim=[0, None], color="series", color_title=" ", title="KV-cache memory per step",
+                                        color="series", color_title=" ", title="KV-cache memory per step",
                                         elem_id="kv-chart"))
             add("kv_text", gr.Markdown(kv.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula"))
             add("server_md", gr.Markdown("", elem_id="server-load", visible=h.caps.server_load))

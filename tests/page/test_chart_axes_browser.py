@@ -1,0 +1,42 @@
+"""The run's charts take their data's extent: each y axis's labels reach its data's largest value
+(the KV-cache chart's axis ended at 3.5 MiB while its line reached 3.52: a set axis start turned
+Vega-Lite's rounding-out to the next tick off, and the line ran above the last label, along the
+top edge). Read from the charts' SVG: the y axis's labels, and each point's value from its
+aria-label. In chromium at 1400 and 420 px; screenshots under test-results/shots/test_chart_axes_browser/."""
+
+import re
+
+import pytest
+
+from browser import open_at, run_to_end, shot
+
+QUERY = "prompt=Once%20upon%20a%20time&temperature=0&seed=2&max_new_tokens=12"
+CHARTS = {"#kv-chart": "MiB", "#latency-chart": "ms"}  # the run's charts on view; the experiments' are in a tab
+
+AXIS_JS = """(sel) => [...document.querySelectorAll(sel + ' svg g.role-axis')]
+    .filter((g) => (g.getAttribute('aria-label') || '').startsWith('Y-axis'))
+    .flatMap((g) => [...g.querySelectorAll('g.role-axis-label text')].map((t) => t.textContent))"""
+LABELS_JS = "(sel) => [...document.querySelectorAll(sel + ' svg [aria-label]')].map((e) => e.getAttribute('aria-label'))"
+
+
+def number(text: str) -> float:
+    return float(text.replace(",", "").replace("\u2212", "-"))
+
+
+@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
+def test_each_charts_y_axis_reaches_its_data(live_app, browser, width, height):
+    url, _, _ = live_app
+    page = open_at(browser, url, width, height, QUERY)
+    run_to_end(page, lambda: page.click("#generate"))
+    for sel in CHARTS:  # every step drawn
+        page.wait_for_function(f"[...document.querySelectorAll({sel + ' svg g.mark-line path'!r})]"
+                               ".some((p) => (p.getAttribute('d').match(/L/g) || []).length >= 10)")
+    page.wait_for_timeout(500)  # the colours' redraw settles
+    for sel, y in CHARTS.items():
+        ticks = [number(t) for t in page.evaluate(AXIS_JS, sel)]
+        values = [float(m.group(1)) for a in page.evaluate(LABELS_JS, sel)
+                  for m in [re.search(rf"(?:^|; ){re.escape(y)}: ([-\d.e]+)", a)] if m]
+        assert ticks and values, sel
+        assert max(values) <= max(ticks), f"{sel}: its axis's labels end at {max(ticks)}, its data reaches {max(values)}"
+    shot(page, f"kv-{width}", selector="#kv-chart")
+    page.close()
