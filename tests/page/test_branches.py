@@ -215,5 +215,5 @@ def test_a_branchs_token_view_says_its_given_tokens_apart_as_the_status_counts_t
 
 def test_how_likely_on_a_branch_names_its_given_tokens(h):
     root, branch, _ = a_branch(h)
-    assert h.likelihood(branch, 2, " the").startswith("After the prompt, the 5 given tokens and the first 2 generated tokens:")
-    assert h.likelihood(root, 2, " the").startswith("After the prompt and the first 2 generated tokens:")
+    assert h.likelihood(branch, 2, " the").startswith("After the prompt, the 5 given tokens and the first 2 generated tokens (")
+    assert h.likelihood(root, 2, " the").startswith("After the prompt and the first 2 generated tokens (")

@@ -136,6 +136,17 @@ class ExperimentHandlers(PageBase):
                 scores = self.view(rec.model).engine.score(rec.seen_before(i), text or "")
         except TokenLabError as e:
             raise page_error(e) from None
-        n = len(rec.given)
-        given = f", the {n} given token{'s' * (n != 1)}" if n else ""
-        return f"After the prompt{given} and the first {i} generated tokens:\n\n" + render.likelihood_table(scores)
+        return likelihood_lead(len(rec.given), i) + "\n\n" + render.likelihood_table(scores)
+
+
+def likelihood_lead(n_given: int, generated: int) -> str:
+    """Where "How likely was X?" scores its text, and which probabilities it gives: the model's
+    raw ones (no sampling setting applies to a text scored teacher-forced, so a step's final p
+    can be 0 where this one is not)."""
+    parts = ["the prompt"] + ([f"the {n_given} given token{'s' * (n_given != 1)}"] if n_given else [])
+    if generated:
+        parts.append("the first generated token" if generated == 1 else f"the first {generated} generated tokens")
+    where = parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + " and " + parts[-1]
+    return (f"After {where} (the model's raw probabilities, before any sampling setting; the run's final "
+            "p for a token can differ, even be 0):")
+
