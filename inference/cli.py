@@ -208,6 +208,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _sampling_params(args, model_defaults: dict):
+    """The flags' settings over a model's defaults, parsed as every door's are (prepare_run)."""
+    from inference.request import parse_settings
+    return parse_settings(_settings(args), model_defaults, args.seed, args.stop)
+
+
 def _settings(args) -> dict:
     """The sampling settings the flags give, by schema name (those not given: the model's
     defaults, merged by prepare_run)."""
@@ -264,10 +270,10 @@ def _ctrl_c_cancels(cancel: threading.Event):
 
 
 def _cmd_generate(args) -> int:
-    from inference.request import parse_settings, prepare_run
+    from inference.request import prepare_run
     from inference.serving.engine import parse_ids
 
-    parse_settings(_settings(args), {}, args.seed, args.stop)  # bad values fail before the model loads
+    _sampling_params(args, {})  # bad values fail before the model loads
     if args.top < 1:
         raise InputError(f"--top must be >= 1, got {args.top}")
     if not 1 <= args.n <= MAX_SAMPLES:
