@@ -113,6 +113,14 @@ class Engine(Protocol):
         """Run a prepared request: its events; its failure raised here, that run's alone."""
 
     @property
+    def max_seq_len(self) -> int:
+        """The context window."""
+
+    @property
+    def vocab_size(self) -> "int | None":
+        """The model's vocabulary (None: a server whose config is not known here)."""
+
+    @property
     def down(self) -> "Exception | None":
         """Why the engine can no longer serve (its scheduler died), None while it serves."""
 

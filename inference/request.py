@@ -113,10 +113,9 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
     if token_cap is not None and params.max_new_tokens > token_cap:
         raise InputError(tokens_message(token_cap, params.max_new_tokens))
     params = replace(params, seed=choose_seed(params.seed))
-    info = engine.describe()
-    context = info.max_seq_len
-    # A server whose config is not known checks the ids against its vocabulary itself.
-    vocab = info.cfg.vocab_size if info.cfg is not None else None
+    # (Not describe(): it may measure the decode path by runs of its own, prepared here.)
+    context = engine.max_seq_len
+    vocab = engine.vocab_size  # None: a server whose config is not known checks the ids itself
     text = None
     if ids is None:
         if not isinstance(prompt, str):

@@ -269,6 +269,11 @@ class RemoteEngine:
                              "server would count its given tokens as prompt, not as generated")
 
     @property
+    def vocab_size(self) -> int | None:
+        """The served model's vocabulary, where its config is known here."""
+        return self.info.cfg.vocab_size if self.info.cfg is not None else None
+
+    @property
     def down(self):
         """A server's failures are each request's own (a ServerError): the page never goes down."""
         return None

@@ -392,6 +392,15 @@ class Engine:
                 self.scheduler.abandon(run)
 
     @property
+    def max_seq_len(self) -> int:
+        """The context window."""
+        return self.cfg.max_seq_len
+
+    @property
+    def vocab_size(self) -> int:
+        return self.cfg.vocab_size
+
+    @property
     def down(self) -> EngineDown | None:
         """Why the engine stopped serving (its scheduler died), or None while it serves."""
         return self.scheduler.down
