@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 from api.errors import APIError, bad, request_key
 from inference.errors import InputError, shown
 from inference.sampling.params import SamplingParams
-from inference.sampling.settings import BY_NAME, CONSTRAINT_KINDS, SETTINGS, defaults
-from inference.request import choose_seed, tokens_message
+from inference.sampling.settings import BY_NAME, CONSTRAINT_KINDS, SETTINGS
+from inference.request import SettingErrors, choose_seed, parse_settings, tokens_message
 
 MAX_LOGPROBS = 20  # top candidates per token at most, as vLLM's default --max-logprobs
 MAX_N = 16  # completions of one prompt at most
@@ -188,37 +188,36 @@ def constraint(body: dict) -> dict:
 
 
 def sampling(body: dict, generation_defaults: dict) -> SamplingParams:
-    """The request's sampling settings over the model's defaults, its seed (a random one when
-    not given: the answer's completions can then be told apart, not repeated) and stops."""
-    values = defaults(generation_defaults)
+    """The request's sampling settings over the model's defaults (parsed as every door's are:
+    inference.request.parse_settings), its seed (a random one when not given: the answer's
+    completions can then be told apart, not repeated) and stops."""
+    raw = {}
     for key, s in SAMPLING_KEYS.items():
-        raw = body.get(key)
-        if raw is None:
+        value = body.get(key)
+        if value is None:
             continue
-        if s.kind is not str and (isinstance(raw, bool) or not isinstance(raw, (int, float))):
-            raise bad(f"{key} must be a number, got {shown(raw)}", key)  # "0.5" too: JSON has numbers
+        if s.kind is not str and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise bad(f"{key} must be a number, got {shown(value)}", key)  # "0.5" too: JSON has numbers
         if s.name == "logit_bias":
-            raw = _logit_bias(raw)
-        elif s.name == "top_k" and raw == TOP_K_OFF:
-            raw = 0
-        elif s.name == "top_k" and isinstance(raw, (int, float)) and not isinstance(raw, bool) and raw < 0:
-            raise bad(f"top_k must be -1 or 0 (off) or a whole number of tokens to keep, got {shown(raw)}", key)
-        try:
-            values[s.name] = s.parse(raw)
-        except InputError as e:
-            raise bad(str(e), key) from None
+            value = _logit_bias(value)
+        elif s.name == "top_k" and value == TOP_K_OFF:
+            value = 0
+        elif s.name == "top_k" and value < 0:
+            raise bad(f"top_k must be -1 or 0 (off) or a whole number of tokens to keep, got {shown(value)}", key)
+        raw[s.name] = value
     stop = body.get("stop")
     stops = [stop] if isinstance(stop, str) else stop if stop is not None else []
     if not isinstance(stops, list) or not all(isinstance(x, str) for x in stops):
         raise bad("stop must be a string or a list of strings", "stop")
     seed = body.get("seed")
-    if seed is None:
-        seed = choose_seed(None)
-    elif isinstance(seed, bool) or not isinstance(seed, int):
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad(f"seed must be an integer, got {shown(seed)}", "seed")
-    values.update(constraint(body))
-    try:
-        return SamplingParams(**{**values, "max_new_tokens": 1}, seed=seed, stop=tuple(stops))
+    try:  # max_new_tokens is the endpoint's to settle (Ask.seeded): any valid value here
+        return parse_settings({**raw, **constraint(body), "max_new_tokens": 1}, generation_defaults,
+                              choose_seed(seed), stops)
+    except SettingErrors as e:  # the first, as the request's field names it
+        field, message = e.errors[0]
+        raise bad(message, request_key(field)) from None
     except InputError as e:
         raise bad(str(e), request_key(e.field)) from None
 

@@ -100,6 +100,10 @@ class Engine(Protocol):
     def prompt_text(self, prompt: str, chat: bool = False, system: str | None = None,
                     history: list[dict] | None = None) -> str: ...
 
+    def prompt(self, prompt: str, chat: bool = False, system: str | None = None,
+               history: list[dict] | None = None, controls: bool = False) -> tuple[str, list[int]]:
+        """prompt_text and prompt_ids together, the chat template rendered once."""
+
     def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None,
                    history: list[dict] | None = None, controls: bool = False) -> list[int]:
         """controls: control-token text the user wrote becomes the token (the API's, as vLLM's)."""

@@ -120,8 +120,7 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
     if ids is None:
         if not isinstance(prompt, str):
             raise InputError("the prompt must be text")
-        text = engine.prompt_text(prompt, chat, system, list(history))
-        ids = engine.prompt_ids(prompt, chat, system, list(history), controls=controls)
+        text, ids = engine.prompt(prompt, chat, system, list(history), controls=controls)
     given = list(given)
     check_ids(list(ids) + given, vocab, context)
     if vocab is not None:

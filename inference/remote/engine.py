@@ -158,6 +158,12 @@ class RemoteEngine:
             return prompt
         return self.tokenizer.decode(self.prompt_ids(prompt, chat, system, history))
 
+    def prompt(self, prompt: str, chat: bool = False, system: str | None = None,
+               history: list[dict] | None = None, controls: bool = False) -> tuple[str, list[int]]:
+        """prompt_text and prompt_ids (the server's tokenization, asked once: it is kept)."""
+        ids = self.prompt_ids(prompt, chat, system, history, controls)
+        return (self.tokenizer.decode(ids) if chat else prompt), ids
+
     def prompt_ids(self, prompt: str, chat: bool = False, system: str | None = None,
                    history: list[dict] | None = None, controls: bool = False) -> list[int]:
         """The ids the server feeds the model: its tokenizer, and in chat mode its chat template

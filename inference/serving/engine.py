@@ -23,7 +23,8 @@ from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
 from inference.sampling.replay import StageStat, pipeline
-from inference.sampling.constrain import compile_constraint, matcher
+from inference.sampling.constrain import Matcher, compile_constraint
+from inference.sampling.settings import CONSTRAINT_KINDS
 from inference.sampling.state import RunState, check_vocab
 from inference.sampling.params import SamplingParams
 from inference.serving.scheduler import Scheduler
@@ -243,21 +244,26 @@ class Engine:
         """The ids fed to the model; raises InputError if they do not fit the context window.
         Control tokens come only from the chat template, never from what the user typed; with
         `controls` (the API, as vLLM) control-token text the user wrote becomes the token too."""
+        return self.prompt(prompt, chat, system, history, controls)[1]
+
+    def prompt(self, prompt: str, chat: bool = False, system: str | None = None,
+               history: list[dict] | None = None, controls: bool = False) -> tuple[str, list[int]]:
+        """prompt_text and prompt_ids from one rendering of the chat template."""
         tok = self.tokenizer
-        _, parts = self._segments(prompt, chat, system, history)
+        text, parts = self._segments(prompt, chat, system, history)
         ids: list[int] = []
-        for text, by_template in parts:
+        for part, by_template in parts:
             if by_template:
-                ids += tok.encode_template(text, continuing=bool(ids))
+                ids += tok.encode_template(part, continuing=bool(ids))
             elif ids:
-                ids += tok.encode_continuation(text, controls=controls)
+                ids += tok.encode_continuation(part, controls=controls)
             else:  # a rendered template holds the BOS text itself where the model wants it
-                ids += tok.encode(text, add_bos=None if not chat else False, controls=controls)
+                ids += tok.encode(part, add_bos=None if not chat else False, controls=controls)
         if len(ids) >= self.cfg.max_seq_len:
             raise InputError(f"the prompt is {len(ids)} tokens but the context window is "
                              f"{self.cfg.max_seq_len}; shorten it by at least "
                              f"{len(ids) - self.cfg.max_seq_len + 1} tokens")
-        return ids
+        return text, ids
 
     # ------------------------------------------------------------ scoring
 
@@ -357,17 +363,14 @@ class Engine:
         p = request.params
         if not p.constraint:
             return
-        compile_constraint(p.constraint, p.constraint_text, self.tokenizer, self.cfg.vocab_size)  # cached for the run
-        try:
-            matcher(p.constraint, p.constraint_text, self.tokenizer, self.cfg.vocab_size, list(request.given))
-        except InputError:
-            m = matcher(p.constraint, p.constraint_text, self.tokenizer, self.cfg.vocab_size, [])
-            at = next(i for i, t in enumerate(request.given) if not m.accept(t))
-            what = {"json_schema": "JSON schema", "regex": "regular expression", "grammar": "grammar"}[p.constraint]
-            raise InputError(f"the {what} does not allow the given tokens: token {at} of them "
-                             f"({self.tokenizer.piece(request.given[at])!r}) is not text it allows; "
-                             "continue from a token it allows, or turn the constraint off",
-                             field="constraint_text") from None
+        # Compiled here, on the caller's thread: the scheduler's start finds it cached.
+        m = Matcher(compile_constraint(p.constraint, p.constraint_text, self.tokenizer, self.cfg.vocab_size),
+                    self.cfg.vocab_size)
+        for at, token in enumerate(request.given):
+            if not m.accept(token):
+                raise InputError(f"the {CONSTRAINT_KINDS[p.constraint][0]} does not allow the given tokens: token "
+                                 f"{at} of them ({self.tokenizer.piece(token)!r}) is not text it allows; continue "
+                                 "from a token it allows, or turn the constraint off", field="constraint_text")
 
     def run(self, request: RunRequest, cancel: threading.Event | None = None
             ) -> Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]:

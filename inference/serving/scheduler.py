@@ -220,19 +220,19 @@ class Scheduler:
         with self._cv:
             self._down = EngineDown(f"the engine stopped after an internal error "
                                     f"({error.__class__.__name__}: {_one_line(error)}); restart it")
-            runs = [*self._waiting, *self._active]
-            self._waiting.clear()
-            for run in runs:
+            for run in [*self._waiting, *self._active]:
                 if run.released.is_set():
                     continue
-                if run in self._active:
-                    try:
-                        self._release(run)
-                    except Exception:  # noqa: BLE001 - the blocks are lost; the answer is not
-                        self._active.remove(run)
+                try:
+                    if run.table is not None:
+                        run.table.release()
+                except Exception:  # noqa: BLE001 - its blocks are lost; its answer is not
+                    pass
                 run.events.put(self._down)
                 run.released.set()
+            self._waiting.clear()
             self._active.clear()
+            self._reserved = 0
             self._cv.notify_all()
 
     def _iteration(self) -> None:
