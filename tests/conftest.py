@@ -56,6 +56,13 @@ def tiny_engine(tiny_dirs):
 
 
 @pytest.fixture
+def h(tiny_engine):
+    """The page's handlers on the tiny engine, 5 candidates a step (a test module may set its own)."""
+    from ui.handlers import Handlers
+    return Handlers(tiny_engine, top_n=5)
+
+
+@pytest.fixture
 def hold(monkeypatch):
     """hold(engine): a Hold on the engine's runs (engine_hold.py), let go when the test ends."""
     holds = []

@@ -18,3 +18,11 @@ def hf_reference(model_dir, **options):
     import torch
     transformers = pytest.importorskip("transformers")
     return transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **options).eval()
+
+
+def page_run(h, request, **kw):
+    """A run through the page's handlers as /generate runs it (a short seeded run of "The quick
+    brown fox", `kw` replacing some controls): its last record."""
+    from ui.controls import Controls
+    c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
+    return list(h.generate(*c.values(), request))[-1]["record"]

@@ -11,14 +11,8 @@ from inference.events import StepEvent
 from inference.sampling.params import SamplingParams
 from inference.sampling.replay import replay_state
 from ui.controls import NAMES, Controls, controls_from_query
-from ui.handlers import Handlers
 
 REQ = SimpleNamespace(session_hash="branches")
-
-
-@pytest.fixture
-def h(tiny_engine):
-    return Handlers(tiny_engine, top_n=5)
 
 
 def run(h, c: Controls, history=None):

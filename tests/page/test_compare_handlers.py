@@ -8,8 +8,10 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from ui.controls import Controls, shaping_values
-from ui.handlers import RUN_OUTPUTS, Handlers
+from helpers import page_run
+
+from ui.controls import shaping_values
+from ui.handlers import RUN_OUTPUTS
 from ui.layout import build_ui
 from ui.public import RUN_GOING
 import ui.experiments.render as exp_render
@@ -18,14 +20,8 @@ import ui.run.render as run_render
 REQ = SimpleNamespace(session_hash="compare")
 
 
-@pytest.fixture
-def h(tiny_engine):
-    return Handlers(tiny_engine, top_n=5)
-
-
 def run(h, **kw):
-    c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
-    return list(h.generate(*c.values(), REQ))[-1]["record"]
+    return page_run(h, REQ, **kw)
 
 
 def test_compare_turns_generate_off_and_stop_on_and_b_copies_the_run(h, tiny_engine):

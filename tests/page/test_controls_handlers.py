@@ -5,24 +5,15 @@ test_controls_browser.py)."""
 
 from types import SimpleNamespace
 
-import pytest
-
+from helpers import page_run
 from ui.chat import conversation_html
-from ui.controls import Controls
-from ui.handlers import Handlers
 import ui.run.render as run_render
 
 REQ = SimpleNamespace(session_hash="controls")
 
 
-@pytest.fixture
-def h(tiny_engine):
-    return Handlers(tiny_engine, top_n=5)
-
-
 def run(h, **kw):
-    c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
-    return list(h.generate(*c.values(), REQ))[-1]["record"]
+    return page_run(h, REQ, **kw)
 
 
 def test_regenerate_with_a_seed_says_the_answer_will_be_the_same(h):

@@ -20,11 +20,6 @@ REQ = SimpleNamespace(session_hash="edit")
 SETTINGS = dict(prompt="The quick brown fox", temperature=1.0, frequency_penalty=0.4, max_new_tokens=8, seed="3")
 
 
-@pytest.fixture
-def h(tiny_engine):
-    return Handlers(tiny_engine, top_n=5)
-
-
 def run(h, c: Controls, history=None, pending=None, undo=None):
     """A run as the page makes it: the run, its end, the edit panel's bookkeeping."""
     rec = list(h.generate(*c.values(), REQ, history))[-1]["record"]

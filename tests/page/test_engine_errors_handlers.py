@@ -12,14 +12,8 @@ from engine_hold import fail_mid_run
 from inference.errors import InputError
 from inference.events import DoneEvent
 from ui.controls import Controls
-from ui.handlers import Handlers
 
 REQ = SimpleNamespace(session_hash="engine-errors")
-
-
-@pytest.fixture
-def h(tiny_engine):
-    return Handlers(tiny_engine, top_n=5)
 
 
 def controls(**kw) -> Controls:

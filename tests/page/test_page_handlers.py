@@ -21,7 +21,7 @@ from inference.events import PrefillEvent
 from inference.serving.kv_pool import BLOCK_SIZE
 from tiny_models import CHATML
 from ui.controls import Controls, controls_from_query, query_value, share_url
-from ui.handlers import STALE_PANELS, Handlers
+from ui.handlers import STALE_PANELS
 from ui.run_state import Divergence, RunRecord, run_jsonl
 import ui.experiments.render as exp_render
 import ui.format as formatting
@@ -33,11 +33,6 @@ SMOL_LIKE = ("{% for message in messages %}{% if loop.first and messages[0]['rol
              "{{ '<|im_start|>system\nYou are SmolTest<|im_end|>\n' }}{% endif %}"
              "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
              "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
-
-
-@pytest.fixture
-def h(tiny_engine):
-    return Handlers(tiny_engine, top_n=5)
 
 
 def session(name):

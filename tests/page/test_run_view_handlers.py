@@ -8,13 +8,13 @@ import re
 from types import SimpleNamespace
 
 import pytest
+
+from helpers import page_run
 import torch
 
 from inference.sampling.params import SamplingParams
 from inference.serving.step_stats import RowSampling, pick_rows
-from ui.controls import Controls
 from ui.format import bars_html, fmt_p, token_label
-from ui.handlers import Handlers
 from ui.inside.render import lens_html
 from ui.layout import build_ui
 import ui.run.kv as kv_panel
@@ -23,14 +23,8 @@ import ui.run.render as run_render
 REQ = SimpleNamespace(session_hash="run-view")
 
 
-@pytest.fixture
-def h(tiny_engine):
-    return Handlers(tiny_engine, top_n=5)
-
-
 def run(h, **kw):
-    c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
-    return list(h.generate(*c.values(), REQ))[-1]["record"]
+    return page_run(h, REQ, **kw)
 
 
 def popover_rows(pop: str) -> list[list[str]]:

@@ -5,21 +5,14 @@ win; what cannot be shown here is named, never shown wrong; a tree too large is 
 import json
 from types import SimpleNamespace
 
-import pytest
 
 from ui.controls import NAMES, Controls
-from ui.handlers import Handlers
 from ui.run.render import output_html
 from ui.work import saved
 from ui.work.handlers import LINK_WINS
 
 REQ = SimpleNamespace(session_hash="work", query_params={})
 SETTINGS = dict(prompt="The quick brown fox", temperature=1.0, top_k=20, max_new_tokens=6, seed="9")
-
-
-@pytest.fixture
-def h(tiny_engine):
-    return Handlers(tiny_engine, top_n=5)
 
 
 def run(h, c: Controls, history=None, nodes=()):
