@@ -128,3 +128,12 @@ def output_text(page) -> str | None:
 def overflows(page) -> bool:
     """Whether the page is wider than the window (it would need sideways scrolling)."""
     return page.evaluate("document.documentElement.scrollWidth > document.documentElement.clientWidth + 1")
+
+
+# The two widths every page check is made at: a wide screen and a phone.
+SIZES = [(1400, 1000), (420, 900)]
+
+
+def box(page, selector: str) -> dict:
+    """The first element's bounding box ({x, y, width, height})."""
+    return page.locator(selector).first.bounding_box()

@@ -4,14 +4,7 @@ test_compare_handlers.py). Screenshots go to test-results/shots/test_compare_bro
 
 import pytest
 
-from browser import generate_to_end, open_at, overflows, set_slider, shot
-
-SIZES = [(1400, 1000), (420, 900)]
-
-
-def box(page, selector: str) -> dict:
-    return page.locator(selector).first.bounding_box()
-
+from browser import SIZES, box, generate_to_end, open_at, overflows, set_slider, shot
 
 @pytest.mark.parametrize("width,height", SIZES)
 def test_compare_turns_generate_off_and_its_bars_fit(live_app, browser, hold, width, height):

@@ -4,11 +4,8 @@ test_controls_handlers.py). Screenshots go to test-results/shots/test_controls_b
 
 import pytest
 
-from browser import open_at, overflows, shot
+from browser import SIZES, open_at, overflows, shot
 from inference.sampling.settings import BY_NAME
-
-SIZES = [(1400, 1000), (420, 900)]
-
 
 def test_typed_temperature_beyond_its_range_is_said(live_app, browser):
     url, _, _ = live_app

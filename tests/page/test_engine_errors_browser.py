@@ -4,12 +4,9 @@ Screenshots go to test-results/shots/test_engine_errors_browser/."""
 
 import pytest
 
-from browser import open_at, shot
+from browser import SIZES, open_at, shot
 from engine_hold import fail_mid_run
 from inference.errors import InputError
-
-SIZES = [(1400, 1000), (420, 900)]
-
 
 @pytest.mark.parametrize("width,height", SIZES)
 def test_an_engine_error_mid_run_ends_the_run_on_the_page(live_app, browser, monkeypatch, width, height):

@@ -7,9 +7,8 @@ import re
 
 import pytest
 
-from browser import generate_to_end, open_at, open_page, set_slider, shot, wait_loaded, wait_text
+from browser import SIZES, generate_to_end, open_at, open_page, set_slider, shot, wait_loaded, wait_text
 
-SIZES = [(1400, 1000), (420, 900)]
 QUERY = "prompt=The%20quick%20brown&temperature=0.8&seed=3&max_new_tokens=10"
 
 # Every table on the page: the box it scrolls in (itself or a wrapper), whether more of it lies

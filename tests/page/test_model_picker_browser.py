@@ -5,11 +5,8 @@ go to test-results/shots/test_model_picker_browser/."""
 
 import pytest
 
-from browser import open_at, shot
+from browser import SIZES, open_at, shot
 from tiny_models import offered, without_chat_template
-
-SIZES = [(1400, 1000), (420, 900)]
-
 
 @pytest.fixture(scope="module")
 def two_models_app(tiny_dirs, tmp_path_factory):

@@ -5,14 +5,7 @@ in test_run_view_handlers.py). Screenshots go to test-results/shots/test_run_vie
 
 import pytest
 
-from browser import generate_to_end, open_at, overflows, shot
-
-SIZES = [(1400, 1000), (420, 900)]
-
-
-def box(page, selector: str) -> dict:
-    return page.locator(selector).first.bounding_box()
-
+from browser import SIZES, box, generate_to_end, open_at, overflows, shot
 
 @pytest.mark.parametrize("width,height", SIZES)
 def test_output_and_bars_in_view_together_during_a_run(live_app, browser, hold, width, height):
