@@ -62,7 +62,7 @@ def headers_apart(page, selector: str) -> None:
 def test_bars_headers_and_the_step_sliders_ends(live_app, browser, width, height):
     page = ran(browser, live_app, width, height)
     headers_apart(page, "#topk .tl-bars")
-    shot(page, f"bars-{width}", "#topk")
+    shot(page, f"bars-{width}", selector="#topk")
     page.wait_for_function("document.querySelector('#step input[type=number]').max === '9'")
     ends = page.evaluate("""[...document.querySelectorAll('#step :is(.min_value, .max_value)')]
                             .map(e => e.checkVisibility() ? e.innerText : null)""")
@@ -83,11 +83,11 @@ def test_charts_before_a_run_have_their_height(live_app, browser, width, height)
     page.wait_for_selector("#rank-chart svg .role-title-text")
     page.wait_for_timeout(300)  # the charts' layout settles after the accordion opens
     heights = page.evaluate(CHART_HEIGHTS_JS)
-    shot(page, f"empty-charts-{width}", "#kv-chart")
+    shot(page, f"empty-charts-{width}", selector="#kv-chart")
     generate_to_end(page)
     page.wait_for_timeout(300)
     after = {c["id"]: c["height"] for c in page.evaluate(CHART_HEIGHTS_JS)}
-    shot(page, f"charts-after-a-run-{width}", "#kv-chart")
+    shot(page, f"charts-after-a-run-{width}", selector="#kv-chart")
     page.close()
     assert {"kv-chart", "latency-chart", "run-chart", "entropy-chart", "rank-chart"} <= {c["id"] for c in heights}
     for c in heights:  # as high as after a run, within the legend a run adds
@@ -108,7 +108,7 @@ def test_experiments_chart_titles_whole_and_tables_say_they_scroll(live_app, bro
     ids = {t["id"] for t in titles}
     assert {"run-chart", "entropy-chart", "rank-chart", "kv-chart"} <= ids, titles
     assert all(t["inside"] for t in titles), titles
-    shot(page, f"charts-{width}", "#run-chart")
+    shot(page, f"charts-{width}", selector="#run-chart")
     page.click("#replay")
     page.wait_for_selector("#replay-stages table")
     set_slider(page, "#b-temperature", 0.2, key="Tab")
@@ -121,7 +121,7 @@ def test_experiments_chart_titles_whole_and_tables_say_they_scroll(live_app, bro
     tables = tables_say_they_scroll(page)
     assert {"replay-stages", "compare-summary", "likely-table"} <= {t["where"] for t in tables}
     headers_apart(page, "#compare-bars .tl-bars")
-    shot(page, f"compare-{width}", "#compare-summary")
+    shot(page, f"compare-{width}", selector="#compare-summary")
     page.close()
 
 
@@ -158,7 +158,7 @@ def test_inside_and_samples_tables_say_they_scroll_and_keep_row_names(live_app, 
         assert stages["hidden"] <= 3  # a wide screen shows it whole, without a hint
         page.locator("#stages").scroll_into_view_if_needed()
         shot(page, f"inside-{width}")
-    shot(page, f"samples-{width}", "#samples-outcomes")
+    shot(page, f"samples-{width}", selector="#samples-outcomes")
     page.close()
 
 
@@ -179,7 +179,7 @@ def test_b_settings_labels_keep_their_words_whole(live_app, browser):
                     return {text: e.innerText, lines, fits: needed <= room}; })""")
     assert len(labels) >= 15 and any(x["text"] == "B Min-p" for x in labels), labels
     assert all(x["lines"] == 1 for x in labels if x["fits"]), [x for x in labels if x["fits"] and x["lines"] != 1]
-    shot(page, "b-settings-1400", "#b-more")
+    shot(page, "b-settings-1400", selector="#b-more")
     page.close()
 
 
