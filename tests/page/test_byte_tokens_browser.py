@@ -12,6 +12,14 @@ CUT_JS = """() => [...document.querySelectorAll('#topk .tl-tok-bytes')]
     .filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.innerText)"""
 
 
+ROW_HEIGHTS_JS = """() => {
+    const rows = [...document.querySelectorAll('#topk .tl-row:not(.tl-head)')];
+    const h = (r) => r.getBoundingClientRect().height;
+    return {hinted: rows.filter((r) => r.querySelector('.tl-byte-hint')).map(h),
+            plain: rows.filter((r) => !r.querySelector('.tl-byte-hint')).map(h)};
+}"""
+
+
 @pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
 def test_byte_candidates_are_labelled_and_never_cut(live_app, browser, width, height):
     url, _, _ = live_app
@@ -22,5 +30,8 @@ def test_byte_candidates_are_labelled_and_never_cut(live_app, browser, width, he
     hints = page.locator("#topk .tl-tok-bytes .tl-byte-hint").all_inner_texts()
     assert hints and all(h.endswith(" bytes") or h in ("continues a character", "not UTF-8") for h in hints)
     assert page.evaluate(CUT_JS) == []
+    if width == 1400:  # a hinted row is as tall as any other: byte-heavy steps keep the bars in view
+        heights = page.evaluate(ROW_HEIGHTS_JS)
+        assert heights["hinted"] and max(heights["hinted"]) <= min(heights["plain"]) + 1, heights
     shot(page, f"bars-{width}", selector="#topk")
     page.close()
