@@ -16,7 +16,7 @@ import pytest
 sync_api = pytest.importorskip("playwright.sync_api")
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-WAIT_MS = 60_000  # an upper bound only: every wait ends as soon as its condition holds
+WAIT_MS = 180_000  # an upper bound only (a busy CI machine): every wait ends as soon as its condition holds
 SHOTS = Path(__file__).resolve().parents[1] / "test-results" / "shots"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
