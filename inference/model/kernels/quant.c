@@ -194,6 +194,137 @@ void token_lab_gather(const int64_t *w, const int64_t *ids, int64_t n, float *y)
     for (int64_t r = 0; r < n; ++r) token_lab_dequant(w, ids[r], ids[r] + 1, y + r * w[W_IN]);
 }
 
+/* ---------------------------------------------------------------- fused: AVX2's lanes
+ * Where the CPU has AVX2, a row's blocks are dequantized 32 weights at a time into four 8-lane
+ * registers (the same float32 operations as above, lane by lane) and summed at once, in dot()'s
+ * order (four accumulators over chunks of 32, added as (a + b) + (c + d) and across lanes):
+ * quantized rows are whole chunks of 32, so that is all of dot()'s order there is. Elsewhere
+ * the row goes through a buffer (dequant_row, then dot): the same numbers. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* 8 bytes -> 8 int32 lanes */
+static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline v8 to_v8(__m256 v) { v8 r; memcpy(&r, &v, sizeof r); return r; }
+static inline v8 ints(__m256i q) { return to_v8(_mm256_cvtepi32_ps(q)); }
+
+/* Chunk c (of 32 weights) of a block into w[4]; each decoder as its row_* above. */
+static inline void dec_q8_0(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    const float d = f16(b);
+    for (int k = 0; k < 4; ++k)
+        w[k] = to_v8(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k))))) * d;
+}
+
+/* the 32 nibbles of 16 bytes, lanes in gguf's order: low nibbles of bytes 0-15, then high */
+static inline void nibbles(const uint8_t *q, __m256i *n) {
+    const __m256i f = _mm256_set1_epi32(0xf);
+    const __m256i a = u8x8(q), b = u8x8(q + 8);
+    n[0] = _mm256_and_si256(a, f);
+    n[1] = _mm256_and_si256(b, f);
+    n[2] = _mm256_srli_epi32(a, 4);
+    n[3] = _mm256_srli_epi32(b, 4);
+}
+
+static inline void dec_q4_0(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    const float d = f16(b);
+    __m256i n[4];
+    nibbles(b + 2, n);
+    for (int k = 0; k < 4; ++k) w[k] = d * ints(_mm256_sub_epi32(n[k], _mm256_set1_epi32(8)));
+}
+
+static inline void dec_q4_1(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    const float d = f16(b), m = f16(b + 2);
+    __m256i n[4];
+    nibbles(b + 4, n);
+    for (int k = 0; k < 4; ++k) w[k] = d * ints(n[k]) + m;
+}
+
+static inline void dec_q5_0(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    const float d = f16(b);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    __m256i n[4];
+    nibbles(b + 6, n);
+    const __m256i h = _mm256_set1_epi32((int)qh), one = _mm256_set1_epi32(1);
+    for (int k = 0; k < 4; ++k) {
+        const __m256i lane = _mm256_setr_epi32(8 * k, 8 * k + 1, 8 * k + 2, 8 * k + 3, 8 * k + 4, 8 * k + 5,
+                                               8 * k + 6, 8 * k + 7);
+        const __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, lane), one), 4);
+        w[k] = d * ints(_mm256_sub_epi32(_mm256_or_si256(n[k], hi), _mm256_set1_epi32(16)));
+    }
+}
+
+static inline void dec_q4_k(const uint8_t *b, int c, v8 *w) {
+    uint8_t sc, m;
+    scale_min_k4(b + 4, c, &sc, &m);
+    const float ds = f16(b) * (float)sc, dm = f16(b + 2) * (float)m;
+    const uint8_t *qs = b + 16 + (c / 2) * 32;
+    const __m256i f = _mm256_set1_epi32(0xf);
+    for (int k = 0; k < 4; ++k)
+        w[k] = ds * ints(_mm256_and_si256(_mm256_srli_epi32(u8x8(qs + 8 * k), 4 * (c % 2)), f)) - dm;
+}
+
+static inline void dec_q6_k(const uint8_t *b, int c, v8 *w) {
+    const int h = c / 4, k4 = c % 4;
+    const uint8_t *ql = b + h * 64 + (k4 % 2) * 32, *qh = b + 128 + h * 32;
+    const int8_t *scales = (const int8_t *)(b + 192);
+    const float d = f16(b + 208);
+    const __m256i f = _mm256_set1_epi32(0xf), three = _mm256_set1_epi32(3);
+    for (int k = 0; k < 4; ++k) {
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8(ql + 8 * k), 4 * (k4 / 2)), f);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * k), 2 * k4), three);
+        const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+        w[k] = (d * (float)scales[c * 2 + k / 2]) * ints(q);
+    }
+}
+
+/* One quantized row (n weights) against x0 and, unless NULL, x1: dot()'s order for each. */
+#define QDOT(NAME, BLOCK_BYTES, CHUNKS, DECODE)                                                     \
+    static void NAME(const uint8_t *row, const float *x0, const float *x1, int64_t n, float *s0, float *s1) { \
+        v8 a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0}, g = {0}, h = {0};                     \
+        int64_t i = 0;                                                                                 \
+        for (const uint8_t *blk = row; i < n; blk += BLOCK_BYTES)                                      \
+            for (int ch = 0; ch < CHUNKS; ++ch, i += 32) {                                             \
+                v8 w[4];                                                                               \
+                DECODE(blk, ch, w);                                                                    \
+                a = fma8(w[0], load8(x0 + i), a); b = fma8(w[1], load8(x0 + i + 8), b);                \
+                c = fma8(w[2], load8(x0 + i + 16), c); d = fma8(w[3], load8(x0 + i + 24), d);          \
+                if (x1) {                                                                              \
+                    e = fma8(w[0], load8(x1 + i), e); f = fma8(w[1], load8(x1 + i + 8), f);            \
+                    g = fma8(w[2], load8(x1 + i + 16), g); h = fma8(w[3], load8(x1 + i + 24), h);      \
+                }                                                                                      \
+            }                                                                                          \
+        *s0 = sum8((a + b) + (c + d));                                                                 \
+        if (x1) *s1 = sum8((e + f) + (g + h));                                                         \
+    }
+QDOT(qdot_q8_0, 34, 1, dec_q8_0)
+QDOT(qdot_q4_0, 18, 1, dec_q4_0)
+QDOT(qdot_q4_1, 20, 1, dec_q4_1)
+QDOT(qdot_q5_0, 22, 1, dec_q5_0)
+QDOT(qdot_q4_k, 144, 8, dec_q4_k)
+QDOT(qdot_q6_k, 210, 8, dec_q6_k)
+
+typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
+static qdot_fn fused(int64_t type) {
+    switch (type) {
+    case GGML_Q8_0: return qdot_q8_0;
+    case GGML_Q4_0: return qdot_q4_0;
+    case GGML_Q4_1: return qdot_q4_1;
+    case GGML_Q5_0: return qdot_q5_0;
+    case GGML_Q4_K: return qdot_q4_k;
+    case GGML_Q6_K: return qdot_q6_k;
+    default: return NULL;
+    }
+}
+#else
+typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
+static qdot_fn fused(int64_t type) { (void)type; return NULL; }
+#endif
+
 /* ---------------------------------------------------------------- products on the blocks
  * Y[:, o0:o1] of Y = X W^T, X (rows, in) rows x_stride floats apart, Y (rows, out): as
  * rows_range, each row of a float32 part read in place, each of a quantized one first
@@ -207,6 +338,15 @@ static void weight_range(const int64_t *w, const float *x, float *y, int64_t row
         int64_t row;
         const int64_t *p = part_of(w, o, &row);
         const float *wr;
+        const qdot_fn fn = fused(p[P_TYPE]);
+        if (fn) {
+            const uint8_t *br = (const uint8_t *)(intptr_t)p[P_DATA] + row * p[P_ROW_BYTES];
+            int64_t r = 0;
+            for (; r + 2 <= rows; r += 2)
+                fn(br, x + r * x_stride, x + (r + 1) * x_stride, in, y + r * out + o, y + (r + 1) * out + o);
+            if (r < rows) fn(br, x + r * x_stride, NULL, in, y + r * out + o, NULL);
+            continue;
+        }
         if (p[P_TYPE] == GGML_F32) {
             wr = (const float *)((const uint8_t *)(intptr_t)p[P_DATA] + row * p[P_ROW_BYTES]);
         } else {
