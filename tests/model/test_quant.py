@@ -1,0 +1,114 @@
+"""Weights in a GGUF file's own blocks (model/quant.py, kernels/quant.c): every block type against
+gguf's own dequantization, products against float32 products of the dequantized matrix, a row's
+numbers alone and beside others, the fallback without the kernels, and whole models against the
+float32 path and transformers."""
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from gguf.quants import dequantize, quantize
+
+from inference.model import kernels, quant
+from inference.model.quant import Part, QuantWeight
+
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K", "F16"]
+SHAPES = [(1, 1), (37, 2), (5, 3)]  # (rows, blocks a row): one block, many rows, odd shapes
+
+
+def random_blocks(name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """(rows, bytes a row) of valid blocks: quantized by gguf where it can, else random bytes with
+    random finite scales (gguf cannot quantize K types in numpy)."""
+    rng = np.random.default_rng(seed)
+    q = gguf.GGMLQuantizationType[name]
+    if name in ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "F16"):
+        return quantize(rng.standard_normal((rows, cols)).astype(np.float32), q).view(np.uint8).reshape(rows, -1)
+    block, size = gguf.GGML_QUANT_SIZES[q]
+    raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
+
+    def scales(n):  # (rows, blocks, 2) bytes of float16 scales in [0.001, 0.1)
+        return rng.uniform(0.001, 0.1, size=(rows, cols // block, n)).astype(np.float16).view(np.uint8)
+    if name in ("Q4_K", "Q5_K"):  # d, dmin lead the block
+        raw[..., 0:4] = scales(2)
+    else:  # Q6_K: d ends it
+        raw[..., size - 2:size] = scales(1)
+    return raw.reshape(rows, -1)
+
+
+def weight(name: str, rows: int, n_blocks: int, seed: int = 0) -> tuple[QuantWeight, torch.Tensor]:
+    """A QuantWeight of random blocks, and gguf's dequantization of them (rows, cols) float32."""
+    block = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]][0]
+    cols = n_blocks * (256 if block == 256 else 32)
+    raw = random_blocks(name, rows, cols, seed)
+    ref = dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(rows, cols).astype(np.float32)
+    return (QuantWeight([Part(int(gguf.GGMLQuantizationType[name]), torch.from_numpy(raw))], cols),
+            torch.from_numpy(ref))
+
+
+def assert_product(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> None:
+    """y = x w^T to within float32 summation: 1e-5 of the sum of the products' magnitudes."""
+    ref = x.double() @ w.double().T
+    bound = 1e-5 * (x.double().abs() @ w.double().abs().T) + 1e-30
+    assert ((y.double() - ref).abs() <= bound).all(), ((y.double() - ref).abs() / bound).max().item()
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("rows, n_blocks", SHAPES)
+def test_blocks_dequantize_as_gguf_does(name, rows, n_blocks):
+    w, ref = weight(name, rows, n_blocks)
+    # The same float32 operations as gguf's numpy code: equal within one rounding (rtol 1e-7).
+    torch.testing.assert_close(w.dequantize(), ref, rtol=1e-7, atol=0)
+    torch.testing.assert_close(w.rows(rows // 2, rows), ref[rows // 2:], rtol=1e-7, atol=0)
+    ids = torch.tensor([[rows - 1, 0], [rows // 2, rows - 1]])
+    torch.testing.assert_close(w.gather(ids), ref[ids], rtol=1e-7, atol=0)
+
+
+@pytest.mark.parametrize("name", TYPES)
+@pytest.mark.parametrize("rows, n_blocks", SHAPES)
+def test_products_equal_float32_products_of_the_dequantized_matrix(name, rows, n_blocks):
+    w, ref = weight(name, rows, n_blocks, seed=1)
+    x = torch.randn(5, w.in_features, generator=torch.Generator().manual_seed(2))
+    for n in (1, 2, 5):  # a decode step's rows: on the blocks
+        assert_product(w.matmul(x[:n], kernel_rows=16), x[:n], ref)
+    # each row the same bits alone as beside others
+    together = w.matmul(x, kernel_rows=16)
+    for i in range(5):
+        assert torch.equal(w.matmul(x[i:i + 1], kernel_rows=16)[0], together[i])
+
+
+def test_many_rows_go_through_float32_tiles(monkeypatch):
+    w, ref = weight("Q4_1", 37, 3, seed=3)
+    monkeypatch.setattr(quant, "TILE_BYTES", 4 * 96 * 8)  # tiles of 8 rows: five of them, the last short
+    x = torch.randn(20, w.in_features, generator=torch.Generator().manual_seed(4))
+    assert_product(w.matmul(x, kernel_rows=16), x, ref)
+    assert_product(w.matmul(x.view(4, 5, -1), kernel_rows=16).view(20, -1), x, ref)
+
+
+def test_fused_weight_of_several_types_and_float32_rows():
+    a, ra = weight("Q5_0", 6, 2, seed=5)
+    b, rb = weight("Q8_0", 3, 2, seed=6)
+    c = torch.randn(4, 64, generator=torch.Generator().manual_seed(7))
+    w = QuantWeight.cat([a, b, QuantWeight.of_float(c), b])
+    assert w.types() == ["Q5_0", "Q8_0", "F32", "Q8_0"] and w.shape == (16, 64)
+    ref = torch.cat([ra, rb, c, rb])
+    torch.testing.assert_close(w.dequantize(), ref, rtol=1e-7, atol=0)
+    x = torch.randn(3, 64, generator=torch.Generator().manual_seed(8))
+    assert_product(w.matmul(x, kernel_rows=16), x, ref)
+    assert w.nbytes == 6 * 2 * 22 + 2 * 3 * 2 * 34 + 4 * 64 * 4
+
+
+def test_without_the_kernels_the_same_numbers(monkeypatch):
+    w, ref = weight("Q4_K", 9, 2, seed=9)
+    x = torch.randn(3, w.in_features, generator=torch.Generator().manual_seed(10))
+    fast, fast_rows = w.matmul(x, kernel_rows=16), w.gather(torch.tensor([4, 0]))
+    monkeypatch.setattr(kernels, "_library", lambda: None)
+    assert kernels.qrows(w.desc, x, w.out_features) is None  # really the fallback
+    torch.testing.assert_close(w.matmul(x, kernel_rows=16), fast, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w.gather(torch.tensor([4, 0])), fast_rows, rtol=1e-7, atol=0)
+    torch.testing.assert_close(w.dequantize(), ref, rtol=1e-7, atol=0)
+
+
+def test_out_of_range_rows_are_refused():
+    w, _ = weight("Q8_0", 4, 1)
+    with pytest.raises(IndexError):
+        w.gather(torch.tensor([4]))
