@@ -247,7 +247,7 @@ def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None,
                              f"implies {list(expected.get(name, ()))}")
         blocks = keep_blocks and len(shape) == 2 and int(t.tensor_type) in BLOCK_TYPES
         if blocks:  # (rows, bytes per row): a row's blocks stay together, so rows permute alike
-            w = np.array(t.data, dtype=np.uint8).reshape(shape[0], -1)  # a copy: the memmap is read-only
+            w = np.array(t.data).view(np.uint8).reshape(shape[0], -1)  # a copy of the bytes (F16's too)
         elif t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             w = np.array(t.data, dtype=np.float32).reshape(shape)  # a copy: the memmap is read-only
         else:

@@ -171,7 +171,23 @@ class Transformer(nn.Module):
     @property
     def quantized(self) -> bool:
         """Whether the matrices are read in a GGUF file's quantized blocks."""
-        return self.output.qweight is not None
+        return any(m.qweight is not None for m in self.modules() if isinstance(m, Linear))
+
+    def stored_bytes(self) -> dict[str, int] | None:
+        """A quantized model's matrices as stored (anatomy.stages' `stored`): the bytes of every
+        layer's q/k/v, output and feed-forward matrices, the LM head's, and one embedding row's;
+        None for float weights (their bytes follow from the dtype)."""
+        if not self.quantized:
+            return None
+
+        def size(m: Linear) -> int:
+            return m.qweight.nbytes if m.qweight is not None else m.weight.numel() * m.weight.element_size()
+        emb = getattr(self.tok_embeddings, "qweight", None)
+        return {"qkv": sum(size(b.attention.wqkv) for b in self.layers),
+                "out": sum(size(b.attention.wo) for b in self.layers),
+                "ffn": sum(size(b.feed_forward.w13) + size(b.feed_forward.w2) for b in self.layers),
+                "head": size(self.output),
+                "embed_row": emb.nbytes // emb.out_features if emb is not None else self.cfg.hidden_size * self.dtype.itemsize}
 
     def weight_bytes(self) -> int:
         """The bytes of the matrices a decode step reads (the LM head's; not the embedding's rows)."""

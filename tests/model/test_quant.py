@@ -112,3 +112,49 @@ def test_out_of_range_rows_are_refused():
     w, _ = weight("Q8_0", 4, 1)
     with pytest.raises(IndexError):
         w.gather(torch.tensor([4]))
+
+
+# ---------------------------------------------------------------- whole models
+MODELS = [("llama", "Q4_1", None), ("llama", "Q8_0", None), ("qwen2", "Q5_0", "Q4_K"), ("gemma3_text", "Q4_0", "Q6_K")]
+
+
+def greedy_steps(engine, ids, n=6):
+    from inference.events import StepEvent
+    from inference.sampling.params import SamplingParams
+    events = engine.generate_ids(ids, SamplingParams(temperature=0.0, max_new_tokens=n), top_n=5)
+    return [e for e in events if isinstance(e, StepEvent)]
+
+
+@pytest.mark.parametrize("family, qtype, kquant", MODELS, ids=[f"{m[0]}-{m[1]}" for m in MODELS])
+def test_a_gguf_model_decodes_on_its_blocks_as_on_float32(tmp_path, sp_model_bytes, tiny_dirs, family, qtype, kquant):
+    """By default an imported GGUF model computes on the file's blocks (no float32 matrices held);
+    --dtype float32 on the expanded weights gives the same probabilities within 1e-5."""
+    from gguf_files import write_gguf
+    from inference.loading.gguf_import import import_gguf
+    from inference.model.layers import Linear
+    from inference.serving.engine import Engine
+    from tiny_families import make_family_model
+
+    if family == "llama":
+        src = tiny_dirs["gqa_tied"] if qtype == "Q4_1" else tiny_dirs["mha"]
+    else:
+        changes = dict(num_hidden_layers=6, layer_types=None, query_pre_attn_scalar=32, final_logit_softcapping=None,
+                       rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1_000_000.0},
+                                        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}}
+                       ) if family == "gemma3_text" else {}
+        src, _ = make_family_model(tmp_path, family, sp_model_bytes, intermediate_size=256, **changes)
+    write_gguf(src, tmp_path / "m.gguf", qtype, kquant=kquant)
+    model_dir = import_gguf(tmp_path / "m.gguf", tmp_path / "imported", progress=False)
+    with Engine.from_hf_dir(model_dir) as blocks, Engine.from_hf_dir(model_dir, dtype="float32") as f32:
+        linears = [m for m in blocks.model.modules() if isinstance(m, Linear)]
+        assert blocks.model.quantized and all(m.weight is None and m.qweight is not None for m in linears)
+        assert not f32.model.quantized
+        if family == "llama":  # the whole decode step in one call, on the blocks
+            assert blocks.model.decode_step is not None
+        ids = blocks.tokenizer.encode("the history of computing")
+        a, b = greedy_steps(blocks, ids), greedy_steps(f32, ids)
+    assert [e.token_id for e in a] == [e.token_id for e in b] and len(a) == 6
+    for x, y in zip(a, b):
+        assert abs(x.raw_prob - y.raw_prob) <= 1e-5
+        assert [c.id for c in x.top] == [c.id for c in y.top]
+        assert max(abs(c.raw_prob - d.raw_prob) for c, d in zip(x.top, y.top)) <= 1e-5
