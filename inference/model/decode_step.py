@@ -17,7 +17,7 @@ from inference.model import kernels
 from inference.model.attention import PagedBatch
 from inference.model.kv_cache import BLOCK_SIZE
 from inference.model.layers import KERNEL_ROWS, Linear
-from inference.model.quant import F32
+from inference.model.quant import F32, QuantWeight
 
 
 class DecodeStep:
@@ -38,7 +38,8 @@ class DecodeStep:
     def for_model(cls, model) -> "DecodeStep | None":
         cfg = model.cfg
         linears = [m for m in model.modules() if isinstance(m, Linear)]
-        if (model.device.type != "cpu" or model.dtype != torch.float32 or model.decode_dtype != model.dtype
+        copies = all(m.decode_weight is None or isinstance(m.decode_weight, QuantWeight) for m in linears)
+        if (model.device.type != "cpu" or model.dtype != torch.float32 or not copies
                 or cfg.qk_norm or cfg.sandwich_norms or not kernels.available()
                 or not all(m.qweight is not None or m.weight.is_contiguous() for m in linears)):
             return None
@@ -98,5 +99,7 @@ def _desc(linear: Linear) -> torch.Tensor:
     """A linear layer's weight table for quant.c: its blocks', or one float32 part over its weight."""
     if linear.qweight is not None:
         return linear.qweight.desc
+    if isinstance(linear.decode_weight, QuantWeight):  # a bfloat16 decode copy
+        return linear.decode_weight.desc
     w = linear.weight
     return torch.tensor([w.shape[0], w.shape[1], 1, F32, w.shape[0], w.data_ptr(), w.stride(0) * 4], dtype=torch.int64)

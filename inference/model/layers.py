@@ -41,7 +41,7 @@ class Linear(nn.Linear):
     With `qweight` (a GGUF file's quantized blocks, model/quant.py) it holds no float32 weight.
     """
 
-    decode_weight: torch.Tensor | None = None
+    decode_weight: torch.Tensor | QuantWeight | None = None
     rows_weight: torch.Tensor | None = None
     qweight: QuantWeight | None = None  # the GGUF file's blocks; `weight` is then None
 
@@ -51,6 +51,8 @@ class Linear(nn.Linear):
             return self.qweight.matmul(x, DECODE_ROWS)
         if rows <= DECODE_ROWS:
             w = self.decode_weight
+            if isinstance(w, QuantWeight):  # a bfloat16 copy the kernels read
+                return w.matmul(x, DECODE_ROWS)
             if w is not None:
                 return F.linear(x.to(w.dtype), w).to(x.dtype)
             if rows == 1:  # one token: a matrix-vector product, read at the memory's pace

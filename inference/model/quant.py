@@ -18,9 +18,9 @@ from inference.model import kernels
 
 # ggml's type ids (gguf.GGMLQuantizationType) the kernels read in their blocks; any other type
 # is expanded to float32 at load (a float32 part of the weight).
-F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K = 0, 1, 2, 3, 6, 8, 12, 13, 14
+F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 13, 14, 30
 BLOCK_TYPES = {F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q8_0: "Q8_0",
-               Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+               Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", BF16: "BF16"}
 PART_FIELDS = 4  # type, rows, address, bytes per row: quant.c's P_* order
 TILE_BYTES = 8 << 20  # float32 rows dequantized at a time for a product of many rows (a prefill)
 
@@ -76,6 +76,11 @@ class QuantWeight:
     def of_float(cls, w: torch.Tensor) -> "QuantWeight":
         """A float32 matrix as one part: stacked with blocks where a fused weight mixes them."""
         return cls([Part(F32, w.to(torch.float32).contiguous())], w.shape[1])
+
+    @classmethod
+    def bfloat16(cls, w: torch.Tensor) -> "QuantWeight":
+        """w (out, in) rounded to bfloat16, read by the kernels as 2-byte rows: a decode copy."""
+        return cls([Part(BF16, w.to(torch.bfloat16).contiguous().view(torch.uint8))], w.shape[1])
 
     @classmethod
     def cat(cls, weights: list["QuantWeight"]) -> "QuantWeight":

@@ -151,11 +151,16 @@ class Transformer(nn.Module):
         return True
 
     def set_decode_dtype(self, decode_dtype: torch.dtype | None) -> None:
-        """Give every linear layer a decode copy in decode_dtype (None or dtype: no copy)."""
+        """Give every linear layer a decode copy in decode_dtype (None or dtype: no copy). A
+        bfloat16 copy of a float32 CPU model is read by the kernels (kernels/quant.c), which
+        widen each weight to float32 and sum in float32: half the bytes of float32 a step."""
         same = decode_dtype is None or decode_dtype == self.dtype
+        in_kernels = (decode_dtype == torch.bfloat16 and self.device.type == "cpu" and self.dtype == torch.float32
+                      and kernels.available())
         for module in self.modules():
             if isinstance(module, Linear) and module.weight is not None:
-                module.decode_weight = None if same else module.weight.to(decode_dtype)
+                module.decode_weight = None if same else QuantWeight.bfloat16(module.weight) if in_kernels \
+                    else module.weight.to(decode_dtype)
         self.decode_dtype = self.dtype if same else decode_dtype
         self.decode_step = DecodeStep.for_model(self)  # a whole decode step in one call, where it applies
 
@@ -190,9 +195,11 @@ class Transformer(nn.Module):
                 "embed_row": emb.nbytes // emb.out_features if emb is not None else self.cfg.hidden_size * self.dtype.itemsize}
 
     def weight_bytes(self) -> int:
-        """The bytes of the matrices a decode step reads (the LM head's; not the embedding's rows)."""
-        return sum(m.qweight.nbytes if m.qweight is not None else m.weight.numel() * m.weight.element_size()
-                   for m in self.modules() if isinstance(m, Linear))
+        """The bytes of the matrices a decode step reads (its decode copies where it has them;
+        the LM head's, not the embedding's rows)."""
+        return sum(w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
+                   for w in (m.qweight if m.qweight is not None else m.decode_weight if m.decode_weight is not None
+                             else m.weight for m in self.modules() if isinstance(m, Linear)))
 
     def new_cache(self, capacity: int, bsz: int = 1) -> KVCache:
         return KVCache(self.cfg, min(capacity, self.cfg.max_seq_len), self.device, self.dtype, bsz)

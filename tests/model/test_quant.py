@@ -158,3 +158,13 @@ def test_a_gguf_model_decodes_on_its_blocks_as_on_float32(tmp_path, sp_model_byt
         assert abs(x.raw_prob - y.raw_prob) <= 1e-5
         assert [c.id for c in x.top] == [c.id for c in y.top]
         assert max(abs(c.raw_prob - d.raw_prob) for c, d in zip(x.top, y.top)) <= 1e-5
+
+
+@pytest.mark.parametrize("cols", [96, 50])  # whole chunks of 32 (AVX2's lanes), and not (through a buffer)
+def test_bfloat16_decode_copies_are_read_as_their_float32_values(cols):
+    w = torch.randn(33, cols, generator=torch.Generator().manual_seed(11))
+    q, ref = QuantWeight.bfloat16(w), w.to(torch.bfloat16).float()
+    assert q.types() == ["BF16"] and q.nbytes == 33 * cols * 2
+    torch.testing.assert_close(q.dequantize(), ref, rtol=0, atol=0)  # widening bfloat16 is exact
+    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(12))
+    assert_product(q.matmul(x, kernel_rows=16), x, ref)

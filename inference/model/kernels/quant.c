@@ -12,7 +12,7 @@
  * dequantized matrix, and a row's the same alone or beside others. */
 
 enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q8_0 = 8,
-       GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14 };
+       GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30 };
 enum { W_OUT, W_IN, W_PARTS, W_FIRST };  /* then per part: */
 enum { P_TYPE, P_ROWS, P_DATA, P_ROW_BYTES, PART_FIELDS };
 
@@ -153,12 +153,21 @@ static void row_f16(const uint8_t *b, float *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = f16(b + 2 * i);
 }
 
+/* bfloat16: a float32's top 16 bits, exact */
+static void row_bf16(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = (uint32_t)(b[2 * i] | (b[2 * i + 1] << 8)) << 16;
+        memcpy(y + i, &bits, sizeof(float));
+    }
+}
+
 /* Row `row` of a part (its own numbering) into y (n floats); 0 where the type is not served. */
 static int dequant_row(int64_t type, const uint8_t *data, int64_t row_bytes, int64_t row, float *y, int64_t n) {
     const uint8_t *b = data + row * row_bytes;
     switch (type) {
     case GGML_F32: memcpy(y, b, sizeof(float) * n); return 1;
     case GGML_F16: row_f16(b, y, n); return 1;
+    case GGML_BF16: row_bf16(b, y, n); return 1;
     case GGML_Q8_0: row_q8_0(b, y, n); return 1;
     case GGML_Q4_0: row_q4_0(b, y, n); return 1;
     case GGML_Q4_1: row_q4_1(b, y, n); return 1;
@@ -282,6 +291,14 @@ static inline void dec_q6_k(const uint8_t *b, int c, v8 *w) {
     }
 }
 
+static inline void dec_bf16(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    for (int k = 0; k < 4; ++k) {
+        const __m256i q = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 16 * k))), 16);
+        w[k] = to_v8(_mm256_castsi256_ps(q));
+    }
+}
+
 /* One quantized row (n weights) against x0 and, unless NULL, x1: dot()'s order for each. */
 #define QDOT(NAME, BLOCK_BYTES, CHUNKS, DECODE)                                                     \
     static void NAME(const uint8_t *row, const float *x0, const float *x1, int64_t n, float *s0, float *s1) { \
@@ -307,6 +324,7 @@ QDOT(qdot_q4_1, 20, 1, dec_q4_1)
 QDOT(qdot_q5_0, 22, 1, dec_q5_0)
 QDOT(qdot_q4_k, 144, 8, dec_q4_k)
 QDOT(qdot_q6_k, 210, 8, dec_q6_k)
+QDOT(qdot_bf16, 64, 1, dec_bf16)
 
 typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
 static qdot_fn fused(int64_t type) {
@@ -317,6 +335,7 @@ static qdot_fn fused(int64_t type) {
     case GGML_Q5_0: return qdot_q5_0;
     case GGML_Q4_K: return qdot_q4_k;
     case GGML_Q6_K: return qdot_q6_k;
+    case GGML_BF16: return qdot_bf16;
     default: return NULL;
     }
 }
@@ -338,7 +357,7 @@ static void weight_range(const int64_t *w, const float *x, float *y, int64_t row
         int64_t row;
         const int64_t *p = part_of(w, o, &row);
         const float *wr;
-        const qdot_fn fn = fused(p[P_TYPE]);
+        const qdot_fn fn = in % 32 == 0 ? fused(p[P_TYPE]) : NULL;  /* whole chunks of 32 (bfloat16 rows need not be) */
         if (fn) {
             const uint8_t *br = (const uint8_t *)(intptr_t)p[P_DATA] + row * p[P_ROW_BYTES];
             int64_t r = 0;
