@@ -267,11 +267,21 @@ def _local_card(info) -> str:
             f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
             f"{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
-            f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'} on "
+            f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'}"
+            f"{blocks_text(info)} on "
             f"{info.where} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
             f"(2 × matmul parameters + attention) · every probability on this page is computed at "
             f"{dtype_name(info.decode_dtype)}"
             + (f"  \n⚠ {approx_note(info)}" if info.decode_error else ""))
+
+
+def blocks_text(info) -> str:
+    """" (matrices in the GGUF file's quantized blocks, N MiB)" for a model computing on them."""
+    stored = getattr(info, "stored_bytes", None)
+    if not stored:
+        return ""
+    size = sum(v for k, v in stored.items() if k != "embed_row")
+    return f" (matrices read in the GGUF file's quantized blocks, {binary_size(size)}; activations and sums float32)"
 
 
 def sliding_text(cfg) -> str:
