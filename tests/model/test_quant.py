@@ -168,3 +168,26 @@ def test_bfloat16_decode_copies_are_read_as_their_float32_values(cols):
     torch.testing.assert_close(q.dequantize(), ref, rtol=0, atol=0)  # widening bfloat16 is exact
     x = torch.randn(3, cols, generator=torch.Generator().manual_seed(12))
     assert_product(q.matmul(x, kernel_rows=16), x, ref)
+
+
+def test_a_decode_steps_bytes_are_the_blocks_it_reads(tiny_dirs, tmp_path):
+    """Inside one token's and the run's byte counts on a Q4_1 file: by hand, 20 bytes per 32
+    weights (the tied Q4_1 embedding is the LM head), float32 norms and KV cache."""
+    from gguf_files import write_gguf
+    from inference.loading.gguf_import import import_gguf
+    from inference.model.anatomy import decode_cost
+    from inference.serving.engine import Engine
+
+    write_gguf(tiny_dirs["gqa_tied"], tmp_path / "m.gguf", "Q4_1")
+    with Engine.from_hf_dir(import_gguf(tmp_path / "m.gguf", tmp_path / "imported", progress=False)) as engine:
+        info = engine.describe()
+    cfg, ctx = info.cfg, 9
+    h, L = cfg.hidden_size, cfg.n_layers
+    q4_1 = lambda values: values // 32 * 20  # noqa: E731
+    matrices = L * q4_1(h * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * h + 3 * h * cfg.intermediate_size)
+    head = q4_1(cfg.vocab_size * h)
+    kv_and_norms = L * (2 * ctx * cfg.kv_dim * 4 + 2 * h * 4) + h * 4
+    assert decode_cost(cfg, ctx, 4, 4, info.stored_bytes).bytes == matrices + head + q4_1(h) + kv_and_norms
+    f32 = decode_cost(cfg, ctx, 4, 4).bytes  # the float32 figure shown beside it
+    assert f32 == 4 * (L * (h * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * h + 3 * h * cfg.intermediate_size)
+                       + cfg.vocab_size * h + h) + kv_and_norms
