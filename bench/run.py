@@ -364,8 +364,9 @@ def main(argv=None) -> int:
     ours["instrumentation_overhead_pct"] = 100 * (bare["decode_tok_s"] / ours["decode_tok_s"] - 1)
     ours["instrumentation_ms"] = pick_overhead_ms(engine, args.top)
     ours["instrumentation_direct_pct"] = 100 * ours["instrumentation_ms"] * bare["decode_tok_s"] / 1000
-    # Weights and KV cache read per decode step, both counted at the decode dtype's width.
-    bytes_per_token = decode_cost(engine.cfg, 32 + args.tokens // 2, info.decode_dtype.itemsize).bytes
+    # Weights read per decode step at the decode dtype's width, or as a GGUF file's blocks; the KV cache at the model's.
+    bytes_per_token = decode_cost(engine.cfg, 32 + args.tokens // 2, info.decode_dtype.itemsize, engine.dtype.itemsize,
+                                  info.stored_bytes).bytes
     ours["achieved_gb_s"] = bytes_per_token * ours["decode_tok_s"] / 1e9
     ours["roofline_fraction"] = ours["achieved_gb_s"] / copy_gbs  # copy_gbs counts bytes read + written
     # The step if it only read its bytes at the read bandwidth (the median of its measurements in
@@ -414,6 +415,7 @@ def main(argv=None) -> int:
         if rounds["cli"]:
             ratios["cli_decode_vs_vllm"] = cli["decode_tok_s"] / vllm["decode_tok_s"]
     result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
+              "weights": "GGUF blocks" if info.stored_bytes else str(info.decode_dtype),
               "decode_dtype": str(info.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
               "read_bandwidth_gb_s": read_gbs, "read_bandwidth_samples_gb_s": reads,
               "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),
@@ -434,9 +436,9 @@ def save(out_dir, stem: str, data, md: str) -> None:
 
 def to_markdown(r: dict) -> str:
     lines = [f"# Token Lab benchmark: {r['model']} on {r['device']} ({r['dtype']}, decode weights "
-             f"{r['decode_dtype']})", ""]
+             f"{r.get('weights', r['decode_dtype'])})", ""]
     for k, v in r["ratios"].items():
-        lines.append(f"- **{k}**: {v:.2f}×")
+        lines.append(f"- **{k}**: " + (", ".join(f"{x:.2f}×" for x in v) if isinstance(v, list) else f"{v:.2f}×"))
     lines += ["", "| system | TTFT 128 | TTFT 512 | decode tok/s | p50 ms | p95 ms |", "|---|---|---|---|---|---|"]
     for name, s in r["systems"].items():
         if s is None:
