@@ -191,3 +191,19 @@ def test_a_decode_steps_bytes_are_the_blocks_it_reads(tiny_dirs, tmp_path):
     f32 = decode_cost(cfg, ctx, 4, 4).bytes  # the float32 figure shown beside it
     assert f32 == 4 * (L * (h * (cfg.q_dim + 2 * cfg.kv_dim) + cfg.q_dim * h + 3 * h * cfg.intermediate_size)
                        + cfg.vocab_size * h + h) + kv_and_norms
+
+
+def test_a_directory_imported_before_blocks_were_kept_writes_them_from_its_gguf(tiny_dirs, tmp_path):
+    from gguf_files import write_gguf
+    from inference.loading.gguf_import import BLOCKS_FILE, import_gguf
+    from inference.serving.engine import Engine
+
+    write_gguf(tiny_dirs["mha"], tmp_path / "m.gguf", "Q8_0")
+    model_dir = import_gguf(tmp_path / "m.gguf", tmp_path / "imported", progress=False)
+    (model_dir / BLOCKS_FILE).unlink()
+    with Engine.from_hf_dir(model_dir) as engine:
+        assert engine.model.quantized and (model_dir / BLOCKS_FILE).is_file()
+    (model_dir / BLOCKS_FILE).unlink()
+    (tmp_path / "m.gguf").unlink()  # nothing to take the blocks from: the float32 weights serve
+    with Engine.from_hf_dir(model_dir) as engine:
+        assert not engine.model.quantized
