@@ -16,6 +16,8 @@ import json
 import sys
 import time
 
+from peer_protocol import serve  # beside this file (run as a script: bench/ is on the path)
+
 
 def main() -> int:
     import llama_cpp
@@ -48,13 +50,7 @@ def main() -> int:
         out["p50_ms"], out["p95_ms"] = step_ms[len(step_ms) // 2], step_ms[int(0.95 * (len(step_ms) - 1))]
         return out
 
-    measure()  # warm-up: the first passes pay one-time costs
-    print(json.dumps({"ready": True, "version": llama_cpp.__version__, "threads": threads}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "round":
-            break
-        print(json.dumps(measure()), flush=True)
-    return 0
+    return serve(measure, {"version": llama_cpp.__version__, "threads": threads})
 
 
 if __name__ == "__main__":

@@ -102,26 +102,11 @@ static inline void scale_min_k4(const uint8_t *s, int j, uint8_t *sc, uint8_t *m
     }
 }
 
-static void row_q4_k(const uint8_t *b, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 256, b += 144) {
+/* Q4_K (144-byte blocks) and Q5_K (176: a fifth bit per weight in qh, 32 bytes before qs). */
+static void row_k4(const uint8_t *b, float *y, int64_t n, int q5) {
+    for (int64_t i = 0; i < n; i += 256, b += q5 ? 176 : 144) {
         const float d = f16(b), dmin = f16(b + 2);
-        const uint8_t *scales = b + 4, *q = b + 16;
-        for (int s = 0; s < 8; ++s) {
-            uint8_t sc, m;
-            scale_min_k4(scales, s, &sc, &m);
-            const float ds = d * (float)sc, dm = dmin * (float)m;
-            const uint8_t *qs = q + (s / 2) * 32;
-            const int shift = (s % 2) * 4;
-            float *o = y + i + s * 32;
-            for (int l = 0; l < 32; ++l) o[l] = ds * (float)((qs[l] >> shift) & 0xf) - dm;
-        }
-    }
-}
-
-static void row_q5_k(const uint8_t *b, float *y, int64_t n) {
-    for (int64_t i = 0; i < n; i += 256, b += 176) {
-        const float d = f16(b), dmin = f16(b + 2);
-        const uint8_t *scales = b + 4, *qh = b + 16, *q = b + 48;
+        const uint8_t *scales = b + 4, *qh = b + 16, *q = b + (q5 ? 48 : 16);
         for (int s = 0; s < 8; ++s) {
             uint8_t sc, m;
             scale_min_k4(scales, s, &sc, &m);
@@ -130,7 +115,7 @@ static void row_q5_k(const uint8_t *b, float *y, int64_t n) {
             const int shift = (s % 2) * 4;
             float *o = y + i + s * 32;
             for (int l = 0; l < 32; ++l)
-                o[l] = ds * (float)(((qs[l] >> shift) & 0xf) | (((qh[l] >> s) & 1) << 4)) - dm;
+                o[l] = ds * (float)(((qs[l] >> shift) & 0xf) | (q5 ? ((qh[l] >> s) & 1) << 4 : 0)) - dm;
         }
     }
 }
@@ -172,8 +157,8 @@ static int dequant_row(int64_t type, const uint8_t *data, int64_t row_bytes, int
     case GGML_Q4_0: row_q4_0(b, y, n); return 1;
     case GGML_Q4_1: row_q4_1(b, y, n); return 1;
     case GGML_Q5_0: row_q5_0(b, y, n); return 1;
-    case GGML_Q4_K: row_q4_k(b, y, n); return 1;
-    case GGML_Q5_K: row_q5_k(b, y, n); return 1;
+    case GGML_Q4_K: row_k4(b, y, n, 0); return 1;
+    case GGML_Q5_K: row_k4(b, y, n, 1); return 1;
     case GGML_Q6_K: row_q6_k(b, y, n); return 1;
     default: return 0;
     }
