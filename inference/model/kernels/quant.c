@@ -286,7 +286,7 @@ static inline void dec_bf16(const uint8_t *b, int c, v8 *w) {
 
 /* One quantized row (n weights) against x0 and, unless NULL, x1: dot()'s order for each. */
 #define QDOT(NAME, BLOCK_BYTES, CHUNKS, DECODE)                                                     \
-    static void NAME(const uint8_t *row, const float *x0, const float *x1, int64_t n, float *s0, float *s1) { \
+    static __attribute__((unused)) void NAME(const uint8_t *row, const float *x0, const float *x1, int64_t n, float *s0, float *s1) { \
         v8 a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0}, g = {0}, h = {0};                     \
         int64_t i = 0;                                                                                 \
         for (const uint8_t *blk = row; i < n; blk += BLOCK_BYTES)                                      \
@@ -312,12 +312,89 @@ QDOT(qdot_q6_k, 210, 8, dec_q6_k)
 QDOT(qdot_bf16, 64, 1, dec_bf16)
 
 typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
+
+#if defined(__AVX512F__)
+/* With AVX-512 the 32-weight blocks take two 16-lane registers: lanes 0-15 hold what dot()'s a and
+ * b hold, lanes 16-31 its c and d, each lane the same multiply-adds, so the sums are the same bits
+ * (the halves are split back for (a + b) + (c + d)). */
+static inline __m512 splat(float v) { return _mm512_set1_ps(v); }
+static inline __m512 ints16(__m512i q) { return _mm512_cvtepi32_ps(q); }
+static inline __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+
+static inline void dec16_q8_0(const uint8_t *b, __m512 *w) {
+    const __m512 d = splat(f16(b));
+    for (int k = 0; k < 2; ++k)
+        w[k] = _mm512_mul_ps(ints16(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * k)))), d);
+}
+static inline void dec16_q4_0(const uint8_t *b, __m512 *w) {
+    const __m512 d = splat(f16(b));
+    const __m512i q = u8x16(b + 2), eight = _mm512_set1_epi32(8);
+    w[0] = _mm512_mul_ps(d, ints16(_mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(0xf)), eight)));
+    w[1] = _mm512_mul_ps(d, ints16(_mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight)));
+}
+static inline void dec16_q4_1(const uint8_t *b, __m512 *w) {
+    const __m512 d = splat(f16(b)), m = splat(f16(b + 2));
+    const __m512i q = u8x16(b + 4);
+    w[0] = _mm512_add_ps(_mm512_mul_ps(d, ints16(_mm512_and_si512(q, _mm512_set1_epi32(0xf)))), m);
+    w[1] = _mm512_add_ps(_mm512_mul_ps(d, ints16(_mm512_srli_epi32(q, 4))), m);
+}
+static inline void dec16_q5_0(const uint8_t *b, __m512 *w) {
+    const __m512 d = splat(f16(b));
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m512i q = u8x16(b + 6), h = _mm512_set1_epi32((int)qh), one = _mm512_set1_epi32(1);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i n[2] = {_mm512_and_si512(q, _mm512_set1_epi32(0xf)), _mm512_srli_epi32(q, 4)};
+    for (int k = 0; k < 2; ++k) {
+        const __m512i shift = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * k));
+        const __m512i hi = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, shift), one), 4);
+        w[k] = _mm512_mul_ps(d, ints16(_mm512_sub_epi32(_mm512_or_si512(n[k], hi), _mm512_set1_epi32(16))));
+    }
+}
+
+static inline float halves_sum(__m512 ab, __m512 cd) {
+    const v8 a = to_v8(_mm512_castps512_ps256(ab)), c = to_v8(_mm512_castps512_ps256(cd));
+    const v8 b = to_v8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(ab), 1)));
+    const v8 d = to_v8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(cd), 1)));
+    return sum8((a + b) + (c + d));
+}
+
+#define QDOT16(NAME, BLOCK_BYTES, DECODE)                                                           \
+    static __attribute__((unused)) void NAME(const uint8_t *row, const float *x0, const float *x1, int64_t n, float *s0, float *s1) { \
+        __m512 ab = _mm512_setzero_ps(), cd = ab, ef = ab, gh = ab;                                    \
+        const uint8_t *blk = row;                                                                      \
+        for (int64_t i = 0; i < n; i += 32, blk += BLOCK_BYTES) {                                      \
+            __m512 w[2];                                                                               \
+            DECODE(blk, w);                                                                            \
+            ab = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x0 + i), ab);                                   \
+            cd = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x0 + i + 16), cd);                              \
+            if (x1) {                                                                                  \
+                ef = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x1 + i), ef);                               \
+                gh = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x1 + i + 16), gh);                          \
+            }                                                                                          \
+        }                                                                                              \
+        *s0 = halves_sum(ab, cd);                                                                      \
+        if (x1) *s1 = halves_sum(ef, gh);                                                              \
+    }
+QDOT16(qdot16_q8_0, 34, dec16_q8_0)
+QDOT16(qdot16_q4_0, 18, dec16_q4_0)
+QDOT16(qdot16_q4_1, 20, dec16_q4_1)
+QDOT16(qdot16_q5_0, 22, dec16_q5_0)
+#endif
+
 static qdot_fn fused(int64_t type) {
     switch (type) {
+#if defined(__AVX512F__)
+    case GGML_Q8_0: return qdot16_q8_0;
+    case GGML_Q4_0: return qdot16_q4_0;
+    case GGML_Q4_1: return qdot16_q4_1;
+    case GGML_Q5_0: return qdot16_q5_0;
+#else
     case GGML_Q8_0: return qdot_q8_0;
     case GGML_Q4_0: return qdot_q4_0;
     case GGML_Q4_1: return qdot_q4_1;
     case GGML_Q5_0: return qdot_q5_0;
+#endif
     case GGML_Q4_K: return qdot_q4_k;
     case GGML_Q6_K: return qdot_q6_k;
     case GGML_BF16: return qdot_bf16;
