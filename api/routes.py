@@ -1,6 +1,6 @@
-"""The API's routes, mounted on the page's own web server (ui/layout.py's launch): the same
+"""The API's routes, mounted beside the page on its web server (app.py's serve): the same
 engine and scheduler, the same logins (an API key is USER:PASSWORD of a login, sent as
-`Authorization: Bearer USER:PASSWORD`) and the same per-visitor limits as the page (ui/public.py):
+`Authorization: Bearer USER:PASSWORD`) and the same per-visitor limits as the page (server/):
 each completion a request asks for is one of the visitor's runs, a request beyond their share is
 refused with 429, a body over the page's size limit with 413 (RouteGuard, before it is read).
 
@@ -15,6 +15,7 @@ import asyncio
 import copy
 import json
 import logging
+import re
 import secrets
 import uuid
 from functools import wraps
@@ -30,13 +31,15 @@ from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_f
 from api.runs import Runs
 from inference.errors import InputError, TokenLabError, shown
 from inference.events import DoneEvent
-from ui.public import Limits, Refused, client_key
+from server.limits import Limits, Refused, client_key
 
 log = logging.getLogger("tokenlab.api")
 TOKENIZE_SERVED = "/tokenize takes prompt (with add_special_tokens) or messages, and model"
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 SERVED = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST",
           "/detokenize": "POST", "/tokenizer_info": "GET"}
+# Every path the API answers (its catch-all included): a refusal there is OpenAI's error body.
+PATHS = re.compile(r"/v1/.*|/(tokenize|detokenize|tokenizer_info)/?")
 DISCONNECT_POLL_S = 0.5  # how often a request answered at its end looks whether its client is still there
 
 
@@ -87,7 +90,10 @@ def sse(obj) -> str:
 
 class API:
     """The engine (inference.contract's Engine) behind OpenAI's API. registry and limits are
-    the page's (ui/streaming.RunRegistry, ui/public.Limits); logins the page's --auth logins."""
+    the page's (server.registry.RunRegistry, server.limits.Limits); logins the page's --auth logins.
+    It is mounted beside the page (server.guard.Beside): `paths` and `refusal` let the page's
+    route guard refuse a request to it in OpenAI's words."""
+    paths = PATHS
 
     def __init__(self, engine, registry, limits: Limits | None = None, logins=(), models=None):
         """models: the models the page offers (inference.serving.models.Models; `engine` the
@@ -110,6 +116,11 @@ class API:
         view.engine = self.offered.engine(name)  # loaded now on its first use
         view.model, view.context = name, view.engine.describe().max_seq_len
         return view
+
+    @staticmethod
+    def refusal(status: int, message: str) -> dict:
+        code = {404: "not_found", 413: "request_too_large", 429: "rate_limit_exceeded"}.get(status)
+        return error_body(message, "invalid_request_error", None, code)
 
     def mount(self, app) -> None:
         for path, fn, method in (("/v1/models", self.models, "GET"),

@@ -17,11 +17,12 @@ import gradio as gr
 from inference.errors import TokenLabError
 from ui.controls import NAMES, Controls, page_message
 from ui.format import bars_html
-from ui.public import Admission, Limits, Refused, client_key
+from server.admission import Admission
+from server.limits import Limits, Refused, client_key
 from ui.run_state import RunRecord
-from ui.sessions import SessionKeeper
+from server.sessions import SessionKeeper
 from ui.models import ModelViews
-from ui.streaming import RunRegistry
+from server.registry import RunRegistry
 
 log = logging.getLogger("tokenlab.page")
 
@@ -99,7 +100,7 @@ def session_of(request: gr.Request | None) -> str:
 
 
 def who(request: gr.Request | None) -> tuple[str, str]:
-    """(session, client) of a page event; client as ui.public.client_key names it."""
+    """(session, client) of a page event; client as server.limits.client_key names it."""
     return session_of(request), client_key(request)
 
 
@@ -123,13 +124,13 @@ class PageBase:
     def __init__(self, engine, registry: RunRegistry | None = None, top_n: int = 10,
                  update_interval_s: float | None = None, limits: Limits | None = None,
                  files_dir: str | None = None, models=None):
-        """limits: what one visitor may cost (ui/public.py); none by default. models: the models
+        """limits: what one visitor may cost (server/limits.py); none by default. models: the models
         offered (inference.serving.models.Models, `engine` its default); just `engine` if none."""
         from inference.serving.models import Models
         self.registry, self.top_n = registry or RunRegistry(), top_n
         self.limits = limits or Limits()
         self.admission = Admission(self.registry, self.limits)
-        # Deletes a closed tab's state on the server (ui/sessions.py); launch attaches it.
+        # Deletes a closed tab's state on the server (server/sessions.py); launch attaches it.
         self.keeper = SessionKeeper(self.registry, self.admission.sessions, forget=self._forget)
         self.models = models or Models.of(engine)
         self.view = ModelViews(self.models, top_n, self.limits.max_new_tokens, update_interval_s)
@@ -152,7 +153,7 @@ class PageBase:
         self._file_paths: dict[str, Path] = {}
 
     def _forget(self, session: str) -> None:
-        """The session's state was deleted (ui/sessions.py): a click of it that the engine never
+        """The session's state was deleted (server/sessions.py): a click of it that the engine never
         took (a run cancelled while it waited, in a tab that vanished without its unload) is
         not kept for ever."""
         with self._lock:

@@ -13,7 +13,7 @@ from helpers import page_run
 from ui.controls import shaping_values
 from ui.handlers import RUN_OUTPUTS
 from ui.layout import build_ui
-from ui.public import RUN_GOING
+from server.limits import RUN_GOING
 import ui.experiments.render as exp_render
 import ui.run.render as run_render
 

@@ -203,7 +203,8 @@ def held_restore(tiny_engine):
     """The page on its own server, whose restore of the saved work waits while `held` is clear:
     (url, held)."""
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     h, held = Handlers(tiny_engine), threading.Event()
     held.set()
@@ -216,7 +217,7 @@ def held_restore(tiny_engine):
 
     h.restore_work = held_restore_work
     demo = build_ui(tiny_engine, h)
-    _, url, _ = launch(demo, tiny_engine, port=None, block=False)
+    _, url, _ = serve(demo, tiny_engine, port=None, block=False)
     yield url.rstrip("/"), held
     held.set()
     demo.close()

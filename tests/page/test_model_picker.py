@@ -162,9 +162,10 @@ def test_a_single_model_page_has_no_picker_but_takes_no_model_field(tiny_engine)
 def test_the_api_serves_every_offered_model_by_its_name(two, tiny_dirs):
     """/v1/models lists both; a completion naming the second is that model's run."""
     openai = pytest.importorskip("openai")
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
     demo = build_ui(two.models.engine(), two.h)
-    _, url, _ = launch(demo, two.models.engine(), block=False)
+    _, url, _ = serve(demo, two.models.engine(), block=False)
     try:
         client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["mha", "gqa_tied"]

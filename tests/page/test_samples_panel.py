@@ -14,7 +14,7 @@ from inference.events import StepEvent
 from inference.sampling.params import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
-from ui.public import Limits
+from server.limits import Limits
 from ui.samples.stats import OTHER, Row, chi2_sf, goodness_of_fit
 
 

@@ -70,14 +70,15 @@ def test_eight_clients_at_once_match_their_solo_runs(live_app):
 def test_a_full_queue_says_busy(tiny_dirs, hold):
     from concurrent.futures import ThreadPoolExecutor, as_completed
     from inference.serving.engine import Engine
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     engine = Engine.from_hf_dir(tiny_dirs["mha"])
     held = hold(engine)  # the first run waits at its first forward pass: the queue stays full
     demo = build_ui(engine)
     # One run at a time and one place in the queue: with the first run held, the second waits in
     # the queue and the rest find it full, whatever order they arrive in.
-    _, url, _ = launch(demo, engine, block=False, queue_size=1, concurrency=1)
+    _, url, _ = serve(demo, engine, block=False, queue_size=1, concurrency=1)
     try:
         clients = [gradio_client.Client(url, verbose=False) for _ in range(5)]  # connected first
 

@@ -52,7 +52,8 @@ def small_pool_app(tiny_dirs):
     from inference.serving.engine import Engine
     from inference.serving.kv_pool import BLOCK_SIZE
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     probe = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32", kv_pool_mib=1)
     per_block = BLOCK_SIZE * probe.cfg.kv_bytes_per_token(4)
@@ -61,7 +62,7 @@ def small_pool_app(tiny_dirs):
     no_early_end(engine)
     handlers = Handlers(engine)
     demo = build_ui(engine, handlers)
-    _, url, _ = launch(demo, engine, port=None, block=False)
+    _, url, _ = serve(demo, engine, port=None, block=False)
     yield url.rstrip("/"), engine, handlers
     demo.close()
 
@@ -71,7 +72,8 @@ def chat_app(tiny_dirs, tmp_path_factory):
     """The page on a tiny model whose chat template has a default system prompt."""
     from inference.serving.engine import Engine
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     d = tmp_path_factory.mktemp("smol_like") / "model"
     shutil.copytree(tiny_dirs["gqa_tied"], d)
@@ -81,7 +83,7 @@ def chat_app(tiny_dirs, tmp_path_factory):
     no_early_end(engine)
     handlers = Handlers(engine)
     demo = build_ui(engine, handlers)
-    _, url, _ = launch(demo, engine, port=None, block=False)
+    _, url, _ = serve(demo, engine, port=None, block=False)
     yield url.rstrip("/"), engine, handlers
     demo.close()
 

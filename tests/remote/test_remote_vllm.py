@@ -231,12 +231,13 @@ def test_what_needs_the_models_insides_says_so(handlers):
 
 def test_the_page_over_its_api(engine, model):
     from gradio_client import Client
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     expected = vllm("/completions", {"model": model, "prompt": PROMPT, "temperature": 0,
                                      "max_tokens": N})["choices"][0]["text"]
     demo = build_ui(engine)
-    _, url, _ = launch(demo, engine, block=False)
+    _, url, _ = serve(demo, engine, block=False)
     try:
         result = Client(url, verbose=False).predict(*call(prompt=PROMPT, max_new_tokens=N, seed="1"),
                                                     api_name="/generate")

@@ -16,7 +16,9 @@ from helpers import files_under
 from page_api import call, output
 from ui.controls import Controls
 from ui.handlers import Handlers
-from ui.public import RUN_GOING, UNREAD_REFUSALS, Limits, Sessions, served
+from server.admission import UNREAD_REFUSALS
+from server.guard import Sessions, served
+from server.limits import RUN_GOING, Limits
 from ui.controls import shaping_values  # noqa: E402
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -33,7 +35,8 @@ def req(session, host="198.51.100.1", user=None):
 def shared_app(tiny_dirs, tmp_path_factory):
     """The page with a shared page's limits, its temp directories empty and its own."""
     from inference.serving.engine import Engine
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     tmp = tmp_path_factory.mktemp("public")
     gradio_tmp, py_tmp = tmp / "gradio", tmp / "py"
@@ -44,7 +47,7 @@ def shared_app(tiny_dirs, tmp_path_factory):
         engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"])
         handlers = Handlers(engine, limits=LIMITS)
         demo = build_ui(engine, handlers)
-        app, url, _ = launch(demo, engine, block=False)
+        app, url, _ = serve(demo, engine, block=False)
         yield SimpleNamespace(url=url.rstrip("/"), engine=engine, handlers=handlers, demo=demo, app=app,
                               temp_dirs=(gradio_tmp, py_tmp))
         demo.close()
@@ -289,14 +292,15 @@ def test_logins_from_env_and_file_never_echo_a_password(tmp_path, capsys):
 def test_login_from_a_file_guards_the_page_and_names_the_visitor(tiny_dirs, tmp_path):
     import app
     from inference.serving.engine import Engine
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
     f = tmp_path / "logins"
     f.write_text("ann:apple-pie\nbob:banana-split\n")
     args = app.parse_args(["--auth-file", str(f), "--sessions-per-client", "1"], environ={})
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"])
     h = Handlers(engine, limits=app.limits_for(args))
     demo = build_ui(engine, h)
-    _, url, _ = launch(demo, engine, block=False, auth=args.logins)
+    _, url, _ = serve(demo, engine, block=False, auth=args.logins)
     try:
         with pytest.raises(Exception):
             gradio_client.Client(url, verbose=False, auth=("ann", "wrong"))

@@ -1,6 +1,6 @@
 """A closed tab's state is freed: through a real server, a session that closes leaves no run
 record, conversation or engine event of its own alive once its expiry is triggered, a session
-still open keeps its state, and the sessions kept never exceed the cap (ui/sessions.py)."""
+still open keeps its state, and the sessions kept never exceed the cap (server/sessions.py)."""
 
 import gc
 import secrets
@@ -12,8 +12,8 @@ import pytest
 import page_api
 from engine_hold import wait_until
 from page_api import output
-from ui.public import Limits
-from ui.sessions import MIN_SESSIONS, SessionKeeper, session_capacity
+from server.limits import Limits
+from server.sessions import MIN_SESSIONS, SessionKeeper, session_capacity
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -44,13 +44,14 @@ def capped_app(tiny_dirs):
     from conftest import no_early_end
     from inference.serving.engine import Engine
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
     no_early_end(engine)
     handlers = Handlers(engine, limits=Limits.local(session_capacity=CAP))
     demo = build_ui(engine, handlers)
-    app, url, _ = launch(demo, engine, block=False)
+    app, url, _ = serve(demo, engine, block=False)
     yield SimpleNamespace(url=url.rstrip("/"), engine=engine, handlers=handlers, demo=demo, app=app)
     demo.close()
     engine.close()
@@ -171,7 +172,7 @@ def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, 
 def test_reset_marks_of_cancelled_events_go_once_old(capped_app, monkeypatch):
     """Gradio's mark of a cancelled event stays until that event runs again, which it mostly
     never does: one per stopped run. The sweep lets it go after RESET_MARK_S, not before."""
-    from ui.sessions import RESET_MARK_S
+    from server.sessions import RESET_MARK_S
     app, keeper = capped_app, capped_app.handlers.keeper
     marks = app.app.iterators_to_reset
     marks.add("a-cancelled-event")
@@ -210,7 +211,7 @@ def test_the_sweep_runs_on_its_own(capped_app, monkeypatch):
 
 
 def test_visitors_that_left_are_not_kept_in_the_session_counts():
-    from ui.public import Sessions
+    from server.guard import Sessions
     now = [0.0]
     counts = Sessions(2, idle_s=10, clock=lambda: now[0])
     assert counts.admit("address a", "s1") and counts.admit("address b", "s2")

@@ -11,7 +11,7 @@ from inference.sampling.settings import SHAPING_SETTINGS
 from ui.branches.render import tree_html
 from ui.controls import NAMES
 from ui.handlers import RUN_OUTPUTS, Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 
 # What a run put on view again sets (BranchHandlers.show_run): its panels and the controls.
 SHOWN = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",

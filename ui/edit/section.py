@@ -9,7 +9,7 @@ from ui.branches.section import SHOWN
 from ui.controls import NAMES
 from ui.edit.render import EDIT_HINT
 from ui.handlers import Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 from ui.run.handlers import RUN_OUTPUTS
 
 

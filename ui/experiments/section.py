@@ -11,7 +11,7 @@ from ui.experiments.render import (CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, ent
                                    two_models_frame)
 from ui.format import COMPARE_COLOR_MAP, step_axis
 from ui.handlers import Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 from ui.run_state import RunRecord
 from ui.widgets import setting_control
 

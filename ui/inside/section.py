@@ -9,7 +9,7 @@ import gradio as gr
 
 from ui.handlers import Handlers
 from ui.inside.render import INSIDE_NOTE, memory_markdown
-from ui.public import ENGINE
+from server.limits import ENGINE
 
 PATTERN_JS = (Path(__file__).parent.parent / "assets" / "pattern.js").read_text(encoding="utf-8")
 

@@ -14,7 +14,7 @@ from ui.edit import section as edit
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
 from ui.handlers import RUN_OUTPUTS, STALE_PANELS, Handlers
-from ui.public import ENGINE, MODEL_PICK
+from server.limits import ENGINE, MODEL_PICK
 from ui.run import constrain, kv, render
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S

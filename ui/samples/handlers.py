@@ -11,7 +11,7 @@ from inference.errors import InputError, TokenLabError, shown
 from inference.samples import MAX_SAMPLES
 from ui.base import PageBase, failure_line, page_error, takes_controls
 from ui.controls import Controls
-from ui.public import samples_message
+from server.limits import samples_message
 from ui.samples import render
 from ui.streaming import EventPump
 

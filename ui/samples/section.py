@@ -8,7 +8,7 @@ import gradio as gr
 from inference.samples import MAX_SAMPLES
 from ui.controls import NAMES
 from ui.handlers import Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 from ui.widgets import UNCHECKED
 
 DEFAULT_N = 16

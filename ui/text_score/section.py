@@ -7,7 +7,7 @@ from pathlib import Path
 import gradio as gr
 
 from ui.handlers import Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 from ui.text_score.render import scored_html
 
 # The output's script places a token's popover in the window (and ignores clicks on tokens
