@@ -31,6 +31,7 @@ from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_f
 from api.runs import Runs
 from inference.errors import InputError, TokenLabError, shown
 from inference.events import DoneEvent
+from inference.serving.models import Models
 from server.limits import Limits, Refused, client_key
 
 log = logging.getLogger("tokenlab.api")
@@ -98,7 +99,6 @@ class API:
     def __init__(self, engine, registry, limits: Limits | None = None, logins=(), models=None):
         """models: the models the page offers (inference.serving.models.Models; `engine` the
         default); each is served under its label, loaded on its first request."""
-        from inference.serving.models import Models
         self.engine, self.registry, self.limits = engine, registry, limits or Limits()
         self.logins = {user: password for user, password in logins}
         self.offered = models or Models.of(engine)

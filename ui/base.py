@@ -15,6 +15,7 @@ from pathlib import Path
 import gradio as gr
 
 from inference.errors import TokenLabError
+from inference.serving.models import Models
 from ui.controls import NAMES, Controls, page_message
 from ui.format import bars_html
 from server.admission import Admission
@@ -126,7 +127,6 @@ class PageBase:
                  files_dir: str | None = None, models=None):
         """limits: what one visitor may cost (server/limits.py); none by default. models: the models
         offered (inference.serving.models.Models, `engine` its default); just `engine` if none."""
-        from inference.serving.models import Models
         self.registry, self.top_n = registry or RunRegistry(), top_n
         self.limits = limits or Limits()
         self.admission = Admission(self.registry, self.limits)

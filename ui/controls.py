@@ -11,6 +11,7 @@ from dataclasses import field, fields, make_dataclass
 from urllib.parse import urlencode
 
 from inference.errors import InputError, TokenLabError, shown
+from inference.sampling.constrain import check
 from inference.sampling.params import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
 from inference.sampling.settings import BY_NAME, SETTINGS, SHAPING_SETTINGS, defaults
 
@@ -143,7 +144,6 @@ def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams
     stop = checked("stop", parse_stop, c.stop)
     if errors and values["constraint"] and values["constraint_text"] is not None:
         # SamplingParams checks the constraint; here it is named with the others, not after them.
-        from inference.sampling.constrain import check
         checked("constraint_text", lambda text: check(values["constraint"], text), values["constraint_text"])
     if errors:
         raise FieldErrors(errors)
