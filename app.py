@@ -141,7 +141,7 @@ def serve(demo, engine, *, auth=None, **kwargs):
     from ui.layout import launch
     h = demo.tokenlab_handlers
     logins = [auth] if isinstance(auth, tuple) else list(auth or [])
-    return launch(demo, engine, auth=auth, beside=[API(engine, h.registry, h.limits, logins, h.models)], **kwargs)
+    return launch(demo, engine, auth=auth, beside=[API(engine, h.page.registry, h.page.limits, logins, h.page.models)], **kwargs)
 
 
 def _serve(args, before_stop: list) -> int:

@@ -21,7 +21,8 @@ from ui import chat, share
 from ui.branches import section as branches
 from ui.edit import section as edit
 from ui.experiments import section as experiments
-from ui.handlers import DOWNLOAD_ROUTE, Handlers
+from ui.handlers import Handlers
+from ui.run.handlers import DOWNLOAD_ROUTE
 from ui.inside import section as inside
 from ui.run import section as run
 from ui.run.render import model_card
@@ -66,9 +67,9 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
-        page.add("model_card", gr.Markdown(model_card(h.info), elem_id="model-card"))
+        page.add("model_card", gr.Markdown(model_card(h.page.info), elem_id="model-card"))
         work.build(page, h)
-        run.build(page, h, limits_markdown(h.limits))
+        run.build(page, h, limits_markdown(h.page.limits))
         experiments.build(page, h)
         samples.build(page, h)
         text_score.build(page, h)
@@ -109,7 +110,7 @@ def configure_queue(demo: gr.Blocks, engine, queue_size: int = 16,
     demo.queue(default_concurrency_limit=concurrency, max_size=queue_size, api_open=False)
     h = getattr(demo, "tokenlab_handlers", None)
     if h is not None:
-        h.admission.attach(demo)
+        h.page.admission.attach(demo)
     # Gradio's queue loop wakes every 1 ms while it waits; each wake takes the GIL from the
     # engine's thread, costing decode speed on a small CPU. 20 ms is still instant to a person.
     if hasattr(demo._queue, "sleep_when_free"):
@@ -135,7 +136,7 @@ def serve_downloads(app, handlers: Handlers) -> None:
     files the page wrote itself, by a random token, outside gradio's file routes (which the
     page does not serve: server/guard.py)."""
     async def download(token: str, name: str):
-        path = handlers.download_path(token, name)
+        path = handlers.run.download_path(token, name)
         if path is None:
             return PlainTextResponse("No such download (the page keeps the latest ones).", status_code=404)
         return FileResponse(path, filename=name, media_type="application/octet-stream")
@@ -152,11 +153,11 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
     same route guard and logins."""
     configure_queue(demo, engine, queue_size, concurrency)
     h = getattr(demo, "tokenlab_handlers", None)
-    limits = h.limits if h is not None else Limits()
-    sessions = h.admission.sessions if h is not None else None
+    limits = h.page.limits if h is not None else Limits()
+    sessions = h.page.admission.sessions if h is not None else None
     middleware = [Middleware(RouteGuard, sessions=sessions, beside=tuple(beside))]
     if h is not None:  # which sessions still have a tab, and their state swept once gone
-        middleware.append(Middleware(HeartbeatWatch, keeper=h.keeper))
+        middleware.append(Middleware(HeartbeatWatch, keeper=h.page.keeper))
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
                          css=PAGE_CSS, footer_links=["api"], quiet=True, i18n=MESSAGES,
@@ -169,7 +170,7 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
                                                                  available_memory_bytes()))
     if h is not None and served:  # (a test's stand-in launch returns nothing)
         serve_downloads(served[0], h)
-        h.keeper.attach(served[0])
+        h.page.keeper.attach(served[0])
     for service in (beside if served else ()):
         service.mount(served[0])
     if block:

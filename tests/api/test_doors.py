@@ -22,7 +22,7 @@ SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}}, "requir
 def page_refusal(handlers, **kw) -> str:
     """begin's status line for the controls (what the page's button says), "" if it started."""
     c = Controls(**{"prompt": PROMPT, "max_new_tokens": 6, "seed": "3", "temperature": 0, **kw})
-    status = handlers.begin(*c.values(), None).get("status", "")
+    status = handlers.run.begin(*c.values(), None).get("status", "")
     return status.removeprefix("⚠ Not started: ") if status.startswith("⚠ Not started") else ""
 
 

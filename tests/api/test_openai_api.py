@@ -37,7 +37,7 @@ def test_completion_logprobs_are_the_pages_numbers(live_app, client):
     from ui.format import bars_html, fmt_p
     url, engine, h = live_app
     c = Controls(prompt=PROMPT, temperature=0.7, top_p=0.8, max_new_tokens=8, seed="11")
-    rec = list(h.generate(*c.values(), SimpleNamespace(session_hash="api-test")))[-1]["record"]
+    rec = list(h.run.generate(*c.values(), SimpleNamespace(session_hash="api-test")))[-1]["record"]
     answer = client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=8, seed=11, logprobs=3,
                                        temperature=0.7, top_p=0.8)
     choice = answer.choices[0]

@@ -36,7 +36,7 @@ def test_stop_over_the_api_ends_the_run_and_frees_it(live_app, hold):
     assert "**stopped on request" in output(final, "stats")
     generated = next(r for r in output(final, "stats").splitlines() if r.startswith("| generated |")).split("|")[2]
     assert int(generated) == 4  # 3 + the one at the Stop (the output groups bytes into characters)
-    wait_until(lambda: engine.active_runs == 0 and len(handlers.registry) == 0, "the run's end")
+    wait_until(lambda: engine.active_runs == 0 and len(handlers.page.registry) == 0, "the run's end")
 
 
 def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(live_app):
@@ -115,7 +115,7 @@ def test_a_client_that_disconnects_ends_its_run(live_app, hold):
     assert engine.active_runs == 1
     job.cancel()
     client.close()
-    wait_until(lambda: engine.active_runs == 0 and len(handlers.registry) == 0, "the run's end")
+    wait_until(lambda: engine.active_runs == 0 and len(handlers.page.registry) == 0, "the run's end")
     assert held.started < 240
 
 

@@ -197,7 +197,7 @@ def test_share_link_carries_the_last_runs_seed_and_really_copies(live_app, pages
     link = page.input_value("#share-link textarea")
     assert f"seed={seed}" in link and "temperature=1.2" in link
     assert page.evaluate("navigator.clipboard.readText()") == link  # the click copied it
-    c, problems = controls_from_query(dict(parse_qsl(urlsplit(link).query)), handlers.defaults)
+    c, problems = controls_from_query(dict(parse_qsl(urlsplit(link).query)), handlers.page.defaults)
     assert problems == [] and c.prompt == "The quick" and c.seed == seed and c.temperature == 1.2
     # The link reproduces the run.
     text = output_text(page)
@@ -222,8 +222,8 @@ def test_bad_link_values_are_ignored_and_named_one_per_line(live_app, pages, wid
     # The good values are restored, the bad ones left at the page's defaults.
     assert page.input_value("#prompt textarea") == "Hi"
     assert float(page.input_value("#temperature input[type=number]")) == 0.3
-    assert float(page.input_value("#top-p input[type=number]")) == handlers.defaults.top_p
-    assert int(page.input_value("#max-new-tokens input[type=number]")) == handlers.defaults.max_new_tokens
+    assert float(page.input_value("#top-p input[type=number]")) == handlers.page.defaults.top_p
+    assert int(page.input_value("#max-new-tokens input[type=number]")) == handlers.page.defaults.max_new_tokens
     assert int(page.get_attribute("#max-new-tokens input[type=range]", "max")) == engine.cfg.max_seq_len - 1
     shot(page, f"bad-link-{width}", full=True)
 

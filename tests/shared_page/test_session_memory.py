@@ -67,7 +67,7 @@ def test_capacity_comes_from_the_memory_available():
 
 
 def test_a_closed_api_session_leaves_no_record_or_event_alive(capped_app, monkeypatch):
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     client = gradio_client.Client(app.url, verbose=False)
     session = client.session_hash
     final = client.predict(*call(), api_name="/generate")
@@ -95,7 +95,7 @@ def test_a_closed_api_session_leaves_no_record_or_event_alive(capped_app, monkey
 
 def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch):
     from bench.page_client import PageClient
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     before = set(app.app.state_holder.session_data)
     PageClient(app.url).run(call())  # a raw API client: joins the queue, opens no heartbeat
     new = set(app.app.state_holder.session_data) - before
@@ -103,21 +103,21 @@ def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch
     keeper.sweep_now()
     assert new <= set(app.app.state_holder.session_data)  # not idle yet
     (session,) = new
-    with app.handlers._lock:  # as a click that the engine never took would leave it
-        app.handlers._waiting[session] = 0.0
-        app.handlers._stopped_waiting.add(session)
+    with app.handlers.run._lock:  # as a click that the engine never took would leave it
+        app.handlers.run._waiting[session] = 0.0
+        app.handlers.run._stopped_waiting.add(session)
     trims = []  # the allocator's free pages, given back once the session's are freed
     monkeypatch.setattr(keeper, "_trim", trims.append)
     monkeypatch.setattr(keeper, "_trimmed_at", 0.0)
     later(keeper, monkeypatch, keeper.idle_s + 1)
     keeper.sweep_now()
     assert not new & set(app.app.state_holder.session_data)
-    assert session not in app.handlers._waiting and session not in app.handlers._stopped_waiting
+    assert session not in app.handlers.run._waiting and session not in app.handlers.run._stopped_waiting
     assert trims == [0]
 
 
 def test_the_sessions_kept_never_exceed_the_cap(capped_app):
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     clients = []
     try:
         for i in range(CAP + 3):  # each stays open: only the cap lets go of the oldest
@@ -136,7 +136,7 @@ def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, 
     """A chat turn in a real browser tab; the tab closes; its expiry is triggered."""
     from browser import open_page, wait_loaded
     url, _, handlers = live_app
-    keeper, holder = handlers.keeper, handlers.keeper._app.state_holder
+    keeper, holder = handlers.page.keeper, handlers.page.keeper._app.state_holder
     marker = f"remember {secrets.token_hex(6)}"
     page = open_page(browser)
     page.goto(url + "/?mode=chat&max_new_tokens=4&temperature=1&seed=2")
@@ -173,7 +173,7 @@ def test_reset_marks_of_cancelled_events_go_once_old(capped_app, monkeypatch):
     """Gradio's mark of a cancelled event stays until that event runs again, which it mostly
     never does: one per stopped run. The sweep lets it go after RESET_MARK_S, not before."""
     from server.sessions import RESET_MARK_S
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     marks = app.app.iterators_to_reset
     marks.add("a-cancelled-event")
     keeper.sweep_now()
@@ -197,7 +197,7 @@ def test_keeper_ignores_closes_before_launch():
 @pytest.mark.slow  # waits for the sweep's own timer
 def test_the_sweep_runs_on_its_own(capped_app, monkeypatch):
     """No call triggers it: the server's loop sweeps every few seconds once a request came."""
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     deleted = keeper.deleted
     client = gradio_client.Client(app.url, verbose=False)
     session = client.session_hash
