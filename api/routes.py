@@ -236,7 +236,7 @@ class API:
             raise InputError(str(e), field=e.field or field) from None
 
     def _check_ids(self, ids, key: str) -> None:
-        vocab = getattr(self.engine.tokenizer, "vocab_size", None)  # (a server's tokenizer checks its own)
+        vocab = self.engine.tokenizer.vocab_size  # (None: a server's tokenizer checks its own)
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                                                 and (vocab is None or i < vocab) for i in ids):
             raise bad(f"{key} must be a list of token ids" + (f" in [0, {vocab})" if vocab else ""), key)
@@ -424,8 +424,8 @@ class API:
         self.client(request)
         tok = self.engine.tokenizer
         return JSONResponse({"tokenizer_class": "TokenLab", "model_max_length": self.context,
-                             "bos_token": getattr(tok, "bos_token", None), "eos_token": getattr(tok, "eos_token", None),
-                             "chat_template": getattr(tok, "chat_template", None)})
+                             "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+                             "chat_template": tok.chat_template})
 
 
 def _top_n(ask) -> int:

@@ -45,18 +45,6 @@ NOT_STARTED = "⚠ Not started:"  # begin's status for input it refused
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 
 
-def continued_text(tokenizer, ids: list[int]) -> str:
-    """The text of tokens that follow a prompt, as a run streams it (a piece's leading space
-    kept, which decoding them alone would drop). Bytes of a character the last of them leaves
-    unfinished are not in it: the run that continues after them streams that character."""
-    if not ids:
-        return ""
-    if not hasattr(tokenizer, "stream"):  # a server's tokenizer: its own decoding of them
-        return tokenizer.decode(ids)
-    stream = tokenizer.stream()
-    return "".join(stream.push(t) for t in ids)
-
-
 def raising(e: Exception) -> Iterator:
     """Events that are an error: raised when the first is asked for."""
     raise e
@@ -480,7 +468,7 @@ class RunHandlers(Section):
                               token_cap=self.limits.max_new_tokens)
         given = list(request.given)
         return RunRecord(m.label, request.prompt_text, list(request.prompt_ids), seed=request.seed,
-                         given=given, given_text=continued_text(m.tokenizer, given),
+                         given=given, given_text=m.tokenizer.continuation_text(given),
                          params=request.params, bias=dict(decode_logit_bias(request.params.logit_bias, m.tokenizer)),
                          mode=c.mode, user_message=c.prompt, system=c.system or "",
                          history=turns, max_steps=request.max_new,
