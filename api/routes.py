@@ -31,6 +31,7 @@ from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_f
 from api.runs import Runs
 from inference.errors import InputError, TokenLabError, shown
 from inference.events import DoneEvent
+from inference.request import RunRequest, prepare_run
 from inference.serving.models import Models
 from server.limits import Limits, Refused, client_key
 
@@ -241,6 +242,11 @@ class API:
                                                 and (vocab is None or i < vocab) for i in ids):
             raise bad(f"{key} must be a list of token ids" + (f" in [0, {vocab})" if vocab else ""), key)
 
+    def _prepare(self, jobs, top_n: int) -> list[RunRequest]:
+        """Each completion's run prepared (prepare_run, as every door prepares one) before any
+        answer is sent: what the engine refuses is the request's 400, never an error mid-stream."""
+        return [prepare_run(self.engine, params, ids=ids, top_n=top_n) for ids, params in jobs]
+
     def _max_tokens(self, ask, ids_list, default: int | None) -> int:
         """The tokens each completion may make: asked, else the endpoint's default (None: the
         rest of the context window), within the page's cap. Asked for more than the context
@@ -278,8 +284,9 @@ class API:
                 top = max((ask.logprobs or 0) if ask.echo else 0, ask.prompt_logprobs or 0)
                 scored = [await run_in_threadpool(self.engine.prompt_logprobs, ids, top) for ids in ids_list]
             known = [(ids, s, text) if s is not None else None for (ids, text), s in zip(prepared, scored)]
-            jobs = [(ids_list[p], ask.seeded(j, max_tokens)) for p, j in choices] if max_tokens else []
-            runs = Runs(self.engine, jobs, _top_n(ask), cancels[:len(jobs)])
+            jobs = await run_in_threadpool(self._prepare, [(ids_list[p], ask.seeded(j, max_tokens)) for p, j in choices]
+                                           if max_tokens else [], _top_n(ask))
+            runs = Runs(self.engine, jobs, cancels[:len(jobs)])
             writer = Writer(self.model, self.engine.tokenizer, ask, "completion")
             n_prompt = sum(len(ids) for ids in ids_list)  # each prompt once, however many completions (OpenAI's, vLLM's)
             if ask.stream:
@@ -324,7 +331,9 @@ class API:
         names, cancels = self.start_jobs(client, ask.n)
         streaming = False
         try:
-            runs = Runs(self.engine, [(ids, ask.seeded(j, max_tokens)) for j in range(ask.n)], _top_n(ask), cancels)
+            jobs = await run_in_threadpool(self._prepare, [(ids, ask.seeded(j, max_tokens)) for j in range(ask.n)],
+                                           _top_n(ask))
+            runs = Runs(self.engine, jobs, cancels)
             writer = Writer(self.model, self.engine.tokenizer, ask, "chat")
             if ask.stream:
                 response = await self._stream(self._chat_chunks(writer, runs, len(ids), ask), names, cancels)
