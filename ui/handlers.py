@@ -8,6 +8,7 @@ from ui.work.handlers import WorkHandlers
 from ui.chat import ChatHandlers
 from ui.experiments.handlers import ExperimentHandlers
 from ui.inside.handlers import InsideHandlers
+from ui.lesson.handlers import LessonHandlers
 from ui.run.handlers import DOWNLOAD_ROUTE, KEEP_FILES, RUN_OUTPUTS, STALE_PANELS, RunHandlers  # noqa: F401
 from ui.samples.handlers import SampleHandlers
 from ui.share import ShareHandlers
@@ -15,5 +16,5 @@ from ui.text_score.handlers import TextScoreHandlers
 
 
 class Handlers(RunHandlers, ExperimentHandlers, SampleHandlers, TextScoreHandlers, InsideHandlers, ChatHandlers,
-               ShareHandlers, BranchHandlers, EditHandlers, WorkHandlers):
+               ShareHandlers, BranchHandlers, EditHandlers, WorkHandlers, LessonHandlers):
     """The engine (inference.contract's Engine), the run registry and the limits, passed in."""
