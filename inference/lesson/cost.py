@@ -22,7 +22,9 @@ def _pass(name: str, flops: int, nbytes: int, seconds: float | None, roof: Roofl
     intensity = flops / nbytes
     return {"pass": name, "flops": flops, "bytes": nbytes, "intensity": intensity, "seconds": seconds,
             "achieved_flops": flops / seconds if seconds else None,
-            "attainable_flops": roof.attainable(intensity), "bound": roof.bound(intensity)}
+            "attainable_flops": roof.attainable(intensity), "bound": roof.bound(intensity),
+            # A pass measured above the roof: the machine was busier while its peaks were measured.
+            "above_roof": bool(seconds) and flops / seconds > roof.attainable(intensity)}
 
 
 def prefill_decode(cfg: ModelConfig, n: int, reused: int, ttft_ms: float, decode_ms: list[float],

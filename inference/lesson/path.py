@@ -12,6 +12,7 @@ from inference.model.rope import apply_rope, rope_inv_freq, rope_tables
 
 FIRST_VALUES = 8  # of an embedding row, shown
 SHIFTS = (0, 1, 10, 100, 1000)  # positions the RoPE pair is moved by, the distance kept
+OTHER_DISTANCES = (0, 1, 4, 64)  # the same pair at these distances, for contrast
 MATRIX_MAX = 48  # positions of the causal mask drawn in full
 
 
@@ -48,14 +49,18 @@ def rope(model, ids: list[int]) -> dict:
                "radians": [float(p * inv[i]) for p in range(n)]} for i in pairs]
     q, k = _layer0_qk(model, ids)
     shifts = [s for s in SHIFTS if n - 1 + s < cfg.max_seq_len]
-    cos, sin = rope_tables(cfg, n + shifts[-1], torch.device("cpu"), torch.float32, local)
+    cos, sin = rope_tables(cfg, max(n + shifts[-1], max(OTHER_DISTANCES) + 1), torch.device("cpu"), torch.float32, local)
 
     def rotated(x, p):  # x (head_dim,) at position p, as the model rotates it
         return apply_rope(x.view(1, 1, -1), cos[p:p + 1, None], sin[p:p + 1, None]).view(-1)
 
     scores = [{"query_position": n - 1 + s, "key_position": s, "distance": n - 1,
                "score": float(rotated(q, n - 1 + s) @ rotated(k, s)) * cfg.attn_scale} for s in shifts]
-    return {"theta": cfg.local_rope_theta if local else cfg.rope_theta, "head_dim": cfg.head_dim,
+    # The same two vectors at other distances: another score each (the distance is what counts).
+    others = [{"query_position": dist, "key_position": 0, "distance": dist,
+               "score": float(rotated(q, dist) @ rotated(k, 0)) * cfg.attn_scale}
+              for dist in OTHER_DISTANCES if dist != n - 1 and dist < cfg.max_seq_len]
+    return {"theta": cfg.local_rope_theta if local else cfg.rope_theta, "other_distances": others, "head_dim": cfg.head_dim,
             "scaling": cfg.rope_scaling.rope_type, "layer": 0, "pairs": angles, "positions": list(range(n)),
             "scores": scores, "scale": cfg.attn_scale}
 

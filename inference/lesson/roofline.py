@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-REPEATS = 5
+REPEATS = 8
 BANDWIDTH_MIB = 256
 
 

@@ -92,6 +92,7 @@ def test_rope_angles_by_hand_and_scores_depend_on_distance_only(lesson, config):
     assert len({s["distance"] for s in c["scores"]}) == 1 and len(scores) >= 3
     assert scores == pytest.approx([scores[0]] * len(scores), rel=1e-4, abs=1e-5)
     assert len({s["query_position"] for s in c["scores"]}) == len(scores)  # moved, not repeated
+    assert any(abs(o["score"] - scores[0]) > 1e-3 for o in c["other_distances"])  # another distance, another score
 
 
 def test_layers_mask_and_attention_against_transformers(lesson, hf, config):

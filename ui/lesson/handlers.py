@@ -3,32 +3,18 @@ numbers of inference.lesson.explain), and move between its chapters without reco
 
 from __future__ import annotations
 
-import threading
 from html import escape
 
 import gradio as gr
 
 from inference.errors import TokenLabError
 from inference.lesson.explain import explain
-from inference.lesson.roofline import measure
 from ui.base import PageBase
 from ui.controls import page_message
 from ui.lesson import render
 
 
 class LessonHandlers(PageBase):
-    _roof_lock = threading.Lock()
-
-    def _roofline(self, engine):
-        """This machine's roofline for the engine's device and dtype, measured on the first lesson
-        and kept by these handlers (the machine does not change)."""
-        key = (str(engine.device), engine.dtype)
-        with self._roof_lock:
-            kept = self.__dict__.setdefault("_lesson_roofs", {})
-            if key not in kept:
-                kept[key] = measure(engine.device, engine.dtype)
-            return kept[key]
-
     def lesson_start(self, prompt, model, request: gr.Request = None) -> dict:
         """The lesson on this prompt and model, its first chapter shown; a refusal is one line."""
         if not isinstance(prompt, str) or not prompt.strip():
@@ -36,7 +22,7 @@ class LessonHandlers(PageBase):
         try:
             with self._job(request):
                 m = self.view(model or "")
-                lesson = explain(m.engine, prompt, roofline=self._roofline(m.engine) if m.caps.internals else None)
+                lesson = explain(m.engine, prompt)  # (the roofline measured anew: the machine's load changes)
         except TokenLabError as e:
             return self._lesson_refused(page_message(e, one_line=True))
         data = {"model": lesson.model, "prompt": lesson.prompt, "chapters": lesson.chapters}

@@ -22,6 +22,9 @@ EXPLORE = {
 }
 
 
+WALK_ROWS = 12  # of the top-p walk, listed
+
+
 def _p(x: float | None) -> str:
     """A probability as the page writes it: 4 decimals, below 1e-4 three significant digits."""
     if x is None:
@@ -92,12 +95,17 @@ def _rope(c: dict) -> tuple[str, str]:
     n = len(c["positions"])
     shown = list(range(n)) if n <= 12 else [*range(6), *range(n - 6, n)]
     angle_rows = [[f"pair {p['pair']} (dims {p['dims'][0]}, {p['dims'][1]})", f"{p['radians_per_position']:.4g}",
-                   f"{p['wavelength_positions']:,.1f}"] + [f"{math.degrees(p['radians'][i]) % 360:.1f}°" for i in shown]
+                   f"{p['wavelength_positions']:,.1f}"] + [f"{math.degrees(p['radians'][i]) % 360:.3g}°" for i in shown]
                   for p in c["pairs"]]
     score_rows = [[str(x["query_position"]), str(x["key_position"]), str(x["distance"]), f"{x['score']:.6f}"] for x in s]
+    other_rows = [[str(x["query_position"]), str(x["key_position"]), str(x["distance"]), f"{x['score']:.6f}"]
+                  for x in c["other_distances"]]
     return text, (_table(["pair", "rad / position", "full turn every … positions", *[f"pos {i}" for i in shown]], angle_rows)
                   + (f"<p class='lesson-note'>Positions {', '.join(map(str, shown))} of {n} shown.</p>" if len(shown) < n else "")
-                  + _table(["query position", "key position", "distance", "score q·k × scale"], score_rows))
+                  + "<h4>The same query and key, moved together: the distance stays, so does the score</h4>"
+                  + _table(["query position", "key position", "distance", "score q·k × scale"], score_rows)
+                  + "<h4>The same two vectors at other distances: other scores</h4>"
+                  + _table(["query position", "key position", "distance", "score q·k × scale"], other_rows))
 
 
 def _mask(c: dict) -> str:
@@ -162,8 +170,8 @@ def _sampling(c: dict) -> tuple[str, str]:
     temps = c["temperatures"]
     t_rows = [[_piece(r["piece"]), f"{r['logit']:.3f}", *[_p(r[f"T={t:g}"]) for t in temps]] for r in c["temperature_table"]]
     w_rows = [[_piece(r["piece"]), _p(r["prob"]), f"{r['cumulative']:.4f}", "kept" if r["kept"] else "stop: P reached",
-               _p(r["renormalised"])] for r in walk["walk"][:25]]
-    more = len(walk["walk"]) - 25
+               _p(r["renormalised"])] for r in walk["walk"][:WALK_ROWS]]
+    more = len(walk["walk"]) - WALK_ROWS
     shown = (" (this run's top-p is off: shown at P = {:g})".format(walk["p"]) if walk["shown_only"] else "")
     pen = c["repetition_penalty"]
     p_rows = [[_piece(r["piece"]), f"{r['logit']:.3f}", f"{r['penalised_logit']:.3f}", _p(r["prob"]), _p(r["penalised_prob"])]
@@ -180,7 +188,8 @@ def _sampling(c: dict) -> tuple[str, str]:
                     f"{_p(c['top_k']['kept_mass'])} of the probability.</p>"
                   + f"<h4>The top-p walk, P = {walk['p']:g}{escape(shown)}: {walk['kept']} kept, mass {walk['kept_mass']:.4f}</h4>"
                   + _table(["token", "p entering top-p", "running sum", "", "after renormalising"], w_rows)
-                  + (f"<p class='lesson-note'>{more} more kept candidates not listed.</p>" if more > 0 else "")
+                  + (f"<p class='lesson-note'>{more} more candidates of the walk not listed (the last: "
+                     f"{_piece(walk['walk'][-1]['piece'])}, running sum {walk['walk'][-1]['cumulative']:.4f}).</p>" if more > 0 else "")
                   + f"<h4>Repetition penalty {pen['penalty']:g}{' (shown; off in this run)' if pen['shown_only'] else ''} on the prompt's own tokens</h4>"
                   + f"<p class='lesson-note'>{escape(pen['rule'])}.</p>"
                   + _table(["token", "logit", "penalised", "p", "p penalised"], p_rows)
@@ -250,7 +259,10 @@ def _prefill_decode(c: dict) -> tuple[str, str]:
                   + _roofline_svg(c)
                   + f"<p class='lesson-note'>This machine, measured now: peak {si(roof['peak_flops'], 'FLOP/s')}, "
                     f"bandwidth {si(roof['bandwidth'], 'B/s')}, ridge at {roof['ridge_flops_per_byte']:.2f} FLOPs/byte. "
-                    f"How: {escape(roof['how'])}. Times are of this run, beside whatever else the machine was doing.</p>")
+                    f"How: {escape(roof['how'])}. Times are of this run, beside whatever else the machine was doing.</p>"
+                  + ("<p class='lesson-note'>⚠ A pass measured above the roof: the machine was busier while its peaks "
+                     "were measured (other programs share its cores and memory) than during the run. Start the lesson "
+                     "again for a new measurement.</p>" if pre["above_roof"] or dec["above_roof"] else ""))
 
 
 def _lines_svg(series: list[tuple[list[float], str, str]], ylabel: str) -> str:
@@ -268,7 +280,7 @@ def _lines_svg(series: list[tuple[list[float], str, str]], ylabel: str) -> str:
     for values, name, colour in series:
         pts = " ".join(f"{X(i):.1f},{Y(v):.1f}" for i, v in enumerate(values))
         parts.append(f"<polyline points='{pts}' fill='none' stroke='{colour}' stroke-width='2'/>")
-    legend = "".join(f"<text x='{L + 8}' y='{24 + 16 * k}' font-size='12' fill='{c}'>{escape(name)}</text>"
+    legend = "".join(f"<text x='{L + 8 + 200 * k}' y='{H - 4}' font-size='12' fill='{c}'>— {escape(name)}</text>"
                      for k, (_, name, c) in enumerate(series))
     ticks = (f"<text x='{L - 4}' y='{Y(top / 1.1) + 4:.1f}' font-size='11' text-anchor='end'>{top / 1.1:.0f}</text>"
              f"<text x='{L - 4}' y='{Y(0) + 4:.1f}' font-size='11' text-anchor='end'>0</text>"
@@ -276,7 +288,7 @@ def _lines_svg(series: list[tuple[list[float], str, str]], ylabel: str) -> str:
     return (f"<svg class='lesson-chart' viewBox='0 0 {W} {H}' role='img' aria-label='{escape(ylabel)} per step'>"
             f"<rect x='{L}' y='10' width='{W - L - 10}' height='{H - B - 10}' fill='none' stroke='#ccc'/>"
             + "".join(parts) + legend + ticks
-            + f"<text x='{(L + W) / 2}' y='{H - 4}' font-size='12' text-anchor='middle'>step</text>"
+            + f"<text x='{W - 12}' y='{H - 4}' font-size='12' text-anchor='end'>step</text>"
             + f"<text x='12' y='{(H - B) / 2}' font-size='12' text-anchor='middle' transform='rotate(-90 12 {(H - B) / 2})'>{escape(ylabel)}</text></svg>")
 
 
@@ -336,7 +348,10 @@ def _flops(c: dict) -> tuple[str, str]:
                   + _table(["", "if compute-bound (peak ÷ FLOPs/token)", "if bandwidth-bound (bytes/s ÷ bytes/token)", "measured"], limits)
                   + f"<p class='lesson-note'>The GPU's peaks are its datasheet's ({si(g['peak_flops'], 'FLOP/s')}, "
                     f"{si(g['bandwidth'], 'B/s')}), not measured. One sequence decodes at the lower of the two, "
-                    "bandwidth: the reason servers batch many sequences into each step.</p>")
+                    "bandwidth: the reason servers batch many sequences into each step.</p>"
+                  + ("<p class='lesson-note'>⚠ Measured faster than the bandwidth bound: the machine was busier while its "
+                     "bandwidth was measured than during the run.</p>"
+                     if (m["measured_tokens_per_s"] or 0) > m["bandwidth_bound_tokens_per_s"] else ""))
 
 
 RENDER = {"tokenize": _tokenize, "embed": _embed, "rope": _rope, "layers": _layers, "lm_head": _lm_head,
