@@ -33,7 +33,7 @@ def build(page, h: Handlers) -> None:
         with gr.Row(elem_id="lesson-nav"):
             add("lesson_back", gr.Button("← Back", interactive=False, elem_id="lesson-back", min_width=80))
             add("lesson_next", gr.Button("Next →", interactive=False, elem_id="lesson-next", min_width=80))
-            add("lesson_close", gr.Button("Close the lesson", variant="secondary", elem_id="lesson-close", min_width=80))
+            add("lesson_close", gr.Button("Close", variant="secondary", elem_id="lesson-close", min_width=80))
     add("lesson_data", gr.State(None))
     add("lesson_index", gr.State(0))
 
