@@ -60,7 +60,8 @@ def rope(model, ids: list[int]) -> dict:
     others = [{"query_position": dist, "key_position": 0, "distance": dist,
                "score": float(rotated(q, dist) @ rotated(k, 0)) * cfg.attn_scale}
               for dist in OTHER_DISTANCES if dist != n - 1 and dist < cfg.max_seq_len]
-    return {"theta": cfg.local_rope_theta if local else cfg.rope_theta, "other_distances": others, "head_dim": cfg.head_dim,
+    return {"theta": cfg.local_rope_theta if local else cfg.rope_theta, "other_distances": others,
+            "layer0_sliding": local, "full_theta": cfg.rope_theta, "head_dim": cfg.head_dim,
             "scaling": cfg.rope_scaling.rope_type, "layer": 0, "pairs": angles, "positions": list(range(n)),
             "scores": scores, "scale": cfg.attn_scale}
 

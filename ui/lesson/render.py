@@ -92,20 +92,23 @@ def _rope(c: dict) -> tuple[str, str]:
             f"on the <b>difference</b> of the angles, that is on the distance between the positions. Below, layer 0's real "
             f"query (of the last token) and key (of the first) at distance {s[0]['distance']}: moved "
             f"{s[-1]['key_position']} positions further, the score stays the same (up to float rounding).")
+    if c["layer0_sliding"]:
+        text += (f" (Layer 0 of this model is a sliding-window layer with its own base θ = {c['theta']:g}; its "
+                 f"full-attention layers use θ = {c['full_theta']:g}.)")
     n = len(c["positions"])
     shown = list(range(n)) if n <= 12 else [*range(6), *range(n - 6, n)]
-    angle_rows = [[f"pair {p['pair']} (dims {p['dims'][0]}, {p['dims'][1]})", f"{p['radians_per_position']:.4g}",
+    angle_rows = [[f"{p['pair']} ({p['dims'][0]}, {p['dims'][1]})", f"{p['radians_per_position']:.4g}",
                    f"{p['wavelength_positions']:,.1f}"] + [f"{math.degrees(p['radians'][i]) % 360:.3g}°" for i in shown]
                   for p in c["pairs"]]
-    score_rows = [[str(x["query_position"]), str(x["key_position"]), str(x["distance"]), f"{x['score']:.6f}"] for x in s]
-    other_rows = [[str(x["query_position"]), str(x["key_position"]), str(x["distance"]), f"{x['score']:.6f}"]
+    score_rows = [[f"{x['query_position']}, {x['key_position']}", str(x["distance"]), f"{x['score']:.6f}"] for x in s]
+    other_rows = [[f"{x['query_position']}, {x['key_position']}", str(x["distance"]), f"{x['score']:.6f}"]
                   for x in c["other_distances"]]
-    return text, (_table(["pair", "rad / position", "full turn every … positions", *[f"pos {i}" for i in shown]], angle_rows)
+    return text, (_table(["pair (dims)", "rad / position", "a turn every … positions", *[f"pos {i}" for i in shown]], angle_rows)
                   + (f"<p class='lesson-note'>Positions {', '.join(map(str, shown))} of {n} shown.</p>" if len(shown) < n else "")
                   + "<h4>The same query and key, moved together: the distance stays, so does the score</h4>"
-                  + _table(["query position", "key position", "distance", "score q·k × scale"], score_rows)
+                  + _table(["query, key positions", "distance", "score q·k × scale"], score_rows)
                   + "<h4>The same two vectors at other distances: other scores</h4>"
-                  + _table(["query position", "key position", "distance", "score q·k × scale"], other_rows))
+                  + _table(["query, key positions", "distance", "score q·k × scale"], other_rows))
 
 
 def _mask(c: dict) -> str:
@@ -308,7 +311,8 @@ def _kv_cache(c: dict) -> tuple[str, str]:
     return text, (_lines_svg([(c["without_cache_ms"], "without a cache (ms)", "#dc2626"),
                               (c["with_cache_ms"], "with the KV cache (ms)", "#2563eb")], "ms")
                   + _table(["step", "positions", "with cache, ms", "without, ms", "FLOPs with", "FLOPs without", "token"], rows)
-                  + f"<p class='lesson-note'>Step 0 is the prefill, the same both ways. The cache allocated here holds "
+                  + "<p class='lesson-note'>Step 0 is the prefill, the same work both ways; the two runs' steps are "
+                    "taken in turn, so that whatever else the machine does slows both alike. The cache allocated here holds "
                     f"{c['allocated_bytes_per_position']:,} bytes per position, as the formula says.</p>")
 
 
