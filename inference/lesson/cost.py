@@ -15,6 +15,8 @@ from inference.model.config import ModelConfig
 
 # A GPU's datasheet figures (NVIDIA H100 SXM: dense BF16 tensor FLOP/s, HBM3 bytes/s), to say
 # what FLOPs and bytes per token imply there: quoted, not measured.
+TRIES = 2  # timings of each step of the cache demonstration: the better is kept
+
 GPU = {"name": "NVIDIA H100 SXM (datasheet)", "peak_flops": 989e12, "bandwidth": 3.35e12, "bytes_per_value": 2}
 
 
@@ -46,19 +48,23 @@ def prefill_decode(cfg: ModelConfig, n: int, reused: int, ttft_ms: float, decode
 def cache_demo(model, ids: list[int], steps: int) -> dict:
     """The same greedy tokens made twice by the model's one-off forward pass: with a KV cache
     (the prompt once, then one position a step) and without (the whole prefix every step).
-    Per-step wall times, measured here, the two runs' steps taken in turn so that whatever else
-    the machine does slows both alike."""
+    Per-step wall times, measured here: each step the better of TRIES (a step run again writes the
+    same cache slots: it is the same work), the two runs' steps taken in turn so that whatever
+    else the machine does slows both alike."""
     device = model.device
     cache = model.new_cache(len(ids) + steps)
     allocated = cache.k.nbytes + cache.v.nbytes
 
     def timed(fn):
-        _sync(device)
-        t0 = time.perf_counter()
-        logits = fn()  # (1, vocab)
-        token = int(logits[0].argmax())
-        _sync(device)
-        return token, (time.perf_counter() - t0) * 1000
+        best = float("inf")
+        for _ in range(TRIES):
+            _sync(device)
+            t0 = time.perf_counter()
+            logits = fn()  # (1, vocab)
+            token = int(logits[0].argmax())
+            _sync(device)
+            best = min(best, (time.perf_counter() - t0) * 1000)
+        return token, best
 
     with_ms, with_tokens, without_ms, seq = [], [], [], list(ids)
     for s in range(steps):

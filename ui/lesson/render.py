@@ -311,8 +311,8 @@ def _kv_cache(c: dict) -> tuple[str, str]:
     return text, (_lines_svg([(c["without_cache_ms"], "without a cache (ms)", "#dc2626"),
                               (c["with_cache_ms"], "with the KV cache (ms)", "#2563eb")], "ms")
                   + _table(["step", "positions", "with cache, ms", "without, ms", "FLOPs with", "FLOPs without", "token"], rows)
-                  + "<p class='lesson-note'>Step 0 is the prefill, the same work both ways; the two runs' steps are "
-                    "taken in turn, so that whatever else the machine does slows both alike. The cache allocated here holds "
+                  + "<p class='lesson-note'>Step 0 is the prefill, the same work both ways. Each step is timed twice (the "
+                    "better kept) and the two runs' steps are taken in turn, so that whatever else the machine does slows both alike. The cache allocated here holds "
                     f"{c['allocated_bytes_per_position']:,} bytes per position, as the formula says.</p>")
 
 
