@@ -5,7 +5,7 @@ from __future__ import annotations
 
 
 def si(x: float, unit: str = "") -> str:
-    """1.35e10 -> "13.5 G" + unit."""
+    """1234567 -> "1.23 M" + unit."""
     for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(x) >= scale:
             return f"{x / scale:.3g} {prefix}{unit}"
