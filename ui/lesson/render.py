@@ -23,6 +23,7 @@ EXPLORE = {
 
 
 WALK_ROWS = 12  # of the top-p walk, listed
+MASK_CELL_PX = 28  # the widest cell of the causal mask's matrix
 
 
 def _p(x: float | None) -> str:
@@ -123,7 +124,9 @@ def _mask(c: dict) -> str:
                              f"title='query {i} → key {j}: {a:.4f}'></span>")
             else:
                 cells.append("<span class='lesson-cell lesson-masked' title='masked: a future position (−∞)'></span>")
-    grid = f"<div class='lesson-mask' style='grid-template-columns:repeat({k},1fr)'>{''.join(cells)}</div>"
+    width = min(k * MASK_CELL_PX, 420)  # a short prompt's cells stay small
+    grid = (f"<div class='lesson-mask' style='grid-template-columns:repeat({k},1fr);max-width:min(100%,{width}px)'>"
+            f"{''.join(cells)}</div>")
     note = (f"<p class='lesson-note'>The first {k} of {c['n_positions']} positions drawn.</p>" if k < c["n_positions"] else "")
     return ("<p class='lesson-note'>The causal mask as your prompt's own "
             f"{c['n_positions']}×{c['n_positions']} matrix: row = the query's position, column = the key's; grey cells are "
@@ -134,7 +137,7 @@ def _mask(c: dict) -> str:
 def _layers(c: dict) -> tuple[str, str]:
     gqa = (f" Grouped-query attention: {c['n_heads']} query heads share {c['n_kv_heads']} key/value heads "
            f"({c['group_size']} each), which makes the KV cache {c['group_size']}× smaller." if c["group_size"] > 1 else "")
-    text = (f"The vectors now go through <b>{c['n_layers']} identical layers</b> (each with its own weights). In each, "
+    text = (f"The vectors now go through <b>{c['n_layers']} layers</b> of the same shape (each with its own weights). In each, "
             "<b>attention</b> lets every position gather information from the positions before it, then an <b>MLP</b> "
             f"transforms each position on its own. Before each of the two, an <b>RMSNorm</b> rescales the vector "
             "(pre-norm), and each one's result is <b>added</b> back to its input (the residual stream)." + gqa
