@@ -61,22 +61,23 @@ def cache_demo(model, ids: list[int], steps: int) -> dict:
             _sync(device)
             t0 = time.perf_counter()
             logits = fn()  # (1, vocab)
-            token = int(logits[0].argmax())
+            top, token = (float(x) for x in logits[0].max(-1))
             _sync(device)
             best = min(best, (time.perf_counter() - t0) * 1000)
-        return token, best
+        return int(token), top, best
 
-    with_ms, with_tokens, without_ms, seq = [], [], [], list(ids)
+    with_ms, with_tokens, with_top, without_ms, without_top, seq = [], [], [], [], [], list(ids)
     for s in range(steps):
         if s == 0:  # the prompt, into the cache
-            token, ms = timed(lambda: model(torch.tensor([ids], device=device), cache, 0))
+            token, top, ms = timed(lambda: model(torch.tensor([ids], device=device), cache, 0))
         else:  # the last token only, at its position, against the cache
-            token, ms = timed(lambda: model(torch.tensor([[with_tokens[-1]]], device=device), cache, len(ids) + s - 1))
-        with_tokens.append(token), with_ms.append(ms)
-        token, ms = timed(lambda: model(torch.tensor([seq], device=device), model.new_cache(len(seq)), 0))
-        seq.append(token), without_ms.append(ms)
+            token, top, ms = timed(lambda: model(torch.tensor([[with_tokens[-1]]], device=device), cache, len(ids) + s - 1))
+        with_tokens.append(token), with_top.append(top), with_ms.append(ms)
+        token, top, ms = timed(lambda: model(torch.tensor([seq], device=device), model.new_cache(len(seq)), 0))
+        seq.append(token), without_top.append(top), without_ms.append(ms)
     return {"with_ms": with_ms, "without_ms": without_ms, "with_tokens": with_tokens,
-            "without_tokens": seq[len(ids):], "allocated_bytes": allocated, "allocated_positions": cache.capacity}
+            "without_tokens": seq[len(ids):], "with_top_logits": with_top, "without_top_logits": without_top,
+            "allocated_bytes": allocated, "allocated_positions": cache.capacity}
 
 
 def kv_cache(cfg: ModelConfig, n: int, kv_bytes: int, weight_bytes: int, run_kv: list[int | None],
@@ -102,7 +103,9 @@ def kv_cache(cfg: ModelConfig, n: int, kv_bytes: int, weight_bytes: int, run_kv:
             "flops_ratio": sum(without_flops) / sum(with_flops),
             "tokens": [tokenizer.piece(i) for i in demo["with_tokens"]],
             "same_tokens": demo["with_tokens"] == demo["without_tokens"],
-            "with_cache_tokens": demo["with_tokens"], "without_cache_tokens": demo["without_tokens"]}
+            "with_cache_tokens": demo["with_tokens"], "without_cache_tokens": demo["without_tokens"],
+            # Each step's top logit: both runs computed the same numbers (within float rounding).
+            "with_cache_top_logits": demo["with_top_logits"], "without_cache_top_logits": demo["without_top_logits"]}
 
 
 def _table(cfg: ModelConfig, context: int, b: int) -> list[dict]:

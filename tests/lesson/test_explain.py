@@ -207,6 +207,11 @@ def test_no_cache_run_makes_the_cached_runs_tokens(lesson, hf):
     with torch.no_grad():
         out = hf.generate(torch.tensor([ids]), max_new_tokens=STEPS, do_sample=False, min_new_tokens=STEPS)
     assert c["with_cache_tokens"] == out[0, len(ids):].tolist()
+    with torch.no_grad():  # every step's top logit, both ways, is transformers' at that position
+        logits = hf(out).logits[0, len(ids) - 1:-1]  # (STEPS, vocab)
+    top = logits.max(-1).values.tolist()
+    assert c["with_cache_top_logits"] == pytest.approx(top, abs=1e-4)
+    assert c["without_cache_top_logits"] == pytest.approx(top, abs=1e-4)
     assert len(c["with_cache_ms"]) == len(c["without_cache_ms"]) == STEPS
     # Counted: without a cache a step recomputes the whole prefix.
     assert all(a > b for a, b in zip(c["without_cache_flops"][1:], c["with_cache_flops"][1:]))
