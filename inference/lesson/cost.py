@@ -90,7 +90,7 @@ def kv_cache(cfg: ModelConfig, n: int, kv_bytes: int, weight_bytes: int, run_kv:
         stages(cfg, 1, n + s, weight_bytes, kv_bytes)[-1].flops for s in range(1, steps)]
     without_flops = [stages(cfg, n + s, n + s, weight_bytes, kv_bytes)[-1].flops for s in range(steps)]
     all_heads = 2 * cfg.n_layers * cfg.n_heads * cfg.head_dim * kv_bytes
-    return {"formula": f"2 × {cfg.n_layers} layers × {cfg.n_kv_heads} KV heads × {cfg.head_dim} head dim × {kv_bytes} bytes",
+    return {"prompt_tokens": n, "formula": f"2 × {cfg.n_layers} layers × {cfg.n_kv_heads} KV heads × {cfg.head_dim} head dim × {kv_bytes} bytes",
             "bytes_per_position": per_position, "bytes_per_position_all_heads": all_heads,
             "allocated_bytes_per_position": demo["allocated_bytes"] // demo["allocated_positions"],
             "context_window": cfg.max_seq_len, "full_context_bytes": per_position * cfg.max_seq_len,

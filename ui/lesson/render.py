@@ -288,7 +288,7 @@ def _lines_svg(series: list[tuple[list[float], str, str]], ylabel: str) -> str:
         parts.append(f"<polyline points='{pts}' fill='none' stroke='{colour}' stroke-width='2'/>")
     legend = "".join(f"<text x='{L + 8 + 200 * k}' y='{H - 4}' font-size='12' fill='{c}'>— {escape(name)}</text>"
                      for k, (_, name, c) in enumerate(series))
-    ticks = (f"<text x='{L - 4}' y='{Y(top / 1.1) + 4:.1f}' font-size='11' text-anchor='end'>{top / 1.1:.0f}</text>"
+    ticks = (f"<text x='{L - 4}' y='{Y(top / 1.1) + 4:.1f}' font-size='11' text-anchor='end'>{si(top / 1.1)}</text>"
              f"<text x='{L - 4}' y='{Y(0) + 4:.1f}' font-size='11' text-anchor='end'>0</text>"
              + "".join(f"<text x='{X(i):.1f}' y='{H - B + 14}' font-size='11' text-anchor='middle'>{i}</text>" for i in range(n)))
     return (f"<svg class='lesson-chart' viewBox='0 0 {W} {H}' role='img' aria-label='{escape(ylabel)} per step'>"
@@ -308,12 +308,16 @@ def _kv_cache(c: dict) -> tuple[str, str]:
             f"<b>{c['without_cache_total_ms']:.0f} ms</b>, with it <b>{c['with_cache_total_ms']:.0f} ms</b> "
             f"(×{c['time_ratio']:.2f} the time, ×{c['flops_ratio']:.2f} the FLOPs)"
             + (", and the same tokens." if c["same_tokens"] else "; the tokens differ (a near tie between two candidates)."))
-    rows = [[str(s), str(c["growth"][s]["positions"]) if s < len(c["growth"]) else "–", f"{c['with_cache_ms'][s]:.1f}",
-             f"{c['without_cache_ms'][s]:.1f}", si(c["with_cache_flops"][s]), si(c["without_cache_flops"][s]), _piece(c["tokens"][s])]
+    n, per = c["prompt_tokens"], c["bytes_per_position"]
+    rows = [[str(s), str(n + s), mib(per * (n + s)), f"{c['with_cache_ms'][s]:.1f}", f"{c['without_cache_ms'][s]:.1f}",
+             si(c["with_cache_flops"][s]), si(c["without_cache_flops"][s]), _piece(c["tokens"][s])]
             for s in range(c["steps"])]
-    return text, (_lines_svg([(c["without_cache_ms"], "without a cache (ms)", "#dc2626"),
-                              (c["with_cache_ms"], "with the KV cache (ms)", "#2563eb")], "ms")
-                  + _table(["step", "positions", "with cache, ms", "without, ms", "FLOPs with", "FLOPs without", "token"], rows)
+    return text, (_lines_svg([(c["without_cache_ms"], "without a cache", "#dc2626"),
+                              (c["with_cache_ms"], "with the KV cache", "#2563eb")], "ms a step")
+                  + _lines_svg([(c["without_cache_flops"], "without a cache", "#dc2626"),
+                                (c["with_cache_flops"], "with the KV cache", "#2563eb")], "FLOPs a step")
+                  + _table(["step", "positions cached", "KV cache", "with cache, ms", "without, ms", "FLOPs with",
+                            "FLOPs without", "token"], rows)
                   + "<p class='lesson-note'>Step 0 is the prefill, the same work both ways. Each step is timed twice (the "
                     "better kept) and the two runs' steps are taken in turn, so that whatever else the machine does slows both alike. The cache allocated here holds "
                     f"{c['allocated_bytes_per_position']:,} bytes per position, as the formula says.</p>")
