@@ -3,7 +3,7 @@ data. The page (ui/lesson) and `python -m inference explain` both show what this
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from inference.errors import NotAvailable
 from inference.events import StepEvent
@@ -11,6 +11,7 @@ from inference.lesson import cost, path, text
 from inference.lesson.roofline import Roofline, measure
 from inference.lesson.sampling import sampling
 from inference.request import prepare_run
+from inference.sampling.params import SamplingParams
 
 STEPS = 16  # tokens the lesson's run makes (and the KV-cache demonstration)
 TOP = 10  # candidates shown
@@ -31,10 +32,11 @@ class Lesson:
         return next(c for c in self.chapters if c["key"] == key)
 
 
-def explain(engine, prompt: str, settings: dict | None = None, *, roofline: Roofline | None = None,
+def explain(engine, prompt: str, settings: SamplingParams | dict | None = None, *, roofline: Roofline | None = None,
             steps: int = STEPS, seed: int | None = None) -> Lesson:
     """Follow the prompt's next token through the engine's model, with real numbers: a run of
-    `steps` tokens (settings by schema name, over the model's defaults) measured by the engine,
+    `steps` tokens (settings by schema name, over the model's defaults, or a door's parsed
+    SamplingParams; their max_new_tokens replaced by `steps`) measured by the engine,
     one-off forward passes for the internals, and this machine's roofline (measured here unless
     given). Raises InputError for a prompt or settings a run refuses, NotAvailable for an engine
     without the model's internals (a server's)."""
@@ -43,7 +45,11 @@ def explain(engine, prompt: str, settings: dict | None = None, *, roofline: Roof
         raise NotAvailable("the lesson needs the model's weights, which a model server keeps to itself: "
                            "run it on a local model")
     cfg, tok = info.cfg, engine.tokenizer
-    request = prepare_run(engine, {**(settings or {}), "max_new_tokens": steps}, prompt=prompt, seed=seed, top_n=TOP)
+    if isinstance(settings, SamplingParams):
+        settings = replace(settings, max_new_tokens=steps, seed=settings.seed if seed is None else seed)
+    else:
+        settings = {**(settings or {}), "max_new_tokens": steps}
+    request = prepare_run(engine, settings, prompt=prompt, seed=seed, top_n=TOP)
     ids = list(request.ids)
     events = [ev for ev in engine.run(request) if isinstance(ev, StepEvent)]
     first = events[0]

@@ -3,26 +3,31 @@ numbers of inference.lesson.explain), and move between its chapters without reco
 
 from __future__ import annotations
 
+from dataclasses import replace
 from html import escape
 
 import gradio as gr
 
 from inference.errors import TokenLabError
 from inference.lesson.explain import explain
-from ui.base import PageBase
-from ui.controls import page_message
+from ui.base import PageBase, takes_controls
+from ui.controls import Controls, page_message, parse_seed, sampling_params
 from ui.lesson import render
 
 
 class LessonHandlers(PageBase):
-    def lesson_start(self, prompt, model, request: gr.Request = None) -> dict:
-        """The lesson on this prompt and model, its first chapter shown; a refusal is one line."""
+    @takes_controls("lesson_prompt")
+    def lesson_start(self, c: Controls, prompt, request: gr.Request = None) -> dict:
+        """The lesson on this prompt (completion mode), with the page's model and sampling settings
+        (and seed), its first chapter shown; a refusal is one line."""
         if not isinstance(prompt, str) or not prompt.strip():
             return self._lesson_refused("Type a prompt first (or pick an example): the lesson follows its next token.")
         try:
+            params = sampling_params(c, None)  # every control that cannot be used, named at once
+            params = replace(params, seed=parse_seed(c.seed))
             with self._job(request):
-                m = self.view(model or "")
-                lesson = explain(m.engine, prompt)  # (the roofline measured anew: the machine's load changes)
+                m = self.view(c.model or "")
+                lesson = explain(m.engine, prompt, params)  # (the roofline measured anew: the machine's load changes)
         except TokenLabError as e:
             return self._lesson_refused(page_message(e, one_line=True))
         data = {"model": lesson.model, "prompt": lesson.prompt, "chapters": lesson.chapters}

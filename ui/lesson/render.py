@@ -184,8 +184,8 @@ def _sampling(c: dict) -> tuple[str, str]:
               for r in pen["rows"]]
     ch = c["chosen"]
     settings = (f"This run: temperature {s['temperature']:g}, top-k {s['top_k']} (0 = off), top-p {s['top_p']:g}, "
-                f"repetition penalty {s['repetition_penalty']:g}, seed {s['seed']} (the model's defaults; the page's "
-                "sampling settings change them for your own runs).")
+                f"repetition penalty {s['repetition_penalty']:g}, seed {s['seed']}: the page's sampling settings (change "
+                "them there and start the lesson again to see their effect).")
     return text, (f"<p class='lesson-note'>{escape(settings)}</p>"
                   + "<h4>Temperature: the top candidates' probability at T = " + ", ".join(f"{t:g}" for t in temps) + "</h4>"
                   + _table(["token", "logit", *[f"T = {t:g}" for t in temps]], t_rows)

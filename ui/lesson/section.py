@@ -6,6 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from inference.lesson.explain import EXAMPLES, STEPS
+from ui.controls import NAMES
 from ui.handlers import Handlers
 from ui.public import ENGINE
 
@@ -39,7 +40,8 @@ def build(page, h: Handlers) -> None:
 
 
 def wire(page, h: Handlers) -> None:
-    start = dict(inputs=("lesson_prompt", "model"), outputs=OUTPUTS, api_visibility="private", concurrency_id=ENGINE)
+    # The page's model, sampling settings and seed (its prompt box and mode are not the lesson's).
+    start = dict(inputs=(*NAMES, "lesson_prompt"), outputs=OUTPUTS, api_visibility="private", concurrency_id=ENGINE)
     # The entry opens the panel on the page's prompt and starts the lesson on it at once.
     opened = page["lesson_open"].click(lambda prompt: (gr.update(visible=True), prompt), inputs=page["prompt"],
                                        outputs=[page["lesson_panel"], page["lesson_prompt"]], queue=False,
