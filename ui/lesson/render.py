@@ -7,6 +7,7 @@ import math
 from html import escape
 
 from inference.lesson.summary import mib, si
+from inference.loading.byte_pieces import short_hint
 
 # Each chapter: the panel of the page to explore further (its element id) and its name.
 EXPLORE = {
@@ -33,8 +34,15 @@ def _p(x: float | None) -> str:
     return f"{x:.4f}" if x >= 1e-4 or x == 0 else f"{x:.3g}"
 
 
-def _piece(s: str) -> str:
+def _code(s: str) -> str:
     return f"<code class='lesson-piece'>{escape(s).replace(' ', '␣')}</code>"
+
+
+def _piece(s: str) -> str:
+    """A token's piece; a byte token's says which bytes of a character it holds ("1st of 3 bytes")."""
+    hint = short_hint(s)
+    return (_code(s)
+            + (f" <small class='lesson-hint'>{escape(hint)}</small>" if hint else ""))
 
 
 def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
@@ -63,7 +71,7 @@ def _tokenize(c: dict) -> tuple[str, str]:
                  + ". A model that reads a language this way spends more tokens, and more compute, on it.")
     if ex["multi_character_token"]:
         text += f" The other way round, one token can hold several characters: <code>{escape(ex['multi_character_token'])}</code>."
-    rows = [[str(t["position"]), str(t["id"]), _piece(t["piece"]), str(t["bytes"]), escape(t["byte_hint"] or ("control token" if t["control"] else ""))]
+    rows = [[str(t["position"]), str(t["id"]), _code(t["piece"]), str(t["bytes"]), escape(t["byte_hint"] or ("control token" if t["control"] else ""))]
             for t in c["tokens"]]
     chips = "".join(f"<span class='lesson-chip' title='{escape(g['kind'])}'>{escape(g['label'] if g['tokens'] > 1 else (g['text'] or g['label']))}"
                     f"<small>{g['tokens']} token{'s' if g['tokens'] > 1 else ''}</small></span>" for g in c["groups"])
