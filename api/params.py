@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from api.errors import APIError, bad, request_key
 from inference.errors import InputError, shown
+from inference.sampling.constrain import check
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, CONSTRAINT_KINDS, SETTINGS
 from inference.request import SettingErrors, choose_seed, parse_settings, tokens_message
@@ -179,7 +180,6 @@ def constraint(body: dict) -> dict:
                 raise bad("response_format.json_schema must be an object with a schema", "response_format")
             out = {"constraint": "json_schema", "constraint_text": _schema_text(spec["schema"], "response_format")}
     if out:
-        from inference.sampling.constrain import check
         try:
             check(out["constraint"], out["constraint_text"])
         except InputError as e:

@@ -10,12 +10,12 @@ import gradio as gr
 
 from inference.errors import TokenLabError
 from inference.lesson.explain import explain
-from ui.base import PageBase, takes_controls
+from ui.base import Section, takes_controls
 from ui.controls import Controls, page_message, parse_seed, sampling_params
 from ui.lesson import render
 
 
-class LessonHandlers(PageBase):
+class LessonHandlers(Section):
     @takes_controls("lesson_prompt")
     def lesson_start(self, c: Controls, prompt, request: gr.Request = None) -> dict:
         """The lesson on this prompt (completion mode), with the page's model and sampling settings

@@ -6,9 +6,9 @@ from __future__ import annotations
 import gradio as gr
 
 from inference.lesson.explain import EXAMPLES, STEPS
+from server.limits import ENGINE
 from ui.controls import NAMES
 from ui.handlers import Handlers
-from ui.public import ENGINE
 
 OUTPUTS = ("lesson_data", "lesson_index", "lesson_view", "lesson_back", "lesson_next")
 
@@ -46,14 +46,14 @@ def wire(page, h: Handlers) -> None:
     opened = page["lesson_open"].click(lambda prompt: (gr.update(visible=True), prompt), inputs=page["prompt"],
                                        outputs=[page["lesson_panel"], page["lesson_prompt"]], queue=False,
                                        api_visibility="private")
-    page.on(opened.then, h.lesson_start, **start)
-    page.on(page["lesson_start"].click, h.lesson_start, **start)
+    page.on(opened.then, h.lesson.lesson_start, **start)
+    page.on(page["lesson_start"].click, h.lesson.lesson_start, **start)
     for k, text in enumerate(EXAMPLES):
         chosen = page[f"lesson_example_{k}"].click(lambda t=text: t, outputs=page["lesson_prompt"], queue=False,
                                                     api_visibility="private")
-        page.on(chosen.then, h.lesson_start, **start)
+        page.on(chosen.then, h.lesson.lesson_start, **start)
     moves = dict(inputs=("lesson_data", "lesson_index"), outputs=OUTPUTS[1:], api_visibility="private", queue=False)
-    page.on(page["lesson_next"].click, h.lesson_next, **moves)
-    page.on(page["lesson_back"].click, h.lesson_back, **moves)
+    page.on(page["lesson_next"].click, h.lesson.lesson_next, **moves)
+    page.on(page["lesson_back"].click, h.lesson.lesson_back, **moves)
     page["lesson_close"].click(lambda: gr.update(visible=False), outputs=page["lesson_panel"], queue=False,
                                api_visibility="private")
