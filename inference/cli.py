@@ -36,6 +36,16 @@ def number(text: str) -> int | float:
         return float(text)  # (argparse says "invalid number value" for text that is none)
 
 
+def add_setting_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """A flag per sampling setting of the schema (but the constraint's and `skip`). Defaults:
+    the model's generation_config.json, else the settings' own."""
+    for s in SETTINGS:  # a text setting takes its items as one argument or several
+        if s.stage_name == "constraint" or s.name in skip:  # the constraint's flags: one per kind
+            continue
+        p.add_argument(s.flag, type={str: str, int: int}.get(s.kind, number), default=None, nargs="+" if s.kind is str else None,
+                       help=f"{s.help}; {'' if s.kind is str else 'in '}{s.range_text()}, default {s.default_text()}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="python -m inference", description="Token Lab inference engine",
                      epilog="exit status: 0 after a complete run, 2 for bad arguments, 1 for a "
@@ -52,12 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix-ids", default=None, metavar="ID,ID,...",
                    help="continue after the prompt and these token ids, as a branch of a run: the "
                         "settings count them as generated; the output is the tokens after them")
-    # Sampling defaults: the model's generation_config.json, else the settings' own.
-    for s in SETTINGS:  # a text setting takes its items as one argument or several
-        if s.stage_name == "constraint":  # the flags of each kind of constraint, below
-            continue
-        g.add_argument(s.flag, type={str: str, int: int}.get(s.kind, number), default=None, nargs="+" if s.kind is str else None,
-                       help=f"{s.help}; {'' if s.kind is str else 'in '}{s.range_text()}, default {s.default_text()}")
+    add_setting_args(g)
     kinds = g.add_mutually_exclusive_group()
     for kind, (what, arg, _) in CONSTRAINT_KINDS.items():
         kinds.add_argument("--" + kind.replace("_", "-"), default=None, metavar=arg,
@@ -85,6 +90,18 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--text", required=True)
     st.add_argument("--top", type=int, default=5, help="tokens the model preferred, listed per token (0: none, each token's own probability and rank only)")
     st.add_argument("--jsonl", action="store_true", help="one JSON object per token, then a summary")
+
+    ex = sub.add_parser("explain", help="follow the prompt's next token through the model: every chapter of "
+                                        "the page's lesson, with this prompt's numbers and this machine's measurements")
+    add_model_args(ex)
+    add_engine_args(ex)
+    ex.add_argument("--prompt", required=True)
+    add_setting_args(ex, skip=("max_new_tokens",))
+    ex.add_argument("--seed", type=int, default=None)
+    ex.set_defaults(stop=[])
+    ex.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="tokens the lesson's run makes, and the KV-cache demonstration's steps (default 16)")
+    ex.add_argument("--jsonl", action="store_true", help="one JSON object per chapter (else a short summary per chapter)")
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
     add_model_args(t)
@@ -252,6 +269,24 @@ def _print_samples(samples, jsonl: bool, cancel: threading.Event, params, model:
     return 130 if interrupted else 0
 
 
+def _cmd_explain(args) -> int:
+    from inference.lesson.explain import STEPS, explain
+    from inference.lesson.summary import summary_line
+
+    settings = _settings(args)
+    _sampling_params(args, {})  # bad values fail before the model loads
+    steps = STEPS if args.steps is None else args.steps
+    if not 2 <= steps <= 256:
+        raise InputError(f"--steps must be from 2 to 256, got {steps}")
+    if not args.prompt.strip():
+        raise InputError("the prompt is empty")
+    with open_engine(args) as engine:
+        lesson = explain(engine, args.prompt, settings, steps=steps, seed=args.seed)
+    for chapter in lesson.chapters:
+        print(json.dumps(chapter, ensure_ascii=False) if args.jsonl else summary_line(chapter), flush=True)
+    return 0
+
+
 def _cmd_tokenize(args) -> int:
     with open_engine(args) as engine:
         tok = engine.tokenizer
@@ -313,7 +348,7 @@ def _cmd_score_text(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": _cmd_generate, "tokenize": _cmd_tokenize, "score": _cmd_score,
+        return {"generate": _cmd_generate, "explain": _cmd_explain, "tokenize": _cmd_tokenize, "score": _cmd_score,
                 "score-text": _cmd_score_text}[args.command](args)
     except (InputError, NotAvailable) as e:  # (a setting the engine cannot run is a bad argument too)
         print(f"error: {e}", file=sys.stderr)

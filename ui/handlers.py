@@ -12,6 +12,7 @@ from ui.chat import ChatHandlers
 from ui.edit.handlers import EditHandlers
 from ui.experiments.handlers import ExperimentHandlers
 from ui.inside.handlers import InsideHandlers
+from ui.lesson.handlers import LessonHandlers
 from ui.run.handlers import RunHandlers
 from ui.samples.handlers import SampleHandlers
 from ui.share import ShareHandlers
@@ -37,3 +38,4 @@ class Handlers:
         self.branches = BranchHandlers(self.page, self.run)
         self.edit = EditHandlers(self.page, self.run, self.branches)
         self.work = WorkHandlers(self.page, self.run, self.branches)
+        self.lesson = LessonHandlers(self.page)

@@ -24,6 +24,7 @@ from ui.experiments import section as experiments
 from ui.handlers import Handlers
 from ui.run.handlers import DOWNLOAD_ROUTE
 from ui.inside import section as inside
+from ui.lesson import section as lesson
 from ui.run import section as run
 from ui.run.render import model_card
 from ui.samples import section as samples
@@ -34,7 +35,7 @@ from ui.wiring import Page
 # The page's styles, those of the panels to explore with (many samples, a text's probability),
 # and of editing and saved work.
 PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encoding="utf-8")
-                     for name in ("page.css", "explore.css", "work.css"))
+                     for name in ("page.css", "explore.css", "work.css", "lesson.css"))
 # Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
 SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
 # Gradio 6's status tracker announces "common.complete" to screen readers when an event with a
@@ -67,6 +68,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
+        lesson.build(page, h)  # its entry first: in view on the first screen, wide or narrow
         page.add("model_card", gr.Markdown(model_card(h.page.info), elem_id="model-card"))
         work.build(page, h)
         run.build(page, h, limits_markdown(h.page.limits))
@@ -83,6 +85,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         samples.wire(page, h)
         text_score.wire(page, h)
         inside.wire(page, h)
+        lesson.wire(page, h)
         work.wire(page, h, demo, share.wire(page, h, demo))
         demo.load(None, js=SCROLL_JS)
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them

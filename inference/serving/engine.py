@@ -449,6 +449,13 @@ class Engine:
         with self._work():
             return capture_pattern(self.model, context_ids, layer)
 
+    @contextmanager
+    def internals(self):
+        """The model itself, for a caller's own forward passes (the lesson's: its weights, a run
+        without a cache); close() waits for them as for any other."""
+        with self._work(), torch.inference_mode():
+            yield self.model
+
     def step_logits(self, context_ids: list[int]) -> torch.Tensor:
         """The float32 logits (vocab,) a run computes after context_ids, by one forward pass."""
         if not context_ids:

@@ -25,7 +25,7 @@ RANKS = {
     "inference.samples": 5,
     "inference.contract": 6,
     "inference.serving": 7, "inference.remote": 7,
-    "inference.factory": 8,
+    "inference.factory": 8, "inference.lesson": 8,  # the lesson: numbers of a run on an engine it is given
     "inference.cli": 9,
     "inference.__main__": 10,
     "server": 11,
