@@ -260,7 +260,7 @@ class Scheduler:
     def _drop_cancelled_waiting(self) -> None:
         for run in [r for r in self._waiting if r.cancel.is_set()]:
             self._waiting.remove(run)
-            run.events.put(self._done(run, "cancelled"))
+            run.events.put(self._ending(run, "cancelled"))
             run.released.set()
 
     def _admit(self) -> None:
@@ -551,7 +551,7 @@ class Scheduler:
 
     def _finish(self, run: Run, reason: str) -> None:
         try:  # its last text (the tokenizer's and the stop strings' tail) before its blocks go
-            done = self._done(run, reason)
+            done = self._ending(run, reason)
         except Exception as e:  # noqa: BLE001 - the run ends with its error instead
             self._fail(run, e)
             return
@@ -564,12 +564,17 @@ class Scheduler:
             self._release(run)
             run.events.put(error)
 
-    def _done(self, run: Run, reason: str) -> DoneEvent | BeamDoneEvent:
-        if run.beams is not None:
-            b = run.beams
-            texts = [self.tokenizer.decode([t for t in f.tokens if t not in self.eos_ids]) for f in b.finished]
-            return BeamDoneEvent(reason, list(b.finished), texts, run.n_prompt, b.steps, b.width,
-                                 b.length_penalty, run.max_new, run.capped)
+    def _ending(self, run: Run, reason: str) -> DoneEvent | BeamDoneEvent:
+        """The run's last event: a beam search's finished beams, or a run's DoneEvent."""
+        if run.beams is None:
+            return self._done(run, reason)
+        b = run.beams
+        texts = [self.tokenizer.decode([t for t in f.tokens if t not in self.eos_ids]) for f in b.finished]
+        return BeamDoneEvent(reason, list(b.finished), texts, run.n_prompt, b.steps, b.width,
+                             b.length_penalty, run.max_new, run.capped)
+
+    @staticmethod
+    def _done(run: Run, reason: str) -> DoneEvent:
         tail = "" if reason == "stop" or run.stream is None else run.stops.push(run.stream.flush()) + run.stops.flush()
         decode_s = sum(run.step_ms[1:]) / 1000
         n = len(run.step_ms)

@@ -448,6 +448,9 @@ class RunHandlers(PageBase):
         request = prepare_run(m.engine, params, prompt=c.prompt, chat=chat, system=c.system, history=turns,
                               given=parse_ids(c.prefix_ids, "prefix ids"), top_n=self.top_n,
                               token_cap=self.limits.max_new_tokens)
+        if request.params.num_beams > 1:
+            raise TokenLabError("beam search runs from the command line for now (generate --num-beams N); "
+                                "set Beams to 1 to sample here")
         given = list(request.given)
         return RunRecord(m.label, request.prompt_text, list(request.prompt_ids), seed=request.seed,
                          given=given, given_text=continued_text(m.tokenizer, given),
