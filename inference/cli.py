@@ -295,6 +295,10 @@ def _cmd_generate(args) -> int:
         request = prepare_run(engine, _settings(args), prompt=args.prompt, chat=args.chat, system=args.system,
                               given=given, seed=seed, stop=args.stop, top_n=args.top)
         name = engine.describe().name
+        if request.params.num_beams > 1:
+            if args.n != 1:
+                raise InputError("--num-beams and --n together are not served: a beam search returns its beams")
+            return _print_beams(engine.run(request, cancel), args.jsonl, cancel, name)
         if args.n != 1:
             samples = engine.generate_many(list(request.prompt_ids), request.params, args.n, args.top, cancel)
             return _print_samples(samples, args.jsonl, cancel, request.params, name)
@@ -333,6 +337,33 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
             sys.stdout.flush()
         if isinstance(ev, DoneEvent):
             return 130 if ev.reason == "interrupted" else 0
+    return 0
+
+
+def _print_beams(events, jsonl: bool, cancel: threading.Event, model: str | None) -> int:
+    """A beam search: with --jsonl a line per step (every hypothesis, its cumulative log-probability
+    and status) and the summary with every finished beam; else the best beam's text with its
+    score, then the other finished beams, best first. 130 after Ctrl-C."""
+    from inference.events import BeamDoneEvent, BeamStepEvent
+
+    for ev in events:
+        if isinstance(ev, BeamStepEvent) and jsonl:
+            print(json.dumps(ev.to_json(), ensure_ascii=False), flush=True)
+        if not isinstance(ev, BeamDoneEvent):
+            continue
+        reason = "interrupted" if ev.reason == "cancelled" and cancel.is_set() else ev.reason
+        if jsonl:
+            print(json.dumps({**ev.to_json(), "reason": reason, **({"model": model} if model else {})},
+                             ensure_ascii=False), flush=True)
+        else:
+            for i, (beam, text) in enumerate(zip(ev.beams, ev.texts)):
+                if i:
+                    print(f"--- beam {i + 1} ---")
+                print(text)
+                print(f"[beam {i + 1}: score {beam.score:.4f} = log p {beam.logprob:.4f} / "
+                      f"{len(beam.tokens)}^{ev.length_penalty:g}]", flush=True)
+            print(f"[{reason}: {ev.num_beams} beams, {ev.steps} steps, {len(ev.beams)} finished]", file=sys.stderr)
+        return 130 if reason == "interrupted" else 0
     return 0
 
 

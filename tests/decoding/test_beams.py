@@ -187,3 +187,25 @@ def test_beam_settings_that_cannot_apply_are_refused_in_one_line(tiny_engine):
     with pytest.raises(InputError, match="stop strings"):
         prepare_run(tiny_engine, {"num_beams": 2}, prompt="Hi", stop=["x"])
     prepare_run(tiny_engine, {"num_beams": 2, "temperature": 0}, prompt="Hi")  # no draw asked: allowed
+
+
+def test_cli_prints_the_best_beam_with_its_score_then_the_others(tiny_dirs, tiny_engine, hf, capsys):
+    import json
+    from inference.cli import main
+    base = ["generate", "--model", str(tiny_dirs["gqa_tied"]), "--device", "cpu", "--dtype", "float32",
+            "--prompt", PROMPTS[0], "--num-beams", "3", "--length-penalty", "0.5", "--max-new-tokens", "6"]
+    assert main(base + ["--jsonl"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["step"] for x in lines[:-1]] == list(range(len(lines) - 1))
+    assert all({"cumulative", "status", "parent", "piece"} <= set(h) for x in lines[:-1] for h in x["hypotheses"])
+    summary = lines[-1]
+    assert summary["num_beams"] == 3 and [b["rank"] for b in summary["beams"]] == [1, 2, 3]
+    ids = tiny_engine.tokenizer.encode(PROMPTS[0])  # the same checkpoint: the same ids and end tokens
+    eos = tiny_engine.eos_ids
+    seqs, scores = hf_beams(hf, ids, 3, 0.5, 6, eos)
+    assert [b["token_ids"] for b in summary["beams"]] == seqs
+    assert max(abs(b["score"] - r) for b, r in zip(summary["beams"], scores)) < 1e-4
+    assert main(base) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == summary["beams"][0]["text"] and f"score {summary['beams'][0]['score']:.4f}" in out[1]
+    assert out[2] == "--- beam 2 ---" and out[3] == summary["beams"][1]["text"]
