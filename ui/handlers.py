@@ -12,8 +12,9 @@ from ui.run.handlers import DOWNLOAD_ROUTE, KEEP_FILES, RUN_OUTPUTS, STALE_PANEL
 from ui.samples.handlers import SampleHandlers
 from ui.share import ShareHandlers
 from ui.text_score.handlers import TextScoreHandlers
+from ui.decoding.handlers import DecodingHandlers
 
 
 class Handlers(RunHandlers, ExperimentHandlers, SampleHandlers, TextScoreHandlers, InsideHandlers, ChatHandlers,
-               ShareHandlers, BranchHandlers, EditHandlers, WorkHandlers):
+               ShareHandlers, BranchHandlers, EditHandlers, WorkHandlers, DecodingHandlers):
     """The engine (inference.contract's Engine), the run registry and the limits, passed in."""

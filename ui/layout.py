@@ -25,6 +25,7 @@ from ui.run import section as run
 from ui.run.render import model_card
 from ui.samples import section as samples
 from ui.text_score import section as text_score
+from ui.decoding import section as decoding
 from ui.work import section as work
 from ui.sessions import HeartbeatWatch, session_capacity
 from ui.wiring import Page
@@ -32,7 +33,7 @@ from ui.wiring import Page
 # The page's styles, those of the panels to explore with (many samples, a text's probability),
 # and of editing and saved work.
 PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encoding="utf-8")
-                     for name in ("page.css", "explore.css", "work.css"))
+                     for name in ("page.css", "explore.css", "work.css", "decoding.css"))
 # Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
 SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
 # Gradio 6's status tracker announces "common.complete" to screen readers when an event with a
@@ -71,6 +72,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         experiments.build(page, h)
         samples.build(page, h)
         text_score.build(page, h)
+        decoding.build(page, h)
         inside.build(page, h)
         work.keep(page, h)  # its hooks last, before any run's events are wired
         chain_run = run.wire(page, h, demo)
@@ -80,6 +82,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         experiments.wire(page, h)
         samples.wire(page, h)
         text_score.wire(page, h)
+        decoding.wire(page, h)
         inside.wire(page, h)
         work.wire(page, h, demo, share.wire(page, h, demo))
         demo.load(None, js=SCROLL_JS)

@@ -115,11 +115,6 @@ def build(page, h: Handlers, limits_md: str) -> None:
                                                             elem_id="constraint-check"))
                         add("constraint_example", gr.Dropdown(list(constrain.EXAMPLES), value=None,
                                                               label="Ready examples", elem_id="constraint-example"))
-                    with add("decoding_box", gr.Accordion("Decoding: beam search", open=False, elem_id="decoding")):
-                        for s in BY_NAME.values():
-                            if s.group == "decoding":
-                                add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
-                                                            available=s.name in h.caps.settings))
                     more = [s for s in BY_NAME.values() if s.group == "more"]
                     with add("more", gr.Accordion("More settings: min-p, penalties, logit bias, typical-p, cutoffs, "
                                                   "top-nσ, dynamic temperature, XTC, DRY, Mirostat, sampler order, "
