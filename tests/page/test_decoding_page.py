@@ -9,7 +9,7 @@ PROMPT = "The quick brown fox jumps over the quick brown"
 
 
 def test_beam_search_draws_every_step_and_ranks_the_engines_beams(h, tiny_engine):
-    c = Controls(prompt=PROMPT, num_beams=3, max_new_tokens=5, temperature=1.0, top_p=1.0)
+    c = Controls(prompt=PROMPT, num_beams=3, max_new_tokens=5, temperature=0.7, top_p=0.9)  # the model's defaults
     out = h.beam_search(*c.values())
     assert "Beam search" in out["decoding_md"] and "3 beams" in out["decoding_md"]
     view = out["decoding_view"]
@@ -20,11 +20,11 @@ def test_beam_search_draws_every_step_and_ranks_the_engines_beams(h, tiny_engine
     assert f"{done.beams[0].score:.4f}" in out["decoding_md"]  # the engine's best beam, its score
 
 
-def test_the_beam_button_refuses_one_beam_and_sampling_stages(h):
+def test_the_beam_button_refuses_one_beam_and_says_sampling_stages_do_not_apply(h):
     out = h.beam_search(*Controls(prompt=PROMPT, num_beams=1).values())
     assert "Beams to 2 or more" in out["decoding_md"] and out["decoding_view"] == ""
-    out = h.beam_search(*Controls(prompt=PROMPT, num_beams=2, top_k=5).values())
-    assert "cannot apply" in out["decoding_md"]
+    out = h.beam_search(*Controls(prompt=PROMPT, num_beams=2, top_k=5, max_new_tokens=3).values())
+    assert "The sampling settings (Top-k) do not apply to a beam search." in out["decoding_md"]
 
 
 def test_speculative_run_shows_each_decision(h):

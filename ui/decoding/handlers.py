@@ -10,6 +10,7 @@ from inference.decoding.drafters import make_drafter
 from inference.decoding.speculative import SpecDoneEvent, SpecStepEvent, Speculator
 from inference.errors import InputError, TokenLabError
 from inference.events import BeamDoneEvent, BeamStepEvent
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
 from ui.base import PageBase, takes_controls
 from ui.controls import Controls, page_message
 from ui.decoding import render
@@ -25,25 +26,34 @@ def whole(value, what: str) -> int:
     raise InputError(f"{what} must be a whole number, got {value!r}")
 
 
+def split(events, step_type, done_type) -> tuple[list, object]:
+    """A run's step events, in order, and its last event (the run is read to its end)."""
+    steps, done = [], None
+    for ev in events:
+        if isinstance(ev, step_type):
+            steps.append(ev)
+        elif isinstance(ev, done_type):
+            done = ev
+    return steps, done
+
+
 class DecodingHandlers(PageBase):
     @takes_controls()
     def beam_search(self, c: Controls, request: gr.Request = None) -> dict:
         """The page's prompt and settings with Beams above 1: the tree and the ranked beams."""
         try:
-            rec = self._prepare(c, None, beams=True)
+            # Beams rank by the model's own log-probabilities: the sampling stages are set aside, and said so.
+            moved = [BY_NAME[n].label for n in FILTER_SETTINGS if getattr(c, n) != BY_NAME[n].neutral]
+            rec = self._prepare(c, None, beams=True, **{n: BY_NAME[n].neutral for n in FILTER_SETTINGS})
             if rec.params.num_beams < 2:
                 raise InputError("set Beams to 2 or more for a beam search")
             m = self.view(rec.model)
-            steps, done = [], None
             with self._job(request) as cancel:
-                for ev in m.engine.run(rec.request, cancel):
-                    if isinstance(ev, BeamStepEvent):
-                        steps.append(ev)
-                    elif isinstance(ev, BeamDoneEvent):
-                        done = ev
+                steps, done = split(m.engine.run(rec.request, cancel), BeamStepEvent, BeamDoneEvent)
         except TokenLabError as e:
             return {"decoding_md": page_message(e, one_line=True), "decoding_view": ""}
-        return {"decoding_md": render.beam_summary_md(done), "decoding_view": render.beam_tree_html(steps, done)}
+        note = f" The sampling settings ({', '.join(moved)}) do not apply to a beam search." if moved else ""
+        return {"decoding_md": render.beam_summary_md(done) + note, "decoding_view": render.beam_tree_html(steps, done)}
 
     @takes_controls("drafter", "exit_layer", "draft_tokens")
     def speculative(self, c: Controls, drafter, exit_layer, draft_tokens, request: gr.Request = None) -> dict:
@@ -57,13 +67,8 @@ class DecodingHandlers(PageBase):
             k, layer = whole(draft_tokens, "proposals a round"), whole(exit_layer, "the early exit's layer")
             spec = "prompt-lookup" if drafter == "prompt-lookup" else f"early-exit:{layer}"
             made = make_drafter(spec, m.engine, len(rec.request.ids) + rec.request.max_new + k + 1)
-            steps, done = [], None
             with self._job(request) as cancel:
-                for ev in Speculator(m.engine, made, k).run(rec.request, cancel):
-                    if isinstance(ev, SpecStepEvent):
-                        steps.append(ev)
-                    elif isinstance(ev, SpecDoneEvent):
-                        done = ev
+                steps, done = split(Speculator(m.engine, made, k).run(rec.request, cancel), SpecStepEvent, SpecDoneEvent)
         except TokenLabError as e:
             return {"decoding_md": page_message(e, one_line=True), "decoding_view": ""}
         return {"decoding_md": render.spec_summary_md(done), "decoding_view": render.spec_table_html(steps)}

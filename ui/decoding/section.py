@@ -35,8 +35,8 @@ def build(page, h: Handlers) -> None:
             add("beam_button", gr.Button("Run beam search", variant="primary", elem_id="beam-search"))
         with gr.Row():
             add("drafter", gr.Dropdown(DRAFTERS, value="prompt-lookup", label="Drafter", elem_id="drafter"))
-            add("exit_layer", gr.Slider(1, max(1, layers - 1), value=max(1, layers // 4), step=1,
-                                        label="Early exit after layer", elem_id="exit-layer"))
+            add("exit_layer", gr.Number(max(1, layers // 4), precision=0, minimum=1, maximum=max(1, layers - 1),
+                                        label=f"Early exit after layer (1-{max(1, layers - 1)})", elem_id="exit-layer"))
             add("draft_tokens", gr.Slider(1, MAX_DRAFT_TOKENS, value=4, step=1, label="Proposals a round (K)",
                                           elem_id="draft-tokens"))
             add("spec_button", gr.Button("Run speculative decoding", variant="primary", elem_id="speculative"))
