@@ -50,8 +50,18 @@ def plain(engine, request) -> tuple[list[int], float]:
     return tokens, (len(tokens) - 1) / (t0 - first)
 
 
+class NoProposals:
+    """A drafter that proposes nothing: each round is one plain step on the speculative path
+    (contiguous caches on the caller's thread), to tell that path's cost from the method's."""
+    name = "none"
+
+    def propose(self, ids, k, params, generator):
+        return []
+
+
 def speculative(engine, request, spec: str, k: int, draft) -> tuple[list[int], float, SpecDoneEvent]:
-    drafter = make_drafter(spec, engine, len(request.ids) + request.max_new + k + 1, lambda name: draft)
+    drafter = NoProposals() if spec == "none" else \
+        make_drafter(spec, engine, len(request.ids) + request.max_new + k + 1, lambda name: draft)
     tokens, first = [], None
     for ev in Speculator(engine, drafter, k).run(request):
         if isinstance(ev, SpecStepEvent):
@@ -76,7 +86,7 @@ def main() -> None:
     with Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib) as engine:
         engine.eos_ids = set()  # every run makes --tokens tokens: the rates compare like with like
         info = engine.describe()
-        drafters = ["prompt-lookup", *(f"early-exit:{n}" for n in args.early_exit), "model:self"]
+        drafters = ["none", "prompt-lookup", *(f"early-exit:{n}" for n in args.early_exit), "model:self"]
         rows = []
         for name, prompt in PROMPTS.items():
             request = prepare_run(engine, {"temperature": 0, "max_new_tokens": args.tokens}, prompt=prompt, top_n=5)
@@ -111,7 +121,8 @@ def main() -> None:
               "model:self drafts with the target itself (every proposal accepted: the mechanism's cost "
               "without a smaller model; no second model with SmolLM2's tokenizer is on this machine). "
               "Plain runs go through the scheduler's paged step; speculative runs through contiguous "
-              "caches on the caller's thread.",
+              "caches on the caller's thread: `none` is that path with no proposals (one plain step a round), "
+              "the baseline the drafters' gain is made on.",
               f"Machine: {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}; commit {commit}."]
     out = ROOT / "bench" / "measured" / f"{info.where.split(':')[0]}-speculative-{info.name.lower().replace('-instruct', '')}.md"
     out.write_text("\n".join(lines) + "\n")
