@@ -209,3 +209,28 @@ def test_cli_prints_the_best_beam_with_its_score_then_the_others(tiny_dirs, tiny
     out = capsys.readouterr().out.splitlines()
     assert out[0] == summary["beams"][0]["text"] and f"score {summary['beams'][0]['score']:.4f}" in out[1]
     assert out[2] == "--- beam 2 ---" and out[3] == summary["beams"][1]["text"]
+
+
+def test_a_beam_search_that_fails_or_is_closed_ends_alone_and_gives_its_blocks_back(tiny_engine, monkeypatch):
+    from inference.decoding import beams
+    pool = tiny_engine.scheduler.pool
+    before = pool.blocks_used
+    real = beams.BeamSearch.step
+
+    def failing(self, logits):
+        if self.steps == 2:
+            raise RuntimeError("injected")
+        return real(self, logits)
+
+    monkeypatch.setattr(beams.BeamSearch, "step", failing)
+    request = prepare_run(tiny_engine, {"num_beams": 3, "max_new_tokens": 6}, prompt=PROMPTS[1])
+    with pytest.raises(RuntimeError, match="injected"):
+        list(tiny_engine.run(request))
+    assert pool.blocks_used == before
+    monkeypatch.setattr(beams.BeamSearch, "step", real)
+    events = tiny_engine.run(request)
+    assert isinstance(next(events), BeamStepEvent)
+    events.close()  # a closed stream: the search is cancelled, its shared and copied blocks go back
+    assert pool.blocks_used == before
+    plain = prepare_run(tiny_engine, {"temperature": 0, "max_new_tokens": 3}, prompt=PROMPTS[0])
+    assert isinstance(list(tiny_engine.run(plain))[-1], DoneEvent)  # the engine serves on
