@@ -34,3 +34,11 @@ def test_speculative_run_shows_each_decision(h):
     assert out["decoding_view"].count("<tr class=") == 8
     out = h.speculative(*Controls(prompt=PROMPT, repetition_penalty=1.3).values(), "prompt-lookup", 1, 3)
     assert "repetition_penalty" in out["decoding_md"] and out["decoding_view"] == ""
+
+
+def test_generate_refuses_beams_in_one_line(h):
+    import gradio as gr
+    import pytest
+    with pytest.raises(gr.Error) as e:
+        list(h.generate(*Controls(prompt=PROMPT, num_beams=2, max_new_tokens=3).values()))
+    assert "Run beam search" in str(e.value) and "\n" not in str(e.value)
