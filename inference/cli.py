@@ -72,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
     g.add_argument("--top", type=int, default=5, help="candidates reported per step (in --jsonl's lines)")
     g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
+    g.add_argument("--speculative", default=None, metavar="DRAFTER",
+                   help="speculative decoding with a drafter: prompt-lookup (n-grams of the context), "
+                        "early-exit:L (this model's first L layers through its LM head) or model:NAME "
+                        "(a second model with the same tokenizer); the text's distribution is the model's own")
+    g.add_argument("--draft-tokens", type=int, default=4, metavar="K",
+                   help="tokens the drafter proposes per round, checked in one forward pass (default 4)")
     g.add_argument("--n", type=int, default=1, metavar="N",
                    help=f"draw N samples at once (1..{MAX_SAMPLES}), sample k with seed --seed + k "
                         "(a random start without --seed); every line and summary says its sample and seed")
@@ -197,6 +203,14 @@ def _cmd_generate(args) -> int:
         request = prepare_run(engine, _settings(args), prompt=args.prompt, chat=args.chat, system=args.system,
                               given=given, seed=seed, stop=args.stop, top_n=args.top)
         name = engine.describe().name
+        if args.speculative is not None:
+            if args.n != 1 or given:
+                raise InputError("--speculative runs one sample of a prompt: not with --n or --prefix-ids")
+            return _speculative(args, engine, request, cancel, name)
+        if request.params.num_beams > 1:
+            if args.n != 1:
+                raise InputError("--num-beams and --n together are not served: a beam search returns its beams")
+            return _print_beams(engine.run(request, cancel), args.jsonl, cancel, name)
         if args.n != 1:
             samples = engine.generate_many(list(request.prompt_ids), request.params, args.n, args.top, cancel)
             return _print_samples(samples, args.jsonl, cancel, request.params, name)
@@ -235,6 +249,75 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
             sys.stdout.flush()
         if isinstance(ev, DoneEvent):
             return 130 if ev.reason == "interrupted" else 0
+    return 0
+
+
+def _speculative(args, engine, request, cancel: threading.Event, model: str | None) -> int:
+    """A speculative run: with --jsonl a line per token (proposed? accepted? p, q, the coin) and
+    the summary; else the text, and on stderr the acceptance and the target passes."""
+    from contextlib import ExitStack
+
+    from inference.decoding.drafters import make_drafter
+    from inference.decoding.speculative import SpecDoneEvent, Speculator, check_speculative
+    from inference.serving.engine import Engine
+
+    check_speculative(request.params, args.draft_tokens)
+    if not hasattr(engine, "model"):
+        raise InputError("speculative decoding needs the local engine (the model's own forward passes)")
+    with ExitStack() as drafts:
+        def load(name):
+            return drafts.enter_context(Engine.load(name, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib))
+        capacity = len(request.ids) + request.max_new + args.draft_tokens + 1
+        drafter = make_drafter(args.speculative, engine, capacity, load)
+        printed = []
+        for ev in Speculator(engine, drafter, args.draft_tokens, top_n=args.top).run(request, cancel):
+            done = isinstance(ev, SpecDoneEvent)
+            reason = ("interrupted" if ev.reason == "cancelled" and cancel.is_set() else ev.reason) if done else None
+            if args.jsonl:
+                line = {**ev.to_json(), "reason": reason, **({"model": model} if model else {})} if done else ev.to_json()
+                print(json.dumps(line, ensure_ascii=False), flush=True)
+            elif not done:
+                printed.append(ev.text)
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            else:
+                rate = ev.acceptance_rate
+                sys.stdout.write(ev.text[len("".join(printed)):] + "\n")
+                print(f"[{reason}: {_tokens(ev.generated_tokens)} in {ev.rounds} target passes, "
+                      f"{ev.accepted} of {ev.proposed} proposals accepted"
+                      + (f" ({rate:.0%})" if rate is not None else "")
+                      + f", {ev.drafter}, {ev.draft_tokens} a round, "
+                      f"{ev.generated_tokens / ev.decode_ms * 1000 if ev.decode_ms else 0:.1f} tok/s, seed {ev.seed}]",
+                      file=sys.stderr)
+            if done:
+                return 130 if reason == "interrupted" else 0
+    return 0
+
+
+def _print_beams(events, jsonl: bool, cancel: threading.Event, model: str | None) -> int:
+    """A beam search: with --jsonl a line per step (every hypothesis, its cumulative log-probability
+    and status) and the summary with every finished beam; else the best beam's text with its
+    score, then the other finished beams, best first. 130 after Ctrl-C."""
+    from inference.events import BeamDoneEvent, BeamStepEvent
+
+    for ev in events:
+        if isinstance(ev, BeamStepEvent) and jsonl:
+            print(json.dumps(ev.to_json(), ensure_ascii=False), flush=True)
+        if not isinstance(ev, BeamDoneEvent):
+            continue
+        reason = "interrupted" if ev.reason == "cancelled" and cancel.is_set() else ev.reason
+        if jsonl:
+            print(json.dumps({**ev.to_json(), "reason": reason, **({"model": model} if model else {})},
+                             ensure_ascii=False), flush=True)
+        else:
+            for i, (beam, text) in enumerate(zip(ev.beams, ev.texts)):
+                if i:
+                    print(f"--- beam {i + 1} ---")
+                print(text)
+                print(f"[beam {i + 1}: score {beam.score:.4f} = log p {beam.logprob:.4f} / "
+                      f"{len(beam.tokens)}^{ev.length_penalty:g}]", flush=True)
+            print(f"[{reason}: {ev.num_beams} beams, {ev.steps} steps, {len(ev.beams)} finished]", file=sys.stderr)
+        return 130 if reason == "interrupted" else 0
     return 0
 
 

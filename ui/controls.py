@@ -57,6 +57,8 @@ class Controls:
     constraint: str = DEFAULT['constraint']
     constraint_text: str = DEFAULT['constraint_text']
     max_new_tokens: int = DEFAULT['max_new_tokens']
+    num_beams: int = DEFAULT['num_beams']
+    length_penalty: float = DEFAULT['length_penalty']
     seed: str = ""
     stop: str = ""
     prefix_ids: str = ""

@@ -18,6 +18,7 @@ from ui.samples.handlers import SampleHandlers
 from ui.share import ShareHandlers
 from ui.text_score.handlers import TextScoreHandlers
 from ui.work.handlers import WorkHandlers
+from ui.decoding.handlers import DecodingHandlers
 
 
 class Handlers:
@@ -39,3 +40,4 @@ class Handlers:
         self.edit = EditHandlers(self.page, self.run, self.branches)
         self.work = WorkHandlers(self.page, self.run, self.branches)
         self.lesson = LessonHandlers(self.page)
+        self.decoding = DecodingHandlers(self.page, self.run)

@@ -19,6 +19,7 @@ from server.limits import Limits
 from server.sessions import HeartbeatWatch, session_capacity
 from ui import chat, share
 from ui.branches import section as branches
+from ui.decoding import section as decoding
 from ui.edit import section as edit
 from ui.experiments import section as experiments
 from ui.handlers import Handlers
@@ -35,7 +36,7 @@ from ui.wiring import Page
 # The page's styles, those of the panels to explore with (many samples, a text's probability),
 # and of editing and saved work.
 PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encoding="utf-8")
-                     for name in ("page.css", "explore.css", "work.css", "lesson.css"))
+                     for name in ("page.css", "explore.css", "work.css", "lesson.css", "decoding.css"))
 # Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
 SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
 # Gradio 6's status tracker announces "common.complete" to screen readers when an event with a
@@ -75,6 +76,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         experiments.build(page, h)
         samples.build(page, h)
         text_score.build(page, h)
+        decoding.build(page, h)
         inside.build(page, h)
         work.keep(page, h)  # its hooks last, before any run's events are wired
         chain_run = run.wire(page, h, demo)
@@ -84,6 +86,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         experiments.wire(page, h)
         samples.wire(page, h)
         text_score.wire(page, h)
+        decoding.wire(page, h)
         inside.wire(page, h)
         lesson.wire(page, h)
         work.wire(page, h, demo, share.wire(page, h, demo))

@@ -74,6 +74,8 @@ class SamplingParams:
     constraint: str = DEFAULT['constraint']
     constraint_text: str = DEFAULT['constraint_text']
     max_new_tokens: int = DEFAULT['max_new_tokens']
+    num_beams: int = DEFAULT['num_beams']
+    length_penalty: float = DEFAULT['length_penalty']
     seed: int | None = None  # None = random; the seed used is reported
     stop: tuple[str, ...] = ()
 

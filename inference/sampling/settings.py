@@ -294,6 +294,13 @@ SETTINGS: tuple[Setting, ...] = (
             strip=False, sent_by_stage=True),
     Setting("max_new_tokens", int, 128, 1, None, "Max new tokens", "at most this many tokens "
             "are generated", step=1, server_key="max_tokens", shapes=False),
+    # Decoding methods other than one sample a step (inference/decoding/): not stages, they
+    # choose among the model's own distributions.
+    Setting("num_beams", int, 1, 1, 8, "Beams", "beam search with this many beams, ranked by the "
+            "model's own log-probabilities; 1 = off (sampling)", step=1, group="decoding", shapes=False),
+    Setting("length_penalty", float, 1.0, -5.0, 5.0, "Length penalty", "a finished beam's score is its "
+            "log-probability / length^penalty (transformers'); above 0 favours longer beams", step=0.1,
+            group="decoding", shapes=False),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
 DEFAULT = {s.name: s.default for s in SETTINGS}

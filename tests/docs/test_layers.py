@@ -20,7 +20,7 @@ RANKS = {
     "inference.errors": 0, "inference.events": 0, "inference.paths": 0,
     "inference.device": 1,
     "inference.model": 2, "inference.sampling": 2,
-    "inference.loading": 3,
+    "inference.loading": 3, "inference.decoding": 3,
     "inference.request": 4,
     "inference.samples": 5,
     "inference.contract": 6,

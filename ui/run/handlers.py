@@ -449,7 +449,7 @@ class RunHandlers(Section):
             return {}
         return {"bars": self._bars(rec.steps[i], rec=rec, pick=True), "step": gr.update(value=i)}
 
-    def prepare(self, c: Controls, seed: int | None, history=None, **override) -> RunRecord:
+    def prepare(self, c: Controls, seed: int | None, history=None, beams: bool = False, **override) -> RunRecord:
         """A run of the page's controls, prepared by the one function every door calls
         (inference.request.prepare_run), in an empty record ready to run. seed: the run's
         (None: the one typed, else chosen there); override: settings that replace the controls'
@@ -466,6 +466,9 @@ class RunHandlers(Section):
         request = prepare_run(m.engine, params, prompt=c.prompt, chat=chat, system=c.system, history=turns,
                               given=parse_ids(c.prefix_ids, "prefix ids"), top_n=self.top_n,
                               token_cap=self.limits.max_new_tokens)
+        if request.params.num_beams > 1 and not beams:
+            raise TokenLabError("Beams is above 1: run the beam search with \"Run beam search\" in the decoding "
+                                "section, or set Beams to 1 to sample")
         given = list(request.given)
         return RunRecord(m.label, request.prompt_text, list(request.prompt_ids), seed=request.seed,
                          given=given, given_text=m.tokenizer.continuation_text(given),
