@@ -9,45 +9,8 @@ import sys
 import threading
 from contextlib import contextmanager
 
-from inference.cli import add_engine_args, add_model_args
-
-AUTH_ENV = "TOKENLAB_AUTH"
-
-
-def _login(text: str) -> tuple[str, str] | None:
-    user, sep, password = text.strip().partition(":")
-    return (user, password) if sep and user and password else None
-
-
-def read_logins(args, p: argparse.ArgumentParser, environ=os.environ) -> list[tuple[str, str]]:
-    """The logins of --auth, --auth-file (one USER:PASSWORD a line; blank lines and lines
-    starting with # are skipped) and $TOKENLAB_AUTH (USER:PASSWORD), all of them. A bad entry
-    is an error that names where it is, never what it says (it may hold a password)."""
-    logins = []
-    if args.auth is not None:
-        if (login := _login(args.auth)) is None:
-            p.error("--auth must be USER:PASSWORD")
-        logins.append(login)
-    if args.auth_file is not None:
-        try:
-            with open(args.auth_file, encoding="utf-8") as f:
-                lines = f.read().splitlines()
-        except (OSError, UnicodeDecodeError) as e:
-            p.error(f"--auth-file: cannot read {args.auth_file}: {getattr(e, 'strerror', None) or e}")
-        for n, line in enumerate(lines, 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            if (login := _login(line)) is None:
-                p.error(f"--auth-file {args.auth_file}, line {n}: expected USER:PASSWORD")
-            logins.append(login)
-        if not logins:
-            p.error(f"--auth-file {args.auth_file}: no USER:PASSWORD line")
-    if environ.get(AUTH_ENV):
-        if (login := _login(environ[AUTH_ENV])) is None:
-            p.error(f"${AUTH_ENV} must be USER:PASSWORD")
-        logins.append(login)
-    return logins
-
+from inference.factory import add_engine_args, add_model_args
+from server.logins import AUTH_ENV, parse_login, read_logins
 
 def count(text: str) -> int:
     value = int(text)
@@ -84,13 +47,13 @@ def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.logins = read_logins(args, p, environ)
     if args.auth is not None:
-        args.auth = _login(args.auth)
+        args.auth = parse_login(args.auth)
     return args
 
 
 def limits_for(args):
     """The limits of a --share page by default, none otherwise; the flags set each one."""
-    from ui.public import Limits
+    from server.limits import Limits
     values = dict(max_new_tokens=args.max_new_tokens_cap, runs_per_client=args.runs_per_client,
                   sessions_per_client=args.sessions_per_client, max_samples=args.max_samples)
     return Limits.shared(**values) if args.share else Limits.local(**values)
@@ -171,8 +134,18 @@ def _end_streams(demo, models) -> None:
         app.stop_event.set()
 
 
+def serve(demo, engine, *, auth=None, **kwargs):
+    """The page (ui.layout.launch's arguments) and, beside it on the same server, the
+    OpenAI-compatible API: the same engine, run registry, per-visitor limits and logins."""
+    from api.routes import API
+    from ui.layout import launch
+    h = demo.tokenlab_handlers
+    logins = [auth] if isinstance(auth, tuple) else list(auth or [])
+    return launch(demo, engine, auth=auth, beside=[API(engine, h.page.registry, h.page.limits, logins, h.page.models)], **kwargs)
+
+
 def _serve(args, before_stop: list) -> int:
-    from inference.cli import open_models
+    from inference.factory import open_models
     from inference.errors import InputError, TokenLabError
 
     try:
@@ -181,7 +154,7 @@ def _serve(args, before_stop: list) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, InputError) else 1
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch, limits_markdown
+    from ui.layout import build_ui, limits_markdown
 
     with models:
         engine = models.engine()
@@ -206,12 +179,38 @@ def _serve(args, before_stop: list) -> int:
         demo = build_ui(engine, handlers)
         before_stop.append(lambda: _end_streams(demo, models))
         try:  # launch returns when Gradio's wait ends (Ctrl-C, SIGTERM)
-            launch(demo, engine, host=args.host, port=args.port, share=args.share,
+            serve(demo, engine, host=args.host, port=args.port, share=args.share,
                    auth=args.logins or None)
         finally:
             demo.close(verbose=False)
     print("Token Lab stopped", file=sys.stderr)
     return 0
+
+
+def cli_commands() -> tuple[str, ...]:
+    """The subcommands of `python -m inference`, as its parser names them."""
+    from inference.cli import build_parser
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return tuple(sub.choices)
+
+
+def token_lab(argv: list[str] | None = None) -> int:
+    """`token-lab`, the command `pip install .` makes (pyproject.toml's [project.scripts]):
+    `token-lab [--model ...] [--port N] [--share] ...` opens the page exactly as `python app.py ...`;
+    `token-lab generate|tokenize|score|score-text ...` runs the engine from the command line exactly
+    as `python -m inference ...`. Same options, same exit status."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    names = cli_commands()
+    if argv and argv[0] in names:
+        from inference.cli import main as cli_main
+        return cli_main(argv)
+    if argv[:1] in (["-h"], ["--help"]):
+        print(f"token-lab {{{','.join(names)}}} ...: the engine from the command line, as `python -m "
+              "inference` (`token-lab generate --help`). Otherwise token-lab opens the page, as "
+              "`python app.py`:\n")
+        sys.stdout.flush()
+    return main(argv)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from fastapi.responses import JSONResponse
 
 from inference.errors import (ContextTooLong, EngineClosed, EngineDown, InputError, ModelNotServed, NotAvailable,
                               ResourceError, ServerError, TokenLabError)
+from inference.sampling.settings import BY_NAME
 
 
 class APIError(Exception):
@@ -37,7 +38,6 @@ def bad(message: str, param: str | None = None) -> APIError:
 def request_key(field: str | None) -> str | None:
     """A setting's name (inference.errors.InputError.field) as the request's field: the key
     vLLM's request uses for it where it has one (max_new_tokens is max_tokens)."""
-    from inference.sampling.settings import BY_NAME
     s = BY_NAME.get(field)
     return (s.server_key or s.name) if s is not None else field
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 
 from api.errors import APIError, bad, request_key
 from inference.errors import InputError, shown
+from inference.sampling.constrain import check
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, CONSTRAINT_KINDS, SETTINGS
 from inference.request import SettingErrors, choose_seed, parse_settings, tokens_message
@@ -27,8 +28,9 @@ COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 MAX_BIAS = 100  # a logit bias in [-100, 100], as OpenAI's API takes it
 
 # Each sampling setting's request key: vLLM's name where the schema gives it, else its own.
+# (The decoding group, beam search, is not served by the API yet: its requests would need beams' answers.)
 SAMPLING_KEYS = {(s.server_key or s.name): s for s in SETTINGS
-                 if s.name != "max_new_tokens" and s.stage_name != "constraint"}
+                 if s.name != "max_new_tokens" and s.stage_name != "constraint" and s.group != "decoding"}
 MAX_TOKENS = BY_NAME["max_new_tokens"].server_key  # "max_tokens"
 # vLLM's top_k is -1 when off; the schema's off is 0.
 TOP_K_OFF = -1
@@ -179,7 +181,6 @@ def constraint(body: dict) -> dict:
                 raise bad("response_format.json_schema must be an object with a schema", "response_format")
             out = {"constraint": "json_schema", "constraint_text": _schema_text(spec["schema"], "response_format")}
     if out:
-        from inference.sampling.constrain import check
         try:
             check(out["constraint"], out["constraint_text"])
         except InputError as e:

@@ -1,6 +1,6 @@
-"""The API's routes, mounted on the page's own web server (ui/layout.py's launch): the same
+"""The API's routes, mounted beside the page on its web server (app.py's serve): the same
 engine and scheduler, the same logins (an API key is USER:PASSWORD of a login, sent as
-`Authorization: Bearer USER:PASSWORD`) and the same per-visitor limits as the page (ui/public.py):
+`Authorization: Bearer USER:PASSWORD`) and the same per-visitor limits as the page (server/):
 each completion a request asks for is one of the visitor's runs, a request beyond their share is
 refused with 429, a body over the page's size limit with 413 (RouteGuard, before it is read).
 
@@ -15,6 +15,7 @@ import asyncio
 import copy
 import json
 import logging
+import re
 import secrets
 import uuid
 from functools import wraps
@@ -30,13 +31,17 @@ from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_f
 from api.runs import Runs
 from inference.errors import InputError, TokenLabError, shown
 from inference.events import DoneEvent
-from ui.public import Limits, Refused, client_key
+from inference.request import RunRequest, prepare_run
+from inference.serving.models import Models
+from server.limits import Limits, Refused, client_key
 
 log = logging.getLogger("tokenlab.api")
 TOKENIZE_SERVED = "/tokenize takes prompt (with add_special_tokens) or messages, and model"
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 SERVED = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST",
           "/detokenize": "POST", "/tokenizer_info": "GET"}
+# Every path the API answers (its catch-all included): a refusal there is OpenAI's error body.
+PATHS = re.compile(r"/v1/.*|/(tokenize|detokenize|tokenizer_info)/?")
 DISCONNECT_POLL_S = 0.5  # how often a request answered at its end looks whether its client is still there
 
 
@@ -87,12 +92,14 @@ def sse(obj) -> str:
 
 class API:
     """The engine (inference.contract's Engine) behind OpenAI's API. registry and limits are
-    the page's (ui/streaming.RunRegistry, ui/public.Limits); logins the page's --auth logins."""
+    the page's (server.registry.RunRegistry, server.limits.Limits); logins the page's --auth logins.
+    It is mounted beside the page (server.guard.Beside): `paths` and `refusal` let the page's
+    route guard refuse a request to it in OpenAI's words."""
+    paths = PATHS
 
     def __init__(self, engine, registry, limits: Limits | None = None, logins=(), models=None):
         """models: the models the page offers (inference.serving.models.Models; `engine` the
         default); each is served under its label, loaded on its first request."""
-        from inference.serving.models import Models
         self.engine, self.registry, self.limits = engine, registry, limits or Limits()
         self.logins = {user: password for user, password in logins}
         self.offered = models or Models.of(engine)
@@ -110,6 +117,11 @@ class API:
         view.engine = self.offered.engine(name)  # loaded now on its first use
         view.model, view.context = name, view.engine.describe().max_seq_len
         return view
+
+    @staticmethod
+    def refusal(status: int, message: str) -> dict:
+        code = {404: "not_found", 413: "request_too_large", 429: "rate_limit_exceeded"}.get(status)
+        return error_body(message, "invalid_request_error", None, code)
 
     def mount(self, app) -> None:
         for path, fn, method in (("/v1/models", self.models, "GET"),
@@ -225,10 +237,15 @@ class API:
             raise InputError(str(e), field=e.field or field) from None
 
     def _check_ids(self, ids, key: str) -> None:
-        vocab = getattr(self.engine.tokenizer, "vocab_size", None)  # (a server's tokenizer checks its own)
+        vocab = self.engine.tokenizer.vocab_size  # (None: a server's tokenizer checks its own)
         if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0
                                                 and (vocab is None or i < vocab) for i in ids):
             raise bad(f"{key} must be a list of token ids" + (f" in [0, {vocab})" if vocab else ""), key)
+
+    def _prepare(self, jobs, top_n: int) -> list[RunRequest]:
+        """Each completion's run prepared (prepare_run, as every door prepares one) before any
+        answer is sent: what the engine refuses is the request's 400, never an error mid-stream."""
+        return [prepare_run(self.engine, params, ids=ids, top_n=top_n) for ids, params in jobs]
 
     def _max_tokens(self, ask, ids_list, default: int | None) -> int:
         """The tokens each completion may make: asked, else the endpoint's default (None: the
@@ -267,8 +284,9 @@ class API:
                 top = max((ask.logprobs or 0) if ask.echo else 0, ask.prompt_logprobs or 0)
                 scored = [await run_in_threadpool(self.engine.prompt_logprobs, ids, top) for ids in ids_list]
             known = [(ids, s, text) if s is not None else None for (ids, text), s in zip(prepared, scored)]
-            jobs = [(ids_list[p], ask.seeded(j, max_tokens)) for p, j in choices] if max_tokens else []
-            runs = Runs(self.engine, jobs, _top_n(ask), cancels[:len(jobs)])
+            jobs = await run_in_threadpool(self._prepare, [(ids_list[p], ask.seeded(j, max_tokens)) for p, j in choices]
+                                           if max_tokens else [], _top_n(ask))
+            runs = Runs(self.engine, jobs, cancels[:len(jobs)])
             writer = Writer(self.model, self.engine.tokenizer, ask, "completion")
             n_prompt = sum(len(ids) for ids in ids_list)  # each prompt once, however many completions (OpenAI's, vLLM's)
             if ask.stream:
@@ -313,7 +331,9 @@ class API:
         names, cancels = self.start_jobs(client, ask.n)
         streaming = False
         try:
-            runs = Runs(self.engine, [(ids, ask.seeded(j, max_tokens)) for j in range(ask.n)], _top_n(ask), cancels)
+            jobs = await run_in_threadpool(self._prepare, [(ids, ask.seeded(j, max_tokens)) for j in range(ask.n)],
+                                           _top_n(ask))
+            runs = Runs(self.engine, jobs, cancels)
             writer = Writer(self.model, self.engine.tokenizer, ask, "chat")
             if ask.stream:
                 response = await self._stream(self._chat_chunks(writer, runs, len(ids), ask), names, cancels)
@@ -413,8 +433,8 @@ class API:
         self.client(request)
         tok = self.engine.tokenizer
         return JSONResponse({"tokenizer_class": "TokenLab", "model_max_length": self.context,
-                             "bos_token": getattr(tok, "bos_token", None), "eos_token": getattr(tok, "eos_token", None),
-                             "chat_template": getattr(tok, "chat_template", None)})
+                             "bos_token": tok.bos_token, "eos_token": tok.eos_token,
+                             "chat_template": tok.chat_template})
 
 
 def _top_n(ask) -> int:

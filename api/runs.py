@@ -13,14 +13,15 @@ import threading
 from typing import AsyncIterator
 
 from inference.events import DoneEvent, StepEvent
+from inference.request import RunRequest
 
 
 class Runs:
-    """Runs of one request: jobs[i] = (prompt ids, settings), each with its cancel flag."""
+    """Runs of one request: jobs[i] a RunRequest (inference.request.prepare_run, every one
+    prepared before the request is answered), each with its cancel flag."""
 
-    def __init__(self, engine, jobs: list[tuple[list[int], object]], top_n: int,
-                 cancels: list[threading.Event]):
-        self.engine, self.jobs, self.top_n, self.cancels = engine, jobs, top_n, cancels
+    def __init__(self, engine, jobs: list[RunRequest], cancels: list[threading.Event]):
+        self.engine, self.jobs, self.cancels = engine, jobs, cancels
         self._threads: list[threading.Thread] = []
 
     async def events(self) -> AsyncIterator[tuple[int, StepEvent | DoneEvent]]:
@@ -50,8 +51,6 @@ class Runs:
             c.set()
 
     def _drive(self, i: int, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-        ids, params = self.jobs[i]
-
         def put(item) -> None:
             try:
                 loop.call_soon_threadsafe(queue.put_nowait, (i, item))
@@ -60,7 +59,7 @@ class Runs:
 
         events = None
         try:
-            events = self.engine.generate_ids(ids, params, self.top_n, self.cancels[i])
+            events = self.engine.run(self.jobs[i], self.cancels[i])
             for ev in events:
                 if isinstance(ev, (StepEvent, DoneEvent)):
                     put(ev)

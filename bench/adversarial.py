@@ -209,8 +209,9 @@ def serve(args) -> None:
     from bench.run import random_engine
     from inference.serving.engine import Engine
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
-    from ui.public import Limits
+    from app import serve
+    from ui.layout import build_ui
+    from server.limits import Limits
 
     engine = (random_engine(args.random, args.device, args.dtype) if args.random else
               Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib))
@@ -219,7 +220,7 @@ def serve(args) -> None:
             forward = getattr(engine.model, name)
             setattr(engine.model, name, lambda *a, _f=forward, **k: time.sleep(args.step_ms / 1000) or _f(*a, **k))
     limits = Limits.shared(max_new_tokens=CAP_TOKENS, runs_per_client=1, sessions_per_client=SESSIONS)
-    launch(build_ui(engine, Handlers(engine, limits=limits)), engine, port=args.serve_port)
+    serve(build_ui(engine, Handlers(engine, limits=limits)), engine, port=args.serve_port)
 
 
 # ------------------------------------------------------------------ the measurement
@@ -283,7 +284,7 @@ def to_markdown(r: dict) -> str:
 
 
 def main(argv=None) -> int:
-    from inference.cli import add_model_args
+    from inference.factory import add_model_args
     from bench.run import RANDOM_SHAPES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])

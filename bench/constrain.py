@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from inference.cli import add_model_args  # noqa: E402
+from inference.factory import add_model_args  # noqa: E402
 from inference.sampling import constrain  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
 from inference.sampling.state import RunState  # noqa: E402

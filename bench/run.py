@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from bench import prompts  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
 from inference.model.anatomy import decode_cost  # noqa: E402
-from inference.cli import add_model_args  # noqa: E402
+from inference.factory import add_model_args  # noqa: E402
 from inference.loading.gguf_import import gguf_source  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
 from inference.sampling.state import RunState  # noqa: E402
@@ -288,13 +288,14 @@ def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict:
 
     from ui.controls import Controls
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     c = Controls(prompt=prompts.FILLER, temperature=0.0, max_new_tokens=tokens, seed="1")
     ids = engine.prompt_ids(c.prompt)
     params = SamplingParams(temperature=0.0, max_new_tokens=tokens)
     demo = build_ui(engine, Handlers(engine))
-    _, url, _ = launch(demo, engine, block=False)
+    _, url, _ = serve(demo, engine, block=False)
     page, alone, received = [], [], []
     try:
         for _ in range(rounds):

@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from inference.cli import add_model_args  # noqa: E402
+from inference.factory import add_model_args  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
 from inference.events import DoneEvent, StepEvent  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
@@ -109,10 +109,11 @@ def page_users(engine: Engine, n: int, tokens: int, gradio_client: bool = False)
     last is reported beside the rates."""
     from ui.controls import Controls
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     demo = build_ui(engine, Handlers(engine))
-    _, url, _ = launch(demo, engine, block=False, queue_size=max(16, 2 * n))
+    _, url, _ = serve(demo, engine, block=False, queue_size=max(16, 2 * n))
     procs: list[subprocess.Popen] = []
     try:
         procs += [subprocess.Popen(

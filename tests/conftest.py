@@ -95,13 +95,14 @@ def live_app(tiny_dirs):
     """The real page on a tiny model, served on a free localhost port."""
     from inference.serving.engine import Engine
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
     no_early_end(engine)
     handlers = Handlers(engine)
     demo = build_ui(engine, handlers)
-    _, url, _ = launch(demo, engine, port=None, block=False)
+    _, url, _ = serve(demo, engine, port=None, block=False)
     yield url.rstrip("/"), engine, handlers
     demo.close()
     engine.close()

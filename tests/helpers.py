@@ -25,4 +25,4 @@ def page_run(h, request, **kw):
     brown fox", `kw` replacing some controls): its last record."""
     from ui.controls import Controls
     c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
-    return list(h.generate(*c.values(), request))[-1]["record"]
+    return list(h.run.generate(*c.values(), request))[-1]["record"]

@@ -1,27 +1,27 @@
-"""What every section's handlers share: the engine and what it is, the run registry, the limits
-of a shared page, and how a page event names its arguments and holds the engine."""
+"""What every section's handlers share (PageContext: the engine and what it is, the run registry,
+the limits of a shared page), the base of each section's handlers (Section), and how a page event
+names its arguments and holds the engine."""
 
 from __future__ import annotations
 
 import functools
 import inspect
 import logging
-import tempfile
-import threading
-from collections import deque
 from contextlib import contextmanager
-from pathlib import Path
+from typing import Callable
 
 import gradio as gr
 
 from inference.errors import TokenLabError
+from inference.serving.models import Models
+from server.admission import Admission
+from server.limits import Limits, Refused, client_key
+from server.registry import RunRegistry
+from server.sessions import SessionKeeper
 from ui.controls import NAMES, Controls, page_message
 from ui.format import bars_html
-from ui.public import Admission, Limits, Refused, client_key
-from ui.run_state import RunRecord
-from ui.sessions import SessionKeeper
 from ui.models import ModelViews
-from ui.streaming import RunRegistry
+from ui.run_state import RunRecord
 
 log = logging.getLogger("tokenlab.page")
 
@@ -99,7 +99,7 @@ def session_of(request: gr.Request | None) -> str:
 
 
 def who(request: gr.Request | None) -> tuple[str, str]:
-    """(session, client) of a page event; client as ui.public.client_key names it."""
+    """(session, client) of a page event; client as server.limits.client_key names it."""
     return session_of(request), client_key(request)
 
 
@@ -112,25 +112,23 @@ def step_index(rec: RunRecord, step) -> int:
     return min(max(i, 0), len(rec.steps) - 1)
 
 
-class PageBase:
-    """The engine and the run registry, passed in; each section's handler class (a mixin of
-    ui.handlers.Handlers) adds its page events. The engine keeps inference.contract's Engine
-    contract; what it can do is `self.caps`. Events that run outside the queue (queue=False)
-    never raise: gradio answers those with an HTTP 500, so they return their message in the
-    panel instead. Multi-output events return {component name: value}; a name left out keeps
-    its component as it is."""
+class PageContext:
+    """What every section's handlers share: the models offered (the default one's engine, card
+    and settings, which the page is laid out with), the run registry, the limits of a shared page
+    and their admission, and the keeper that deletes a closed tab's state. The engine keeps
+    inference.contract's Engine contract; what it can do is `caps`."""
 
     def __init__(self, engine, registry: RunRegistry | None = None, top_n: int = 10,
-                 update_interval_s: float | None = None, limits: Limits | None = None,
-                 files_dir: str | None = None, models=None):
-        """limits: what one visitor may cost (ui/public.py); none by default. models: the models
+                 update_interval_s: float | None = None, limits: Limits | None = None, models=None):
+        """limits: what one visitor may cost (server/limits.py); none by default. models: the models
         offered (inference.serving.models.Models, `engine` its default); just `engine` if none."""
-        from inference.serving.models import Models
         self.registry, self.top_n = registry or RunRegistry(), top_n
         self.limits = limits or Limits()
         self.admission = Admission(self.registry, self.limits)
-        # Deletes a closed tab's state on the server (ui/sessions.py); launch attaches it.
-        self.keeper = SessionKeeper(self.registry, self.admission.sessions, forget=self._forget)
+        # What a section keeps per session (a click not yet taken by the engine), let go of when
+        # the keeper deletes the session's state (server/sessions.py); launch attaches the keeper.
+        self.forgetters: list[Callable[[str], None]] = []
+        self.keeper = SessionKeeper(self.registry, self.admission.sessions, forget=self.forget)
         self.models = models or Models.of(engine)
         self.view = ModelViews(self.models, top_n, self.limits.max_new_tokens, update_interval_s)
         # The default model's: what the page is laid out with.
@@ -138,27 +136,10 @@ class PageBase:
         self.engine, self.info, self.caps, self.context = first.engine, first.info, first.caps, first.context
         self.bars_note, self.defaults, self.default_system = first.bars_note, first.defaults, first.default_system
         self.update_interval_s = first.update_interval_s
-        # Sessions whose run was clicked but not yet taken by the engine (their click time),
-        # and those of them whose Stop came before the engine did.
-        self._waiting: dict[str, float] = {}
-        self._stopped_waiting: set[str] = set()
-        # The run each session's click prepared (begin), for the page's generate to run as it is.
-        self._prepared: dict[str, object] = {}
-        self._lock = threading.Lock()
-        # Downloads the page offers (ui/run/handlers.py): written here, the oldest deleted once
-        # there are more than KEEP_FILES.
-        self._files_dir = Path(files_dir or tempfile.mkdtemp(prefix="tokenlab-downloads-"))
-        self._files: deque[str] = deque()  # tokens, oldest first
-        self._file_paths: dict[str, Path] = {}
 
-    def _forget(self, session: str) -> None:
-        """The session's state was deleted (ui/sessions.py): a click of it that the engine never
-        took (a run cancelled while it waited, in a tab that vanished without its unload) is
-        not kept for ever."""
-        with self._lock:
-            self._waiting.pop(session, None)
-            self._prepared.pop(session, None)
-            self._stopped_waiting.discard(session)
+    def forget(self, session: str) -> None:
+        for forget in self.forgetters:
+            forget(session)
 
     def admit(self, request: gr.Request | None) -> str:
         """At a click that will start an engine job: its session, or a page error (one line)
@@ -172,7 +153,7 @@ class PageBase:
         return session
 
     @contextmanager
-    def _job(self, request: gr.Request | None):
+    def job(self, request: gr.Request | None):
         """Hold the session's one engine job while the body runs; yields its cancel flag. A
         session with a job going, or a client at its share, is refused with a page error."""
         session, client = who(request)
@@ -185,7 +166,7 @@ class PageBase:
         finally:
             self.registry.finish(session, cancel)
 
-    def _bars(self, step, title: str = "", rec=None, pick: bool = False) -> str:
+    def bars(self, step, title: str = "", rec=None, pick: bool = False) -> str:
         """A step's bars; `rec` (the run) tags the candidates its logit bias moved or its
         constraint forbade, and names the model whose note goes under them."""
         if rec is None:
@@ -194,3 +175,36 @@ class PageBase:
         # pick: the main bars of a run that has ended, whose candidates start a branch.
         return bars_html(step, title, self.view(rec.model).bars_note, rec.bias, constrained,
                          pick and rec.done is not None and rec.controls is not None)
+
+
+def _shared(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.page, name), doc=doc)
+
+
+class Section:
+    """One section's page events (ui/<section>/handlers.py) over the page's shared context. What a
+    section reads of that context is named here, so its code says self.view, self._job, …; another
+    section's events it needs are passed to its constructor. Events that run outside the queue
+    (queue=False) never raise: gradio answers those with an HTTP 500, so they return their message
+    in the panel instead. Multi-output events return {component name: value}; a name left out
+    keeps its component as it is."""
+
+    def __init__(self, page: PageContext):
+        self.page = page
+
+    engine = _shared("engine", "The default model's engine (inference.contract's Engine).")
+    info = _shared("info", "The default model's EngineInfo.")
+    caps = _shared("caps", "What the default model's engine can do (Capabilities).")
+    context = _shared("context", "The default model's context window.")
+    defaults = _shared("defaults", "The default model's sampling defaults, as the controls show them.")
+    default_system = _shared("default_system", "The default model's system prompt.")
+    models = _shared("models", "The models offered (inference.serving.models.Models).")
+    view = _shared("view", "view(label): what the page derives from an offered model (ui/models.py).")
+    top_n = _shared("top_n", "Candidates a step shows.")
+    registry = _shared("registry", "Each session's running engine job (server/registry.py).")
+    limits = _shared("limits", "What one visitor may cost (server/limits.py).")
+    admission = _shared("admission", "Who may start an engine job now (server/admission.py).")
+    keeper = _shared("keeper", "Deletes a closed tab's state (server/sessions.py).")
+    admit = _shared("admit", "PageContext.admit: a click's session, or its refusal.")
+    _job = _shared("job", "PageContext.job: hold the session's one engine job.")
+    _bars = _shared("bars", "PageContext.bars: a step's bars.")

@@ -4,11 +4,15 @@ A follow-up in chat mode continues the conversation (its run is the run section'
 from __future__ import annotations
 
 import html
+from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from ui.base import PageBase
+from ui.base import PageContext, Section
 from ui.run_state import RunRecord, turn_messages
+
+if TYPE_CHECKING:
+    from ui.run.handlers import RunHandlers
 
 
 def conversation_html(history: list[dict]) -> str:
@@ -38,7 +42,11 @@ def seed_note(seed) -> str:
             "for a different one.")
 
 
-class ChatHandlers(PageBase):
+class ChatHandlers(Section):
+    def __init__(self, page: PageContext, run: "RunHandlers"):
+        super().__init__(page)
+        self.run = run
+
     def pop_last_turn(self, history, seed=None) -> dict:
         """Regenerate: the last answer dropped, its user message back in the prompt box (the
         run then starts as for Generate), and with a seed in its box a note that the answer will
@@ -57,7 +65,7 @@ class ChatHandlers(PageBase):
         counter without its turns."""
         return {"history": [], "conversation": conversation_html([]), "regenerate": gr.update(interactive=False),
                 "chat_note": "", "prefix_ids": "",
-                "context_count": self.count_context(prompt, mode, system, max_new_tokens, [], model)}
+                "context_count": self.run.count_context(prompt, mode, system, max_new_tokens, [], model)}
 
     def switch_mode(self, mode) -> dict:
         """The chat's buttons and its conversation show in chat mode only: a completion run
@@ -77,9 +85,9 @@ def build_buttons(page, mode: str) -> None:
 
 
 def wire(page, h: ChatHandlers) -> None:
-    page.on(page["mode"].change, h.switch_mode, inputs=("mode",), outputs=("chat_buttons", "conversation"),
+    page.on(page["mode"].change, h.chat.switch_mode, inputs=("mode",), outputs=("chat_buttons", "conversation"),
             queue=False, api_visibility="private", show_progress="hidden")
-    page.on(page["new_chat"].click, h.new_conversation,
+    page.on(page["new_chat"].click, h.chat.new_conversation,
             inputs=("prompt", "mode", "system", "max_new_tokens", "model"),
             outputs=("history", "conversation", "regenerate", "chat_note", "prefix_ids", "context_count"),
             queue=False, api_visibility="private")

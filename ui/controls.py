@@ -7,36 +7,76 @@ keys and /generate's parameter names, their ranges the checks.
 from __future__ import annotations
 
 import inspect
-from dataclasses import field, fields, make_dataclass
+from dataclasses import dataclass, fields
 from urllib.parse import urlencode
 
 from inference.errors import InputError, TokenLabError, shown
+from inference.sampling.constrain import check
 from inference.sampling.params import MAX_STOP_LENGTH, MAX_STOP_STRINGS, SamplingParams
-from inference.sampling.settings import BY_NAME, SETTINGS, SHAPING_SETTINGS, defaults
+from inference.sampling.settings import BY_NAME, DEFAULT, SETTINGS, SHAPING_SETTINGS, defaults, schema_fields
 
 MODES = ("completion", "chat")
 DEFAULT_PROMPT = "The capital of France is"
 
 
-def _values(self) -> list:
-    return [getattr(self, f.name) for f in fields(self)]
+@dataclass
+class Controls:
+    """The page's inputs, in the order the layout passes them (also the URL query keys and
+    /generate's parameters): prompt, mode, system, model (empty: the page's default), every
+    sampling setting (the schema's, in its order: `schema_fields` checks them when the module
+    loads), seed (text: empty = random), stop strings (one per line) and the token ids a branch
+    continues after (ID,ID,...; empty: none)."""
+    prompt: str = DEFAULT_PROMPT
+    mode: str = "completion"
+    system: str = ""
+    model: str = ""
+    temperature: float = DEFAULT['temperature']
+    top_k: int = DEFAULT['top_k']
+    top_p: float = DEFAULT['top_p']
+    min_p: float = DEFAULT['min_p']
+    repetition_penalty: float = DEFAULT['repetition_penalty']
+    presence_penalty: float = DEFAULT['presence_penalty']
+    frequency_penalty: float = DEFAULT['frequency_penalty']
+    logit_bias: str = DEFAULT['logit_bias']
+    typical_p: float = DEFAULT['typical_p']
+    epsilon_cutoff: float = DEFAULT['epsilon_cutoff']
+    eta_cutoff: float = DEFAULT['eta_cutoff']
+    top_n_sigma: float = DEFAULT['top_n_sigma']
+    dynatemp_range: float = DEFAULT['dynatemp_range']
+    dynatemp_exponent: float = DEFAULT['dynatemp_exponent']
+    xtc_probability: float = DEFAULT['xtc_probability']
+    xtc_threshold: float = DEFAULT['xtc_threshold']
+    dry_multiplier: float = DEFAULT['dry_multiplier']
+    dry_base: float = DEFAULT['dry_base']
+    dry_allowed_length: int = DEFAULT['dry_allowed_length']
+    dry_penalty_last_n: int = DEFAULT['dry_penalty_last_n']
+    dry_sequence_breakers: str = DEFAULT['dry_sequence_breakers']
+    mirostat_tau: float = DEFAULT['mirostat_tau']
+    mirostat_eta: float = DEFAULT['mirostat_eta']
+    sampler_order: str = DEFAULT['sampler_order']
+    constraint: str = DEFAULT['constraint']
+    constraint_text: str = DEFAULT['constraint_text']
+    max_new_tokens: int = DEFAULT['max_new_tokens']
+    num_beams: int = DEFAULT['num_beams']
+    length_penalty: float = DEFAULT['length_penalty']
+    seed: str = ""
+    stop: str = ""
+    prefix_ids: str = ""
+
+    def values(self) -> list:
+        return [getattr(self, f.name) for f in fields(self)]
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    @classmethod
+    def for_model(cls, generation_defaults: dict | None) -> "Controls":
+        """The page's defaults, with the model's generation_config.json where it has one."""
+        return cls(**defaults(generation_defaults))
 
 
-# The page's inputs, in the order the layout passes them: prompt, mode, system, model (empty: the
-# page's default), every sampling setting, seed (text: empty = random), stop strings (one per line) and the token ids a branch
-# continues after (ID,ID,...; empty: none).
-Controls = make_dataclass(
-    "Controls",
-    [("prompt", str, field(default=DEFAULT_PROMPT)), ("mode", str, field(default="completion")),
-     ("system", str, field(default="")), ("model", str, field(default=""))]
-    + [(s.name, s.kind, field(default=s.default)) for s in SETTINGS]
-    + [("seed", str, field(default="")), ("stop", str, field(default="")),
-       ("prefix_ids", str, field(default=""))],
-    namespace={"values": _values, "names": classmethod(lambda cls: [f.name for f in fields(cls)]),
-               # The page's defaults, with the model's generation_config.json where it has one.
-               "for_model": classmethod(lambda cls, generation_defaults: cls(**defaults(generation_defaults))),
-               "__doc__": "The page's inputs, in the order the layout passes them (also the URL "
-                          "query keys and /generate's parameters)."})
+schema_fields(Controls, before=("prompt", "mode", "system", "model"), after=("seed", "stop", "prefix_ids"))
 NAMES = Controls.names()
 
 
@@ -143,7 +183,6 @@ def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams
     stop = checked("stop", parse_stop, c.stop)
     if errors and values["constraint"] and values["constraint_text"] is not None:
         # SamplingParams checks the constraint; here it is named with the others, not after them.
-        from inference.sampling.constrain import check
         checked("constraint_text", lambda text: check(values["constraint"], text), values["constraint_text"])
     if errors:
         raise FieldErrors(errors)

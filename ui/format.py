@@ -11,6 +11,7 @@ import pandas as pd
 from inference.device import dtype_name
 from inference.events import DoneEvent, StepEvent
 from inference.loading.byte_pieces import byte_hint, short_hint
+from inference.lesson.summary import si  # noqa: F401 - the one SI formatter, the CLI's lesson's too
 from inference.sampling.penalties import BAN
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
@@ -32,14 +33,6 @@ REASONS = {"eos": "the model emitted its end-of-sequence token", "length": "max 
            "complete": "the constraint is complete",
            "constraint": "the constraint allowed none of the tokens the stages before it kept (put constraint "
                          "first in the sampler order, or loosen those stages)"}
-
-
-def si(n: float, unit: str = "") -> str:
-    """1234567 -> '1.23 M'."""
-    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(n) >= factor:
-            return f"{n / factor:.3g} {prefix}{unit}"
-    return f"{n:.3g} {unit}".rstrip()
 
 
 def mib(n: float) -> str:

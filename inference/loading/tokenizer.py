@@ -163,6 +163,13 @@ class Tokenizer:
         """A readable piece: the token's text, with bytes of a split character as <0xNN>."""
         return self._pieces[token_id]
 
+    def continuation_text(self, ids: list[int]) -> str:
+        """The text of tokens that follow a prompt, as a run streams it (a piece's leading space
+        kept, which decoding them alone would drop). Bytes of a character the last of them leaves
+        unfinished are not in it: the run that continues after them streams that character."""
+        stream = self.stream()
+        return "".join(stream.push(t) for t in ids)
+
     def stream(self) -> StreamDecoder:
         return StreamDecoder(self.token_bytes)
 

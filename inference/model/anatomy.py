@@ -108,6 +108,44 @@ def _ranges(layers: list[int]) -> str:
     return ", ".join(out)
 
 
+# LLaMA-7B's shapes (Touvron et al. 2023): the model most tutorials count FLOPs on, put through
+# the same counter as the loaded model.
+LLAMA_7B = ModelConfig(vocab_size=32000, hidden_size=4096, intermediate_size=11008, n_layers=32,
+                       n_heads=32, n_kv_heads=32, max_seq_len=2048, rms_norm_eps=1e-6)
+
+
+@dataclass(frozen=True)
+class Component:
+    name: str
+    flops: int
+    bytes: int
+
+
+def per_token(cfg: ModelConfig, context_len: int, bytes_per_value: int,
+              kv_bytes_per_value: int | None = None) -> list[Component]:
+    """One new token attending to `context_len` positions, by component over all layers (the
+    rows of `stages`, regrouped): attention projections, attention scores, MLP, norms, LM head,
+    and their total (equal to `stages`' total)."""
+    rows = {r.name: r for r in stages(cfg, 1, context_len, bytes_per_value, kv_bytes_per_value)}
+    L, h = cfg.n_layers, cfg.hidden_size
+    qkv = rows["Q, K, V projections + RoPE (per layer)"]
+    out = rows["attention output projection (per layer)"]
+    scores = rows["attention softmax(QKᵀ/√d)·V, causal (per layer)"]
+    ffn = next(r for r in rows.values() if r.name.endswith("feed-forward (per layer)"))
+    norms = next(r for r in rows.values() if r.name.endswith("RMSNorm + residuals (per layer)"))
+    head = rows["final RMSNorm + LM head (last position)"]
+    embed = rows["embedding lookup"]
+    total = rows["total for this pass"]
+    parts = [Component("attention projections (Q, K, V, output)", L * (qkv.flops + out.flops), L * (qkv.bytes + out.bytes)),
+             Component("attention scores (QKᵀ and × V over the context)", L * scores.flops, L * scores.bytes),
+             Component("MLP (gate, up, down)", L * ffn.flops, L * ffn.bytes),
+             Component("norms and residuals", L * norms.flops + 4 * h, L * norms.bytes + h * bytes_per_value),
+             Component("LM head", head.flops - 4 * h, head.bytes - h * bytes_per_value),
+             Component("embedding lookup", 0, embed.bytes)]
+    assert sum(c.flops for c in parts) == total.flops and sum(c.bytes for c in parts) == total.bytes
+    return parts + [Component("total", total.flops, total.bytes)]
+
+
 @dataclass(frozen=True)
 class TokenCost:
     flops: int

@@ -11,7 +11,11 @@ from inference.remote.http import ServerHTTP
 
 class RemoteTokenizer:
     """The served model's tokenizer, through the server: /tokenize, and each token's piece from
-    /detokenize (cached: a piece never changes)."""
+    /detokenize (cached: a piece never changes). What the server does not say is None
+    (inference.contract's Tokenizer)."""
+    vocab_size = None  # the server checks its own ids
+    bos_token = eos_token = chat_template = None
+    token_bytes = None
 
     def __init__(self, http: ServerHTTP, model: str):
         self._http, self._model = http, model
@@ -31,6 +35,10 @@ class RemoteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return _text(self._http.post_json("/detokenize", {"model": self._model, "tokens": list(ids)},
                                           root=True))
+
+    def continuation_text(self, ids: list[int]) -> str:
+        """The server's own decoding of them."""
+        return self.decode(ids) if ids else ""
 
     def piece(self, token_id: int) -> str:
         return self.pieces([token_id])[token_id]

@@ -3,10 +3,10 @@ the seed and the stop strings are the two fields that are not sampling settings 
 
 from __future__ import annotations
 
-from dataclasses import field, make_dataclass
+from dataclasses import dataclass
 
 from inference.errors import InputError, shown
-from inference.sampling.settings import SETTINGS
+from inference.sampling.settings import DEFAULT, SETTINGS, schema_fields
 
 MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 256
@@ -25,7 +25,7 @@ def validate(p) -> None:
             check(p.constraint, p.constraint_text)
         except InputError as e:
             raise InputError(str(e), field=e.field or "constraint_text") from None
-    if p.dynatemp_range > 0 and _greedy(p):  # greedy keeps one token: no range to scale
+    if p.dynatemp_range > 0 and p.greedy:  # greedy keeps one token: no range to scale
         raise InputError(f"dynatemp_range needs temperature above 0: temperature 0 is greedy (one token "
                          f"kept), which a dynamic temperature cannot change (got a range of {p.dynatemp_range:g})",
                          field="dynatemp_range")
@@ -42,31 +42,63 @@ def validate(p) -> None:
                              f"got one of {len(s)}", field="stop")
 
 
-def _greedy(self) -> bool:
-    """Temperature 0: the most likely token after the stages, no draw (the one place it is decided)."""
-    return self.temperature == 0
+@dataclass(frozen=True)
+class SamplingParams:
+    """One run's sampling settings (every entry of settings.SETTINGS, in its order, with its
+    default: `schema_fields` checks this list against the schema when the module loads), its seed
+    (None = random; the seed used is reported) and its stop strings. Checked when made (validate)."""
+    temperature: float = DEFAULT['temperature']
+    top_k: int = DEFAULT['top_k']
+    top_p: float = DEFAULT['top_p']
+    min_p: float = DEFAULT['min_p']
+    repetition_penalty: float = DEFAULT['repetition_penalty']
+    presence_penalty: float = DEFAULT['presence_penalty']
+    frequency_penalty: float = DEFAULT['frequency_penalty']
+    logit_bias: str = DEFAULT['logit_bias']
+    typical_p: float = DEFAULT['typical_p']
+    epsilon_cutoff: float = DEFAULT['epsilon_cutoff']
+    eta_cutoff: float = DEFAULT['eta_cutoff']
+    top_n_sigma: float = DEFAULT['top_n_sigma']
+    dynatemp_range: float = DEFAULT['dynatemp_range']
+    dynatemp_exponent: float = DEFAULT['dynatemp_exponent']
+    xtc_probability: float = DEFAULT['xtc_probability']
+    xtc_threshold: float = DEFAULT['xtc_threshold']
+    dry_multiplier: float = DEFAULT['dry_multiplier']
+    dry_base: float = DEFAULT['dry_base']
+    dry_allowed_length: int = DEFAULT['dry_allowed_length']
+    dry_penalty_last_n: int = DEFAULT['dry_penalty_last_n']
+    dry_sequence_breakers: str = DEFAULT['dry_sequence_breakers']
+    mirostat_tau: float = DEFAULT['mirostat_tau']
+    mirostat_eta: float = DEFAULT['mirostat_eta']
+    sampler_order: str = DEFAULT['sampler_order']
+    constraint: str = DEFAULT['constraint']
+    constraint_text: str = DEFAULT['constraint_text']
+    max_new_tokens: int = DEFAULT['max_new_tokens']
+    num_beams: int = DEFAULT['num_beams']
+    length_penalty: float = DEFAULT['length_penalty']
+    seed: int | None = None  # None = random; the seed used is reported
+    stop: tuple[str, ...] = ()
+
+    def __post_init__(self):
+        validate(self)
+
+    @property
+    def greedy(self) -> bool:
+        """Temperature 0: the most likely token after the stages, no draw (the one place it is decided)."""
+        return self.temperature == 0
+
+    @property
+    def plain(self) -> bool:
+        """Every stage at its neutral value: the distribution sampled from is the model's own."""
+        return not self.changed
+
+    @property
+    def changed(self) -> tuple[str, ...]:
+        """The stages this run moves away from their neutral value (a stage moves when one of its
+        settings with a neutral value is off it), in the schema's order."""
+        moved = {s.stage_name for s in SETTINGS
+                 if s.stage_name and s.neutral is not None and getattr(self, s.name) != s.neutral}
+        return tuple(s.name for s in SETTINGS if s.is_stage and s.name in moved)
 
 
-def _plain(self) -> bool:
-    """Every stage at its neutral value: the distribution sampled from is the model's own."""
-    return not _changed(self)
-
-
-def _changed(self) -> tuple[str, ...]:
-    """The stages this run moves away from their neutral value (a stage moves when one of its
-    settings with a neutral value is off it), in the schema's order."""
-    moved = {s.stage_name for s in SETTINGS
-             if s.stage_name and s.neutral is not None and getattr(self, s.name) != s.neutral}
-    return tuple(s.name for s in SETTINGS if s.is_stage and s.name in moved)
-
-
-SamplingParams = make_dataclass(
-    "SamplingParams",
-    [(s.name, s.kind, field(default=s.default)) for s in SETTINGS]
-    + [("seed", "int | None", field(default=None)),  # None = random; the seed used is reported
-       ("stop", "tuple[str, ...]", field(default=()))],
-    frozen=True,
-    namespace={"__post_init__": validate, "plain": property(_plain), "greedy": property(_greedy), "changed": property(_changed),
-               "__module__": __name__,
-               "__doc__": "One run's sampling settings (fields from settings.SETTINGS), its seed "
-                          "(None = random; the seed used is reported) and its stop strings."})
+schema_fields(SamplingParams, after=("seed", "stop"))

@@ -294,8 +294,35 @@ SETTINGS: tuple[Setting, ...] = (
             strip=False, sent_by_stage=True),
     Setting("max_new_tokens", int, 128, 1, None, "Max new tokens", "at most this many tokens "
             "are generated", step=1, server_key="max_tokens", shapes=False),
+    # Decoding methods other than one sample a step (inference/decoding/): not stages, they
+    # choose among the model's own distributions.
+    Setting("num_beams", int, 1, 1, 8, "Beams", "beam search with this many beams, ranked by the "
+            "model's own log-probabilities; 1 = off (sampling)", step=1, group="decoding", shapes=False),
+    Setting("length_penalty", float, 1.0, -5.0, 5.0, "Length penalty", "a finished beam's score is its "
+            "log-probability / length^penalty (transformers'); above 0 favours longer beams", step=0.1,
+            group="decoding", shapes=False),
 )
 BY_NAME = {s.name: s for s in SETTINGS}
+DEFAULT = {s.name: s.default for s in SETTINGS}
+
+
+def schema_fields(cls, before: tuple[str, ...] = (), after: tuple[str, ...] = ()) -> None:
+    """A dataclass that spells every setting out as a field of its own (SamplingParams, the page's
+    Controls), checked when its module loads: its fields are `before`, then every setting in the
+    schema's order with the schema's type and default, then `after`; a setting added to the schema
+    and not to the class (or the reverse) fails at import, naming it."""
+    import dataclasses
+    got = [f.name for f in dataclasses.fields(cls)]
+    want = [*before, *(s.name for s in SETTINGS), *after]
+    if got != want:
+        missing, extra = [n for n in want if n not in got], [n for n in got if n not in want]
+        raise TypeError(f"{cls.__name__}'s fields are not the schema's: missing {missing}, not in the schema "
+                        f"{extra}" + ("" if missing or extra else ", or not in the schema's order"))
+    for f in dataclasses.fields(cls):
+        s = BY_NAME.get(f.name)
+        if s is not None and (f.default != s.default or f.type not in (s.kind, s.kind.__name__)):
+            raise TypeError(f"{cls.__name__}.{f.name} is {f.type} = {f.default!r}; the schema says "
+                            f"{s.kind.__name__} = {s.default!r}")
 # The settings that are a stage of the pipeline (each a stage of stages.final_logits), in the
 # page's order; max_new_tokens, the stages' parameters and the order are not.
 FILTER_SETTINGS = tuple(s.name for s in SETTINGS if s.is_stage)

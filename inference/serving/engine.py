@@ -16,7 +16,7 @@ from inference.loading.chat import chat_messages, default_system_prompt, render_
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
 from inference.errors import EngineClosed, EngineDown, InputError, ModelError, NotAvailable, shown
-from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent, token_scores
+from inference.events import BeamDoneEvent, DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent, token_scores
 from inference.request import RunRequest, check_ids, prepare_run
 from inference.samples import Tagged, first_seed, merged
 from inference.serving.kv_pool import KVPool, default_pool_blocks
@@ -380,7 +380,8 @@ class Engine:
         of a prompt longer than one (but the last), one StepEvent per new token, then a
         DoneEvent. top_n=0 skips the per-step instrumentation (the benchmark's baseline).
         Whatever ends the run early (its error, the engine going down) is raised here. Closing
-        the generator ends the run and gives its blocks back before it returns."""
+        the generator ends the run and gives its blocks back before it returns. A beam search
+        (params.num_beams > 1) yields a BeamStepEvent per step and ends with a BeamDoneEvent."""
         run = self.scheduler.submit(request.ids, request.params, request.top_n, cancel or threading.Event(),
                                     request.max_new, request.capped, request.seed, len(request.given))
         try:
@@ -389,7 +390,7 @@ class Engine:
                 if isinstance(ev, BaseException):
                     raise ev
                 yield ev
-                if isinstance(ev, DoneEvent):
+                if isinstance(ev, (DoneEvent, BeamDoneEvent)):
                     return
         finally:  # also reached when the consumer closes the generator (stop, closed tab)
             if not run.released.is_set():
@@ -449,6 +450,13 @@ class Engine:
             raise InputError("the context is empty")
         with self._work():
             return capture_pattern(self.model, context_ids, layer)
+
+    @contextmanager
+    def internals(self):
+        """The model itself, for a caller's own forward passes (the lesson's: its weights, a run
+        without a cache); close() waits for them as for any other."""
+        with self._work(), torch.inference_mode():
+            yield self.model
 
     def step_logits(self, context_ids: list[int]) -> torch.Tensor:
         """The float32 logits (vocab,) a run computes after context_ids, by one forward pass."""

@@ -6,6 +6,10 @@ slot, block * BLOCK_SIZE + offset; attention gathers a run's blocks in order.
 
 A run is admitted only when the blocks it may grow to (prompt + max new tokens) fit beside what
 the runs already admitted may grow to, so a run never waits for a block in the middle.
+
+A block may be held by several tables (the beams of one beam search share their common prefix):
+the pool counts its holders, and a block goes back to the free list when its last holder gives it
+back. A table about to write into a block it shares copies it first (copy on write).
 """
 
 from __future__ import annotations
@@ -47,11 +51,13 @@ class KVPool:
         self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))
         self.bytes_per_block = BLOCK_SIZE * cfg.kv_bytes_per_token(self.k.element_size())
         self._free = list(range(n_blocks - 1, -1, -1))  # pop() hands out low blocks first
+        self._holders = [0] * n_blocks  # tables (or prefix-cache entries) holding each block
         self._lock = threading.Lock()
 
     def take(self) -> int:
         with self._lock:
             block = self._free.pop()  # admission guarantees one is there
+            self._holders[block] = 1
         # Zeroed: attention reads a run's last block whole, its unwritten tail masked out, and
         # a masked weight of 0 times never-written memory (possibly NaN) would still be NaN.
         self.k[:, block * BLOCK_SIZE:(block + 1) * BLOCK_SIZE].zero_()
@@ -59,8 +65,27 @@ class KVPool:
         return block
 
     def give_back(self, blocks: list[int]) -> None:
+        """One holder lets go of each block; a block nobody holds any more is free again."""
         with self._lock:
-            self._free.extend(reversed(blocks))
+            for block in reversed(blocks):
+                self._holders[block] -= 1
+                if self._holders[block] == 0:
+                    self._free.append(block)
+
+    def share(self, blocks: list[int]) -> None:
+        """One more holder of each block (a beam forked from another holds its blocks too)."""
+        with self._lock:
+            for block in blocks:
+                self._holders[block] += 1
+
+    def holders(self, block: int) -> int:
+        return self._holders[block]
+
+    def copy_block(self, src: int, dst: int) -> None:
+        """Every layer's keys and values of block src into block dst."""
+        a, b = src * BLOCK_SIZE, dst * BLOCK_SIZE
+        self.k[:, b:b + BLOCK_SIZE] = self.k[:, a:a + BLOCK_SIZE]
+        self.v[:, b:b + BLOCK_SIZE] = self.v[:, a:a + BLOCK_SIZE]
 
     @property
     def blocks_used(self) -> int:
@@ -102,6 +127,31 @@ class BlockTable:
         if self.blocks:
             self.pool.give_back(self.blocks)
         self.blocks = []
+
+    def fork(self) -> "BlockTable":
+        """A table holding the same blocks (each now held once more) and positions: a beam that
+        continues this one. Neither writes into a block the other holds (own_from)."""
+        other = BlockTable.__new__(BlockTable)
+        other.pool, other._offsets = self.pool, self._offsets
+        other.blocks, other.length = list(self.blocks), self.length
+        other._slot_of = self._slot_of.clone()
+        self.pool.share(self.blocks)
+        return other
+
+    def own_from(self, position: int) -> int:
+        """Copy on write: every block from the one holding `position` on that another table
+        holds too is replaced by a copy of its own. Returns the blocks copied."""
+        copied = 0
+        for i in range(position // BLOCK_SIZE, len(self.blocks)):
+            old = self.blocks[i]
+            if self.pool.holders(old) > 1:
+                new = self.pool.take()
+                self.pool.copy_block(old, new)
+                self.pool.give_back([old])
+                self.blocks[i] = new
+                self._slot_of[i * BLOCK_SIZE:(i + 1) * BLOCK_SIZE] = self._offsets + new * BLOCK_SIZE
+                copied += 1
+        return copied
 
 
 # Finished runs whose blocks the prefix cache keeps, the latest. A chat's next turn finds its

@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.errors import EngineClosed, EngineDown, ResourceError
-from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
+from inference.decoding.beams import BeamSearch
+from inference.events import BeamDoneEvent, BeamStepEvent, DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
 from inference.model.transformer import PagedBatch, Transformer
 from inference.sampling.params import SamplingParams
@@ -68,6 +69,8 @@ class Run:
     last_step_end: float | None = None
     wait_position: int | None = None
     given: int = 0  # of `ids`, the last ones already generated (a branch's): its stages count them
+    beams: BeamSearch | None = None  # a beam search: a decode row per live beam, each its own table
+    copied: int = 0  # a beam search's blocks copied on write this step
 
     @property
     def n_prompt(self) -> int:
@@ -130,11 +133,18 @@ class Scheduler:
         its blocks go to the prefix cache at its end (a batch of samples keeps one sample's,
         not 64 copies of one prompt that would push every chat out of the cache)."""
         needed = blocks_for(len(ids) + max_new)
+        beams = None
+        if params.num_beams > 1:  # W beams share the prompt's whole blocks; the rest each its own
+            shared = len(ids) // BLOCK_SIZE
+            needed = shared + params.num_beams * (needed - shared)
+            beams = BeamSearch(params.num_beams, params.length_penalty, frozenset(self.eos_ids), max_new)
+            keep_prefix = False
         if needed > self.pool.n_blocks:
             raise ResourceError(
                 f"this run needs {needed} KV blocks ({len(ids)} prompt + {max_new} new tokens) but "
                 f"the server's pool has {self.pool.n_blocks}; lower max new tokens or shorten the prompt")
-        run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed, given=given, keep_prefix=keep_prefix)
+        run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed, given=given, keep_prefix=keep_prefix,
+                  beams=beams)
         if events is not None:
             run.events = events
         with self._cv:
@@ -224,8 +234,8 @@ class Scheduler:
                 if run.released.is_set():
                     continue
                 try:
-                    if run.table is not None:
-                        run.table.release()
+                    for table in _tables(run):
+                        table.release()
                 except Exception:  # noqa: BLE001 - its blocks are lost; its answer is not
                     pass
                 run.events.put(self._down)
@@ -250,7 +260,7 @@ class Scheduler:
     def _drop_cancelled_waiting(self) -> None:
         for run in [r for r in self._waiting if r.cancel.is_set()]:
             self._waiting.remove(run)
-            run.events.put(self._done(run, "cancelled"))
+            run.events.put(self._ending(run, "cancelled"))
             run.released.set()
 
     def _admit(self) -> None:
@@ -300,6 +310,9 @@ class Scheduler:
         decode, prefills, reading = [], [], []  # reading: runs whose prompt is still not all read
         shares = prefill_shares(active, self.prefill_chunk)
         for run in active:
+            if run.beams is not None and run.prefilled == run.n_prompt:
+                self._beam_rows(run, tokens, positions, slots, decode, sampling)
+                continue
             if run.prefilled == run.n_prompt:  # generating: feed back the last token
                 start, new = run.table.length, [run.next_token]
             elif shares[id(run)]:
@@ -317,7 +330,7 @@ class Scheduler:
             positions += range(start, start + len(new))
             slots.append(run.table.slots(start, start + len(new)))
             if run.prefilled == run.n_prompt:
-                decode.append((row, run, start + 1))
+                decode.append((row, run.table, start + 1))
             else:
                 prefills.append((row, len(new), run.table.slots(0, start + len(new)), start))
                 run.prefilled += len(new)
@@ -347,7 +360,14 @@ class Scheduler:
             for run in stepped:
                 self._fail(run, e)
             return
-        for run, info in self._sample(logits, [run for _, run in sampling]):
+        order = [run for _, run in sampling]
+        beam_runs = list(dict.fromkeys(r for r in order if r.beams is not None))
+        if beam_runs:  # each beam search's rows go to its own step; the others are sampled as ever
+            for run in beam_runs:
+                self._beam_step(run, logits[[i for i, r in enumerate(order) if r is run]])
+            plain = [i for i, r in enumerate(order) if r.beams is None]
+            logits, order = logits[plain], [order[i] for i in plain]
+        for run, info in self._sample(logits, order) if order else ():
             if isinstance(info, Exception):
                 self._fail(run, info)
                 continue
@@ -391,35 +411,87 @@ class Scheduler:
         return self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k_layers, self.pool.v_layers)
 
     @staticmethod
-    def _static_rows(decode: list[tuple[int, Run, int]]) -> tuple[list[int], list[list[int]]]:
-        """Each decoding run's write slot and blocks, from the host's block tables (no read of
+    def _static_rows(decode: list[tuple[int, BlockTable, int]]) -> tuple[list[int], list[list[int]]]:
+        """Each decode row's write slot and blocks, from the host's block tables (no read of
         a device tensor: the fixed-shape step makes no host sync)."""
         slots, blocks = [], []
-        for _, run, n in decode:
-            held = run.table.blocks[:blocks_for(n)]
+        for _, table, n in decode:
+            held = table.blocks[:blocks_for(n)]
             slots.append(held[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE)
             blocks.append(held)
         return slots, blocks
 
     @staticmethod
-    def _decode_context(decode: list[tuple[int, Run, int]], dev) -> tuple[torch.Tensor | slice, torch.Tensor | None]:
-        """Each decoding run's blocks (B, nb), padded, and the mask of its positions.
+    def _decode_context(decode: list[tuple[int, BlockTable, int]], dev) -> tuple[torch.Tensor | slice, torch.Tensor | None]:
+        """Each decode row's blocks (B, nb), padded, and the mask of its positions.
 
         One run whose blocks are consecutive in the pool is read in place, as a slice of slots,
         without a mask (SDPA then takes its fastest kernel)."""
         if len(decode) == 1:
-            _, run, n = decode[0]
-            blocks = run.table.blocks
+            _, table, n = decode[0]
+            blocks = table.blocks
             if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
                 return slice(blocks[0] * BLOCK_SIZE, blocks[0] * BLOCK_SIZE + n), None
         nb = max(blocks_for(n) for _, _, n in decode)
         ctx = torch.empty(len(decode), nb, dtype=torch.long)  # (B, nb)
         mask = torch.zeros(len(decode), 1, 1, nb * BLOCK_SIZE, dtype=torch.bool)  # (B, 1, 1, nb * BLOCK_SIZE)
-        for b, (_, run, n) in enumerate(decode):
-            held = run.table.blocks[:blocks_for(n)]
+        for b, (_, table, n) in enumerate(decode):
+            held = table.blocks[:blocks_for(n)]
             ctx[b] = torch.tensor(held + [held[0]] * (nb - len(held)))  # padding: any block, masked out
             mask[b, ..., :n] = True
         return ctx.to(dev), mask.to(dev)
+
+    def _beam_rows(self, run: Run, tokens, positions, slots, decode, sampling) -> None:
+        """A decode row per live beam of a beam search, each into its own table (a block it
+        shares with another beam is copied first). A beam the pool cannot grow ends the search."""
+        live = run.beams.live
+        try:
+            run.copied = 0
+            for beam in live:
+                run.copied += beam.table.own_from(beam.table.length)
+                beam.table.grow_to(beam.table.length + 1)
+        except Exception as e:  # noqa: BLE001
+            self._fail(run, e)
+            return
+        for beam in live:
+            start, row = beam.table.length, len(tokens)
+            tokens.append(beam.last)
+            positions.append(start)
+            slots.append(beam.table.slots(start, start + 1))
+            decode.append((row, beam.table, start + 1))
+            beam.table.length = start + 1
+            sampling.append((row, run))
+
+    def _beam_step(self, run: Run, logits: torch.Tensor) -> None:
+        """A beam search's step from its rows of logits: the continuations kept fork their
+        parents' tables (sharing every block), the parents' are let go, and the step's event."""
+        search = run.beams
+        try:
+            parents = [b.table for b in search.live] if search.live else [run.table]
+            with torch.inference_mode():
+                hyps = [h for h, _ in search.step(logits)]
+            with self._cv:
+                for beam, h in zip(search.live, sorted((h for h in hyps if h.status == "kept"), key=lambda h: h.beam)):
+                    beam.table = parents[h.parent].fork()
+                for table in parents:
+                    table.release()
+                run.table = None
+            now = time.perf_counter()
+            ms = (now - run.last_step_end) * 1000
+            run.last_step_end = now
+            run.step_ms.append(ms)
+            held = [t.blocks for t in _tables(run)]
+            with self._cv:
+                pool = self._stats()
+            run.events.put(BeamStepEvent(
+                search.steps - 1, hyps, [self.tokenizer.piece(h.token_id) for h in hyps], ms,
+                len({b for blocks in held for b in blocks}), sum(len(blocks) for blocks in held), run.copied, pool))
+            run.copied = 0
+        except Exception as e:  # noqa: BLE001 - this search's alone
+            self._fail(run, e)
+            return
+        if search.done:
+            self._finish(run, search.ended)
 
     def _emit(self, run: Run, info: StepInfo) -> None:
         """The run's new token: its event, and the end of the run if it ends here."""
@@ -466,12 +538,12 @@ class Scheduler:
     def _release(self, run: Run, keep: bool = False) -> None:
         """Give the run's blocks back; keep: its whole blocks go to the prefix cache instead."""
         with self._cv:  # the cache and the pool's accounting change together
-            if run.table is not None:
-                if keep:
-                    held = (run.ids + run.generated)[:run.table.length]  # every token but the last sampled
-                    self.prefix_cache.keep(held, run.table.blocks)
-                    run.table.blocks = []
-                run.table.release()
+            if run.table is not None and keep:
+                held = (run.ids + run.generated)[:run.table.length]  # every token but the last sampled
+                self.prefix_cache.keep(held, run.table.blocks)
+                run.table.blocks = []
+            for table in _tables(run):
+                table.release()
             self._reserved -= run.blocks_needed
             self._active.remove(run)
             self._cv.notify()
@@ -479,7 +551,7 @@ class Scheduler:
 
     def _finish(self, run: Run, reason: str) -> None:
         try:  # its last text (the tokenizer's and the stop strings' tail) before its blocks go
-            done = self._done(run, reason)
+            done = self._ending(run, reason)
         except Exception as e:  # noqa: BLE001 - the run ends with its error instead
             self._fail(run, e)
             return
@@ -491,6 +563,15 @@ class Scheduler:
         if not run.released.is_set():
             self._release(run)
             run.events.put(error)
+
+    def _ending(self, run: Run, reason: str) -> DoneEvent | BeamDoneEvent:
+        """The run's last event: a beam search's finished beams, or a run's DoneEvent."""
+        if run.beams is None:
+            return self._done(run, reason)
+        b = run.beams
+        texts = [self.tokenizer.decode([t for t in f.tokens if t not in self.eos_ids]) for f in b.finished]
+        return BeamDoneEvent(reason, list(b.finished), texts, run.n_prompt, b.steps, b.width,
+                             b.length_penalty, run.max_new, run.capped)
 
     @staticmethod
     def _done(run: Run, reason: str) -> DoneEvent:
@@ -504,3 +585,9 @@ class Scheduler:
             seed=run.seed, max_new_tokens=run.max_new, capped=run.capped,
             stop_string=run.stops.matched if reason == "stop" else None,
             constraint_complete=None if run.state is None or run.state.constraint is None else run.state.constraint.complete)
+
+
+def _tables(run: Run) -> list[BlockTable]:
+    """Every block table a run holds: its own, and a beam search's live beams'."""
+    beams = [b.table for b in run.beams.live if b.table is not None] if run.beams is not None else []
+    return ([run.table] if run.table is not None else []) + beams

@@ -22,7 +22,7 @@ SCHEMA = '{"type": "object", "properties": {"name": {"type": "string"}}, "requir
 def page_refusal(handlers, **kw) -> str:
     """begin's status line for the controls (what the page's button says), "" if it started."""
     c = Controls(**{"prompt": PROMPT, "max_new_tokens": 6, "seed": "3", "temperature": 0, **kw})
-    status = handlers.begin(*c.values(), None).get("status", "")
+    status = handlers.run.begin(*c.values(), None).get("status", "")
     return status.removeprefix("⚠ Not started: ") if status.startswith("⚠ Not started") else ""
 
 
@@ -134,3 +134,38 @@ def test_the_api_takes_a_constraint_as_its_clients_send_one(live_app):
     assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
     r = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "structured_outputs": "json_schema"}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "structured_outputs"
+
+
+@pytest.mark.parametrize("endpoint, body", [
+    ("completions", {"prompt": PROMPT, "n": 2}),
+    ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "n": 2}),
+])
+def test_the_api_prepares_every_run_before_it_runs_any(live_app, monkeypatch, endpoint, body):
+    """The API prepares each completion by prepare_run before it starts any: the engine refusing
+    the second one (its check_run) is the request's 400, even for a stream, and no run of it
+    reached the engine; the visitor's share is given back and the next request runs."""
+    from inference.errors import InputError
+    url, engine, handlers = live_app
+    checked, ran = [], []
+    check, run = engine.check_run, engine.run
+
+    def refuse_the_second(request):
+        checked.append(request)
+        if len(checked) == 2:
+            raise InputError("temperature is not for this engine", field="temperature")
+        return check(request)
+
+    def recorded(request, cancel=None):
+        ran.append(request)
+        return run(request, cancel)
+    monkeypatch.setattr(engine, "check_run", refuse_the_second)
+    monkeypatch.setattr(engine, "run", recorded)
+    r = httpx.post(f"{url}/v1/{endpoint}", json={**body, "max_tokens": 4, "stream": True}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == {"message": "temperature is not for this engine", "type": "invalid_request_error",
+                                 "param": "temperature", "code": None}
+    assert len(checked) == 2 and ran == []
+    assert len(handlers.page.registry) == 0
+    monkeypatch.undo()
+    ok = httpx.post(f"{url}/v1/{endpoint}", json={**body, "max_tokens": 4}, timeout=60)
+    assert ok.status_code == 200, ok.text

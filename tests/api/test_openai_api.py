@@ -37,7 +37,7 @@ def test_completion_logprobs_are_the_pages_numbers(live_app, client):
     from ui.format import bars_html, fmt_p
     url, engine, h = live_app
     c = Controls(prompt=PROMPT, temperature=0.7, top_p=0.8, max_new_tokens=8, seed="11")
-    rec = list(h.generate(*c.values(), SimpleNamespace(session_hash="api-test")))[-1]["record"]
+    rec = list(h.run.generate(*c.values(), SimpleNamespace(session_hash="api-test")))[-1]["record"]
     answer = client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=8, seed=11, logprobs=3,
                                        temperature=0.7, top_p=0.8)
     choice = answer.choices[0]
@@ -332,14 +332,15 @@ def guarded_app(tiny_dirs):
     from conftest import no_early_end
     from inference.serving.engine import Engine
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
-    from ui.public import Limits
+    from app import serve
+    from ui.layout import build_ui
+    from server.limits import Limits
 
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
     no_early_end(engine)
     handlers = Handlers(engine, limits=Limits.shared(max_new_tokens=6))
     demo = build_ui(engine, handlers)
-    _, url, _ = launch(demo, engine, port=None, block=False, auth=[("ann", "s3cret")])
+    _, url, _ = serve(demo, engine, port=None, block=False, auth=[("ann", "s3cret")])
     yield url.rstrip("/"), engine
     demo.close()
     engine.close()

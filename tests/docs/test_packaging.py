@@ -76,7 +76,7 @@ def test_the_wheel_holds_every_package_app_py_and_the_files_they_open(wheel_file
 
 def test_the_wheel_has_the_token_lab_command(wheel_file):
     entry_points = dist_info(wheel_file, "entry_points.txt")
-    assert re.search(r"^\[console_scripts\]\s*^token-lab = inference\.entry:main\s*$", entry_points, re.M), entry_points
+    assert re.search(r"^\[console_scripts\]\s*^token-lab = app:token_lab\s*$", entry_points, re.M), entry_points
 
 
 def test_the_wheels_requirements_are_requirements_txt(wheel_file):
@@ -91,28 +91,27 @@ def test_the_wheels_requirements_are_requirements_txt(wheel_file):
 def test_token_lab_dispatches_a_subcommand_to_the_cli_and_the_rest_to_the_app(monkeypatch):
     import app
     import inference.cli
-    from inference import entry
     calls = []
     monkeypatch.setattr(inference.cli, "main", lambda argv: calls.append(("cli", argv)) or 7)
     monkeypatch.setattr(app, "main", lambda argv: calls.append(("app", argv)) or 8)
     for command in ("generate", "tokenize", "score", "score-text"):
-        assert entry.main([command, "--prompt", "x"]) == 7
-    assert entry.main(["--model", "gemma3-270m", "--port", "7861", "--share"]) == 8
-    assert entry.main([]) == 8
+        assert app.token_lab([command, "--prompt", "x"]) == 7
+    assert app.token_lab(["--model", "gemma3-270m", "--port", "7861", "--share"]) == 8
+    assert app.token_lab([]) == 8
     monkeypatch.setattr(sys, "argv", ["token-lab", "tokenize", "--text", "hi"])
-    assert entry.main() == 7
+    assert app.token_lab() == 7
     assert calls == [("cli", [c, "--prompt", "x"]) for c in ("generate", "tokenize", "score", "score-text")] + [
         ("app", ["--model", "gemma3-270m", "--port", "7861", "--share"]), ("app", []),
         ("cli", ["tokenize", "--text", "hi"])]
 
 
 def test_token_lab_help_is_the_apps_and_a_subcommands_help_the_clis(capsys):
-    from inference import entry
+    import app
     with pytest.raises(SystemExit) as exit_:
-        entry.main(["generate", "--help"])
+        app.token_lab(["generate", "--help"])
     assert exit_.value.code == 0 and "--prompt" in capsys.readouterr().out
     with pytest.raises(SystemExit) as exit_:
-        entry.main(["--help"])
+        app.token_lab(["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0
-    assert "{generate,score,score-text,tokenize}" in out and "--share" in out and "--port" in out
+    assert "{generate,score,score-text,explain,tokenize}" in out and "--share" in out and "--port" in out

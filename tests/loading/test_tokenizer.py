@@ -66,3 +66,25 @@ def test_display_pieces_mark_split_bytes(tiny_dirs):
     byte_id = tok.raw_pieces.index("<0xE4>")
     assert tok.piece(byte_id) == "<0xE4>"
     assert tok.piece(tok.bos_id) == "<s>"
+
+
+def test_both_tokenizers_keep_the_contract(tiny_engine):
+    """The local tokenizer and a server's offer every member of contract.Tokenizer (the page
+    and the API use no other); a server's says None for what it cannot know."""
+    import inspect
+    from inference.contract import Tokenizer
+    from inference.remote.tokenizer import RemoteTokenizer
+    members = [n for n in dir(Tokenizer) if not n.startswith("_")] + list(Tokenizer.__annotations__)
+    remote = RemoteTokenizer(http=None, model="m")
+    for tok in (tiny_engine.tokenizer, remote):
+        assert isinstance(tok, Tokenizer)
+        missing = [n for n in members if not hasattr(tok, n)]
+        assert not missing, (type(tok).__name__, missing)
+    assert (remote.vocab_size, remote.token_bytes, remote.chat_template) == (None, None, None)
+    assert remote.continuation_text([]) == ""
+    assert "continuation_text" in members and "token_bytes" in members
+    # The local one: a piece's leading space kept, as a run streams it.
+    tok = tiny_engine.tokenizer
+    ids = tok.encode_continuation(" the cat")
+    assert tok.continuation_text(ids) == "".join(tok.token_bytes[i].decode("utf-8", "replace") for i in ids)
+    assert inspect.signature(tok.continuation_text).parameters.keys() == {"ids"}

@@ -120,9 +120,9 @@ def test_inspect_handler_renders_all_parts(tiny_engine):
     from ui.controls import Controls
     from ui.handlers import Handlers
     h = Handlers(tiny_engine)
-    rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=6, seed="1").values(),
+    rec = list(h.run.generate(*Controls(prompt="The quick", max_new_tokens=6, seed="1").values(),
                           SimpleNamespace(session_hash="i")))[-1]["record"]
-    inside = h.inspect_step(rec, 3, 1)
+    inside = h.inside.inspect_step(rec, 3, 1)
     stages_md, att, lens, pattern = (inside[n] for n in ("stages_md", "attention", "lens", "pattern"))
     n = len(rec.prompt_ids)
     assert f"scores [4, 1, {n + 3}]" in stages_md and f"scores [4, {n}, {n}]" in stages_md

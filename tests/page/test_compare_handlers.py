@@ -11,9 +11,9 @@ import pytest
 from helpers import page_run
 
 from ui.controls import shaping_values
-from ui.handlers import RUN_OUTPUTS
+from ui.run.handlers import RUN_OUTPUTS
 from ui.layout import build_ui
-from ui.public import RUN_GOING
+from server.limits import RUN_GOING
 import ui.experiments.render as exp_render
 import ui.run.render as run_render
 
@@ -25,28 +25,28 @@ def run(h, **kw):
 
 
 def test_compare_turns_generate_off_and_stop_on_and_b_copies_the_run(h, tiny_engine):
-    begun = h.compare_begin(REQ)
+    begun = h.experiments.compare_begin(REQ)
     assert begun["generate"]["interactive"] is False and begun["stop_button"]["interactive"] is True
     assert begun["x_button"]["interactive"] is False and begun["compare_button"]["interactive"] is False
-    ended = h.compare_end([])
+    ended = h.experiments.compare_end([])
     assert ended["generate"]["interactive"] is True and ended["stop_button"]["interactive"] is False
     # While a job is going, compare and "Score it" are refused in one line (not a bare "Error").
-    cancel = h.registry.start(REQ.session_hash)
+    cancel = h.page.registry.start(REQ.session_hash)
     try:
-        for fn in (h.compare_begin, h.likelihood_begin):
+        for fn in (h.experiments.compare_begin, h.experiments.likelihood_begin):
             with pytest.raises(gr.Error) as e:
                 fn(REQ)
             assert e.value.message == RUN_GOING and "\n" not in e.value.message
     finally:
-        h.registry.finish(REQ.session_hash, cancel)
-    h.likelihood_begin(REQ)  # nothing going: no refusal
+        h.page.registry.finish(REQ.session_hash, cancel)
+    h.experiments.likelihood_begin(REQ)  # nothing going: no refusal
     # B starts as a copy of the page's settings, and after a run as a copy of that run's.
     page = build_ui(tiny_engine).tokenlab_page
-    d = h.defaults
+    d = h.page.defaults
     from inference.sampling.settings import SHAPING_SETTINGS
     assert [page[f"b_{n}"].value for n in SHAPING_SETTINGS] == [getattr(d, n) for n in SHAPING_SETTINGS]
     rec = run(h, temperature=0.7, top_p=0.8)
-    after = h.after_run(rec, [], REQ)
+    after = h.run.after_run(rec, [], REQ)
     assert (after["b_temperature"], after["b_top_p"]) == (0.7, 0.8)
     # A is the main settings: the label says so, not "above" (replay's controls are above it).
     md = [getattr(c, "value", "") for c in build_ui(tiny_engine).blocks.values() if isinstance(c, gr.Markdown)]
@@ -70,7 +70,7 @@ def test_charts_name_their_axes_and_replay_keeps_the_bars_colours(tiny_engine, h
     rec = run(h)
     assert set(exp_render.run_chart_frames(rec)[0].metric) == {"chosen-token probability"}
     assert exp_render.entropy_frame(rec).nats.tolist() == [round(s.entropy, 3) for s in rec.steps]
-    out = h.replay_step(rec, 2, *shaping_values(temperature=0.5, top_k=3))
+    out = h.experiments.replay_step(rec, 2, *shaping_values(temperature=0.5, top_k=3))
     bars = out["replay_bars"]
     head = re.search(r"tl-head'>(.*?)</div>", bars).group(1)
     assert "final in the run" in head

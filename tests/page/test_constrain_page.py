@@ -27,7 +27,7 @@ def h(tiny_engine):
 
 def run(h, **kw):
     c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 12, "seed": "3", "temperature": 1.0, **kw})
-    return list(h.generate(*c.values(), SimpleNamespace(session_hash="c"), None))[-1]["record"]
+    return list(h.run.generate(*c.values(), SimpleNamespace(session_hash="c"), None))[-1]["record"]
 
 
 def test_a_constrained_run_tags_forbidden_candidates_and_charts_the_masked_mass(h):
@@ -38,7 +38,7 @@ def test_a_constrained_run_tags_forbidden_candidates_and_charts_the_masked_mass(
     masked = [s.masked_mass for s in rec.steps]
     assert all(0.0 <= m <= 1.0 for m in masked) and any(m > 0 for m in masked)
     step = next(s for s in rec.steps if any(c.forbidden for c in s.top))
-    bars = h._bars(step, rec=rec)
+    bars = h.page.bars(step, rec=rec)
     assert "Constraint removed" in bars and "masked mass" in bars and ">forbidden<" in bars
     assert bars.count(">forbidden<") == sum(c.forbidden for c in step.top)
     frame, _ = run_chart_frames(rec)
@@ -46,17 +46,17 @@ def test_a_constrained_run_tags_forbidden_candidates_and_charts_the_masked_mass(
     assert chart.value.tolist() == pytest.approx(masked, abs=5e-5)  # as the page prints it: 4 decimals
     # An unconstrained run: no tag, no masked-mass line or series.
     plain = run(h)
-    assert "Constraint removed" not in h._bars(plain.steps[0], rec=plain)
+    assert "Constraint removed" not in h.page.bars(plain.steps[0], rec=plain)
     assert "masked mass (constraint)" not in set(run_chart_frames(plain)[0].metric)
 
 
 def test_replay_of_a_constrained_step_is_the_run_and_another_constraint_says_why_not(h):
     rec = run(h, constraint="regex", constraint_text=REGEX)
     values = [getattr(rec.params, n) for n in SHAPING_SETTINGS]
-    out = h.replay_step(rec, 2, *values)
+    out = h.experiments.replay_step(rec, 2, *values)
     assert "constraint" in out["replay_md"] and "raw mass forbidden" in out["replay_md"]
     other = dict(zip(SHAPING_SETTINGS, values), constraint_text="[0-9]+")
-    out = h.replay_step(rec, 2, *other.values())
+    out = h.experiments.replay_step(rec, 2, *other.values())
     assert out["replay_md"].startswith("⚠ Replay: the regular expression does not allow token 0")
 
 
@@ -88,7 +88,7 @@ def test_a_link_with_a_constraint_restores_it_and_opens_its_box(h):
     from urllib.parse import parse_qsl, urlsplit
     c = Controls(**constrain.pick_example("Regex: a date (YYYY-MM-DD)"))
     query = dict(parse_qsl(urlsplit(share_url("http://x/", c)).query))
-    out = h.restore(SimpleNamespace(query_params=query))
+    out = h.share.restore(SimpleNamespace(query_params=query))
     assert (out["constraint"], out["constraint_text"]) == (c.constraint, c.constraint_text)
     assert out["constrain_box"]["open"] is True and out["notice"] == ""
-    assert "constrain_box" not in h.restore(SimpleNamespace(query_params={}))
+    assert "constrain_box" not in h.share.restore(SimpleNamespace(query_params={}))

@@ -18,9 +18,9 @@ def run(h, **kw):
 
 def test_regenerate_with_a_seed_says_the_answer_will_be_the_same(h):
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    popped = h.pop_last_turn(history, "42")
+    popped = h.chat.pop_last_turn(history, "42")
     assert "Seed 42 is fixed" in popped["chat_note"] and "clear the seed" in popped["chat_note"]
-    assert h.pop_last_turn(history, "")["chat_note"] == ""
+    assert h.chat.pop_last_turn(history, "")["chat_note"] == ""
     # And it is true: the same seed gives the same answer, a cleared one a different seed.
     a = run(h, mode="chat", prompt="Hi", seed="42", temperature=1.0)
     b = run(h, mode="chat", prompt="Hi", seed="42", temperature=1.0)
@@ -29,13 +29,13 @@ def test_regenerate_with_a_seed_says_the_answer_will_be_the_same(h):
 
 def test_new_conversation_and_completion_mode_clear_the_chat(h):
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    kept = h.count_context("", "chat", "", 8, history)
+    kept = h.run.count_context("", "chat", "", 8, history)
     assert "1 earlier turn kept" in kept
-    new = h.new_conversation("", "chat", "", 8, "")
+    new = h.chat.new_conversation("", "chat", "", 8, "")
     assert new["history"] == [] and new["conversation"] == "" and new["chat_note"] == ""
-    assert "earlier turn" not in new["context_count"] and new["context_count"] == h.count_context("", "chat", "", 8, [])
-    assert h.switch_mode("completion")["conversation"]["visible"] is False
-    assert h.switch_mode("chat")["conversation"]["visible"] is True
+    assert "earlier turn" not in new["context_count"] and new["context_count"] == h.run.count_context("", "chat", "", 8, [])
+    assert h.chat.switch_mode("completion")["conversation"]["visible"] is False
+    assert h.chat.switch_mode("chat")["conversation"]["visible"] is True
     assert "1 turn" in conversation_html(history)  # kept, shown again back in chat mode
 
 

@@ -25,7 +25,7 @@ def cut_run(engine):
     e5 = byte_id(engine.tokenizer, "<0xE5>")
     h = Handlers(engine)
     c = Controls(prompt="今天天气", temperature=0.0, max_new_tokens=1, seed="1", logit_bias=f"{e5}:100")
-    rec = list(h.generate(*c.values(), None))[-1]["record"]
+    rec = list(h.run.generate(*c.values(), None))[-1]["record"]
     assert [s.token_id for s in rec.steps] == [e5] and rec.done.reason == "length"
     return rec
 
@@ -60,7 +60,7 @@ def test_every_text_of_the_page_says_the_bytes_were_cut(tiny_engine):
 
 def test_a_finished_run_says_nothing_was_cut(tiny_engine):
     h = Handlers(tiny_engine)
-    rec = list(h.generate(*Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=3,
+    rec = list(h.run.generate(*Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=3,
                                     seed="1").values(), None))[-1]["record"]
     groups = tiny_engine.tokenizer.char_groups([s.token_id for s in rec.steps])
     if groups[-1][1]:  # the run's last character is whole

@@ -22,9 +22,9 @@ SETTINGS = dict(prompt="The quick brown fox", temperature=1.0, frequency_penalty
 
 def run(h, c: Controls, history=None, pending=None, undo=None):
     """A run as the page makes it: the run, its end, the edit panel's bookkeeping."""
-    rec = list(h.generate(*c.values(), REQ, history))[-1]["record"]
-    h.after_run(rec, history, REQ)
-    return rec, h.edit_after_run(rec, pending, undo)
+    rec = list(h.run.generate(*c.values(), REQ, history))[-1]["record"]
+    h.run.after_run(rec, history, REQ)
+    return rec, h.edit.edit_after_run(rec, pending, undo)
 
 
 def tbody(seam: str) -> str:
@@ -32,7 +32,7 @@ def tbody(seam: str) -> str:
 
 
 def continue_from(h, rec, text, undo):
-    out = h.edit_continue(rec, text, [], [])
+    out = h.edit.edit_continue(rec, text, [], [])
     c = Controls(*[out[n] for n in NAMES])
     new, after = run(h, c, out["history"], out["edit_pending"], undo)
     return out, c, new, after
@@ -133,7 +133,7 @@ def test_the_page_shows_the_seam_as_you_type_and_at_the_continue(h, tiny_engine)
     assert {s.token_id for s in first.steps} == {dot}
     # An x typed after that 'e' (text the edit does not touch): the tokenizer joins them.
     edited = "Theex" + first.answer_text[4:]
-    preview = h.edit_preview(first, edited)
+    preview = h.edit.edit_preview(first, edited)
     ids = edited_ids(tok, first.prompt_text, first.prompt_ids, edited, chat=False)
     assert ids == tok.encode_continuation(edited) and ids[2] == ex[0]
     assert "⚑" in preview and "1 token of text you did not edit is different now" in preview and "≠" not in preview
@@ -145,8 +145,8 @@ def test_the_page_shows_the_seam_as_you_type_and_at_the_continue(h, tiny_engine)
     # The same places at the click, labelled as the edit the new run continues from.
     assert tbody(out["edit_seam"]) == tbody(preview) and "continued from your edit" in out["edit_seam"]
     assert second.given == ids
-    assert "Cannot continue from this text: the edited text is empty" in h.edit_preview(root, "")
-    assert "Let a run end" in h.edit_preview(None, "x")
+    assert "Cannot continue from this text: the edited text is empty" in h.edit.edit_preview(root, "")
+    assert "Let a run end" in h.edit.edit_preview(None, "x")
 
 
 def test_undo_restores_the_run_before_each_edit(h):
@@ -155,14 +155,14 @@ def test_undo_restores_the_run_before_each_edit(h):
     _, _, second, after = continue_from(h, first, "A new start", after["edit_undo_stack"])
     stack = after["edit_undo_stack"]
     assert [b["record"] for b in stack] == [root, first] and after["edit_undo"]["interactive"]
-    back = h.edit_undo(stack)
+    back = h.edit.edit_undo(stack)
     assert back["record"] is first and back["edit_box"] == first.answer_text
     assert back["prefix_ids"] == first.controls.prefix_ids and back["output"].count("tl-given") == 1
-    back = h.edit_undo(back["edit_undo_stack"])
+    back = h.edit.edit_undo(back["edit_undo_stack"])
     assert back["record"] is root and back["prefix_ids"] == "" and not back["edit_undo"]["interactive"]
     assert back["edit_undo_stack"] == [] and back["edit_box"] == root.answer_text
     # A run put on view again (a branch clicked in the tree) brings its own text into the box.
-    assert h.edit_on_view(second) == {"edit_box": second.answer_text, "edit_seam": ""}
+    assert h.edit.edit_on_view(second) == {"edit_box": second.answer_text, "edit_seam": ""}
     # A run that is not a continue starts afresh: nothing to undo.
     _, after = run(h, Controls(**SETTINGS), undo=stack)
     assert after["edit_undo_stack"] == [] and after["edit_seam"] == ""
@@ -170,14 +170,14 @@ def test_undo_restores_the_run_before_each_edit(h):
 
 def test_a_chat_answer_edited_continues_the_same_turn(h):
     c = Controls(**{**SETTINGS, "mode": "chat", "prompt": "Hello"})
-    rec = list(h.generate(*c.values(), REQ, []))[-1]["record"]
-    history = h.after_run(rec, [], REQ)["history"]
-    out = h.edit_continue(rec, "Sure thing", [], history)
+    rec = list(h.run.generate(*c.values(), REQ, []))[-1]["record"]
+    history = h.run.after_run(rec, [], REQ)["history"]
+    out = h.edit.edit_continue(rec, "Sure thing", [], history)
     assert out["history"] == [] and out["prompt"] == "Hello" and out["mode"] == "chat"
     c2 = Controls(*[out[n] for n in NAMES])
-    new = list(h.generate(*c2.values(), REQ, out["history"]))[-1]["record"]
+    new = list(h.run.generate(*c2.values(), REQ, out["history"]))[-1]["record"]
     assert new.prompt_ids == rec.prompt_ids and new.answer_text.startswith("Sure thing")
-    turn = h.after_run(new, out["history"], REQ)["history"]
+    turn = h.run.after_run(new, out["history"], REQ)["history"]
     assert turn == [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": new.answer_text}]
 
 
@@ -185,12 +185,12 @@ def test_bad_edits_are_one_line_refusals(h):
     root, _ = run(h, Controls(**SETTINGS))
     for text, message in (("", "the edited text is empty"), ("x" * 10**6, "the edited text is 1,000,000 characters")):
         with pytest.raises(Exception, match=message) as e:
-            h.edit_continue(root, text, [], [])
+            h.edit.edit_continue(root, text, [], [])
         assert "\n" not in str(e.value)
     with pytest.raises(Exception, match="Let the run end"):
-        h.edit_continue(None, "x", [], [])
+        h.edit.edit_continue(None, "x", [], [])
     with pytest.raises(Exception, match="edited text or prefix ids, not both"):
-        list(h.continue_edit(*Controls(**{**SETTINGS, "prefix_ids": "5"}).values(), "x", REQ))
+        list(h.edit.continue_edit(*Controls(**{**SETTINGS, "prefix_ids": "5"}).values(), "x", REQ))
 
 
 def test_after_a_continue_the_table_is_the_edit_of_the_run_it_edited_and_says_so(h, tiny_engine):
@@ -202,8 +202,8 @@ def test_after_a_continue_the_table_is_the_edit_of_the_run_it_edited_and_says_so
     dot = tok.encode_continuation(".")[0]
     root, after = run(h, Controls(**{**SETTINGS, "prompt": "The quick", "temperature": 0.0,
                                      "logit_bias": f"{dot}:100"}))
-    assert after["edit_seam"] == "" and h.edit_preview(root, root.answer_text, after["edit_undo_stack"]) == ""
-    typed = h.edit_preview(root, "Thee", after["edit_undo_stack"])
+    assert after["edit_seam"] == "" and h.edit.edit_preview(root, root.answer_text, after["edit_undo_stack"]) == ""
+    typed = h.edit.edit_preview(root, "Thee", after["edit_undo_stack"])
     assert "Your text against the run on view" in typed and "the run's tokens" in typed
     out, _, first, after = continue_from(h, root, "Thee", after["edit_undo_stack"])
     undo = after["edit_undo_stack"]
@@ -218,16 +218,16 @@ def test_after_a_continue_the_table_is_the_edit_of_the_run_it_edited_and_says_so
     assert [int(i) for i in right] == tok.encode_continuation("Thee")
     assert out["edit_seam"] == seam  # shown from the click on, as the run starts
     # The box's own change event (the run's end set it) shows the same table.
-    assert h.edit_preview(first, first.answer_text, undo) == seam
+    assert h.edit.edit_preview(first, first.answer_text, undo) == seam
     # An edit of the new run is compared with the new run, not the one before it.
-    more = h.edit_preview(first, first.answer_text + "!", undo)
+    more = h.edit.edit_preview(first, first.answer_text + "!", undo)
     assert "Your text against the run on view" in more and "continued from" not in more
     (row,) = re.findall(r"<tr class='[^']*'>(.*?)</tr>", more)
     assert row.split("</td>")[1].count("<sub>") == 0  # nothing of the run's own tokens changed: "!" added
     # Undo: back to the run before, which was no continue: no table.
-    back = h.edit_undo(undo)
+    back = h.edit.edit_undo(undo)
     assert back["record"] is root and back["edit_seam"] == "" and back["edit_box"] == root.answer_text
-    assert h.edit_on_view(first, undo) == {"edit_box": first.answer_text, "edit_seam": seam}
+    assert h.edit.edit_on_view(first, undo) == {"edit_box": first.answer_text, "edit_seam": seam}
 
 
 def test_the_table_follows_every_change_of_the_box(tiny_engine):

@@ -190,7 +190,7 @@ def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser, width, 
     wait_loaded(page)
     page.reload()
     wait_loaded(page)
-    assert page.input_value("#prompt textarea") == h.defaults.prompt and output_text(page) is None
+    assert page.input_value("#prompt textarea") == h.page.defaults.prompt and output_text(page) is None
     # The defaults' completion mode hides the conversation (an empty one, were it shown).
     conversation = page.locator("#conversation")
     assert conversation.count() == 0 or not conversation.is_visible() or conversation.inner_text().strip() == ""
@@ -203,20 +203,21 @@ def held_restore(tiny_engine):
     """The page on its own server, whose restore of the saved work waits while `held` is clear:
     (url, held)."""
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     h, held = Handlers(tiny_engine), threading.Event()
     held.set()
-    restore = h.restore_work
+    restore = h.work.restore_work
 
     @functools.wraps(restore)
     def held_restore_work(*args, **kwargs):
         held.wait(60)
         return restore(*args, **kwargs)
 
-    h.restore_work = held_restore_work
+    h.work.restore_work = held_restore_work
     demo = build_ui(tiny_engine, h)
-    _, url, _ = launch(demo, tiny_engine, port=None, block=False)
+    _, url, _ = serve(demo, tiny_engine, port=None, block=False)
     yield url.rstrip("/"), held
     held.set()
     demo.close()

@@ -28,7 +28,7 @@ def h(tiny_engine, monkeypatch):
 
 def run(h, **kw):
     c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 4, "seed": "3", **kw})
-    return list(h.generate(*c.values(), REQ))[-1]["record"]
+    return list(h.run.generate(*c.values(), REQ))[-1]["record"]
 
 
 def table_after(md: str, title: str) -> list[tuple[str, int]]:
@@ -58,7 +58,7 @@ def kept_in_order(logits, values: dict, names: list[str]) -> list[int]:
 ])
 def test_replay_in_another_order_lists_each_pipeline_in_its_own_order(h, tiny_engine, run_kw, replay_kw, replay_order):
     rec = run(h, **run_kw)
-    md = h.replay_step(rec, 1, *shaping_values(**replay_kw, sampler_order=replay_order))["replay_md"]
+    md = h.experiments.replay_step(rec, 1, *shaping_values(**replay_kw, sampler_order=replay_order))["replay_md"]
     assert md.startswith("**Step 1**")
     logits = tiny_engine.step_logits(rec.seen_before(1))
     run_values = {n: getattr(rec.params, n) for n in REFERENCE}
@@ -79,7 +79,7 @@ def test_replay_in_another_order_lists_each_pipeline_in_its_own_order(h, tiny_en
 
 def test_replay_in_the_same_order_keeps_one_table(h):
     rec = run(h, temperature=1.5, top_p=0.5)
-    md = h.replay_step(rec, 1, *shaping_values(temperature=1.0, top_p=0.5))["replay_md"]
+    md = h.experiments.replay_step(rec, 1, *shaping_values(temperature=1.0, top_p=0.5))["replay_md"]
     assert "**The run**" not in md and "| kept (run) |" in md and "| kept (replay) |" in md
 
 
@@ -103,7 +103,7 @@ def forced(h, a_text: str, b_text: str) -> dict:
     """Compare A/B across the two vocabularies, each run held to its text by a regular expression."""
     c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=20, seed="1", constraint="regex",
                  constraint_text=re.escape(a_text))
-    return h.compare(*c.values(), *shaping_values(temperature=0.0, constraint="regex",
+    return h.experiments.compare(*c.values(), *shaping_values(temperature=0.0, constraint="regex",
                                                   constraint_text=re.escape(b_text)), "bpe", REQ)
 
 

@@ -47,7 +47,7 @@ def hf_reference():
 
 
 def test_the_apps_defaults_decode_in_float32(default_handlers):
-    info = default_handlers.info
+    info = default_handlers.page.info
     assert info.dtype == torch.float32 and info.decode_dtype == torch.float32
     assert info.decode_error is None and formatting.approx_note(info) == ""
 
@@ -57,8 +57,8 @@ def test_the_apps_defaults_decode_in_float32(default_handlers):
 def test_step_zero_bars_equal_transformers_for_new_prompts(default_handlers, hf_reference, prompt):
     """Prompts in no reference file: the bars (4 decimals) against transformers' float32."""
     c = Controls(prompt=prompt, temperature=0.0, max_new_tokens=2, seed="1")
-    rec = list(default_handlers.generate(*c.values(), SimpleNamespace(session_hash="f")))[-1]["record"]
-    ids = default_handlers.engine.prompt_ids(prompt)
+    rec = list(default_handlers.run.generate(*c.values(), SimpleNamespace(session_hash="f")))[-1]["record"]
+    ids = default_handlers.page.engine.prompt_ids(prompt)
     with torch.inference_mode():
         p = hf_reference(torch.tensor([ids])).logits[0, -1].softmax(-1)
     bars = formatting.bars_html(rec.steps[0])
@@ -72,23 +72,23 @@ def test_every_panel_shows_the_same_probability(default_handlers, tiny_dirs, cap
     lens's last layer, "How likely was X?", compare A/B and the CLI's JSONL, to the digits shown."""
     h = default_handlers
     c = Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=1, seed="2")
-    rec = list(h.generate(*c.values(), SimpleNamespace(session_hash="p")))[-1]["record"]
+    rec = list(h.run.generate(*c.values(), SimpleNamespace(session_hash="p")))[-1]["record"]
     step = rec.steps[0]
-    paris = h.engine.tokenizer.encode(" Paris")[0]
+    paris = h.page.engine.tokenizer.encode(" Paris")[0]
     assert step.token_id == paris, "seed 2 samples ' Paris' (p 0.77)"
     shown = {}
     bars = formatting.bars_html(step)
     shown["title"] = numbers(bars)[1]
     shown["bars"] = numbers(bars)[2]
-    md = h.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"]
+    md = h.experiments.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"]
     raw_row = next(r for r in md.splitlines() if r.startswith("| raw |"))
     shown["replay"] = numbers(raw_row)[0]
-    lens = h.inspect_step(rec, 0, 0)["lens"]
+    lens = h.inside.inspect_step(rec, 0, 0)["lens"]
     last = lens.split("<tr>")[-1]
     shown["lens"] = numbers(last)[0]
-    table = h.likelihood(rec, 0, " Paris")
+    table = h.experiments.likelihood(rec, 0, " Paris")
     shown["likely"] = next(r for r in table.splitlines() if "Paris" in r).split("|")[3].strip()
-    bars_a = h.compare(*Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=2,
+    bars_a = h.experiments.compare(*Controls(prompt="The capital of France is", temperature=1.0, max_new_tokens=2,
                                         seed="2").values(), *shaping_values(temperature=0.0), "", SimpleNamespace(session_hash="p"))["bars_a"]
     from inference.cli import main
     assert main(["generate", "--prompt", "The capital of France is", "--max-new-tokens", "1", "--seed", "2",
@@ -99,7 +99,7 @@ def test_every_panel_shows_the_same_probability(default_handlers, tiny_dirs, cap
 
 
 def test_replay_is_exact_on_the_default_model(default_handlers):
-    engine = default_handlers.engine
+    engine = default_handlers.page.engine
     ctx = engine.prompt_ids("The capital of France is")
     logits = engine.step_logits(ctx)
     for settings in (dict(temperature=1.5), dict(temperature=2.0, top_k=1000), dict(temperature=0.7, top_p=0.9)):
@@ -120,8 +120,8 @@ def test_bfloat16_decode_is_measured_and_said(tiny_dirs):
     r = info.decode_error
     assert r is not None and 0 < r.max_prob_diff < 0.5 and 0 <= r.top1_agreement <= 1 and r.steps == 48
     h = Handlers(engine)
-    rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=2, seed="1").values(), None))[-1]["record"]
-    bars = h.select_step(rec, 0)
+    rec = list(h.run.generate(*Controls(prompt="The quick", max_new_tokens=2, seed="1").values(), None))[-1]["record"]
+    bars = h.run.select_step(rec, 0)
     assert "Approximate" in bars and f"{r.max_prob_diff:.4f}" in bars
     assert "Approximate" in run_render.model_card(info)
 
@@ -176,7 +176,7 @@ def test_byte_tokens_of_a_character_are_one_chip(tiny_engine):
     assert [t for t, _ in out] == texts
     # A click on the character selects its first byte's step; each step stays reachable by the slider.
     h = Handlers(tiny_engine)
-    picked = h.select_token(run.rec, SimpleNamespace(index=texts.index("望")))
+    picked = h.run.select_token(run.rec, SimpleNamespace(index=texts.index("望")))
     bars, slider = picked["bars"], picked["step"]
     assert slider["value"] == char.steps[0]
     view = run_render.prompt_tokens_html(tok, run.ids)
@@ -195,13 +195,13 @@ def test_a_character_cut_by_the_end_is_shown_as_cut(tiny_engine):
 
 def test_kv_formula_counts_the_positions_the_cache_holds(tiny_engine):
     h = Handlers(tiny_engine)
-    rec = list(h.generate(*Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=5,
+    rec = list(h.run.generate(*Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=5,
                                     seed="1").values(), None))[-1]["record"]
     cfg = tiny_engine.cfg
     held = len(rec.prompt_ids) + len(rec.steps) - 1  # the newest token is not fed back yet
     per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 4  # float32
     assert rec.steps[-1].kv_cache_bytes == held * per_position
-    assert f"× {held} positions held = {held * per_position:,} bytes" in kv_panel.kv_formula(h.info, measured_bytes=rec.steps[-1].kv_cache_bytes)
+    assert f"× {held} positions held = {held * per_position:,} bytes" in kv_panel.kv_formula(h.page.info, measured_bytes=rec.steps[-1].kv_cache_bytes)
 
 
 def test_inside_one_token_counts_decode_bytes_at_the_decode_dtype(tiny_dirs):
@@ -225,7 +225,7 @@ def control_ids(tok):
 
 @pytest.mark.parametrize("which", ["sentencepiece", "bpe"])
 def test_typed_control_token_text_stays_text(which, tiny_engine, default_handlers):
-    engine = tiny_engine if which == "sentencepiece" else default_handlers.engine
+    engine = tiny_engine if which == "sentencepiece" else default_handlers.page.engine
     tok = engine.tokenizer
     assert tok.kind == which
     for typed in ("<s> not special </s>", "a <|im_end|> b <|im_start|>", "</s>"):

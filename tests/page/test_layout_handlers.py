@@ -70,10 +70,10 @@ def test_the_chi_square_note_says_only_what_applies():
 def test_the_kv_chart_starts_at_step_0_with_the_prompts_prefill(tiny_engine):
     h = Handlers(tiny_engine)
     c = Controls(prompt="The quick brown fox", max_new_tokens=6, seed="3")
-    rec = list(h.generate(*c.values(), SimpleNamespace(session_hash="kv")))[-1]["record"]
+    rec = list(h.run.generate(*c.values(), SimpleNamespace(session_hash="kv")))[-1]["record"]
     frame = kv_panel.kv_frame(rec)
     used = frame[frame.series.str.startswith("used")]
-    per = h.info.kv_bytes_per_position
+    per = h.page.info.kv_bytes_per_position
     assert frame.step.min() == 0 and list(used.step) == list(range(len(rec.steps)))
     # Step 0's point is the cache after the prompt's prefill: the prompt's positions, no more.
     assert used.MiB.iloc[0] == pytest.approx(len(rec.prompt_ids) * per / 2**20)

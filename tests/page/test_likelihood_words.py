@@ -17,7 +17,7 @@ def test_the_lead_says_where_and_which_probabilities():
 
 def test_scoring_at_step_0_says_after_the_prompt(tiny_engine):
     h = Handlers(tiny_engine)
-    rec = list(h.generate(*Controls(prompt="The quick", temperature=0.0, max_new_tokens=3, seed="1").values(),
+    rec = list(h.run.generate(*Controls(prompt="The quick", temperature=0.0, max_new_tokens=3, seed="1").values(),
                           None))[-1]["record"]
-    text = h.likelihood(rec, 0, " the")
+    text = h.experiments.likelihood(rec, 0, " the")
     assert text.startswith("After the prompt (the model's raw probabilities") and "first 0" not in text

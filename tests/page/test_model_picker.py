@@ -47,10 +47,10 @@ def tiny_dirs_cfg(name):
 
 def test_each_model_loads_on_first_use_only(two, tiny_dirs):
     assert two.opened == ["mha"] and not two.models.loaded("gqa_tied")
-    assert "not loaded yet" in two.h.models_markdown()
-    out = two.h.choose_model("gqa_tied", "The quick", "completion", "", 5)
+    assert "not loaded yet" in two.h.run.models_markdown()
+    out = two.h.run.choose_model("gqa_tied", "The quick", "completion", "", 5)
     assert two.opened == ["mha", "gqa_tied"]  # once, however often it is used after
-    two.h.choose_model("gqa_tied", "The quick", "completion", "", 5)
+    two.h.run.choose_model("gqa_tied", "The quick", "completion", "", 5)
     assert two.opened == ["mha", "gqa_tied"]
     # The card and memory follow the chosen model: gqa_tied has 2 KV heads, a tied LM head.
     assert "gqa_tied" in out["model_card"] and "2 KV heads" in out["model_card"] and "tied" in out["model_card"]
@@ -65,7 +65,7 @@ def test_each_model_loads_on_first_use_only(two, tiny_dirs):
     # What a load is checked against beforehand, from the config: the weights and their copies.
     from inference.loading.load import weights_bytes
     assert weights_bytes(tiny_dirs["gqa_tied"], "cpu", "float32") == 4 * params + copies > 0
-    assert f"{f.pool_bytes / 2**20:,.0f} MiB KV pool" in two.h.models_markdown()
+    assert f"{f.pool_bytes / 2**20:,.0f} MiB KV pool" in two.h.run.models_markdown()
 
 
 def test_a_model_that_does_not_fit_is_refused_in_one_line(tiny_dirs):
@@ -81,7 +81,7 @@ def test_a_model_that_does_not_fit_is_refused_in_one_line(tiny_dirs):
 
 def test_a_run_of_the_second_model_is_that_models_run(two, tiny_dirs):
     c = Controls(prompt="The quick brown", model="gqa_tied", temperature=1.0, max_new_tokens=8, seed="3")
-    final = list(two.h.generate(*c.values(), REQ))[-1]
+    final = list(two.h.run.generate(*c.values(), REQ))[-1]
     rec = final["record"]
     assert rec.model == "gqa_tied"
     with Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32") as alone:
@@ -91,24 +91,24 @@ def test_a_run_of_the_second_model_is_that_models_run(two, tiny_dirs):
     assert [s.token_id for s in rec.steps] == expected
     done = json.loads(run_jsonl(rec).splitlines()[-1])
     assert done["model"] == "gqa_tied"
-    link = two.h.share_link(*c.values(), "http://x/", REQ)
+    link = two.h.share.share_link(*c.values(), "http://x/", REQ)
     assert "model=gqa_tied" in link
-    default_link = two.h.share_link(*replace(c, model="mha").values(), "http://x/", REQ)
+    default_link = two.h.share.share_link(*replace(c, model="mha").values(), "http://x/", REQ)
     assert "model=" not in default_link  # the default model is not written
 
 
 def test_a_link_restores_the_model_and_ignores_one_not_offered(two):
-    out = two.h.restore(SimpleNamespace(query_params={"model": "gqa_tied"}))
+    out = two.h.share.restore(SimpleNamespace(query_params={"model": "gqa_tied"}))
     assert out["model"] == "gqa_tied" and not out["notice"]
-    out = two.h.restore(SimpleNamespace(query_params={"model": "nope"}))
+    out = two.h.share.restore(SimpleNamespace(query_params={"model": "nope"}))
     assert out["model"] == "" and "Ignored link parameter `model`" in out["notice"]
-    assert two.h.restore(SimpleNamespace(query_params={"model": "mha"}))["model"] == ""  # the default
+    assert two.h.share.restore(SimpleNamespace(query_params={"model": "mha"}))["model"] == ""  # the default
 
 
 def test_two_models_compared_along_as_text_as_transformers_says(two, tiny_dirs):
     transformers = pytest.importorskip("transformers")
     c = Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=10, seed="1")
-    out = two.h.compare(*c.values(), *shaping_values(temperature=0.0), "gqa_tied", REQ)
+    out = two.h.experiments.compare(*c.values(), *shaping_values(temperature=0.0), "gqa_tied", REQ)
     summary, chart = out["compare_md"], out["compare_chart"]["value"]
     assert out["compare_chart"]["visible"] is True
     engine = two.models.engine("mha")
@@ -144,27 +144,28 @@ def test_models_whose_tokenizers_differ_are_not_compared_token_by_token(tmp_path
     with models:
         h = Handlers(models.engine(), models=models)
         c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=4, seed="1")
-        out = h.compare(*c.values(), *shaping_values(temperature=0.0), "other", REQ)
+        out = h.experiments.compare(*c.values(), *shaping_values(temperature=0.0), "other", REQ)
         assert "their tokenizers differ" in out["compare_md"] and out["compare_chart"]["visible"] is False
         assert out["out_b"]  # B's own text is there
 
 
 def test_a_single_model_page_has_no_picker_but_takes_no_model_field(tiny_engine):
     h = Handlers(tiny_engine)
-    assert h.models.labels == [tiny_engine.describe().name] and h.models_markdown() == ""
+    assert h.page.models.labels == [tiny_engine.describe().name] and h.run.models_markdown() == ""
     c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=3, seed="1")
-    rec = list(h.generate(*c.values(), REQ))[-1]["record"]
+    rec = list(h.run.generate(*c.values(), REQ))[-1]["record"]
     assert rec.model == tiny_engine.describe().name
     with pytest.raises(Exception, match="not offered here"):
-        list(h.generate(*replace(c, model="other").values(), REQ))
+        list(h.run.generate(*replace(c, model="other").values(), REQ))
 
 
 def test_the_api_serves_every_offered_model_by_its_name(two, tiny_dirs):
     """/v1/models lists both; a completion naming the second is that model's run."""
     openai = pytest.importorskip("openai")
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
     demo = build_ui(two.models.engine(), two.h)
-    _, url, _ = launch(demo, two.models.engine(), block=False)
+    _, url, _ = serve(demo, two.models.engine(), block=False)
     try:
         client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list().data] == ["mha", "gqa_tied"]

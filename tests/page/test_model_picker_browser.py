@@ -13,12 +13,13 @@ def two_models_app(tiny_dirs, tmp_path_factory):
     """The real page offering "mha" (the default), "plain" (gqa_tied without a chat template) and
     "gqa_tied", served on a free localhost port; and its Models."""
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
     plain = without_chat_template(tiny_dirs["gqa_tied"], tmp_path_factory.mktemp("plain") / "plain")
     models = offered({"mha": tiny_dirs["mha"], "plain": plain, "gqa_tied": tiny_dirs["gqa_tied"]})
     engine = models.engine()
     demo = build_ui(engine, Handlers(engine, models=models))
-    _, url, _ = launch(demo, engine, port=None, block=False)
+    _, url, _ = serve(demo, engine, port=None, block=False)
     yield url.rstrip("/"), models
     demo.close()
     models.close()

@@ -37,9 +37,9 @@ def test_the_kv_formula_follows_the_model_picked_before_any_run(picker, tiny_dir
         head_dim = cfg["hidden_size"] // cfg["num_attention_heads"]
         return f"2 × {cfg['num_hidden_layers']} × {cfg['num_key_value_heads']} × {head_dim} × 4 "
 
-    assert dims("mha") in kv_panel.kv_formula(picker.info) and dims("mha") != dims("gqa_tied")
+    assert dims("mha") in kv_panel.kv_formula(picker.page.info) and dims("mha") != dims("gqa_tied")
     for label in ("gqa_tied", "mha"):
-        out = picker.choose_model(label, "The quick", "completion", "", 5)
+        out = picker.run.choose_model(label, "The quick", "completion", "", 5)
         assert dims(label) in out["kv_text"], out["kv_text"]
 
 
@@ -47,21 +47,21 @@ def test_a_not_started_status_goes_when_another_model_is_picked(picker):
     """Chat mode on the model without a template is refused in the status line; picking a
     model clears that message (Generate checks again); a run's own status stays."""
     c = controls(model="plain", mode="chat")
-    refused = picker.begin(*c.values(), REQ)["status"]
+    refused = picker.run.begin(*c.values(), REQ)["status"]
     assert refused == "⚠ Not started: this model has no chat template; use completion mode"
-    assert picker.choose_model("mha", "The quick", "chat", "", 5, [], refused)["status"] == ""
+    assert picker.run.choose_model("mha", "The quick", "chat", "", 5, [], refused)["status"] == ""
     ended = "Run ended: 6 tokens · stopped at max new tokens"
-    assert "status" not in picker.choose_model("gqa_tied", "The quick", "chat", "", 5, [], ended)
+    assert "status" not in picker.run.choose_model("gqa_tied", "The quick", "chat", "", 5, [], ended)
 
 
 def test_chat_mode_is_offered_only_for_a_model_with_a_chat_template(picker):
     """Picking the model without a template sets the mode to completion and keeps chat from being
     picked (the radio is not interactive, its note says why); a model with one offers it again."""
-    plain = picker.choose_model("plain", "The quick", "chat", "", 5)["mode"]
+    plain = picker.run.choose_model("plain", "The quick", "chat", "", 5)["mode"]
     assert plain["value"] == "completion" and plain["interactive"] is False and "no chat template" in plain["info"]
-    with_template = picker.choose_model("gqa_tied", "The quick", "completion", "", 5)["mode"]
+    with_template = picker.run.choose_model("gqa_tied", "The quick", "completion", "", 5)["mode"]
     assert with_template["interactive"] is True and "value" not in with_template
-    assert [picker.view(m).info.chat for m in ("plain", "gqa_tied", "mha")] == [False, True, True]
+    assert [picker.page.view(m).info.chat for m in ("plain", "gqa_tied", "mha")] == [False, True, True]
 
 
 def test_the_model_list_says_its_weights_count_the_second_copies(picker):
@@ -69,13 +69,13 @@ def test_the_model_list_says_its_weights_count_the_second_copies(picker):
     (counted here from the model's own modules); where there are copies it says so, so that
     it does not seem to disagree with the card's parameters × bytes."""
     from inference.serving.models import Footprint
-    engine = picker.view("mha").engine
+    engine = picker.page.view("mha").engine
     copies = {id(c): c for m in engine.model.modules()
               for c in (getattr(m, "decode_weight", None), getattr(m, "rows_weight", None)) if c is not None}
-    f = picker.models.footprint("mha")
+    f = picker.page.models.footprint("mha")
     assert f.copies_bytes == sum(c.numel() * c.element_size() for c in copies.values())
     mib = 2**20
-    listed = picker.models_markdown()
+    listed = picker.run.models_markdown()
     assert f"**mha** (default): {f.weights_bytes / mib:,.0f} MiB of weights" in listed
     assert ("second copies" in listed) == (f.copies_bytes > 0)
     # SmolLM2-135M at float32 with oneDNN's copies: 513 MiB as loaded, 517 MiB of copies.

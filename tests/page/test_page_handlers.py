@@ -21,7 +21,7 @@ from inference.events import PrefillEvent
 from inference.serving.kv_pool import BLOCK_SIZE
 from tiny_models import CHATML
 from ui.controls import Controls, controls_from_query, query_value, share_url
-from ui.handlers import STALE_PANELS
+from ui.run.handlers import STALE_PANELS
 from ui.run_state import Divergence, RunRecord, run_jsonl
 import ui.experiments.render as exp_render
 import ui.format as formatting
@@ -41,11 +41,11 @@ def session(name):
 
 def run(h, name="u", history=None, **kw):
     c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
-    return list(h.generate(*c.values(), session(name), history))[-1]["record"]
+    return list(h.run.generate(*c.values(), session(name), history))[-1]["record"]
 
 
 def after(h, rec, history=None, name="u"):
-    return h.after_run(rec, history, session(name))
+    return h.run.after_run(rec, history, session(name))
 
 
 # ---------------------------------------------------------------- chat
@@ -72,12 +72,12 @@ def test_follow_ups_continue_the_conversation_and_regenerate_replaces_the_answer
     history2 = after(h, second, history)["history"]
     assert [m["content"] for m in history2] == ["Hello", first.done.text, "And then?", second.done.text]
     # Regenerate: the last answer dropped, its question back in the box, then a normal run.
-    popped = h.pop_last_turn(history2)
+    popped = h.chat.pop_last_turn(history2)
     rest, prompt, mode, conversation = (popped[n] for n in ("history", "prompt", "mode", "conversation"))
     assert rest == history and prompt == "And then?" and mode == "chat" and "1 turn" in conversation
     with pytest.raises(gr.Error, match="no answer to regenerate"):
-        h.pop_last_turn([])
-    new = h.new_conversation()
+        h.chat.pop_last_turn([])
+    new = h.chat.new_conversation()
     assert (new["history"], new["conversation"]) == ([], "")
 
 
@@ -86,7 +86,7 @@ def test_a_changed_system_prompt_says_earlier_turns_are_read_after_it(h):
     history = after(h, first, [])["history"]
 
     def count(system, mode="chat", turns=history):
-        return h.preview("And then?", mode, system, 5, turns, None, "", first)["context_count"]
+        return h.run.preview("And then?", mode, system, 5, turns, None, "", first)["context_count"]
     assert "differs from the one the last answer was made under" in count("You are a poet.")
     assert "differs" not in count("You are a pirate.")  # the same prompt
     assert "differs" not in count("You are a poet.", turns=[])  # a new conversation
@@ -103,7 +103,7 @@ def test_a_follow_up_reads_the_earlier_turns_from_the_kv_cache(h, tiny_engine):
     reused = second.steps[0].prompt_tokens_reused
     assert reused >= BLOCK_SIZE and reused % BLOCK_SIZE == 0 and reused < len(second.prompt_ids)
     assert second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids
-    assert f"({reused} read from the KV cache of an earlier run)" in run_render.stats_markdown(h.info, second)
+    assert f"({reused} read from the KV cache of an earlier run)" in run_render.stats_markdown(h.page.info, second)
 
 
 def test_typed_control_tokens_in_earlier_turns_stay_text(tiny_engine):
@@ -158,13 +158,13 @@ def test_the_link_carries_the_seed_the_last_run_used(h):
     a = after(h, rec, [])
     assert a["run_seed"] == str(rec.seed)
     c = Controls(prompt="The quick brown fox", max_new_tokens=8, seed="")
-    link = h.share_link(*c.values(), "http://x/", None, a["run_seed"])  # the request, then the run's seed
+    link = h.share.share_link(*c.values(), "http://x/", None, a["run_seed"])  # the request, then the run's seed
     query = dict(parse_qsl(urlsplit(link).query))
     assert query["seed"] == str(rec.seed)
-    restored, problems = controls_from_query(query, h.defaults)
+    restored, problems = controls_from_query(query, h.page.defaults)
     assert problems == [] and restored.seed == str(rec.seed)
     # A typed seed wins over the last run's.
-    assert "seed=7" in h.share_link(*Controls(seed="7").values(), "http://x/", None, "123")
+    assert "seed=7" in h.share.share_link(*Controls(seed="7").values(), "http://x/", None, "123")
 
 
 def test_link_numbers_are_written_as_javascript_writes_them():
@@ -175,13 +175,13 @@ def test_link_numbers_are_written_as_javascript_writes_them():
 
 def test_link_values_the_page_cannot_hold_are_ignored_by_name(h, tiny_engine):
     c, problems = controls_from_query({"top_p": "7", "max_new_tokens": "99999", "prompt": "Hi"},
-                                      h.defaults, {"max_new_tokens": tiny_engine.cfg.max_seq_len - 1})
-    assert c.prompt == "Hi" and c.top_p == h.defaults.top_p and c.max_new_tokens == h.defaults.max_new_tokens
+                                      h.page.defaults, {"max_new_tokens": tiny_engine.cfg.max_seq_len - 1})
+    assert c.prompt == "Hi" and c.top_p == h.page.defaults.top_p and c.max_new_tokens == h.page.defaults.max_new_tokens
     assert [p.split("`")[1] for p in problems] == ["top_p", "max_new_tokens"]
-    notice = h.restore(SimpleNamespace(query_params={"top_p": "7", "max_new_tokens": "99999"}))["notice"]
+    notice = h.share.restore(SimpleNamespace(query_params={"top_p": "7", "max_new_tokens": "99999"}))["notice"]
     assert notice.count("\n- ") == 2  # one Markdown list item each
     # A link that sets one of the "More settings" opens them.
-    assert h.restore(SimpleNamespace(query_params={"min_p": "0.1"}))["more"]["open"] is True
+    assert h.share.restore(SimpleNamespace(query_params={"min_p": "0.1"}))["more"]["open"] is True
 
 
 # ---------------------------------------------------------------- downloads
@@ -191,7 +191,7 @@ def downloaded(h, html_links: str, which: int):
     url = re.findall(r"href='([^']+)'", html_links)[which]
     route, token, name = url.rsplit("/", 2)
     assert route == "tokenlab/download"
-    return h.download_path(token, name)
+    return h.run.download_path(token, name)
 
 
 def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, capsys):
@@ -199,7 +199,7 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
     a = after(h, rec, [])
     lines = [json.loads(x) for x in downloaded(h, a["downloads"], 0).read_text(encoding="utf-8").splitlines()]
     assert lines == [json.loads(json.dumps(s.to_json())) for s in rec.steps] + [
-        {**rec.done.to_json(), **how_made(rec.params), "model": h.info.name}]  # the model that made it
+        {**rec.done.to_json(), **how_made(rec.params), "model": h.page.info.name}]  # the model that made it
     # The same fields, tokens and text as `python -m inference generate --jsonl`.
     from inference.cli import main
     assert main(["generate", "--model", str(tiny_dirs["gqa_tied"]), "--prompt", "The quick brown fox",
@@ -216,12 +216,12 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
 def test_old_downloads_are_deleted(h, monkeypatch):
     import ui.run.handlers as run_handlers
     monkeypatch.setattr(run_handlers, "KEEP_FILES", 3)
-    urls = [h._write_file(f"f{i}.txt", "x") for i in range(5)]
-    found = [h.download_path(*u.rsplit("/", 2)[1:]) for u in urls]
+    urls = [h.run._write_file(f"f{i}.txt", "x") for i in range(5)]
+    found = [h.run.download_path(*u.rsplit("/", 2)[1:]) for u in urls]
     assert [f is not None for f in found] == [False, False, True, True, True]
-    assert not (h._files_dir / urls[0].rsplit("/", 2)[1]).exists()  # deleted, not only forgotten
-    assert h.download_path(urls[4].rsplit("/", 2)[1], "other.txt") is None  # only the name it wrote
-    assert h.download_path("../../etc", "passwd") is None
+    assert not (h.run._files_dir / urls[0].rsplit("/", 2)[1]).exists()  # deleted, not only forgotten
+    assert h.run.download_path(urls[4].rsplit("/", 2)[1], "other.txt") is None  # only the name it wrote
+    assert h.run.download_path("../../etc", "passwd") is None
     assert run_jsonl(RunRecord()) == "\n"
 
 
@@ -229,19 +229,19 @@ def test_old_downloads_are_deleted(h, monkeypatch):
 
 def test_a_waiting_run_says_what_is_ahead_and_stop_ends_it_before_it_starts(h):
     c = Controls(prompt="The quick", max_new_tokens=5)
-    out_a = h.begin(*c.values(), session("a"), [])
-    out_b = h.begin(*c.values(), session("b"), [])
+    out_a = h.run.begin(*c.values(), session("a"), [])
+    out_b = h.run.begin(*c.values(), session("b"), [])
     status_b = out_b["status"]
     assert "Waiting for the engine" in status_b and "1 waiting before yours" in status_b
     assert "0 waiting before yours" in out_a["status"]
     assert out_b["generate"]["interactive"] is False and out_b["stop_button"]["interactive"] is True  # Generate off, Stop on
     assert out_b["step"]["maximum"] == 4  # the slider spans the steps to come
     assert all(out_b[name] == "" for name in STALE_PANELS)  # the old run's panels cleared
-    h.stop(session("b"))  # Stop before the engine took it
-    rec = list(h.generate(*c.values(), session("b"), []))[-1]["record"]
+    h.run.stop(session("b"))  # Stop before the engine took it
+    rec = list(h.run.generate(*c.values(), session("b"), []))[-1]["record"]
     assert rec.done.reason == "cancelled" and rec.steps == []
-    h.closed(session("a"))
-    assert h._waiting == {}
+    h.run.closed(session("a"))
+    assert h.run._waiting == {}
 
 
 def test_the_status_line_through_a_runs_life(h, tiny_engine):
@@ -255,19 +255,19 @@ def test_the_status_line_through_a_runs_life(h, tiny_engine):
     assert run_render.status_text(rec, ctx, 16.5).startswith("Prefill of 16 of 30 prompt tokens read… 2.5 s so far")
     done = run(h)
     assert "Run ended: max new tokens reached · 8 tokens" in run_render.status_text(done, ctx, 0)
-    assert h.live_tick(rec, session("x"))["status"].startswith("Prefill of 16 of 30")
-    assert h.live_tick(done, session("x")) == {}
+    assert h.run.live_tick(rec, session("x"))["status"].startswith("Prefill of 16 of 30")
+    assert h.run.live_tick(done, session("x")) == {}
 
 
 def test_the_context_counter(h, tiny_engine):
     n = len(tiny_engine.prompt_ids("The quick brown fox"))
     ctx = tiny_engine.cfg.max_seq_len
-    assert h.count_context("The quick brown fox", "completion", "", 20) == \
+    assert h.run.count_context("The quick brown fox", "completion", "", 20) == \
         f"Context: **{n}** prompt tokens + up to 20 new = {n + 20} of {ctx}"
-    assert "lowered to" in h.count_context("The quick brown fox", "completion", "", 10_000)
+    assert "lowered to" in h.run.count_context("The quick brown fox", "completion", "", 10_000)
     chat = len(tiny_engine.prompt_ids("Hi", True, "be brief"))
-    assert f"**{chat}** prompt tokens" in h.count_context("Hi", "chat", "be brief", 5)
-    assert h.count_context("", "chat", "", 5, [{"role": "user", "content": "a"},
+    assert f"**{chat}** prompt tokens" in h.run.count_context("Hi", "chat", "be brief", 5)
+    assert h.run.count_context("", "chat", "", 5, [{"role": "user", "content": "a"},
                                                {"role": "assistant", "content": "b"}]).startswith("Context: 1 earlier")
 
 
@@ -278,7 +278,7 @@ def test_replay_controls_start_at_the_runs_settings_and_an_untouched_replay_is_t
     a = after(h, rec, [])
     values = [a[f"replay_{n}"] for n in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")]
     assert values == [0.6, 9, 0.8, 0.02, 1.1]
-    md, bars = (lambda r: (r["replay_md"], r["replay_bars"]))(h.replay_step(rec, 4, *values))
+    md, bars = (lambda r: (r["replay_md"], r["replay_bars"]))(h.experiments.replay_step(rec, 4, *values))
     rows = [r for r in md.splitlines() if r.startswith("| ") and "kept (run)" not in r]
     assert len(rows) == 7
     for row in rows:
@@ -294,40 +294,40 @@ def test_events_outside_the_queue_never_raise(h):
     rec = run(h)
     junk = (None, "x", -5, 1e9, float("nan"), "", [], {})
     for v in junk:
-        assert isinstance(h.select_step(rec, v), str)
-        assert h.select_token(rec, SimpleNamespace(index=v)) is not None
-        assert isinstance(h.replay_step(rec, 0, v, v, v, v, v)["replay_md"], str)
-        assert isinstance(h.count_context(v, v, v, v), str)
-        assert isinstance(h.select_head(rec, 0, 0, v), str)
+        assert isinstance(h.run.select_step(rec, v), str)
+        assert h.run.select_token(rec, SimpleNamespace(index=v)) is not None
+        assert isinstance(h.experiments.replay_step(rec, 0, v, v, v, v, v)["replay_md"], str)
+        assert isinstance(h.run.count_context(v, v, v, v), str)
+        assert isinstance(h.inside.select_head(rec, 0, 0, v), str)
         try:  # a link is made, or refused with a message naming the field (in the queue)
-            assert isinstance(h.share_link(*([v] * len(NAMES)), v, v), str)
+            assert isinstance(h.share.share_link(*([v] * len(NAMES)), v, v), str)
         except gr.Error as e:
             assert re.search(r"prompt|seed|stop|mode", str(e)), e
-        assert "status" in h.begin(*([v] * len(NAMES)), session("j"), v)
-        assert "status" in h.begin(*Controls(mode="chat").values(), session("j"), [v])
-    assert h.replay_step(None, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"].startswith("Generate first")
-    assert h.inspect_step(None, 0, 0)["stages_md"].startswith("Generate first")
-    assert h.likelihood(None, 0, "x").startswith("Generate first")
-    assert h.live_tick(None) == {}
-    assert "generate" in h.after_run(None, None, session("j"))
-    assert len(h.restore(SimpleNamespace(query_params={"top_k": "-1", "bogus": "x", "mode": "?"}))) == len(NAMES) + 2 - 1  # "more" stays as it is
+        assert "status" in h.run.begin(*([v] * len(NAMES)), session("j"), v)
+        assert "status" in h.run.begin(*Controls(mode="chat").values(), session("j"), [v])
+    assert h.experiments.replay_step(None, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"].startswith("Generate first")
+    assert h.inside.inspect_step(None, 0, 0)["stages_md"].startswith("Generate first")
+    assert h.experiments.likelihood(None, 0, "x").startswith("Generate first")
+    assert h.run.live_tick(None) == {}
+    assert "generate" in h.run.after_run(None, None, session("j"))
+    assert len(h.share.restore(SimpleNamespace(query_params={"top_k": "-1", "bogus": "x", "mode": "?"}))) == len(NAMES) + 2 - 1  # "more" stays as it is
 
 
 def test_labels(h, tiny_engine):
     assert "diverges here" not in formatting.COLOR_MAP and "diverges here" in formatting.COMPARE_COLOR_MAP
     rec = run(h)
     assert "diverges" not in run_render.output_html(rec, tiny_engine.tokenizer)
-    stats = run_render.stats_markdown(h.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done))
+    stats = run_render.stats_markdown(h.page.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done))
     assert "Run ended: **max new tokens reached**." in stats and "Stopped:" not in stats
     assert formatting.REASONS["cancelled"].startswith("stopped on request")
     assert run_render._shown("a\nb") == "a↵\nb"  # a newline is seen, then breaks the line
 
 
 def test_a_new_run_resets_the_last_runs_downloads_charts_and_seed(h):
-    reset = h.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("r"), [])
+    reset = h.run.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("r"), [])
     assert "come with its end" in reset["downloads"] and reset["run_seed"] == ""
     assert reset["run_chart"].empty and reset["rank_chart"].empty
-    h.closed(session("r"))
+    h.run.closed(session("r"))
 
 
 # ---------------------------------------------------------------- page polish
@@ -373,11 +373,11 @@ def test_the_colour_legend_shows_only_under_output(h, tiny_engine):
     tok = tiny_engine.tokenizer
     assert "tl-legend" not in run_render.output_html(None, tok)  # the page before any run
     assert "tl-legend" not in run_render.output_html(RunRecord(prompt_ids=[1]), tok)  # running, no token yet
-    out = h.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("l"), [])
+    out = h.run.begin(*Controls(prompt="The quick", max_new_tokens=3).values(), session("l"), [])
     waiting = out["output"]
     assert "Waiting for the engine" in waiting
     assert "tl-legend" not in waiting
-    h.closed(session("l"))
+    h.run.closed(session("l"))
     assert "tl-legend" in run_render.output_html(run(h), tok)
 
 

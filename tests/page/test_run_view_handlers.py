@@ -75,15 +75,15 @@ def test_output_and_bars_in_view_together_wide_layout(tiny_engine):
 def test_tokens_view_and_context_line_agree_before_the_first_run(tiny_engine, h):
     page = build_ui(tiny_engine).tokenlab_page
     context, tokens = page["context_count"].value, page["tokens"].value
-    ids = tiny_engine.prompt_ids(h.defaults.prompt, False, "", [])
+    ids = tiny_engine.prompt_ids(h.page.defaults.prompt, False, "", [])
     assert re.search(r"Context: \*\*(\d+)\*\* prompt tokens", context).group(1) == str(len(ids))
     assert f"Prompt as it will be fed: {len(ids)} tokens" in tokens
     assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", tokens)] == ids
     # Typing: both follow one tokenization; after a run the view is that run's, said so.
-    typed = h.preview("Once upon a time", "completion", "", 8)
+    typed = h.run.preview("Once upon a time", "completion", "", 8)
     n = len(tiny_engine.prompt_ids("Once upon a time", False, "", []))
     assert f"**{n}** prompt tokens" in typed["context_count"] and f"fed: {n} tokens" in typed["tokens"]
-    assert "tokens" not in h.preview("Once upon a time", "completion", "", 8, None, None, rec=run(h))
+    assert "tokens" not in h.run.preview("Once upon a time", "completion", "", 8, None, None, rec=run(h))
 
 
 def test_logit_lens_labels_an_invisible_token_visibly():
@@ -134,5 +134,5 @@ def test_kv_chart_legend_has_a_line_for_each_entry_and_its_panel_says_mib(h):
     assert set(kv_panel.kv_frame(alone).series) == {"used", "allocated = server pool, all runs"}
     crowded = pool_using(lambda s: 3 * s.kv_cache_capacity_bytes // s.pool.bytes_per_block)
     assert set(kv_panel.kv_frame(crowded).series) == {"used", "allocated", "server pool, all runs"}
-    text = kv_panel.pool_markdown(rec.steps[-1]) + kv_panel.kv_formula(h.info, None, rec.steps[-1].kv_cache_bytes)
+    text = kv_panel.pool_markdown(rec.steps[-1]) + kv_panel.kv_formula(h.page.info, None, rec.steps[-1].kv_cache_bytes)
     assert "MiB" in text and not re.search(r"\d (k|M|G)B\b", text)

@@ -14,7 +14,7 @@ from inference.events import StepEvent
 from inference.sampling.params import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
-from ui.public import Limits
+from server.limits import Limits
 from ui.samples.stats import OTHER, Row, chi2_sf, goodness_of_fit
 
 
@@ -68,11 +68,11 @@ def final(outs):
 
 def test_outcomes_are_the_single_runs_with_those_seeds(h, tiny_engine):
     c = Controls(prompt="The quick", temperature=1.0, top_p=1.0, max_new_tokens=4, seed="40")
-    out = final(list(h.samples(*c.values(), 12, req("s"))))
+    out = final(list(h.samples.samples(*c.values(), 12, req("s"))))
     data = out["samples_data"]
     assert data["seed"] == 40 and [s["seed"] for s in data["samples"]] == list(range(40, 52))
     for s in data["samples"]:
-        alone = list(h.generate(*Controls(**{**c.__dict__, "seed": str(s["seed"])}).values(), req("one")))
+        alone = list(h.run.generate(*Controls(**{**c.__dict__, "seed": str(s["seed"])}).values(), req("one")))
         assert s["text"] == alone[-1]["record"].done.text
     counts = {}
     for s in data["samples"]:
@@ -83,7 +83,7 @@ def test_outcomes_are_the_single_runs_with_those_seeds(h, tiny_engine):
 
 def test_first_step_table_is_the_distribution_sampled_from(h, tiny_engine):
     c = Controls(prompt="Paris is", temperature=0.7, top_k=30, top_p=1.0, max_new_tokens=2, seed="5")
-    out = final(list(h.samples(*c.values(), 64, req("s"))))
+    out = final(list(h.samples.samples(*c.values(), 64, req("s"))))
     rows, fit = out["samples_data"]["first_step"], out["samples_data"]["chi_square"]
     ids = tiny_engine.tokenizer.encode("Paris is")
     logits = tiny_engine.step_logits(ids).double()
@@ -111,7 +111,7 @@ def test_first_step_table_is_the_distribution_sampled_from(h, tiny_engine):
 
 def test_greedy_samples_have_no_test(h):
     c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=3, seed="1")
-    out = final(list(h.samples(*c.values(), 8, req("g"))))
+    out = final(list(h.samples.samples(*c.values(), 8, req("g"))))
     assert "1 distinct text among 8 samples" in out["samples_outcomes"]
     assert "no test" in out["samples_first"] and out["samples_data"]["chi_square"] is None
 
@@ -121,20 +121,20 @@ def test_limits_are_kept(tiny_engine, hold):
     for n, message in [(5, r"The server allows at most 4 samples at once; got 5\."),
                        (0, "from 1 to 64, got 0"), (2.5, "from 1 to 64, got 2.5")]:
         with pytest.raises(gr.Error, match=message):
-            list(h.samples(*Controls(max_new_tokens=4).values(), n, req("a")))
+            list(h.samples.samples(*Controls(max_new_tokens=4).values(), n, req("a")))
     with pytest.raises(gr.Error, match=r"at most 8 new tokens; got 9"):
-        list(h.samples(*Controls(max_new_tokens=9).values(), 2, req("a")))
+        list(h.samples.samples(*Controls(max_new_tokens=9).values(), 2, req("a")))
     held = hold(tiny_engine)
     with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(lambda: list(h.samples(*Controls(max_new_tokens=8, seed="1").values(), 4, req("a"))))
+        running = pool.submit(lambda: list(h.samples.samples(*Controls(max_new_tokens=8, seed="1").values(), 4, req("a"))))
         held.step(1)
         with pytest.raises(gr.Error, match="allows 1 at a time per visitor"):  # the same visitor, another tab
-            list(h.generate(*Controls(max_new_tokens=3).values(), req("b")))
-        h.stop(req("a"))  # Stop ends every sample within its step
+            list(h.run.generate(*Controls(max_new_tokens=3).values(), req("b")))
+        h.run.stop(req("a"))  # Stop ends every sample within its step
         out = final(running.result(timeout=60))
     assert "**Stopped**: 4 samples ended early" in out["samples_md"]
     assert {s["reason"] for s in out["samples_data"]["samples"]} == {"cancelled"}
-    assert tiny_engine.active_runs == 0 and len(h.registry) == 0
+    assert tiny_engine.active_runs == 0 and len(h.page.registry) == 0
 
 
 def test_the_page_caps_the_slider_and_says_the_limit(tiny_engine):
@@ -143,7 +143,7 @@ def test_the_page_caps_the_slider_and_says_the_limit(tiny_engine):
     config = build_ui(tiny_engine, h).get_config_file()
     slider = next(c for c in config["components"] if c["props"].get("elem_id") == "n-samples")
     assert slider["props"]["maximum"] == 16 and "at most 16 on this server" in slider["props"]["info"]
-    assert "at most 16 samples at once" in limits_markdown(h.limits)
+    assert "at most 16 samples at once" in limits_markdown(h.page.limits)
     assert Limits.shared(max_samples=0).max_samples is None
 
 
@@ -153,7 +153,7 @@ def test_sample_runs_equal_the_engine_alone(tiny_engine):
     first = [next(e for e in tiny_engine.generate_ids(ids, SamplingParams(temperature=1.0, max_new_tokens=1, seed=s))
                   if isinstance(e, StepEvent)).token_id for s in range(7, 11)]
     h = Handlers(tiny_engine)
-    out = final(list(h.samples(*Controls(prompt="The quick", temperature=1.0, top_p=1.0, top_k=0,
+    out = final(list(h.samples.samples(*Controls(prompt="The quick", temperature=1.0, top_p=1.0, top_k=0,
                                          max_new_tokens=1, seed="7").values(), 4, req("e"))))
     rows = out["samples_data"]["first_step"]
     listed = {r["id"] for r in rows if r["id"] is not None}

@@ -29,7 +29,7 @@ def reference_logp(model_dir, ids):
 def test_score_text_shows_every_token_and_the_perplexity(tiny_engine, tiny_dirs):
     h = Handlers(tiny_engine)
     text = "Paris is the capital of France. 鲸鱼"
-    out = h.score_text(text, "", REQ)
+    out = h.text_score.score_text(text, "", REQ)
     ids = tiny_engine.tokenizer.encode(text)
     logp = reference_logp(tiny_dirs["gqa_tied"], ids)
     data = out["score_data"]
@@ -53,12 +53,12 @@ def test_score_the_prompt_of_the_run_as_fed(tiny_engine, tiny_dirs, monkeypatch)
     monkeypatch.setattr(tiny_engine, "eos_ids", set())
     h = Handlers(tiny_engine)
     # Before a run: one line where the summary goes, the Text box left as typed (not an output).
-    assert h.score_prompt(None, REQ) == {"score_md": "⚠ Generate first: this scores the prompt of the run.",
-                                         "score_view": h.score_text_shown("", "", REQ)["score_view"],
+    assert h.text_score.score_prompt(None, REQ) == {"score_md": "⚠ Generate first: this scores the prompt of the run.",
+                                         "score_view": h.text_score.score_text_shown("", "", REQ)["score_view"],
                                          "score_data": None}
     c = Controls(prompt="Hello there", mode="chat", temperature=0.0, max_new_tokens=2)
-    rec = list(h.generate(*c.values(), REQ))[-1]["record"]
-    out = h.score_prompt(rec, REQ)
+    rec = list(h.run.generate(*c.values(), REQ))[-1]["record"]
+    out = h.text_score.score_prompt(rec, REQ)
     assert out["score_box"] == rec.prompt_text and "<|im_start|>" in rec.prompt_text
     tokens = out["score_data"]["tokens"]
     assert [t["id"] for t in tokens] == rec.prompt_ids  # the template's tokens, not the text re-tokenized
@@ -72,9 +72,9 @@ def test_bad_text_is_a_one_line_error(tiny_engine):
     h = Handlers(tiny_engine)
     for text, message in [("", "the text is empty"), ("x" * 10**6, "characters but the context window is 256")]:
         with pytest.raises(gr.Error, match=message) as e:
-            h.score_text(text, "", REQ)
+            h.text_score.score_text(text, "", REQ)
         assert "\n" not in e.value.message
-        shown = h.score_text_shown(text, "", REQ)
+        shown = h.text_score.score_text_shown(text, "", REQ)
         assert shown["score_md"] == "⚠ " + e.value.message and shown["score_data"] is None
         assert "class='tl-t " not in shown["score_view"] and "score_box" not in shown
 

@@ -36,7 +36,7 @@ def test_stop_over_the_api_ends_the_run_and_frees_it(live_app, hold):
     assert "**stopped on request" in output(final, "stats")
     generated = next(r for r in output(final, "stats").splitlines() if r.startswith("| generated |")).split("|")[2]
     assert int(generated) == 4  # 3 + the one at the Stop (the output groups bytes into characters)
-    wait_until(lambda: engine.active_runs == 0 and len(handlers.registry) == 0, "the run's end")
+    wait_until(lambda: engine.active_runs == 0 and len(handlers.page.registry) == 0, "the run's end")
 
 
 def test_bad_input_is_a_clear_error_and_the_app_keeps_serving(live_app):
@@ -70,14 +70,15 @@ def test_eight_clients_at_once_match_their_solo_runs(live_app):
 def test_a_full_queue_says_busy(tiny_dirs, hold):
     from concurrent.futures import ThreadPoolExecutor, as_completed
     from inference.serving.engine import Engine
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     engine = Engine.from_hf_dir(tiny_dirs["mha"])
     held = hold(engine)  # the first run waits at its first forward pass: the queue stays full
     demo = build_ui(engine)
     # One run at a time and one place in the queue: with the first run held, the second waits in
     # the queue and the rest find it full, whatever order they arrive in.
-    _, url, _ = launch(demo, engine, block=False, queue_size=1, concurrency=1)
+    _, url, _ = serve(demo, engine, block=False, queue_size=1, concurrency=1)
     try:
         clients = [gradio_client.Client(url, verbose=False) for _ in range(5)]  # connected first
 
@@ -114,7 +115,7 @@ def test_a_client_that_disconnects_ends_its_run(live_app, hold):
     assert engine.active_runs == 1
     job.cancel()
     client.close()
-    wait_until(lambda: engine.active_runs == 0 and len(handlers.registry) == 0, "the run's end")
+    wait_until(lambda: engine.active_runs == 0 and len(handlers.page.registry) == 0, "the run's end")
     assert held.started < 240
 
 

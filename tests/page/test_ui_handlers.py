@@ -10,7 +10,8 @@ import pytest
 
 from inference.sampling.settings import SETTINGS, decode_logit_bias
 from ui.controls import MAX_STOP_TEXT, Controls, controls_from_query, parse_stop, share_url
-from ui.handlers import RUN_OUTPUTS, Handlers
+from ui.handlers import Handlers
+from ui.run.handlers import RUN_OUTPUTS
 import ui.format as formatting
 import ui.run.render as run_render
 import ui.experiments.render as exp_render
@@ -22,7 +23,7 @@ ARGS = {"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 1
 
 def run(h, **kw):
     c = Controls(**{**ARGS, **kw})
-    return list(h.generate(*c.values(), SimpleNamespace(session_hash="s1")))
+    return list(h.run.generate(*c.values(), SimpleNamespace(session_hash="s1")))
 
 
 @pytest.fixture
@@ -42,24 +43,24 @@ def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
     assert "Run ended" in status and "max new tokens" in status
     assert all(u["api_tokens"] == [] for u in updates[:-1])  # the token list comes with the last update
     assert "| 5 |" not in stats and "tok/s" in stats
-    assert len(handlers.registry) == 0  # the run is no longer registered
+    assert len(handlers.page.registry) == 0  # the run is no longer registered
     # A gr.skip() rebuilds the component on the server: streaming updates send values.
     assert not any(isinstance(v, dict) for u in updates for v in u.values())
     assert all(set(u) == set(RUN_OUTPUTS) for u in updates)
 
 
 def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
-    begun = handlers.begin(*Controls(**ARGS).values())
+    begun = handlers.run.begin(*Controls(**ARGS).values())
     prompt_view, tokens, kv, latency, timer = (begun[n] for n in ("prompt_view", "tokens", "kv_chart", "latency", "live"))
     assert prompt_view == "The quick brown fox" and timer.active
     import re
     assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", tokens)] == tiny_engine.prompt_ids("The quick brown fox")
     assert len(kv) == 0 and len(latency) == 0
-    refused = handlers.begin(*Controls(**{**ARGS, "prompt": " "}).values())
+    refused = handlers.run.begin(*Controls(**{**ARGS, "prompt": " "}).values())
     assert set(refused) == {"status"} and "empty" in refused["status"]  # every panel kept, the error said
     rec = run(handlers)[-1]["record"]
-    assert handlers.live_tick(rec) == {}  # over: after_run draws the end
-    after = handlers.after_run(rec)
+    assert handlers.run.live_tick(rec) == {}  # over: after_run draws the end
+    after = handlers.run.after_run(rec)
     timer, kv, latency, slider = after["live"], after["kv_chart"], after["latency"], after["step"]
     rank_chart = after["rank_chart"]
     assert not timer.active
@@ -79,25 +80,25 @@ def test_the_charts_colours_name_every_line_and_change_once_the_run_ends(handler
     chart's colour scale only when its colours change): every series of the data gets a colour of
     its own, and the map changes when the run ends, so that the chart is built with its last data."""
     rec = run(handlers)[-1]["record"]
-    ended = handlers.chart_colors(rec)
+    ended = handlers.run.chart_colors(rec)
     for name, column in (("kv_chart", "series"), ("run_chart", "metric")):
         frame = kv_panel.kv_frame(rec) if name == "kv_chart" else exp_render.run_chart_frames(rec)[0]
         colors = {k: v for k, v in ended[name]["color_map"].items() if k != REBUILD}
         assert set(colors) == set(frame[column]) and len(set(colors.values())) == len(colors)
     running = dataclasses.replace(rec, done=None)
-    assert handlers.chart_colors(running)["kv_chart"]["color_map"] != ended["kv_chart"]["color_map"]
-    assert handlers.chart_colors(None) == {}
+    assert handlers.run.chart_colors(running)["kv_chart"]["color_map"] != ended["kv_chart"]["color_map"]
+    assert handlers.run.chart_colors(None) == {}
 
 
 def test_live_charts_draw_the_running_run(tiny_engine, hold):
     hold(tiny_engine).one_token_per_update()
     h = Handlers(tiny_engine, top_n=5, update_interval_s=0.01)
-    gen = h.generate(*Controls(**{**ARGS, "max_new_tokens": 30}).values())
+    gen = h.run.generate(*Controls(**{**ARGS, "max_new_tokens": 30}).values())
     for n in range(6):  # the held run: each update carries one more token
         rec = next(gen)["record"]
         assert len(rec.steps) == n and rec.done is None
         if n:
-            live = h.live_tick(rec)
+            live = h.run.live_tick(rec)
             kv, latency = live["kv_chart"], live["latency"]
             assert len(kv) == 2 * n and len(latency) == n - 1
     gen.close()
@@ -108,7 +109,7 @@ def test_seed_used_is_reported_and_reproduces(handlers):
     assert isinstance(a.seed, int)
     b = run(handlers, temperature=1.2, seed=str(a.seed))[-1]["record"]
     assert [s.token_id for s in a.steps] == [s.token_id for s in b.steps]
-    assert f"| {a.seed} |" in run_render.stats_markdown(handlers.info, a)
+    assert f"| {a.seed} |" in run_render.stats_markdown(handlers.page.info, a)
 
 
 @pytest.mark.parametrize("kw, message", [
@@ -128,16 +129,16 @@ def test_replay_compare_and_samples_call_a_bad_setting_by_its_label(handlers):
     from inference.sampling.settings import SHAPING_SETTINGS
     rec = run(handlers, max_new_tokens=3)[-1]["record"]
     values = {n: getattr(rec.params, n) for n in SHAPING_SETTINGS}
-    out = handlers.replay_step(rec, 1, *{**values, "top_k": -1}.values())
+    out = handlers.experiments.replay_step(rec, 1, *{**values, "top_k": -1}.values())
     assert out["replay_md"].startswith("⚠ Replay: Top-k must be in [0, ∞)") and "top_k" not in out["replay_md"]
     c = Controls(**{**ARGS, "max_new_tokens": 2})
     with pytest.raises(gr.Error) as e:
-        handlers.compare(*c.values(), *{**values, "top_p": 0}.values(), "", SimpleNamespace(session_hash="s1"))
+        handlers.experiments.compare(*c.values(), *{**values, "top_p": 0}.values(), "", SimpleNamespace(session_hash="s1"))
     assert e.value.message.startswith("Top-p must be in (0, 1]") and "\n" not in e.value.message
     for bad, message in [(dict(seed="abc"), "Seed must be a whole number"),
                          (dict(logit_bias="99999:5"), "Logit bias names token 99999")]:
         with pytest.raises(gr.Error) as e:
-            list(handlers.samples(*Controls(**{**ARGS, **bad}).values(), 2, SimpleNamespace(session_hash="s1")))
+            list(handlers.samples.samples(*Controls(**{**ARGS, **bad}).values(), 2, SimpleNamespace(session_hash="s1")))
         assert e.value.message.startswith(message), e.value.message
 
 
@@ -151,9 +152,9 @@ def test_capped_max_new_tokens_is_said(handlers, tiny_engine):
 
 def test_select_step_and_token(handlers):
     rec = run(handlers)[-1]["record"]
-    assert "Step 3" in handlers.select_step(rec, 3)
-    assert "Step 11" in handlers.select_step(rec, 99)
-    picked = handlers.select_token(rec, SimpleNamespace(index=4))
+    assert "Step 3" in handlers.run.select_step(rec, 3)
+    assert "Step 11" in handlers.run.select_step(rec, 99)
+    picked = handlers.run.select_token(rec, SimpleNamespace(index=4))
     bars, slider = picked["bars"], picked["step"]
     assert "Step 4" in bars and slider["value"] == 4
 
@@ -171,7 +172,7 @@ def test_the_bars_tag_the_tokens_the_logit_bias_moved_or_banned(handlers, tiny_e
     assert text_ids == {first[0].id}
     updates = run(handlers, logit_bias=f"{json.dumps(piece)}:-100 {first[1].id}:2")
     rec = updates[-1]["record"]
-    for html_bars in (updates[-1]["bars"], handlers.select_step(rec, 0), handlers.select_token(rec, SimpleNamespace(index=0))["bars"]):
+    for html_bars in (updates[-1]["bars"], handlers.run.select_step(rec, 0), handlers.run.select_token(rec, SimpleNamespace(index=0))["bars"]):
         rows = re.findall(r"<div class='tl-row(?! tl-head)[^']*'[^>]*>(.*?)</div>", html_bars)
         assert len(rows) >= 5
         for row in rows:
@@ -181,35 +182,35 @@ def test_the_bars_tag_the_tokens_the_logit_bias_moved_or_banned(handlers, tiny_e
     assert rec.steps[0].token_id != first[0].id  # a banned token is never chosen
     assert {first[0].id, first[1].id} <= {c.id for c in rec.steps[0].top}  # both tagged above
     assert rec.bias == {**{i: -100.0 for i in text_ids}, first[1].id: 2.0}
-    assert "tl-mark" not in handlers.select_step(free, 0)  # a run without a bias: no tags
+    assert "tl-mark" not in handlers.run.select_step(free, 0)  # a run without a bias: no tags
 
 
 def test_stop_ends_the_sessions_run(handlers, hold):
-    held = hold(handlers.engine)
+    held = hold(handlers.page.engine)
     c = Controls(prompt="The quick", max_new_tokens=200, temperature=1.0, seed="1")
-    gen = handlers.generate(*c.values(), SimpleNamespace(session_hash="s2"))
+    gen = handlers.run.generate(*c.values(), SimpleNamespace(session_hash="s2"))
     next(gen)
     held.step(3)  # the run has made 3 tokens and is held before the 4th
-    handlers.stop(SimpleNamespace(session_hash="other"))  # another session's Stop does nothing
+    handlers.run.stop(SimpleNamespace(session_hash="other"))  # another session's Stop does nothing
     held.step(2)
-    handlers.stop(SimpleNamespace(session_hash="s2"))
+    handlers.run.stop(SimpleNamespace(session_hash="s2"))
     rec = list(gen)[-1]["record"]
     # The token being made at the Stop is the last one.
     assert rec.done.reason == "cancelled" and len(rec.steps) == 6
-    assert handlers.engine.active_runs == 0
+    assert handlers.page.engine.active_runs == 0
 
 
 def test_share_link_round_trips_through_the_query(handlers):
     c = Controls(prompt="今天天气真 & more?", mode="chat", system="be brief", temperature=0.3, top_k=40,
                  top_p=0.9, min_p=0.05, repetition_penalty=1.1, max_new_tokens=77, seed="42",
                  stop="\\n\nEND")
-    url = handlers.share_link(*c.values(), "http://host:7860/")
+    url = handlers.share.share_link(*c.values(), "http://host:7860/")
     assert url.startswith("http://host:7860/?")
     from urllib.parse import parse_qsl, urlsplit
     query = dict(parse_qsl(urlsplit(url).query))
-    restored, problems = controls_from_query(query, Controls.for_model(handlers.engine.generation_defaults))
+    restored, problems = controls_from_query(query, Controls.for_model(handlers.page.engine.generation_defaults))
     assert restored == c and problems == []
-    values = handlers.restore(SimpleNamespace(query_params=query))
+    values = handlers.share.restore(SimpleNamespace(query_params=query))
     from ui.controls import NAMES
     assert [values[n] for n in NAMES] == c.values() and values["notice"] == ""
 
@@ -223,17 +224,17 @@ def test_the_sampler_order_round_trips_through_the_link_and_its_view_shows_it(ha
     from ui.controls import NAMES
     c = Controls(prompt="hi", top_k=40, xtc_probability=0.5, logit_bias='" Paris":-100 7:2',
                  sampler_order="xtc_probability, top_k")
-    query = dict(parse_qsl(urlsplit(handlers.share_link(*c.values(), "http://host/")).query))
+    query = dict(parse_qsl(urlsplit(handlers.share.share_link(*c.values(), "http://host/")).query))
     assert query["sampler_order"] == "xtc_probability, top_k" and query["logit_bias"] == '" Paris":-100 7:2'
-    values = handlers.restore(SimpleNamespace(query_params=query))
+    values = handlers.share.restore(SimpleNamespace(query_params=query))
     assert [values[n] for n in NAMES] == c.values()
-    view = handlers.order_view(*(values[n] for n in SHAPING_SETTINGS))
+    view = handlers.run.order_view(*(values[n] for n in SHAPING_SETTINGS))
     stages = re.findall(r"<li class='([^']*)'[^>]*><code>(\w+)</code>", view)
     assert [n for _, n in stages] == ["xtc_probability", "top_k", *(n for n in DEFAULT_ORDER if n not in ("xtc_probability", "top_k"))]
     on = {n for cls, n in stages if "tl-on" in cls}
     assert on == {"xtc_probability", "top_k", "logit_bias"}
     assert {n for cls, n in stages if "tl-listed" in cls} == {"xtc_probability", "top_k"}
-    bad = handlers.order_view(*(values[n] if n != "sampler_order" else "top_k,nope" for n in SHAPING_SETTINGS))
+    bad = handlers.run.order_view(*(values[n] if n != "sampler_order" else "top_k,nope" for n in SHAPING_SETTINGS))
     error = re.search(r"<div class='tl-order-error'>(.*?)</div>", bad).group(1)
     assert error.startswith("⚠ Sampler order names stages") and "nope" in error and "\n" not in error
     assert [n for _, n in re.findall(r"<li class='([^']*)'[^>]*><code>(\w+)</code>", bad)] == list(DEFAULT_ORDER)
@@ -260,7 +261,7 @@ def update_counts(engine, monkeypatch, tick: float, max_new: int) -> list[int]:
     now = [0.0]
     monkeypatch.setattr(ui.streaming, "time", SimpleNamespace(
         perf_counter=lambda: now.__setitem__(0, now[0] + tick) or now[0]))
-    gen = Handlers(engine).generate(*Controls(**{**ARGS, "max_new_tokens": max_new}).values())
+    gen = Handlers(engine).run.generate(*Controls(**{**ARGS, "max_new_tokens": max_new}).values())
     counts = [len(next(gen)["record"].steps)]  # starts the run
     for t in threading.enumerate():
         if t.name == "tokenlab-run":
@@ -299,7 +300,7 @@ def test_generate_on_the_page_names_every_bad_field_by_its_label(handlers):
     numeric = [s for s in SETTINGS if s.kind is not str]
     bad = {s.name: s.minimum - 1 for s in numeric}
     c = Controls(**{**ARGS, **bad, "seed": "abc", "logit_bias": "x:y", "stop": "s" * (MAX_STOP_TEXT + 1)})
-    status = handlers.begin(*c.values(), SimpleNamespace(session_hash="bad"), [])["status"]
+    status = handlers.run.begin(*c.values(), SimpleNamespace(session_hash="bad"), [])["status"]
     lines = status.split("\n")
     assert lines[0] == f"⚠ Not started: {len(numeric) + 3} fields cannot be used:"
     for s in numeric:
@@ -309,7 +310,7 @@ def test_generate_on_the_page_names_every_bad_field_by_its_label(handlers):
     assert any(line.startswith(f"- Stop strings are {MAX_STOP_TEXT + 1:,} characters") for line in lines)
     assert not any(line.startswith(f"- {s.name} ") for s in SETTINGS for line in lines)  # no parameter name
     # One bad field: one line, named by its label.
-    one = handlers.begin(*Controls(**{**ARGS, "top_k": -3}).values(), SimpleNamespace(session_hash="one"), [])
+    one = handlers.run.begin(*Controls(**{**ARGS, "top_k": -3}).values(), SimpleNamespace(session_hash="one"), [])
     assert one["status"] == ("⚠ Not started: Top-k must be in [0, ∞) (keep the k most likely tokens; 0 = off), "
                              "got -3")
     with pytest.raises(gr.Error) as e:

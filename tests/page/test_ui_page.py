@@ -52,7 +52,8 @@ def small_pool_app(tiny_dirs):
     from inference.serving.engine import Engine
     from inference.serving.kv_pool import BLOCK_SIZE
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     probe = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32", kv_pool_mib=1)
     per_block = BLOCK_SIZE * probe.cfg.kv_bytes_per_token(4)
@@ -61,7 +62,7 @@ def small_pool_app(tiny_dirs):
     no_early_end(engine)
     handlers = Handlers(engine)
     demo = build_ui(engine, handlers)
-    _, url, _ = launch(demo, engine, port=None, block=False)
+    _, url, _ = serve(demo, engine, port=None, block=False)
     yield url.rstrip("/"), engine, handlers
     demo.close()
 
@@ -71,7 +72,8 @@ def chat_app(tiny_dirs, tmp_path_factory):
     """The page on a tiny model whose chat template has a default system prompt."""
     from inference.serving.engine import Engine
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     d = tmp_path_factory.mktemp("smol_like") / "model"
     shutil.copytree(tiny_dirs["gqa_tied"], d)
@@ -81,7 +83,7 @@ def chat_app(tiny_dirs, tmp_path_factory):
     no_early_end(engine)
     handlers = Handlers(engine)
     demo = build_ui(engine, handlers)
-    _, url, _ = launch(demo, engine, port=None, block=False)
+    _, url, _ = serve(demo, engine, port=None, block=False)
     yield url.rstrip("/"), engine, handlers
     demo.close()
 
@@ -195,7 +197,7 @@ def test_share_link_carries_the_last_runs_seed_and_really_copies(live_app, pages
     link = page.input_value("#share-link textarea")
     assert f"seed={seed}" in link and "temperature=1.2" in link
     assert page.evaluate("navigator.clipboard.readText()") == link  # the click copied it
-    c, problems = controls_from_query(dict(parse_qsl(urlsplit(link).query)), handlers.defaults)
+    c, problems = controls_from_query(dict(parse_qsl(urlsplit(link).query)), handlers.page.defaults)
     assert problems == [] and c.prompt == "The quick" and c.seed == seed and c.temperature == 1.2
     # The link reproduces the run.
     text = output_text(page)
@@ -220,8 +222,8 @@ def test_bad_link_values_are_ignored_and_named_one_per_line(live_app, pages, wid
     # The good values are restored, the bad ones left at the page's defaults.
     assert page.input_value("#prompt textarea") == "Hi"
     assert float(page.input_value("#temperature input[type=number]")) == 0.3
-    assert float(page.input_value("#top-p input[type=number]")) == handlers.defaults.top_p
-    assert int(page.input_value("#max-new-tokens input[type=number]")) == handlers.defaults.max_new_tokens
+    assert float(page.input_value("#top-p input[type=number]")) == handlers.page.defaults.top_p
+    assert int(page.input_value("#max-new-tokens input[type=number]")) == handlers.page.defaults.max_new_tokens
     assert int(page.get_attribute("#max-new-tokens input[type=range]", "max")) == engine.cfg.max_seq_len - 1
     shot(page, f"bad-link-{width}", full=True)
 

@@ -128,9 +128,9 @@ def test_a_refusal_carries_the_servers_message_on_the_page():
             run(e)
         h = Handlers(e)
         with pytest.raises(gr.Error) as err:
-            list(h.generate(*Controls(prompt="hi", max_new_tokens=4).values(), SimpleNamespace(session_hash="s")))
+            list(h.run.generate(*Controls(prompt="hi", max_new_tokens=4).values(), SimpleNamespace(session_hash="s")))
         assert "HTTP 503" in str(err.value) and "\n" not in str(err.value)
-        assert len(h.registry) == 0 and e.active_runs == 0
+        assert len(h.page.registry) == 0 and e.active_runs == 0
 
 
 def test_a_stream_cut_off_says_so():
@@ -208,7 +208,7 @@ def test_metrics_that_do_not_answer_are_said_on_the_page():
     from ui.handlers import Handlers
 
     with FakeServer(tokenizing({})) as server:
-        text = Handlers(engine(server)).server_load()
+        text = Handlers(engine(server)).run.server_load()
     assert "/metrics did not answer" in text and "\n" not in text
 
 

@@ -81,7 +81,7 @@ def local():
 def page_run(h, session="s", **kw) -> dict:
     """The run's last update, keyed by component name."""
     c = Controls(**{"prompt": PROMPT, "temperature": 0.0, "max_new_tokens": N, "seed": "7", **kw})
-    updates = list(h.generate(*c.values(), SimpleNamespace(session_hash=session)))
+    updates = list(h.run.generate(*c.values(), SimpleNamespace(session_hash=session)))
     return updates[-1]
 
 
@@ -142,7 +142,7 @@ def test_bars_show_the_servers_log_probabilities(handlers, model):
         assert {c.id for c in step.top} == set(expected)
         for c in step.top:
             worst = max(worst, abs(c.raw_prob - expected[c.id]))
-        bars = handlers.select_step(rec, step.step)
+        bars = handlers.run.select_step(rec, step.step)
         shown = re.findall(r"<span class='tl-p'>([^<]*)</span>", bars)[2::2]  # each candidate's raw p
         assert [float(x) for x in shown] == pytest.approx([expected[c.id] for c in step.top], abs=5e-5, rel=5e-3)
         assert "raw model <span class='tl-p-word'>probability<" in bars and "From the server&#x27;s log-probabilities" in bars
@@ -168,7 +168,7 @@ def test_probabilities_agree_with_our_engine(engine, local):
 
 def test_how_likely_uses_the_servers_prompt_logprobs(handlers, engine, model):
     rec = page_run(handlers, max_new_tokens=2)["record"]
-    table = handlers.likelihood(rec, 0, " Paris")
+    table = handlers.experiments.likelihood(rec, 0, " Paris")
     answer = vllm("/completions", {"model": model, "prompt": rec.prompt_ids + [7042], "max_tokens": 1,
                                    "prompt_logprobs": 0})
     expected = answer["choices"][0]["prompt_logprobs"][-1]["7042"]["logprob"]
@@ -176,7 +176,7 @@ def test_how_likely_uses_the_servers_prompt_logprobs(handlers, engine, model):
 
 
 def test_the_whole_servers_load_is_shown(handlers):
-    text = handlers.server_load()
+    text = handlers.run.server_load()
     assert "whole server" in text and "% in use of" in text and "requests running" in text
 
 
@@ -186,12 +186,12 @@ def test_stop_cancels_the_request_on_the_server(handlers, engine, how):
     first event, and the server stops generating: far fewer tokens than asked for."""
     before = metric("vllm:generation_tokens_total")
     c = Controls(prompt="Once upon a time", temperature=1.0, max_new_tokens=2000, seed="1")
-    gen = handlers.generate(*c.values(), SimpleNamespace(session_hash="stop-" + how))
+    gen = handlers.run.generate(*c.values(), SimpleNamespace(session_hash="stop-" + how))
     rec = next(gen)["record"]  # the empty first update
     while not rec.steps:  # updates come every interval, with or without tokens: until the first
         rec = next(gen)["record"]
     if how == "stop":
-        handlers.stop(SimpleNamespace(session_hash="stop-" + how))
+        handlers.run.stop(SimpleNamespace(session_hash="stop-" + how))
         rest = list(gen)
         assert rest[-1]["record"].done.reason == "cancelled"
     else:
@@ -219,24 +219,25 @@ def test_the_servers_refusals_are_one_line(engine, handlers, capsys):
     with pytest.raises(ContextTooLong, match="maximum context length is 2048"):
         list(confused.generate_ids([504] * 2100, SamplingParams(max_new_tokens=4), 1))
     with pytest.raises(gr.Error) as e:
-        list(Handlers(engine, top_n=30).generate(*Controls(prompt="hi").values(), None))
+        list(Handlers(engine, top_n=30).run.generate(*Controls(prompt="hi").values(), None))
     assert "max allowed: 20" in str(e.value) and "\n" not in str(e.value)
 
 
 def test_what_needs_the_models_insides_says_so(handlers):
     rec = page_run(handlers, max_new_tokens=2)["record"]
-    for panel in (handlers.inspect_step(rec, 0, 0)["stages_md"], handlers.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"]):
+    for panel in (handlers.inside.inspect_step(rec, 0, 0)["stages_md"], handlers.experiments.replay_step(rec, 0, 1.0, 0, 1.0, 0.0, 1.0)["replay_md"]):
         assert panel.startswith("⚠") and "not available when the page is in front of a server" in panel
 
 
 def test_the_page_over_its_api(engine, model):
     from gradio_client import Client
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     expected = vllm("/completions", {"model": model, "prompt": PROMPT, "temperature": 0,
                                      "max_tokens": N})["choices"][0]["text"]
     demo = build_ui(engine)
-    _, url, _ = launch(demo, engine, block=False)
+    _, url, _ = serve(demo, engine, block=False)
     try:
         result = Client(url, verbose=False).predict(*call(prompt=PROMPT, max_new_tokens=N, seed="1"),
                                                     api_name="/generate")

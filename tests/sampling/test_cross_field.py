@@ -29,11 +29,11 @@ def test_dynamic_temperature_with_temperature_zero_is_refused_naming_both():
 def test_the_page_refuses_it_by_the_controls_labels(tiny_engine):
     c = Controls(prompt="The quick", temperature=0.0, dynatemp_range=1.5, max_new_tokens=2, seed="1")
     h, req = Handlers(tiny_engine), SimpleNamespace(session_hash="dynatemp")
-    status = h.begin(*c.values(), req, [])["status"]
+    status = h.run.begin(*c.values(), req, [])["status"]
     assert status.startswith("⚠ Not started: Dynamic temperature range needs temperature above 0")
     assert "\n" not in status and "dynatemp_range" not in status
     with pytest.raises(gr.Error) as e:  # /generate, for scripts: the parameters' names
-        list(h.generate(*c.values(), req))
+        list(h.run.generate(*c.values(), req))
     assert e.value.message.startswith("dynatemp_range needs temperature above 0")
 
 

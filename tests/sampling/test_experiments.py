@@ -73,7 +73,7 @@ def test_replay_equals_a_real_run_with_the_same_tokens_before(tiny_engine, setti
 def test_compare_marks_the_first_divergence(tiny_engine):
     h = Handlers(tiny_engine)
     c = Controls(prompt="The quick brown", temperature=0.0, max_new_tokens=15, seed="11")
-    cmp = h.compare(*c.values(), *shaping_values(temperature=1.5), "", SimpleNamespace(session_hash="cmp"))
+    cmp = h.experiments.compare(*c.values(), *shaping_values(temperature=1.5), "", SimpleNamespace(session_hash="cmp"))
     out_a, out_b, summary, bars_a, bars_b = (cmp[n] for n in ("out_a", "out_b", "compare_md", "bars_a", "bars_b"))
     a, _ = run(tiny_engine, temperature=0.0, max_new_tokens=15, seed=11)
     b, _ = run(tiny_engine, temperature=1.5, max_new_tokens=15, seed=11)
@@ -130,12 +130,12 @@ def test_score_cli_sums(tiny_dirs, capsys):
 
 def test_replay_and_likelihood_handlers(tiny_engine):
     h = Handlers(tiny_engine)
-    rec = list(h.generate(*Controls(prompt="The quick", max_new_tokens=8, seed="4", temperature=1.0).values(),
+    rec = list(h.run.generate(*Controls(prompt="The quick", max_new_tokens=8, seed="4", temperature=1.0).values(),
                           SimpleNamespace(session_hash="r")))[-1]["record"]
-    md, bars = (lambda r: (r["replay_md"], r["replay_bars"]))(h.replay_step(rec, 2, 1.0, 0, 0.5, 0.0, 1.0))
+    md, bars = (lambda r: (r["replay_md"], r["replay_bars"]))(h.experiments.replay_step(rec, 2, 1.0, 0, 0.5, 0.0, 1.0))
     assert rec._logits[0] == 2  # kept: the next replay of this step makes no forward pass
     assert "Step 2" in md and "| top-p (off in the run) |" in md and "final, replayed" in bars
-    table = h.likelihood(rec, 3, " fox")
+    table = h.experiments.likelihood(rec, 3, " fox")
     assert "| **all" in table and "first 3 generated tokens" in table
 
 

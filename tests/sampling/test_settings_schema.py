@@ -141,3 +141,26 @@ def test_a_control_the_engine_does_not_take_is_fixed_at_neutral():
         assert control.value == s.neutral and control.interactive is False
         assert "not available" in control.info
     assert setting_control(BY_NAME["min_p"], 0.2, 100).interactive is None  # gradio's default
+
+
+def test_the_classes_that_spell_out_the_settings_are_checked_against_the_schema():
+    """SamplingParams and the page's Controls list every setting as a field a reader sees;
+    schema_fields fails at import when such a list and the schema part ways."""
+    import dataclasses
+    from inference.sampling.params import SamplingParams
+    from inference.sampling.settings import SETTINGS, schema_fields
+    from ui.controls import Controls
+    assert [f.name for f in dataclasses.fields(SamplingParams)] == [s.name for s in SETTINGS] + ["seed", "stop"]
+    assert SamplingParams() == SamplingParams(**{s.name: s.default for s in SETTINGS})
+    assert [f.name for f in dataclasses.fields(Controls)][4:-3] == [s.name for s in SETTINGS]
+
+    missing = dataclasses.make_dataclass("Missing", [(s.name, s.kind, dataclasses.field(default=s.default))
+                                                     for s in SETTINGS[1:]])
+    with pytest.raises(TypeError, match=rf"missing \['{SETTINGS[0].name}'\]"):
+        schema_fields(missing)
+    wrong = dataclasses.make_dataclass("Wrong", [(s.name, s.kind, dataclasses.field(
+        default=s.default if s.name != "temperature" else 0.5)) for s in SETTINGS])
+    with pytest.raises(TypeError, match=r"Wrong.temperature is .* = 0.5; the schema says float = 1.0"):
+        schema_fields(wrong)
+    schema_fields(dataclasses.make_dataclass("Right", [(s.name, s.kind, dataclasses.field(default=s.default))
+                                                       for s in SETTINGS]))

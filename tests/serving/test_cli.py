@@ -90,10 +90,11 @@ def test_app_safe_defaults():
 def test_launch_turns_monitoring_off_and_hides_errors(monkeypatch, tiny_engine):
     """The launch settings that keep a shared link safe: checked where they are set."""
     import gradio as gr
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
     seen = {}
     monkeypatch.setattr(gr.Blocks, "launch", lambda self, **kw: seen.update(kw))
-    launch(build_ui(tiny_engine), tiny_engine, block=False)
+    serve(build_ui(tiny_engine), tiny_engine, block=False)
     assert seen["server_name"] == "127.0.0.1" and seen["enable_monitoring"] is False
     assert seen["show_error"] is False and seen["share"] is False
 
@@ -151,13 +152,13 @@ def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_dirs):
 @pytest.fixture
 def no_model(monkeypatch):
     """Loading a model fails the test: what it checks is refused before any model loads."""
-    import inference.cli
+    import inference.factory
     from inference.serving.engine import Engine
 
     def loaded(*a, **k):
         raise AssertionError("a model was loaded")
     monkeypatch.setattr(Engine, "load", classmethod(loaded))
-    monkeypatch.setattr(inference.cli, "open_models", loaded)
+    monkeypatch.setattr(inference.factory, "open_models", loaded)
 
 
 @pytest.mark.parametrize("value", ["nan", "0", "-5", "inf", "-inf", "abc"])

@@ -236,7 +236,7 @@ def test_churn_of_32_clients_leaves_nothing_behind(tiny_engine):
     h = Handlers(tiny_engine, top_n=3, update_interval_s=0.01)
     settings = [Controls(prompt=PROMPTS[i % 8], temperature=1.0, top_k=30, max_new_tokens=20, seed=str(i))
                 for i in range(8)]
-    alone = [list(h.generate(*c.values(), SimpleNamespace(session_hash="alone")))[-1]["record"].done.text
+    alone = [list(h.run.generate(*c.values(), SimpleNamespace(session_hash="alone")))[-1]["record"].done.text
              for c in settings]
     rng = random.Random(0)
     plans = [[(rng.randrange(8), rng.choice(["run", "stop", "disconnect"])) for _ in range(3)] for _ in range(32)]
@@ -245,12 +245,12 @@ def test_churn_of_32_clients_leaves_nothing_behind(tiny_engine):
         session = SimpleNamespace(session_hash=f"churn{k}")
         texts = []
         for which, action in plans[k]:
-            gen = h.generate(*settings[which].values(), session)
+            gen = h.run.generate(*settings[which].values(), session)
             if action == "run":
                 texts.append((which, list(gen)[-1]["record"].done.text))
             elif action == "stop":
                 next(gen)
-                h.stop(session)
+                h.run.stop(session)
                 list(gen)
             else:
                 next(gen)
@@ -263,7 +263,7 @@ def test_churn_of_32_clients_leaves_nothing_behind(tiny_engine):
     assert completed and all(text == alone[which] for which, text in completed)
     stats = tiny_engine.scheduler.stats()
     assert tiny_engine.active_runs == 0 and stats.blocks_used == 0 and stats.blocks_reserved == 0
-    assert len(h.registry) == 0
+    assert len(h.page.registry) == 0
 
 
 def test_a_follow_up_reads_only_what_is_new_from_the_kv_cache(tiny_dirs):

@@ -36,7 +36,7 @@ def test_failing_chat_template_is_a_clear_page_error(tiny_dirs, tmp_path):
     h = Handlers(Engine.from_hf_dir(d))
     c = Controls(prompt="hi", mode="chat")
     with pytest.raises(gr.Error, match="chat template failed"):
-        list(h.generate(*c.values(), None))
+        list(h.run.generate(*c.values(), None))
 
 
 def test_out_of_memory_ends_the_run_with_a_message_and_keeps_serving(tiny_engine, monkeypatch):
@@ -53,7 +53,7 @@ def test_out_of_memory_ends_the_run_with_a_message_and_keeps_serving(tiny_engine
     monkeypatch.setattr(tiny_engine, "eos_ids", set())  # no early end before the third forward
     h = Handlers(tiny_engine)
     with pytest.raises(gr.Error, match="out of CPU memory after 2 tokens"):
-        list(h.generate(*Controls(prompt="The quick", max_new_tokens=10).values(), None))
+        list(h.run.generate(*Controls(prompt="The quick", max_new_tokens=10).values(), None))
     assert tiny_engine.active_runs == 0
     with pytest.raises(ResourceError):
         calls["n"] = 0
@@ -66,13 +66,13 @@ def test_closing_the_stream_mid_run_cancels_the_engine_thread(tiny_engine, hold)
     held = hold(tiny_engine)
     h = Handlers(tiny_engine, update_interval_s=0.01)
     c = Controls(prompt="The quick", max_new_tokens=240, temperature=1.0, seed="2")
-    gen = h.generate(*c.values(), SimpleNamespace(session_hash="tab"))
+    gen = h.run.generate(*c.values(), SimpleNamespace(session_hash="tab"))
     next(gen)
     held.step(2)  # the run has made 2 tokens and is held before the 3rd
     assert len(next(gen)["record"].steps) >= 1
     gen.close()  # what gradio does when the client disconnects
     assert held.started == 3  # no token after the one being made at the close
-    assert tiny_engine.active_runs == 0 and len(h.registry) == 0
+    assert tiny_engine.active_runs == 0 and len(h.page.registry) == 0
     assert not [t for t in threading.enumerate() if t.name == "tokenlab-run"]
 
 
@@ -82,7 +82,7 @@ def test_eight_sessions_at_once_each_get_their_own_tokens(tiny_engine):
                 for i in range(8)]
 
     def run(i):
-        return list(h.generate(*settings[i].values(), SimpleNamespace(session_hash=f"user{i}")))[-1]["record"]
+        return list(h.run.generate(*settings[i].values(), SimpleNamespace(session_hash=f"user{i}")))[-1]["record"]
 
     alone = [[s.token_id for s in run(i).steps] for i in range(8)]
     with ThreadPoolExecutor(8) as pool:
@@ -111,7 +111,7 @@ def test_nothing_outlives_its_run(tiny_engine, hold, monkeypatch):
     c = Controls(prompt="The quick brown fox", temperature=1.0, max_new_tokens=30)
 
     def run(kind, session):
-        gen = h.generate(*c.values(), SimpleNamespace(session_hash=session))
+        gen = h.run.generate(*c.values(), SimpleNamespace(session_hash=session))
         if kind == "end":
             held.open()
             rec = list(gen)[-1]["record"]
@@ -120,7 +120,7 @@ def test_nothing_outlives_its_run(tiny_engine, hold, monkeypatch):
         next(gen)
         held.step(3)  # mid-run
         if kind == "stop":
-            h.stop(SimpleNamespace(session_hash=session))
+            h.run.stop(SimpleNamespace(session_hash=session))
             return list(gen)[-1]["record"]
         rec = next(gen)["record"]  # the page has part of the run, then goes away
         gen.close()
@@ -141,5 +141,5 @@ def test_nothing_outlives_its_run(tiny_engine, hold, monkeypatch):
     alive = [type(r()).__name__ for r in earlier if r() is not None]
     assert not alive, f"{len(alive)} earlier records and events are still alive: {sorted(set(alive))}"
     assert not [t for t in threading.enumerate() if t.name == "tokenlab-run"]
-    assert tiny_engine.active_runs == 0 and len(h.registry) == 0
+    assert tiny_engine.active_runs == 0 and len(h.page.registry) == 0
     assert [len(rec.steps) > 0 for rec in page.values()] == [True] * 3

@@ -106,17 +106,17 @@ def test_every_page_input_is_refused_cheaply(tiny_engine, no_tokenizing):
     }
     for name, kw in cases.items():
         c = Controls(**{"prompt": "The quick", **kw})
-        for call in (lambda: list(h.generate(*c.values(), req)),
-                     lambda: h.compare(*c.values(), *shaping_values(), "", req),
-                     lambda: h.share_link(*c.values(), "http://x/", req)):
+        for call in (lambda: list(h.run.generate(*c.values(), req)),
+                     lambda: h.experiments.compare(*c.values(), *shaping_values(), "", req),
+                     lambda: h.share.share_link(*c.values(), "http://x/", req)):
             peak, err = peak_bytes(call)
             assert isinstance(err, gr.Error), (name, err)
             assert "\n" not in str(err) and len(str(err)) < 300, (name, str(err)[:300])
             assert peak < 256 * 1024, (name, peak)
     rec = SimpleNamespace(steps=[object()], prompt_ids=[1, 5], seen_before=lambda i: [1, 5], model="")
-    peak, err = peak_bytes(lambda: h.likelihood(rec, 0, BIG))
+    peak, err = peak_bytes(lambda: h.experiments.likelihood(rec, 0, BIG))
     assert isinstance(err, gr.Error) and "continuation" in str(err) and peak < 64 * 1024
-    begun = h.begin(*Controls(prompt=BIG).values(), req)
+    begun = h.run.begin(*Controls(prompt=BIG).values(), req)
     assert set(begun) == {"status"} and "prompt" in begun["status"]  # every panel kept; the status line says why
 
 

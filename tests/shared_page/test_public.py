@@ -16,7 +16,9 @@ from helpers import files_under
 from page_api import call, output
 from ui.controls import Controls
 from ui.handlers import Handlers
-from ui.public import RUN_GOING, UNREAD_REFUSALS, Limits, Sessions, served
+from server.admission import UNREAD_REFUSALS
+from server.guard import Sessions, served
+from server.limits import RUN_GOING, Limits
 from ui.controls import shaping_values  # noqa: E402
 
 gradio_client = pytest.importorskip("gradio_client")
@@ -33,7 +35,8 @@ def req(session, host="198.51.100.1", user=None):
 def shared_app(tiny_dirs, tmp_path_factory):
     """The page with a shared page's limits, its temp directories empty and its own."""
     from inference.serving.engine import Engine
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     tmp = tmp_path_factory.mktemp("public")
     gradio_tmp, py_tmp = tmp / "gradio", tmp / "py"
@@ -44,7 +47,7 @@ def shared_app(tiny_dirs, tmp_path_factory):
         engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"])
         handlers = Handlers(engine, limits=LIMITS)
         demo = build_ui(engine, handlers)
-        app, url, _ = launch(demo, engine, block=False)
+        app, url, _ = serve(demo, engine, block=False)
         yield SimpleNamespace(url=url.rstrip("/"), engine=engine, handlers=handlers, demo=demo, app=app,
                               temp_dirs=(gradio_tmp, py_tmp))
         demo.close()
@@ -109,35 +112,35 @@ def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_eng
     monkeypatch.setattr(tiny_engine, "eos_ids", set())  # the second run draws a random seed: it goes to its cap
     h = Handlers(tiny_engine)
     held = hold(tiny_engine)
-    first = h.generate(*Controls(prompt="The quick", temperature=0.0, max_new_tokens=12).values(), req("tab"))
+    first = h.run.generate(*Controls(prompt="The quick", temperature=0.0, max_new_tokens=12).values(), req("tab"))
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(list, first)
         held.step(1)  # the run has made a token and is held before the next
         c = Controls(prompt="Another", max_new_tokens=5)
-        for attempt in (lambda: list(h.generate(*c.values(), req("tab"))),
-                        lambda: h.begin(*c.values(), req("tab")),
-                        lambda: h.compare(*c.values(), *shaping_values(), "", req("tab"))):
+        for attempt in (lambda: list(h.run.generate(*c.values(), req("tab"))),
+                        lambda: h.run.begin(*c.values(), req("tab")),
+                        lambda: h.experiments.compare(*c.values(), *shaping_values(), "", req("tab"))):
             with pytest.raises(gr.Error) as e:
                 attempt()
             assert e.value.message == RUN_GOING
-        assert h.begin(*c.values(), req("other tab"))["prompt_view"] == "Another"  # other sessions may
+        assert h.run.begin(*c.values(), req("other tab"))["prompt_view"] == "Another"  # other sessions may
         held.open()
         rec = done.result(timeout=60)[-1]["record"]
     assert rec.done.reason == "length" and len(rec.steps) == 12  # the first ran to its end
-    assert len(h.registry) == 0
-    assert len(list(h.generate(*c.values(), req("tab")))[-1]["record"].steps) == 5  # and then the next
+    assert len(h.page.registry) == 0
+    assert len(list(h.run.generate(*c.values(), req("tab")))[-1]["record"].steps) == 5  # and then the next
 
 
 def test_generate_right_after_stop_waits_for_the_stopped_run(tiny_engine, hold, monkeypatch):
     monkeypatch.setattr(tiny_engine, "eos_ids", set())  # a random seed: still going when stopped
     h = Handlers(tiny_engine)
     held = hold(tiny_engine)
-    gen = h.generate(*Controls(prompt="The quick", max_new_tokens=200).values(), req("tab"))
+    gen = h.run.generate(*Controls(prompt="The quick", max_new_tokens=200).values(), req("tab"))
     with ThreadPoolExecutor(1) as pool:
         done = pool.submit(list, gen)
         held.step(1)
-        h.stop(req("tab"))  # the held run ends within its step
-        assert h.begin(*Controls(prompt="Next").values(), req("tab"))["prompt_view"] == "Next"  # not refused
+        h.run.stop(req("tab"))  # the held run ends within its step
+        assert h.run.begin(*Controls(prompt="Next").values(), req("tab"))["prompt_view"] == "Next"  # not refused
         assert done.result(timeout=60)[-1]["record"].done.reason == "cancelled"
 
 
@@ -146,15 +149,15 @@ def test_runs_per_client(tiny_engine, hold):
     held = hold(tiny_engine)
     c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=6)
     with ThreadPoolExecutor(2) as pool:
-        a = pool.submit(lambda: list(h.generate(*c.values(), req("a1", host="203.0.113.1"))))
+        a = pool.submit(lambda: list(h.run.generate(*c.values(), req("a1", host="203.0.113.1"))))
         held.step(1)
         with pytest.raises(gr.Error, match="1 run going or waiting.*allows 1 at a time"):
-            list(h.generate(*c.values(), req("a2", host="203.0.113.1")))  # same address, other tab
+            list(h.run.generate(*c.values(), req("a2", host="203.0.113.1")))  # same address, other tab
         with pytest.raises(gr.Error, match="allows 1 at a time"):
-            h.begin(*c.values(), req("a3", host="203.0.113.1"))
-        b = pool.submit(lambda: list(h.generate(*c.values(), req("b1", host="203.0.113.2"))))
+            h.run.begin(*c.values(), req("a3", host="203.0.113.1"))
+        b = pool.submit(lambda: list(h.run.generate(*c.values(), req("b1", host="203.0.113.2"))))
         # With --auth a visitor is their login: the same address, another user, is another visitor.
-        assert h.begin(*c.values(), req("u1", host="203.0.113.1", user="ann"))["prompt_view"] == "The quick"
+        assert h.run.begin(*c.values(), req("u1", host="203.0.113.1", user="ann"))["prompt_view"] == "The quick"
         held.open()
         assert len(a.result(60)[-1]["record"].steps) == len(b.result(60)[-1]["record"].steps) == 6
 
@@ -164,9 +167,9 @@ def test_the_new_tokens_cap_is_on_the_page_and_enforced(tiny_engine, monkeypatch
     monkeypatch.setattr(tiny_engine, "eos_ids", set())  # a random seed: the run goes to its cap
     h = Handlers(tiny_engine, limits=Limits(max_new_tokens=5))
     with pytest.raises(gr.Error, match=r"The server allows at most 5 new tokens; got 6\."):
-        list(h.generate(*Controls(max_new_tokens=6).values(), req("t")))
-    assert len(list(h.generate(*Controls(max_new_tokens=5).values(), req("t")))[-1]["record"].steps) == 5
-    values = h.restore(SimpleNamespace(query_params={"max_new_tokens": "99"}))
+        list(h.run.generate(*Controls(max_new_tokens=6).values(), req("t")))
+    assert len(list(h.run.generate(*Controls(max_new_tokens=5).values(), req("t")))[-1]["record"].steps) == 5
+    values = h.share.restore(SimpleNamespace(query_params={"max_new_tokens": "99"}))
     assert values["max_new_tokens"] == 5
     assert "lowered from 99 to 5: The server allows at most 5 new tokens" in values["notice"]
     config = build_ui(tiny_engine, h).get_config_file()
@@ -227,7 +230,7 @@ def test_refusals_nobody_reads_do_not_pile_up(shared_app, hold):
         assert queue.pending_messages_per_session["unread"].qsize() <= UNREAD_REFUSALS + 4
     finally:
         held.open()
-        shared_app.handlers.stop(SimpleNamespace(session_hash="unread"))
+        shared_app.handlers.run.stop(SimpleNamespace(session_hash="unread"))
 
 
 def test_sessions_per_client(shared_app):
@@ -252,7 +255,7 @@ def test_sessions_per_client(shared_app):
     r = httpx.post(shared_app.url + "/gradio_api/run/predict", timeout=30, headers={"X-Forwarded-For": address},
                    json={"data": [], "fn_index": fn, "event_data": {"session_hash": "s0"}, "session_hash": "s9"})
     assert r.status_code == 400
-    h.closed(SimpleNamespace(session_hash="s1"))  # a tab closed: its session stops counting
+    h.run.closed(SimpleNamespace(session_hash="s1"))  # a tab closed: its session stops counting
     assert visit("s3", address).status_code == 200
 
 
@@ -289,14 +292,15 @@ def test_logins_from_env_and_file_never_echo_a_password(tmp_path, capsys):
 def test_login_from_a_file_guards_the_page_and_names_the_visitor(tiny_dirs, tmp_path):
     import app
     from inference.serving.engine import Engine
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
     f = tmp_path / "logins"
     f.write_text("ann:apple-pie\nbob:banana-split\n")
     args = app.parse_args(["--auth-file", str(f), "--sessions-per-client", "1"], environ={})
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"])
     h = Handlers(engine, limits=app.limits_for(args))
     demo = build_ui(engine, h)
-    _, url, _ = launch(demo, engine, block=False, auth=args.logins)
+    _, url, _ = serve(demo, engine, block=False, auth=args.logins)
     try:
         with pytest.raises(Exception):
             gradio_client.Client(url, verbose=False, auth=("ann", "wrong"))
@@ -308,7 +312,7 @@ def test_login_from_a_file_guards_the_page_and_names_the_visitor(tiny_dirs, tmp_
         for who in (("ann", "apple-pie"), ("bob", "banana-split")):
             clients.append(gradio_client.Client(url, verbose=False, auth=who))
             assert len(output(clients[-1].predict(*call(max_new_tokens=2), api_name="/generate"), "api_tokens")) == 2
-        assert h.admission.sessions.count("user ann") == 1 and h.admission.sessions.count("user bob") == 1
+        assert h.page.admission.sessions.count("user ann") == 1 and h.page.admission.sessions.count("user bob") == 1
         for client in clients:
             client.close()
     finally:

@@ -1,6 +1,6 @@
 """A closed tab's state is freed: through a real server, a session that closes leaves no run
 record, conversation or engine event of its own alive once its expiry is triggered, a session
-still open keeps its state, and the sessions kept never exceed the cap (ui/sessions.py)."""
+still open keeps its state, and the sessions kept never exceed the cap (server/sessions.py)."""
 
 import gc
 import secrets
@@ -12,8 +12,8 @@ import pytest
 import page_api
 from engine_hold import wait_until
 from page_api import output
-from ui.public import Limits
-from ui.sessions import MIN_SESSIONS, SessionKeeper, session_capacity
+from server.limits import Limits
+from server.sessions import MIN_SESSIONS, SessionKeeper, session_capacity
 
 gradio_client = pytest.importorskip("gradio_client")
 
@@ -44,13 +44,14 @@ def capped_app(tiny_dirs):
     from conftest import no_early_end
     from inference.serving.engine import Engine
     from ui.handlers import Handlers
-    from ui.layout import build_ui, launch
+    from app import serve
+    from ui.layout import build_ui
 
     engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32")
     no_early_end(engine)
     handlers = Handlers(engine, limits=Limits.local(session_capacity=CAP))
     demo = build_ui(engine, handlers)
-    app, url, _ = launch(demo, engine, block=False)
+    app, url, _ = serve(demo, engine, block=False)
     yield SimpleNamespace(url=url.rstrip("/"), engine=engine, handlers=handlers, demo=demo, app=app)
     demo.close()
     engine.close()
@@ -66,7 +67,7 @@ def test_capacity_comes_from_the_memory_available():
 
 
 def test_a_closed_api_session_leaves_no_record_or_event_alive(capped_app, monkeypatch):
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     client = gradio_client.Client(app.url, verbose=False)
     session = client.session_hash
     final = client.predict(*call(), api_name="/generate")
@@ -94,7 +95,7 @@ def test_a_closed_api_session_leaves_no_record_or_event_alive(capped_app, monkey
 
 def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch):
     from bench.page_client import PageClient
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     before = set(app.app.state_holder.session_data)
     PageClient(app.url).run(call())  # a raw API client: joins the queue, opens no heartbeat
     new = set(app.app.state_holder.session_data) - before
@@ -102,21 +103,21 @@ def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch
     keeper.sweep_now()
     assert new <= set(app.app.state_holder.session_data)  # not idle yet
     (session,) = new
-    with app.handlers._lock:  # as a click that the engine never took would leave it
-        app.handlers._waiting[session] = 0.0
-        app.handlers._stopped_waiting.add(session)
+    with app.handlers.run._lock:  # as a click that the engine never took would leave it
+        app.handlers.run._waiting[session] = 0.0
+        app.handlers.run._stopped_waiting.add(session)
     trims = []  # the allocator's free pages, given back once the session's are freed
     monkeypatch.setattr(keeper, "_trim", trims.append)
     monkeypatch.setattr(keeper, "_trimmed_at", 0.0)
     later(keeper, monkeypatch, keeper.idle_s + 1)
     keeper.sweep_now()
     assert not new & set(app.app.state_holder.session_data)
-    assert session not in app.handlers._waiting and session not in app.handlers._stopped_waiting
+    assert session not in app.handlers.run._waiting and session not in app.handlers.run._stopped_waiting
     assert trims == [0]
 
 
 def test_the_sessions_kept_never_exceed_the_cap(capped_app):
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     clients = []
     try:
         for i in range(CAP + 3):  # each stays open: only the cap lets go of the oldest
@@ -135,7 +136,7 @@ def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, 
     """A chat turn in a real browser tab; the tab closes; its expiry is triggered."""
     from browser import open_page, wait_loaded
     url, _, handlers = live_app
-    keeper, holder = handlers.keeper, handlers.keeper._app.state_holder
+    keeper, holder = handlers.page.keeper, handlers.page.keeper._app.state_holder
     marker = f"remember {secrets.token_hex(6)}"
     page = open_page(browser)
     page.goto(url + "/?mode=chat&max_new_tokens=4&temperature=1&seed=2")
@@ -171,8 +172,8 @@ def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, 
 def test_reset_marks_of_cancelled_events_go_once_old(capped_app, monkeypatch):
     """Gradio's mark of a cancelled event stays until that event runs again, which it mostly
     never does: one per stopped run. The sweep lets it go after RESET_MARK_S, not before."""
-    from ui.sessions import RESET_MARK_S
-    app, keeper = capped_app, capped_app.handlers.keeper
+    from server.sessions import RESET_MARK_S
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     marks = app.app.iterators_to_reset
     marks.add("a-cancelled-event")
     keeper.sweep_now()
@@ -196,7 +197,7 @@ def test_keeper_ignores_closes_before_launch():
 @pytest.mark.slow  # waits for the sweep's own timer
 def test_the_sweep_runs_on_its_own(capped_app, monkeypatch):
     """No call triggers it: the server's loop sweeps every few seconds once a request came."""
-    app, keeper = capped_app, capped_app.handlers.keeper
+    app, keeper = capped_app, capped_app.handlers.page.keeper
     deleted = keeper.deleted
     client = gradio_client.Client(app.url, verbose=False)
     session = client.session_hash
@@ -210,7 +211,7 @@ def test_the_sweep_runs_on_its_own(capped_app, monkeypatch):
 
 
 def test_visitors_that_left_are_not_kept_in_the_session_counts():
-    from ui.public import Sessions
+    from server.guard import Sessions
     now = [0.0]
     counts = Sessions(2, idle_s=10, clock=lambda: now[0])
     assert counts.admit("address a", "s1") and counts.admit("address b", "s2")

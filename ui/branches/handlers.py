@@ -6,16 +6,19 @@ from __future__ import annotations
 
 from dataclasses import replace
 from types import SimpleNamespace
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import gradio as gr
 
 from inference.errors import shown
-from ui.base import PageBase, step_index
+from ui.base import PageContext, Section, step_index
 from ui.branches.render import tree_html
 from ui.chat import conversation_html
 from ui.controls import NAMES
 from ui.run_state import RunRecord
+
+if TYPE_CHECKING:
+    from ui.run.handlers import RunHandlers
 
 # Branches a tab keeps at once (each holds its run's record); a new run starts a new tree.
 MAX_BRANCHES = 16
@@ -29,7 +32,11 @@ def node(rec: RunRecord, parent: int | None = None, at: int = 0, cand=None, pref
             "prefix": list(prefix), "record": rec}
 
 
-class BranchHandlers(PageBase):
+class BranchHandlers(Section):
+    def __init__(self, page: PageContext, run: "RunHandlers"):
+        super().__init__(page)
+        self.run = run
+
     def branch(self, rec: RunRecord | None, nodes, evt: gr.SelectData) -> dict:
         """A candidate clicked in the bars (evt.value: "step:token id"): the controls are set to
         the run's own (its model, settings and seed), continuing after the prompt, the tokens
@@ -79,7 +86,7 @@ class BranchHandlers(PageBase):
             raise gr.Error(f"step must be from 0 to {len(rec.steps) - 1} (the run's steps), got {int(step)}",
                            print_exception=False)
         out = self.branch(rec, [], SimpleNamespace(value=f"{int(step)}:{int(token_id)}"))
-        yield from self.generate(*[out[n] for n in NAMES], request, list(rec.history))
+        yield from self.run.generate(*[out[n] for n in NAMES], request, list(rec.history))
 
     def grow_tree(self, rec: RunRecord | None, nodes) -> dict:
         """After a run: a branch that was waiting for it gets it; any other run starts a new
@@ -112,8 +119,8 @@ class BranchHandlers(PageBase):
         """An ended run put on view again (text, bars, statistics, charts, tokens, downloads) and
         the controls set to it, so that a link made now restores it (SHOWN's names, less the tree)."""
         n = len(rec.steps)
-        out = {name: v for name, v in self.outputs(rec).items() if name != "api_tokens"}
-        out.update(self.drawn(rec))
+        out = {name: v for name, v in self.run.outputs(rec).items() if name != "api_tokens"}
+        out.update(self.run.drawn(rec))
         out.update({"step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
                     "prompt_view": rec.prompt_text,
                     **({} if rec.controls is None else dict(zip(NAMES, rec.controls.values()))),

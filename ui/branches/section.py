@@ -10,8 +10,9 @@ import gradio as gr
 from inference.sampling.settings import SHAPING_SETTINGS
 from ui.branches.render import tree_html
 from ui.controls import NAMES
-from ui.handlers import RUN_OUTPUTS, Handlers
-from ui.public import ENGINE
+from ui.handlers import Handlers
+from ui.run.handlers import RUN_OUTPUTS
+from server.limits import ENGINE
 
 # What a run put on view again sets (BranchHandlers.show_run): its panels and the controls.
 SHOWN = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
@@ -34,7 +35,7 @@ def build(page, h: Handlers) -> None:
     page.add("branches", gr.State([]))
     page.add("branch_view", gr.HTML(tree_html([], None), label="Branches", elem_id="branches",
                                     js_on_load=PICK_JS + "\n" + LEAVE_JS))
-    page.after_run.append((h.grow_tree, ("record", "branches"), ("branches", "branch_view")))
+    page.after_run.append((h.branches.grow_tree, ("record", "branches"), ("branches", "branch_view")))
 
 
 def wire(page, h: Handlers, chain_run) -> None:
@@ -43,17 +44,17 @@ def wire(page, h: Handlers, chain_run) -> None:
     api = gr.Button(visible=False)
     page.add("branch_step", gr.Number(visible=False, label="Step"))
     page.add("branch_token", gr.Number(visible=False, label="Token id"))
-    page.on(api.click, h.branch_run, inputs=("record", "branch_step", "branch_token"), outputs=RUN_OUTPUTS,
+    page.on(api.click, h.branches.branch_run, inputs=("record", "branch_step", "branch_token"), outputs=RUN_OUTPUTS,
             api_name="branch", show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
     # Queued (unlimited), so that its refusal is a message; only then does the branch run.
-    picked = page.on(page["bars"].select, h.branch, inputs=("record", "branches"),
+    picked = page.on(page["bars"].select, h.branches.branch, inputs=("record", "branches"),
                      outputs=(*NAMES, "branches", "history", "conversation"), api_visibility="private", concurrency_limit=None,
                      show_progress="hidden")
     chain_run(picked.success)
     # The given ids are a branch's of one prompt: typing another (or another system prompt, mode
     # or model) leaves the branch. `input`: by hand only, not a link's or a branch's own setting.
     page.on(lambda fn, **kw: gr.on([page[n].input for n in ("prompt", "system", "mode", "model")], fn, **kw),
-            h.leave_branch, inputs=("prefix_ids",), outputs=("prefix_ids",), queue=False, show_progress="hidden",
+            h.branches.leave_branch, inputs=("prefix_ids",), outputs=("prefix_ids",), queue=False, show_progress="hidden",
             api_visibility="private")
     # Gradio's `input` comes with key presses only: a paste, a cut, a drop or a script's fill
     # changes the box without it. Every change of the prompt's text made by hand (leave.js) leaves
@@ -61,6 +62,6 @@ def wire(page, h: Handlers, chain_run) -> None:
     for n in ("prompt", "system"):
         page[n].change(None, inputs=page["prefix_ids"], outputs=page["prefix_ids"], js=by_hand_js(n),
                        queue=False, show_progress="hidden", api_visibility="private")
-    viewed = page.on(page["branch_view"].select, h.view_branch, inputs=("branches",),
+    viewed = page.on(page["branch_view"].select, h.branches.view_branch, inputs=("branches",),
                      outputs=(*SHOWN, "branch_view"), api_visibility="private", queue=False, show_progress="hidden")
     page.chain(viewed, page.after_view)

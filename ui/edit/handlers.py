@@ -5,18 +5,22 @@ and /continue_edit for scripts."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import gradio as gr
 
 from inference.errors import InputError, TokenLabError
-from ui.base import PageBase, page_error, takes_controls
+from ui.base import PageContext, Section, page_error, takes_controls
 from ui.chat import conversation_html
 from ui.branches.render import tree_html
 from ui.controls import NAMES, Controls
 from ui.edit.render import seam_html
 from ui.edit.seam import edited_ids, seam_changes
 from ui.run_state import RunRecord
+
+if TYPE_CHECKING:
+    from ui.run.handlers import RunHandlers
+    from ui.branches.handlers import BranchHandlers
 
 # Runs an undo goes back through (each holds its run's record).
 MAX_UNDO = 16
@@ -31,7 +35,11 @@ def output_ids(rec: RunRecord, tokenizer) -> list[int]:
     return ids
 
 
-class EditHandlers(PageBase):
+class EditHandlers(Section):
+    def __init__(self, page: PageContext, run: "RunHandlers", branches: "BranchHandlers"):
+        super().__init__(page)
+        self.run, self.branches = run, branches
+
     def _edit(self, c: Controls, edited, history=None) -> tuple[Controls, RunRecord, list[int]]:
         """The controls that continue after the edited text (prefix_ids: its ids after the
         prompt's), the prepared run and those ids; InputError in one line for what no run could use."""
@@ -41,7 +49,7 @@ class EditHandlers(PageBase):
             raise InputError("the edited text is empty: Generate continues from the prompt itself")
         if str(c.prefix_ids or "").strip():
             raise InputError("give the edited text or prefix ids, not both: the edited text is all that follows the prompt")
-        rec = self._prepare(c, 0, history)  # the checks of a run: settings, prompt, model
+        rec = self.run.prepare(c, 0, history)  # the checks of a run: settings, prompt, model
         m = self.view(rec.model)
         room = m.context - 1 - len(rec.prompt_ids)
         if hasattr(m.engine, "check_fits"):  # refused by its length before any tokenizing
@@ -121,7 +129,7 @@ class EditHandlers(PageBase):
         before = undo.pop()
         rec, nodes, history = before["record"], before["branches"], before["history"]
         viewing = next((k for k, n in enumerate(nodes) if n["record"] is rec), None)
-        return {**self.show_run(rec), "branches": nodes, "branch_view": tree_html(nodes, viewing),
+        return {**self.branches.show_run(rec), "branches": nodes, "branch_view": tree_html(nodes, viewing),
                 "history": history, "conversation": conversation_html(history), "edit_box": rec.answer_text,
                 "edit_seam": self.edit_preview(rec, rec.answer_text, undo), "edit_undo_stack": undo,
                 "edit_undo": gr.update(interactive=bool(undo))}
@@ -135,4 +143,4 @@ class EditHandlers(PageBase):
             c, _, _ = self._edit(c, edited_text)
         except TokenLabError as e:
             raise page_error(e) from None
-        yield from self.generate(*c.values(), request)
+        yield from self.run.generate(*c.values(), request)

@@ -23,7 +23,7 @@ def edited_ids(tokenizer, prompt_text: str, prompt_ids: list[int], edited: str, 
 
 def token_bytes(tokenizer, token_id: int) -> bytes:
     """A token's bytes: the tokenizer's own table, else (a server's tokenizer) its decoded text."""
-    table = getattr(tokenizer, "token_bytes", None)
+    table = tokenizer.token_bytes
     return table[token_id] if table is not None else tokenizer.decode([token_id]).encode("utf-8")
 
 

@@ -9,7 +9,7 @@ from ui.branches.section import SHOWN
 from ui.controls import NAMES
 from ui.edit.render import EDIT_HINT
 from ui.handlers import Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 from ui.run.handlers import RUN_OUTPUTS
 
 
@@ -27,9 +27,9 @@ def build(page, h: Handlers) -> None:
         add("edit_seam", gr.HTML("", label="Tokens before and after the edit", elem_id="edit-seam"))
     add("edit_pending", gr.State(None))  # what a continue waits to keep for undo
     add("edit_undo_stack", gr.State([]))
-    page.after_run.append((h.edit_after_run, ("record", "edit_pending", "edit_undo_stack"),
+    page.after_run.append((h.edit.edit_after_run, ("record", "edit_pending", "edit_undo_stack"),
                            ("edit_box", "edit_seam", "edit_pending", "edit_undo_stack", "edit_undo")))
-    page.after_view.append((h.edit_on_view, ("record", "edit_undo_stack"), ("edit_box", "edit_seam")))
+    page.after_view.append((h.edit.edit_on_view, ("record", "edit_undo_stack"), ("edit_box", "edit_seam")))
 
 
 def wire(page, h: Handlers, chain_run) -> None:
@@ -37,21 +37,21 @@ def wire(page, h: Handlers, chain_run) -> None:
     # /continue_edit for scripts, wired first so that it takes the name: /generate's inputs
     # and the edited text.
     api = gr.Button(visible=False)
-    page.on(api.click, h.continue_edit, inputs=(*NAMES, "edit_box"), outputs=RUN_OUTPUTS, api_name="continue_edit",
+    page.on(api.click, h.edit.continue_edit, inputs=(*NAMES, "edit_box"), outputs=RUN_OUTPUTS, api_name="continue_edit",
             show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
     # Every change of the box, not gradio's input event: a Textbox sends that on a key press only
     # (no Backspace, Delete, paste, cut or drop). A run's end or an undo setting the box shows
     # the same table as the events that set it (edit_preview is a function of its inputs).
-    page.on(page["edit_box"].change, h.edit_preview, inputs=("record", "edit_box", "edit_undo_stack"),
+    page.on(page["edit_box"].change, h.edit.edit_preview, inputs=("record", "edit_box", "edit_undo_stack"),
             outputs=("edit_seam",), queue=False, api_visibility="private", show_progress="hidden",
             trigger_mode="always_last")
     # Queued (unlimited), so that its refusal is a message; only then does the run start.
-    picked = page.on(page["edit_continue"].click, h.edit_continue,
+    picked = page.on(page["edit_continue"].click, h.edit.edit_continue,
                      inputs=("record", "edit_box", "branches", "history"),
                      outputs=(*NAMES, "history", "edit_pending", "edit_seam"), api_visibility="private",
                      concurrency_limit=None, show_progress="hidden")
     chain_run(picked.success)
-    undone = page.on(page["edit_undo"].click, h.edit_undo, inputs=("edit_undo_stack",),
+    undone = page.on(page["edit_undo"].click, h.edit.edit_undo, inputs=("edit_undo_stack",),
             outputs=(*SHOWN, "branches", "branch_view", "history", "conversation", "edit_box", "edit_seam",
                      "edit_undo_stack", "edit_undo"),
             api_visibility="private", queue=False, show_progress="hidden")

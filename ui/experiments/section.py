@@ -11,7 +11,7 @@ from ui.experiments.render import (CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, ent
                                    two_models_frame)
 from ui.format import COMPARE_COLOR_MAP, step_axis
 from ui.handlers import Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 from ui.run_state import RunRecord
 from ui.widgets import setting_control
 
@@ -22,10 +22,10 @@ PROBABILITY_LIM = [0, 1.05]
 
 
 def build(page, h: Handlers) -> None:
-    d, add, internals = h.defaults, page.add, h.caps.internals
+    d, add, internals = h.page.defaults, page.add, h.page.caps.internals
     with gr.Accordion("Sampling experiments: the pipeline of a step, replay, compare A/B, "
                       "how likely was X?", open=False):
-        if not h.caps.whole_distribution:
+        if not h.page.caps.whole_distribution:
             gr.Markdown(CHARTS_NOTE, elem_id="charts-note")
         run_frame, rank_frame = run_chart_frames(RunRecord())
         # Short titles: a chart's title is cut at its width, never wrapped; the caption explains.
@@ -49,35 +49,35 @@ def build(page, h: Handlers) -> None:
         with gr.Row(visible=internals):
             for n in SHAPING_SETTINGS:
                 if BY_NAME[n].group == "main":
-                    add(f"replay_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "Replay ", "replay-"))
+                    add(f"replay_{n}", setting_control(BY_NAME[n], getattr(d, n), h.page.context, "Replay ", "replay-"))
         with gr.Accordion("More replay settings", open=False, visible=internals, elem_id="replay-more"):
             with gr.Row():
                 for n in SHAPING_SETTINGS:
                     if BY_NAME[n].group != "main":
-                        add(f"replay_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "Replay ", "replay-"))
+                        add(f"replay_{n}", setting_control(BY_NAME[n], getattr(d, n), h.page.context, "Replay ", "replay-"))
         add("replay_button", gr.Button("Replay the selected step", elem_id="replay" if internals else None,
                                        visible=internals))
         add("replay_md", gr.Markdown("", elem_id="replay-stages", visible=internals))
         add("replay_bars", gr.HTML("", elem_id="replay-bars", visible=internals))
-        many = len(h.models.labels) > 1
+        many = len(h.page.models.labels) > 1
         gr.Markdown("**Compare A/B**: A is a run with the page's own model and *Sampling settings* (at the top "
                     "of the page); B is a run with the B settings below, which start as a copy of the last "
                     "run's. Change one of B's to compare; same prompt, same seed."
                     + (" With two models whose tokenizers agree, both also read A's text and their "
                        "distributions are compared at every step." if many else ""), elem_id="compare-label")
-        add("model_b", gr.Dropdown([("A's model", ""), *h.models.labels], value="", label="B's model (empty: A's)",
+        add("model_b", gr.Dropdown([("A's model", ""), *h.page.models.labels], value="", label="B's model (empty: A's)",
                                    visible=many, elem_id="model-b"))
         with gr.Row():
             for n in SHAPING_SETTINGS:
                 if BY_NAME[n].group == "main":
-                    add(f"b_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "B ", "b-",
-                                                  available=n in h.caps.settings))
+                    add(f"b_{n}", setting_control(BY_NAME[n], getattr(d, n), h.page.context, "B ", "b-",
+                                                  available=n in h.page.caps.settings))
         with gr.Accordion("More B settings", open=False, elem_id="b-more"):
             with gr.Row():
                 for n in SHAPING_SETTINGS:
                     if BY_NAME[n].group != "main":
-                        add(f"b_{n}", setting_control(BY_NAME[n], getattr(d, n), h.context, "B ",
-                                                      "b-", available=n in h.caps.settings))
+                        add(f"b_{n}", setting_control(BY_NAME[n], getattr(d, n), h.page.context, "B ",
+                                                      "b-", available=n in h.page.caps.settings))
         add("compare_button", gr.Button("Run A and B", elem_id="compare"))
         add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
         with gr.Row():
@@ -103,30 +103,30 @@ def build(page, h: Handlers) -> None:
 
 def wire(page, h: Handlers) -> None:
     replay_inputs = [f"replay_{n}" for n in SHAPING_SETTINGS]
-    if h.caps.internals:
+    if h.page.caps.internals:
         # The replay follows its controls (a typed value, a drag, arrow keys); one forward pass
         # per step, kept, so that moving them is cheap.
         args = dict(inputs=("record", "step", *replay_inputs), outputs=("replay_md", "replay_bars"),
                     api_visibility="private", concurrency_id=ENGINE, show_progress="hidden")
-        page.on(page["replay_button"].click, h.replay_step, **args)
+        page.on(page["replay_button"].click, h.experiments.replay_step, **args)
         triggers = [e for n in replay_inputs for e in ((page[n].input, page[n].release)
                                                       if isinstance(page[n], gr.Slider) else
                                                       (page[n].submit, page[n].blur) if isinstance(page[n], gr.Textbox) else
                                                       (page[n].input,))]
-        page.on(lambda fn, **kw: gr.on(triggers, fn, trigger_mode="always_last", **kw), h.replay_step, **args)
+        page.on(lambda fn, **kw: gr.on(triggers, fn, trigger_mode="always_last", **kw), h.experiments.replay_step, **args)
     # /compare for scripts, registered before the page's own compare event so that it keeps the
     # name: the page's click first turns Generate off and Stop on, then compares, then turns them back.
     compare = dict(inputs=(*NAMES, *(f"b_{n}" for n in SHAPING_SETTINGS), "model_b"),
                    outputs=("out_a", "out_b", "compare_md", "compare_chart", "bars_a", "bars_b"), concurrency_id=ENGINE)
-    page.on(gr.Button(visible=False).click, h.compare, api_name="compare", **compare)
+    page.on(gr.Button(visible=False).click, h.experiments.compare, api_name="compare", **compare)
     buttons = ("generate", "regenerate", "compare_button", "x_button", "stop_button")
-    begun = page.on(page["compare_button"].click, h.compare_begin, outputs=buttons, concurrency_limit=None,
+    begun = page.on(page["compare_button"].click, h.experiments.compare_begin, outputs=buttons, concurrency_limit=None,
                     show_progress="hidden", api_visibility="private")
-    compared = page.on(begun.success, h.compare, api_visibility="private", **compare)
-    page.on(compared.then, h.compare_end, inputs=("history",), outputs=buttons, queue=False,
+    compared = page.on(begun.success, h.experiments.compare, api_visibility="private", **compare)
+    page.on(compared.then, h.experiments.compare_end, inputs=("history",), outputs=buttons, queue=False,
             show_progress="hidden", api_visibility="private")
     # "Score it": refused in one line (a toast) while a job is going, else scored.
-    scored = page.on(page["x_button"].click, h.likelihood_begin, concurrency_limit=None, show_progress="hidden",
+    scored = page.on(page["x_button"].click, h.experiments.likelihood_begin, concurrency_limit=None, show_progress="hidden",
                      api_visibility="private")
-    page.on(scored.success, h.likelihood, inputs=("record", "step", "x_text"), outputs=("x_md",),
+    page.on(scored.success, h.experiments.likelihood, inputs=("record", "step", "x_text"), outputs=("x_md",),
             api_visibility="private", concurrency_id=ENGINE)

@@ -5,12 +5,12 @@ from __future__ import annotations
 import gradio as gr
 
 from inference.errors import TokenLabError
-from ui.base import PageBase, named_args, step_index
+from ui.base import Section, named_args, step_index
 from ui.inside import render
 from ui.run_state import RunRecord
 
 
-class InsideHandlers(PageBase):
+class InsideHandlers(Section):
     @named_args("rec", "step", "layer", "head")
     def inspect_step(self, rec: RunRecord | None, step, layer, head=0, request: gr.Request = None) -> dict:
         """Stages with shapes and costs, the new token's attention, the logit lens and the full

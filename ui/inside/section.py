@@ -9,17 +9,17 @@ import gradio as gr
 
 from ui.handlers import Handlers
 from ui.inside.render import INSIDE_NOTE, memory_markdown
-from ui.public import ENGINE
+from server.limits import ENGINE
 
 PATTERN_JS = (Path(__file__).parent.parent / "assets" / "pattern.js").read_text(encoding="utf-8")
 
 
 def build(page, h: Handlers) -> None:
-    add, internals = page.add, h.caps.internals
+    add, internals = page.add, h.page.caps.internals
     with gr.Accordion("Inside one token: the path through the model at the selected step", open=False):
         if not internals:
             gr.Markdown(INSIDE_NOTE, elem_id="inside-note")
-        cfg = h.info.cfg
+        cfg = h.page.info.cfg
         n_layers, n_heads = (cfg.n_layers, cfg.n_heads) if cfg else (1, 1)
         with gr.Row(visible=internals):
             add("layer", gr.Slider(0, n_layers - 1, value=n_layers - 1, step=1, label="Attention layer",
@@ -36,18 +36,18 @@ def build(page, h: Handlers) -> None:
                 add("pattern", gr.HTML("", elem_id="pattern", js_on_load=PATTERN_JS))
             with gr.Tab("Logit lens", elem_id="tab-lens"):
                 add("lens", gr.HTML("", elem_id="lens" if internals else None))
-        add("memory", gr.Markdown(memory_markdown(h.info), elem_id="memory"))
+        add("memory", gr.Markdown(memory_markdown(h.page.info), elem_id="memory"))
 
 
 def wire(page, h: Handlers) -> None:
-    if not h.caps.internals:
+    if not h.page.caps.internals:
         return
     args = dict(inputs=("record", "step", "layer", "head"), outputs=("stages_md", "attention", "lens", "pattern"),
                 api_visibility="private", concurrency_id=ENGINE)
-    page.on(page["inspect_button"].click, h.inspect_step, **args)
+    page.on(page["inspect_button"].click, h.inside.inspect_step, **args)
     layer = page["layer"]
     page.on(lambda fn, **kw: gr.on([layer.input, layer.release], fn, trigger_mode="always_last", **kw),
-            h.inspect_step, **args)
+            h.inside.inspect_step, **args)
     head = page["head"]
-    gr.on([head.input, head.release], h.select_head, inputs=page.all(("record", "step", "layer", "head")),
+    gr.on([head.input, head.release], h.inside.select_head, inputs=page.all(("record", "step", "layer", "head")),
           outputs=page["pattern"], api_visibility="private", queue=False, trigger_mode="always_last")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from inference.errors import InputError
+from inference.sampling.constrain import check
 from inference.sampling.settings import CONSTRAINT_KINDS
 from ui.controls import labelled
 
@@ -45,7 +46,6 @@ def check_text(kind: str, text: str) -> str:
     box called by its label, as the status line calls it)."""
     if not kind:
         return ""
-    from inference.sampling.constrain import check
     try:
         check(kind, text or "")
     except InputError as e:

@@ -9,7 +9,10 @@ import json
 import dataclasses
 import secrets
 import shutil
+import tempfile
+import threading
 import time
+from collections import deque
 from dataclasses import replace
 from pathlib import Path
 from typing import Iterator
@@ -21,7 +24,7 @@ from inference.errors import TokenLabError, shown
 from inference.request import prepare_run
 from inference.serving.engine import parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
-from ui.base import PageBase, failure_line, named_args, session_of, step_index, takes_controls
+from ui.base import PageContext, Section, failure_line, named_args, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, page_message, parse_seed, sampling_params
 from ui.experiments.render import entropy_frame, run_chart_frames
@@ -42,25 +45,40 @@ NOT_STARTED = "⚠ Not started:"  # begin's status for input it refused
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 
 
-def continued_text(tokenizer, ids: list[int]) -> str:
-    """The text of tokens that follow a prompt, as a run streams it (a piece's leading space
-    kept, which decoding them alone would drop). Bytes of a character the last of them leaves
-    unfinished are not in it: the run that continues after them streams that character."""
-    if not ids:
-        return ""
-    if not hasattr(tokenizer, "stream"):  # a server's tokenizer: its own decoding of them
-        return tokenizer.decode(ids)
-    stream = tokenizer.stream()
-    return "".join(stream.push(t) for t in ids)
-
-
 def raising(e: Exception) -> Iterator:
     """Events that are an error: raised when the first is asked for."""
     raise e
     yield  # (a generator)
 
 
-class RunHandlers(PageBase):
+class RunHandlers(Section):
+    """A run: prepared at the click (begin), streamed (generate_on_page, /generate), stopped, its
+    steps and downloads; and the model picker, the prompt's preview and the server's load."""
+
+    def __init__(self, page: PageContext, files_dir: str | None = None):
+        super().__init__(page)
+        # Sessions whose run was clicked but not yet taken by the engine (their click time),
+        # and those of them whose Stop came before the engine did.
+        self._waiting: dict[str, float] = {}
+        self._stopped_waiting: set[str] = set()
+        # The run each session's click prepared (begin), for the page's generate to run as it is.
+        self._prepared: dict[str, object] = {}
+        self._lock = threading.Lock()
+        # Downloads the page offers: written here, the oldest deleted once there are more than KEEP_FILES.
+        self._files_dir = Path(files_dir or tempfile.mkdtemp(prefix="tokenlab-downloads-"))
+        self._files: deque[str] = deque()  # tokens, oldest first
+        self._file_paths: dict[str, Path] = {}
+        page.forgetters.append(self._forget)
+
+    def _forget(self, session: str) -> None:
+        """The session's state was deleted (server/sessions.py): a click of it that the engine never
+        took (a run cancelled while it waited, in a tab that vanished without its unload) is
+        not kept for ever."""
+        with self._lock:
+            self._waiting.pop(session, None)
+            self._prepared.pop(session, None)
+            self._stopped_waiting.discard(session)
+
     @takes_controls(after=("history",))
     def begin(self, c: Controls, request: gr.Request = None, history=None) -> dict:
         """At the click, before the run is queued.
@@ -75,7 +93,7 @@ class RunHandlers(PageBase):
         unlimited, so that this is no HTTP 500), and the run is not queued."""
         session = self.admit(request)
         try:
-            rec = self._prepare(c, None, history)  # every control that cannot be used, named as the page labels it
+            rec = self.prepare(c, None, history)  # every control that cannot be used, named as the page labels it
         except TokenLabError as e:
             return {"status": f"{NOT_STARTED} {page_message(e)}"}
         rec.queued_at = time.monotonic()
@@ -106,7 +124,7 @@ class RunHandlers(PageBase):
     def generate(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[dict]:
         """Stream a run: RUN_OUTPUTS' values, as `outputs` gives them."""
         try:
-            rec = self._prepare(c, None, history)
+            rec = self.prepare(c, None, history)
         except TokenLabError as e:  # (the page said it by labels in `begin`; scripts get their parameters' names)
             raise gr.Error(str(e), print_exception=False) from None
         yield from self._generate(rec, request)
@@ -154,7 +172,7 @@ class RunHandlers(PageBase):
             rec = self._prepared.pop(session_of(request), None)
         if rec is None or rec.controls != c or rec.history != (list(history or []) if c.mode == "chat" else []):
             try:  # not the run `begin` prepared (a script's click): prepared here
-                rec = self._prepare(c, None, history)
+                rec = self.prepare(c, None, history)
             except TokenLabError as e:
                 gr.Warning(f"Not started: {page_message(e, one_line=True)}")  # a toast: one line
                 yield {}
@@ -431,7 +449,7 @@ class RunHandlers(PageBase):
             return {}
         return {"bars": self._bars(rec.steps[i], rec=rec, pick=True), "step": gr.update(value=i)}
 
-    def _prepare(self, c: Controls, seed: int | None, history=None, **override) -> RunRecord:
+    def prepare(self, c: Controls, seed: int | None, history=None, beams: bool = False, **override) -> RunRecord:
         """A run of the page's controls, prepared by the one function every door calls
         (inference.request.prepare_run), in an empty record ready to run. seed: the run's
         (None: the one typed, else chosen there); override: settings that replace the controls'
@@ -448,9 +466,12 @@ class RunHandlers(PageBase):
         request = prepare_run(m.engine, params, prompt=c.prompt, chat=chat, system=c.system, history=turns,
                               given=parse_ids(c.prefix_ids, "prefix ids"), top_n=self.top_n,
                               token_cap=self.limits.max_new_tokens)
+        if request.params.num_beams > 1 and not beams:
+            raise TokenLabError("Beams is above 1: run the beam search with \"Run beam search\" in the decoding "
+                                "section, or set Beams to 1 to sample")
         given = list(request.given)
         return RunRecord(m.label, request.prompt_text, list(request.prompt_ids), seed=request.seed,
-                         given=given, given_text=continued_text(m.tokenizer, given),
+                         given=given, given_text=m.tokenizer.continuation_text(given),
                          params=request.params, bias=dict(decode_logit_bias(request.params.logit_bias, m.tokenizer)),
                          mode=c.mode, user_message=c.prompt, system=c.system or "",
                          history=turns, max_steps=request.max_new,

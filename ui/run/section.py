@@ -13,8 +13,9 @@ from ui.branches import section as branches
 from ui.edit import section as edit
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
-from ui.handlers import RUN_OUTPUTS, STALE_PANELS, Handlers
-from ui.public import ENGINE, MODEL_PICK
+from ui.handlers import Handlers
+from ui.run.handlers import RUN_OUTPUTS, STALE_PANELS
+from server.limits import ENGINE, MODEL_PICK
 from ui.run import constrain, kv, render
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
@@ -58,33 +59,33 @@ BEGIN_OUTPUTS = ("prompt_view", "tokens", "kv_chart", "latency", "live", "genera
 def build(page, h: Handlers, limits_md: str) -> None:
     """The main grid (wide: prompt | settings over output | bars; narrow: prompt, output, bars,
     then the settings: page.css), then the KV-cache and latency row."""
-    d, tok, add = h.defaults, h.engine.tokenizer, page.add
+    d, tok, add = h.page.defaults, h.page.engine.tokenizer, page.add
     # Wide: the prompt over the settings on the left, the output over its bars on the right, so
     # that a run's text and its bars are in view together; narrow (the wrappers dissolve, page.css):
     # prompt, output, bars, the prompt as fed, then the settings.
     with gr.Row(elem_id="main-grid"):
         with gr.Column(elem_id="left-col"):
             with gr.Column(elem_id="input-col"):
-                many = len(h.models.labels) > 1
+                many = len(h.page.models.labels) > 1
                 # The default model's value is "" (as /generate's default): a link to it names none.
-                choices = [(h.models.default, ""), *h.models.labels[1:]]
+                choices = [(h.page.models.default, ""), *h.page.models.labels[1:]]
                 add("model", gr.Dropdown(choices, value=d.model, label="Model", visible=many,
                                          info="each loads on its first use", elem_id="model"))
-                add("model_md", gr.Markdown(h.models_markdown(), elem_id="model-memory", visible=many))
+                add("model_md", gr.Markdown(h.run.models_markdown(), elem_id="model-memory", visible=many))
                 add("prompt", gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt"))
-                first = h.preview(d.prompt, d.mode, d.system, d.max_new_tokens)  # the counter and the tokens agree
+                first = h.run.preview(d.prompt, d.mode, d.system, d.max_new_tokens)  # the counter and the tokens agree
                 add("context_count", gr.Markdown(first["context_count"],
                                                  label="Context", elem_id="context-count"))
                 with gr.Row():
-                    add("mode", gr.Radio(["completion", "chat"], **{"value": d.mode, **render.mode_choice(h.view().info)},
+                    add("mode", gr.Radio(["completion", "chat"], **{"value": d.mode, **render.mode_choice(h.page.view().info)},
                                          label="Mode", elem_id="mode"))
                     # min_width: on a narrow screen it goes under the mode, the whole column wide,
                     # so that the model's default (its placeholder) can be read.
                     add("system", gr.Textbox(
                         d.system, label="System prompt (chat mode)", lines=2, elem_id="system", min_width=300,
-                        placeholder=h.default_system or "none",
+                        placeholder=h.page.default_system or "none",
                         info=("empty = the model's default, shown here: its chat template adds it"
-                              if h.default_system else "empty = no system message")))
+                              if h.page.default_system else "empty = no system message")))
                 add("conversation", gr.HTML("", elem_id="conversation", visible=d.mode == "chat"))
                 with gr.Row():
                     add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
@@ -100,16 +101,16 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 with gr.Accordion("Sampling settings", open=True, elem_id="settings"):
                     for s in BY_NAME.values():
                         if s.group == "main":
-                            add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
-                                                        available=s.name in h.caps.settings))
+                            add(s.name, setting_control(s, getattr(d, s.name), h.page.context, limits=h.page.limits,
+                                                        available=s.name in h.page.caps.settings))
                     add("seed", gr.Textbox(d.seed, label="Seed (empty = random)", elem_id="seed"))
                     with add("constrain_box", gr.Accordion("Constrain output: JSON schema, regular expression, grammar",
                                                            open=False, elem_id="constrain")):
                         for s in BY_NAME.values():
                             if s.group == "constrain":
-                                add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
-                                                            available=s.name in h.caps.settings))
-                        if not h.caps.masked_mass:
+                                add(s.name, setting_control(s, getattr(d, s.name), h.page.context, limits=h.page.limits,
+                                                            available=s.name in h.page.caps.settings))
+                        if not h.page.caps.masked_mass:
                             gr.Markdown(constrain.NO_MASKED_MASS, elem_id="constraint-note")
                         add("constraint_check", gr.Markdown(constrain.check_text(d.constraint, d.constraint_text),
                                                             elem_id="constraint-check"))
@@ -120,10 +121,10 @@ def build(page, h: Handlers, limits_md: str) -> None:
                                                   "top-nσ, dynamic temperature, XTC, DRY, Mirostat, sampler order, "
                                                   "stop strings", open=False, elem_id="more-settings")):
                         for s in more:
-                            add(s.name, setting_control(s, getattr(d, s.name), h.context, limits=h.limits,
-                                                        available=s.name in h.caps.settings))
+                            add(s.name, setting_control(s, getattr(d, s.name), h.page.context, limits=h.page.limits,
+                                                        available=s.name in h.page.caps.settings))
                             if s.name == "sampler_order":  # the order these settings run in, live
-                                add("order_view", gr.HTML(h.order_view(*(getattr(d, n) for n in SHAPING_SETTINGS)),
+                                add("order_view", gr.HTML(h.run.order_view(*(getattr(d, n) for n in SHAPING_SETTINGS)),
                                                           elem_id="order-view"))
                         add("prefix_ids", gr.Textbox(d.prefix_ids, label="Continue after these token ids (a branch; "
                                                      "ID,ID,...)", elem_id="prefix-ids", max_lines=3,
@@ -134,7 +135,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
                     share.build(page)
         with gr.Column(elem_id="right-col"):
             with gr.Column(elem_id="output-col"):
-                gr.Markdown(OUTPUT_CAPTION_RAW if h.caps.logprobs == "raw" else OUTPUT_CAPTION, elem_id="output-caption")
+                gr.Markdown(OUTPUT_CAPTION_RAW if h.page.caps.logprobs == "raw" else OUTPUT_CAPTION, elem_id="output-caption")
                 add("colour_by", gr.Radio(COLOUR_BY, value="final", label="Colour the text by", show_label=False,
                                           container=False, elem_id="colour-by"))
                 add("output", gr.HTML(render.output_html(None, tok), label="Generated text", elem_id="output",
@@ -157,8 +158,8 @@ def build(page, h: Handlers, limits_md: str) -> None:
             add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(), x_title=kv.KV_X_TITLE, y="MiB",
                                         color="series", color_title=" ", title="KV-cache memory per step",
                                         elem_id="kv-chart"))
-            add("kv_text", gr.Markdown(kv.kv_formula(h.info), label="KV-cache formula", elem_id="kv-formula"))
-            add("server_md", gr.Markdown("", elem_id="server-load", visible=h.caps.server_load))
+            add("kv_text", gr.Markdown(kv.kv_formula(h.page.info), label="KV-cache formula", elem_id="kv-formula"))
+            add("server_md", gr.Markdown("", elem_id="server-load", visible=h.page.caps.server_load))
         with gr.Column(min_width=320):
             add("latency", gr.LinePlot(kv.latency_frame(RunRecord()), **step_axis(), y="ms",
                                        title="Decode latency per token", elem_id="latency-chart"))
@@ -171,8 +172,8 @@ def build(page, h: Handlers, limits_md: str) -> None:
 
 def wire(page, h: Handlers, demo: gr.Blocks):
     """The run section's events; returns chain_run, which starts a run from another trigger."""
-    # The charts' colours, after every event that gives them data (Handlers.chart_colors).
-    colors = (h.chart_colors, ("record",), ("kv_chart", "run_chart"))
+    # The charts' colours, after every event that gives them data (RunHandlers.chart_colors).
+    colors = (h.run.chart_colors, ("record",), ("kv_chart", "run_chart"))
     page.after_view.insert(0, colors)
 
     def chain_run(started):
@@ -180,11 +181,11 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         unlimited: its refusal (this tab has a run going, or its visitor their share) is a
         page error, and an unqueued event's error would reach the page as an HTTP 500; only
         if it succeeds is the run queued."""
-        b = page.on(started, h.begin, inputs=RUN_INPUTS, outputs=BEGIN_OUTPUTS, concurrency_limit=None,
+        b = page.on(started, h.run.begin, inputs=RUN_INPUTS, outputs=BEGIN_OUTPUTS, concurrency_limit=None,
                     show_progress="hidden", api_visibility="private")
-        r = page.on(b.success, h.generate_on_page, inputs=RUN_INPUTS, outputs=RUN_OUTPUTS,
+        r = page.on(b.success, h.run.generate_on_page, inputs=RUN_INPUTS, outputs=RUN_OUTPUTS,
                     show_progress="hidden", concurrency_id=ENGINE, api_visibility="private", postprocess=False)
-        a = page.on(r.then, h.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
+        a = page.on(r.then, h.run.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
                     show_progress="hidden", api_visibility="private")
         a = page.chain(a, [colors])
         for fn, inputs, outputs in page.after_run:
@@ -193,29 +194,29 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         return r
 
     runs = [chain_run(page["generate"].click)]
-    regenerate = page.on(page["regenerate"].click, h.pop_last_turn, inputs=("history", "seed"),
+    regenerate = page.on(page["regenerate"].click, h.chat.pop_last_turn, inputs=("history", "seed"),
                          outputs=("history", "prompt", "mode", "conversation", "chat_note"), api_visibility="private",
                          show_progress="hidden")
     runs.append(chain_run(regenerate.success))
     # /generate for scripts: the same run, refusing bad input with an error (gradio_client
     # raises it). No button of the page triggers it.
     api_generate = gr.Button(visible=False)
-    page.on(api_generate.click, h.generate, inputs=NAMES, outputs=RUN_OUTPUTS, api_name="generate",
+    page.on(api_generate.click, h.run.generate, inputs=NAMES, outputs=RUN_OUTPUTS, api_name="generate",
             show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
-    tick = page.on(page["live"].tick, h.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
+    tick = page.on(page["live"].tick, h.run.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
                    api_visibility="private", queue=False, show_progress="hidden")
     page.chain(tick, [colors])
-    page["stop_button"].click(h.stop, inputs=None, outputs=None, queue=False, api_name="stop")
+    page["stop_button"].click(h.run.stop, inputs=None, outputs=None, queue=False, api_name="stop")
     context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model", "prefix_ids")
-    page.on(lambda fn, **kw: gr.on([page[n].change for n in context_inputs], fn, **kw), h.preview,
+    page.on(lambda fn, **kw: gr.on([page[n].change for n in context_inputs], fn, **kw), h.run.preview,
             inputs=(*context_inputs, "record"), outputs=("context_count", "tokens"), queue=False,
             show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     # Arrow keys and a typed number (input), a drag's end (release): the bars follow.
-    gr.on([page["step"].input, page["step"].release], h.select_step, inputs=page.all(("record", "step")),
+    gr.on([page["step"].input, page["step"].release], h.run.select_step, inputs=page.all(("record", "step")),
           outputs=page["bars"], api_visibility="private", queue=False, show_progress="hidden",
           trigger_mode="always_last")
     # The sampler order view follows every sampling setting (a typed value, a drag, a link).
-    gr.on([page[n].change for n in SHAPING_SETTINGS], h.order_view, inputs=page.all(SHAPING_SETTINGS),
+    gr.on([page[n].change for n in SHAPING_SETTINGS], h.run.order_view, inputs=page.all(SHAPING_SETTINGS),
           outputs=page["order_view"], queue=False, show_progress="hidden", trigger_mode="always_last",
           api_visibility="private")
     # The constraint: a ready example fills the kind and the text; the text is checked as typed.
@@ -224,23 +225,23 @@ def wire(page, h: Handlers, demo: gr.Blocks):
     gr.on([page["constraint"].change, page["constraint_text"].change], constrain.check_text,
           inputs=page.all(("constraint", "constraint_text")), outputs=page["constraint_check"], queue=False,
           show_progress="hidden", trigger_mode="always_last", api_visibility="private")
-    page.on(page["output"].select, h.select_token, inputs=("record",), outputs=("bars", "step"),
+    page.on(page["output"].select, h.run.select_token, inputs=("record",), outputs=("bars", "step"),
             api_visibility="private", queue=False)
-    if h.caps.server_load:  # the whole server's load: at load, while a run streams (the chart timer), after it
+    if h.page.caps.server_load:  # the whole server's load: at load, while a run streams (the chart timer), after it
         for event in (demo.load, page["live"].tick, *(r.then for r in runs)):
-            event(h.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
+            event(h.run.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
                   queue=False, show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
-    page.on(page["model"].change, h.choose_model, inputs=("model", *context_inputs[:5], "status"),
+    page.on(page["model"].change, h.run.choose_model, inputs=("model", *context_inputs[:5], "status"),
             outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens", "system",
                      "mode", "layer", "head", "status"), api_visibility="private", concurrency_id=MODEL_PICK,
             show_progress="minimal")
-    if len(h.models.labels) > 1:  # what is loaded now, not when the page was built
-        page.on(demo.load, h.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
+    if len(h.page.models.labels) > 1:  # what is loaded now, not when the page was built
+        page.on(demo.load, h.run.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
     # A display switch only: every number is rendered both ways and CSS shows one.
     page["show_logp"].change(None, inputs=page["show_logp"], outputs=None, js=SHOW_LOGP_JS)
     page["colour_by"].change(None, inputs=page["colour_by"], outputs=None, js=COLOUR_BY_JS)
     demo.load(None, js=CLAMP_JS)  # a typed value beyond a slider's range is said, not silently clamped
-    demo.unload(h.closed)
+    demo.unload(h.run.closed)
     return chain_run

@@ -8,7 +8,7 @@ import gradio as gr
 from inference.samples import MAX_SAMPLES
 from ui.controls import NAMES
 from ui.handlers import Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 from ui.widgets import UNCHECKED
 
 DEFAULT_N = 16
@@ -17,7 +17,7 @@ OUTPUTS = ("samples_md", "samples_outcomes", "samples_first", "samples_data")
 
 def build(page, h: Handlers) -> None:
     add = page.add
-    most = min(MAX_SAMPLES, h.limits.max_samples or MAX_SAMPLES)
+    most = min(MAX_SAMPLES, h.page.limits.max_samples or MAX_SAMPLES)
     with gr.Accordion("Many samples: draw N continuations at once and compare them with the model's "
                       "probabilities", open=False, elem_id="samples-panel"):
         gr.Markdown("The prompt and settings above, N times with seeds s, s+1, …, s+N−1 (s: the seed box, else "
@@ -41,12 +41,12 @@ def wire(page, h: Handlers) -> None:
     # /samples for scripts: the same checks and refusals; no button of the page triggers it.
     # Wired first, so that it takes the name (the page's own event would get it otherwise).
     api = gr.Button(visible=False)
-    page.on(api.click, h.samples, inputs=(*NAMES, "n_samples"), outputs=OUTPUTS, api_name="samples",
+    page.on(api.click, h.samples.samples, inputs=(*NAMES, "n_samples"), outputs=OUTPUTS, api_name="samples",
             concurrency_id=ENGINE, show_progress="hidden")
-    started = page.on(page["samples_button"].click, h.samples_started, outputs=("samples_button", "samples_stop"),
+    started = page.on(page["samples_button"].click, h.samples.samples_started, outputs=("samples_button", "samples_stop"),
                       queue=False, api_visibility="private", show_progress="hidden")
-    run = page.on(started.then, h.samples, inputs=(*NAMES, "n_samples", "history"), outputs=OUTPUTS,
+    run = page.on(started.then, h.samples.samples, inputs=(*NAMES, "n_samples", "history"), outputs=OUTPUTS,
                   concurrency_id=ENGINE, api_visibility="private", show_progress="hidden")
-    page.on(run.then, h.samples_ended, outputs=("samples_button", "samples_stop"), queue=False,
+    page.on(run.then, h.samples.samples_ended, outputs=("samples_button", "samples_stop"), queue=False,
             api_visibility="private", show_progress="hidden")
-    page["samples_stop"].click(h.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
+    page["samples_stop"].click(h.run.stop, inputs=None, outputs=None, queue=False, api_visibility="private")

@@ -7,13 +7,13 @@ from __future__ import annotations
 import gradio as gr
 
 from inference.errors import TokenLabError
-from ui.base import PageBase, named_args, page_error
+from ui.base import Section, named_args, page_error
 from ui.controls import page_message
 from ui.run_state import RunRecord
 from ui.text_score import render
 
 
-class TextScoreHandlers(PageBase):
+class TextScoreHandlers(Section):
     @named_args("text", "model")
     def score_text(self, text, model, request: gr.Request = None) -> dict:
         """/score_text for scripts: every token of the text given the tokens before it, by one

@@ -7,7 +7,7 @@ from pathlib import Path
 import gradio as gr
 
 from ui.handlers import Handlers
-from ui.public import ENGINE
+from server.limits import ENGINE
 from ui.text_score.render import scored_html
 
 # The output's script places a token's popover in the window (and ignores clicks on tokens
@@ -37,9 +37,9 @@ def build(page, h: Handlers) -> None:
 def wire(page, h: Handlers) -> None:
     # /score_text for scripts refuses with an error; the page's click says why in the panel
     # (Gradio's error marks every output, and the prompt's the Text box, hiding what was typed).
-    page.on(gr.Button(visible=False).click, h.score_text, inputs=("score_box", "model"), outputs=OUTPUTS,
+    page.on(gr.Button(visible=False).click, h.text_score.score_text, inputs=("score_box", "model"), outputs=OUTPUTS,
             api_name="score_text", concurrency_id=ENGINE)
-    page.on(page["score_button"].click, h.score_text_shown, inputs=("score_box", "model"), outputs=OUTPUTS,
+    page.on(page["score_button"].click, h.text_score.score_text_shown, inputs=("score_box", "model"), outputs=OUTPUTS,
             api_visibility="private", concurrency_id=ENGINE)
-    page.on(page["score_prompt_button"].click, h.score_prompt, inputs=("record",), outputs=("score_box", *OUTPUTS),
+    page.on(page["score_prompt_button"].click, h.text_score.score_prompt, inputs=("record",), outputs=("score_box", *OUTPUTS),
             api_visibility="private", concurrency_id=ENGINE)

@@ -45,19 +45,19 @@ def build(page, h: Handlers) -> None:
 
 def keep(page, h: Handlers) -> None:
     """After every run (the last of its hooks: the tree and the edit panel have their run): the work."""
-    page.after_run.append((h.save_work, ("record", "branches", "history", *NAMES), SAVED))
-    page.after_view.append((h.save_work, ("record", "branches", "history", *NAMES), SAVED))
+    page.after_run.append((h.work.save_work, ("record", "branches", "history", *NAMES), SAVED))
+    page.after_view.append((h.work.save_work, ("record", "branches", "history", *NAMES), SAVED))
 
 
 def wire(page, h: Handlers, demo: gr.Blocks, loaded) -> None:
     """loaded: the page's load event, once a link's settings are in (ui/share)."""
     demo.load(None, js=RESTORING_JS)
-    restored = page.on(loaded.then, h.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
+    restored = page.on(loaded.then, h.work.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
                        api_visibility="private", queue=False, show_progress="hidden")
     restored.then(None, js=RESTORED_JS)
-    page.chain(restored, [(h.chart_colors, ("record",), ("kv_chart", "run_chart"))])  # after their data
-    gr.on([page[n].input for n in NAMES], h.save_settings, inputs=page.all(NAMES), outputs=page["saved_settings"],
+    page.chain(restored, [(h.run.chart_colors, ("record",), ("kv_chart", "run_chart"))])  # after their data
+    gr.on([page[n].input for n in NAMES], h.work.save_settings, inputs=page.all(NAMES), outputs=page["saved_settings"],
           queue=False, show_progress="hidden", trigger_mode="always_last", api_visibility="private")
-    page.on(page["new_chat"].click, h.save_new_chat, inputs=("record", "branches", *NAMES), outputs=SAVED,
+    page.on(page["new_chat"].click, h.work.save_new_chat, inputs=("record", "branches", *NAMES), outputs=SAVED,
             queue=False, api_visibility="private", show_progress="hidden")
     page["clear_work"].click(None, js=CLEAR_JS, api_visibility="private")

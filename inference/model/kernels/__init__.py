@@ -38,7 +38,7 @@ _lock = threading.Lock()
 
 
 def cache_dir() -> Path:
-    from inference.loading.default_model import cache_root
+    from inference.paths import cache_root
     return cache_root() / "kernels"
 
 

@@ -25,7 +25,7 @@ import re
 import threading
 import time
 
-from ui.public import SESSION_IDLE_S
+from server.guard import SESSION_IDLE_S
 
 CLOSED_GRACE_S = 60.0  # a closed tab's state is kept this long: a reconnecting tab finds its run
 IDLE_S = SESSION_IDLE_S  # a session with no heartbeat and no event for this long is deleted
@@ -75,7 +75,7 @@ class SessionKeeper:
 
     def __init__(self, registry, sessions=None, forget=None, grace_s: float = CLOSED_GRACE_S,
                  idle_s: float = IDLE_S, clock=time.time):
-        """registry: the RunRegistry (a session with a job is kept); sessions: ui.public's
+        """registry: the RunRegistry (a session with a job is kept); sessions: server.guard's
         Sessions of each client, pruned at each sweep; forget(session): called for each session
         deleted, so that the page's own entries of it go with it."""
         self.registry, self.sessions, self.forget = registry, sessions, forget

@@ -1,4 +1,4 @@
-"""What a visitor can reach, and what one visitor can cost: the limits of a shared page.
+"""What a visitor can reach: the routes served, the size of a request, the sessions a client holds.
 
 - Routes: the page serves its own routes only. Gradio's upload, file, proxy and media routes
   (and the rest this page never calls) answer 404 before a byte of the body is read, so nothing
@@ -18,165 +18,14 @@ the proxy's X-Forwarded-For; a proxy that sends none makes every visitor one cli
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, replace
-from types import SimpleNamespace
+from typing import Protocol
 
-ENGINE = "engine"  # the concurrency id of every event that runs the model
-# Picking a model: not an engine job (a run clicked while its model loads waits for the load,
-# never refused as a second job); loads are one at a time (Models) and once per model.
-MODEL_PICK = "model-pick"
-
-RUN_GOING = "You already have a run going: wait for it to finish, or press Stop."
-
-
-def runs_message(n: int, cap: int) -> str:
-    return (f"You already have {n} run{'s' if n != 1 else ''} going or waiting (from other tabs or "
-            f"scripts); the server allows {cap} at a time per visitor. Wait for one to finish.")
-
-
-def sessions_message(cap: int, idle_s: float) -> str:
-    return (f"You have {cap} sessions open; the server allows {cap} per visitor. Close a tab, or "
-            f"wait {max(1, round(idle_s / 60))} minutes for an idle one to expire.")
-
-
-def samples_message(cap: int, asked) -> str:
-    return f"The server allows at most {cap} samples at once; got {asked}."
-
-
-class Refused(Exception):
-    """A limit said no; the message is shown as is."""
-
-
-@dataclass(frozen=True)
-class Limits:
-    """None means no limit. Limits() is the local playground; Limits.shared() a public link."""
-    max_new_tokens: int | None = None  # a run's max new tokens, at most
-    runs_per_client: int | None = None  # engine jobs queued or running per client
-    sessions_per_client: int | None = None  # sessions a client holds (idle ones expire)
-    session_capacity: int | None = None  # sessions the server keeps state for, all clients
-    max_samples: int | None = None  # samples drawn at once by "Many samples" (at most samples.MAX_SAMPLES)
-
-    @classmethod
-    def shared(cls, **overrides) -> "Limits":
-        """The defaults of a --share page; overrides of None keep the default, 0 means no limit."""
-        base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, session_capacity=256,
-                   max_samples=16)
-        values = {k: v for k, v in overrides.items() if v is not None}
-        return replace(base, **{k: (None if v == 0 else v) for k, v in values.items()})
-
-    @classmethod
-    def local(cls, **overrides) -> "Limits":
-        return replace(cls(), **{k: (None if v == 0 else v) for k, v in overrides.items() if v is not None})
-
-    @property
-    def any(self) -> bool:
-        return any(v is not None for v in (self.max_new_tokens, self.runs_per_client, self.sessions_per_client,
-                                           self.max_samples))
-
-
-def client_key(request) -> str:
-    """The visitor: their login (with --auth), else their address. Takes a gr.Request, a
-    gradio queue Event or a Starlette request."""
-    user = getattr(request, "username", None)
-    if user:
-        return f"user {user}"
-    client = getattr(request, "client", None)
-    if client is None:  # a queue Event holds the fastapi request
-        client = getattr(getattr(request, "request", None), "client", None)
-    host = getattr(client, "host", None)
-    return f"address {host}" if host else "local"
-
-
-# ------------------------------------------------------------------ admission to the queue
-
-class Admission:
-    """Who may start an engine job now. Asked at the click (the page's `begin`), when the job
-    joins the queue (every client, scripts included), and when it starts (RunRegistry)."""
-
-    def __init__(self, registry, limits: Limits):
-        self.registry, self.limits = registry, limits
-        self.sessions = Sessions(limits.sessions_per_client)  # RouteGuard counts them
-        self._queued = lambda: []  # (session, client) of engine jobs waiting in the queue
-
-    def refusal(self, session: str, client: str) -> str | None:
-        queued = self._queued()
-        if self.registry.running(session) or any(s == session for s, _ in queued):
-            return RUN_GOING
-        cap = self.limits.runs_per_client
-        if cap is not None:
-            n = self.registry.count(client) + sum(c == client for _, c in queued)
-            if n >= cap:
-                return runs_message(n, cap)
-        return None
-
-    def attach(self, demo) -> None:
-        """Check every engine job as it joins gradio's queue. A refused job is taken out of the
-        queue at once and ends with the refusal as its error, as a gr.Error would: the page
-        shows it, gradio_client raises it."""
-        queue = demo._queue
-
-        def queued():
-            q = queue.event_queue_per_concurrency_id.get(ENGINE)
-            return [(e.session_hash, client_key(e)) for e in (q.queue if q else [])]
-
-        self._queued = queued
-        push = queue.push
-
-        async def admitted_push(body, request, username):
-            refusal = None
-            fn = _fn_for(demo, body)
-            if fn is not None and fn.concurrency_id == ENGINE and body.session_hash:
-                who = SimpleNamespace(username=username, client=getattr(request, "client", None))
-                refusal = self.refusal(body.session_hash, client_key(who))
-            if refusal is not None and _unread(queue, body.session_hash) >= UNREAD_REFUSALS:
-                # A client that does not read its refusals gets them as HTTP 400s: each
-                # delivered as a job's error waits in memory until the client reads it.
-                return False, refusal, "error"
-            ok, event_id, state = await push(body=body, request=request, username=username)
-            if ok and refusal is not None:
-                _fail_at_once(queue, event_id, refusal)
-            return ok, event_id, state
-
-        queue.push = admitted_push
-
-
-UNREAD_REFUSALS = 8
-
-
-def _unread(queue, session: str) -> int:
-    messages = queue.pending_messages_per_session.get(session)
-    return messages.qsize() if messages is not None else 0
-
-
-def _fn_for(demo, body):
-    try:
-        return demo.fns[body.fn_index] if body.fn_index is not None else None
-    except (KeyError, IndexError, TypeError):
-        return None
-
-
-def _fail_at_once(queue, event_id: str, message: str) -> None:
-    """End a job that has just joined the queue with `message` as its error. Runs with no await
-    after the push, so the queue's loop cannot have started the job."""
-    from gradio.exceptions import Error
-    from gradio.server_messages import ProcessCompletedMessage
-    from gradio.utils import error_payload
-
-    event = queue.event_ids_to_events.pop(event_id, None)
-    if event is None:
-        return
-    for q in queue.event_queue_per_concurrency_id.values():
-        if event in q.queue:
-            q.queue.remove(event)
-    queue.send_message(event, ProcessCompletedMessage(
-        output=error_payload(Error(message, print_exception=False), True), success=False))
-
-
-# ------------------------------------------------------------------ the routes
+from server.limits import sessions_message
 
 MAX_BODY_BYTES = 16 * 1024 * 1024  # the largest request the page accepts
 SESSION_IDLE_S = 15 * 60  # a session no request has named for this long no longer counts
@@ -250,18 +99,21 @@ class Sessions:
             return len(self._by_client.get(client, ()))
 
 
-# Paths of the OpenAI-compatible API (api/routes.py): their refusals are OpenAI's error bodies.
-API_PATHS = re.compile(r"/v1/.*|/(tokenize|detokenize|tokenizer_info)/?")
+class Beside(Protocol):
+    """A service mounted beside the page on its server (the OpenAI-compatible API, api/routes.py):
+    the paths it serves, and the body of a refusal there in its own words."""
+    paths: re.Pattern
+
+    def refusal(self, status: int, message: str) -> dict: ...
+
+    def mount(self, app) -> None: ...
 
 
-async def _reply(send, status: int, message: str, path: str = "") -> None:
-    import json
-    if API_PATHS.fullmatch(path):
-        from api.errors import error_body
-        code = {404: "not_found", 413: "request_too_large", 429: "rate_limit_exceeded"}.get(status)
-        body = json.dumps(error_body(message, "invalid_request_error", None, code)).encode()
-    else:
-        body = json.dumps({"detail": message, "error": message}).encode()
+async def _reply(send, status: int, message: str, path: str = "", beside: tuple[Beside, ...] = ()) -> None:
+    """A refusal as JSON: in the words of the service whose path it is, else the page's."""
+    owner = next((b for b in beside if b.paths.fullmatch(path)), None)
+    body = json.dumps(owner.refusal(status, message) if owner is not None
+                      else {"detail": message, "error": message}).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                             (b"connection", b"close")]})
@@ -273,8 +125,10 @@ class RouteGuard:
     bodies over MAX_BODY_BYTES 413, both before the body is read; requests that name a new
     session beyond the client's share answer 429."""
 
-    def __init__(self, app, sessions: Sessions | None = None, max_body: int = MAX_BODY_BYTES):
+    def __init__(self, app, sessions: Sessions | None = None, max_body: int = MAX_BODY_BYTES,
+                 beside: tuple[Beside, ...] = ()):
         self.app, self.sessions, self.max_body = app, sessions or Sessions(None), max_body
+        self.beside = tuple(beside)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -283,13 +137,13 @@ class RouteGuard:
         if not served(path):
             if scope["type"] == "websocket":
                 return await send({"type": "websocket.close", "code": 1008})
-            return await _reply(send, 404, "Not served by this page.")
+            return await _reply(send, 404, "Not served by this page.", path, self.beside)
         if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
             return await _reply(send, 413, f"Request too large: this page accepts at most "
-                                           f"{self.max_body // (1024 * 1024)} MiB.", path)
+                                           f"{self.max_body // (1024 * 1024)} MiB.", path, self.beside)
         if self.sessions.cap is None:
             return await self.app(scope, _counted(receive, self.max_body), send)
         # Read the body (at most max_body) to see which session it names, then hand it on.
@@ -301,7 +155,7 @@ class RouteGuard:
             size += len(message.get("body", b""))
             if size > self.max_body:
                 return await _reply(send, 413, f"Request too large: this page accepts at most "
-                                               f"{self.max_body // (1024 * 1024)} MiB.", path)
+                                               f"{self.max_body // (1024 * 1024)} MiB.", path, self.beside)
             chunks.append(message.get("body", b""))
             if not message.get("more_body"):
                 break
@@ -313,10 +167,12 @@ class RouteGuard:
         if at >= 0:
             m = _SESSION.match(body, at)
             if body.find(_SESSION_KEY, 0, at) >= 0 or m is None:
-                return await _reply(send, 400, "A request names one session, by a short string.")
+                return await _reply(send, 400, "A request names one session, by a short string.", path,
+                                    self.beside)
             session = m.group(1)
             if session is not None and not self.sessions.admit(_scope_client(scope), session.decode("ascii", "replace")):
-                return await _reply(send, 429, sessions_message(self.sessions.cap, self.sessions.idle_s))
+                return await _reply(send, 429, sessions_message(self.sessions.cap, self.sessions.idle_s),
+                                    path, self.beside)
         sent = False
 
         async def replay():

@@ -1,0 +1,111 @@
+"""The house's layers, read from the code's own imports (every import statement, those inside
+functions included; only `if TYPE_CHECKING:` blocks, which never run, are left out): no module
+imports a layer above its own, api/ and ui/ never import each other, and no import inside a
+function crosses from one top-level package into another (app.py, the launcher, excepted: it
+defers torch and gradio until a page is asked for)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("inference", "server", "api", "ui")
+
+# Lowest first. A module may import its own group and any group of a lower rank; groups of one
+# rank never import each other.
+RANKS = {
+    "inference.errors": 0, "inference.events": 0, "inference.paths": 0,
+    "inference.device": 1,
+    "inference.model": 2, "inference.sampling": 2,
+    "inference.loading": 3, "inference.decoding": 3,
+    "inference.request": 4,
+    "inference.samples": 5,
+    "inference.contract": 6,
+    "inference.serving": 7, "inference.remote": 7,
+    "inference.factory": 8, "inference.lesson": 8,  # the lesson: numbers of a run on an engine it is given
+    "inference.cli": 9,
+    "inference.__main__": 10,
+    "server": 11,
+    "api": 12, "ui": 12,
+    "app": 13,
+}
+
+
+def group(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "inference" and len(parts) > 1 else parts[0]
+
+
+def module_name(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+
+
+def imports(path: Path):
+    """(line, imported module, inside a function) for every import of one of our packages."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and getattr(node.test, "id", getattr(node.test, "attr", "")) == "TYPE_CHECKING":
+            skipped.update(id(n) for child in node.body for n in ast.walk(child))
+    nested = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+              for n in ast.walk(f)}
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        else:
+            continue
+        for name in names:
+            if name.split(".")[0] in (*PACKAGES, "app"):
+                yield node.lineno, name, id(node) in nested
+
+
+def sources() -> list[Path]:
+    return [p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))] + [ROOT / "app.py"]
+
+
+def edges():
+    for path in sources():
+        mod = module_name(path)
+        for line, name, lazy in imports(path):
+            yield path.relative_to(ROOT), line, group(mod), group(name), lazy
+
+
+def test_every_module_has_a_layer():
+    unknown = {g for _, _, g, _, _ in edges()} | {t for _, _, _, t, _ in edges()}
+    assert unknown <= set(RANKS), f"groups with no rank in RANKS: {sorted(unknown - set(RANKS))}"
+
+
+def test_no_module_imports_a_layer_above_or_beside_its_own():
+    wrong = [f"{path}:{line}: {src} imports {dst}" for path, line, src, dst, _ in edges()
+             if src != dst and RANKS[dst] >= RANKS[src]]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_no_import_inside_a_function_crosses_packages():
+    wrong = [f"{path}:{line}: {src} imports {dst} inside a function" for path, line, src, dst, lazy in edges()
+             if lazy and src != "app" and src.split(".")[0] != dst.split(".")[0]]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("code, wrong", [
+    ("from ui.layout import build_ui\n", "ui"),  # api importing the page
+    ("def f():\n    from inference.serving.models import Models\n", "inference"),  # a lazy cross-package import
+])
+def test_a_wrong_edge_is_seen(tmp_path, monkeypatch, code, wrong):
+    """The checks above fail on a module that breaks them (here: a file of api/)."""
+    fake = ROOT / "api" / "_layers_probe.py"
+    fake.write_text(code)
+    try:
+        found = [e for e in edges() if str(e[0]).endswith("_layers_probe.py")]
+    finally:
+        fake.unlink()
+    assert [dst.split(".")[0] for _, _, _, dst, _ in found] == [wrong]
+    _, _, src, dst, lazy = found[0]
+    assert RANKS[dst] >= RANKS[src] or (lazy and src.split(".")[0] != dst.split(".")[0])

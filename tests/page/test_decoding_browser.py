@@ -1,0 +1,30 @@
+"""The decoding section in chromium at 1400 and 420 px: a beam search's tree and a speculative
+run's steps. Screenshots go to test-results/shots/test_decoding_browser/."""
+
+import pytest
+
+from browser import open_at, set_slider, shot
+
+
+@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
+def test_beam_tree_and_speculative_steps_are_drawn(live_app, browser, width, height):
+    url, _, _ = live_app
+    page = open_at(browser, url, width, height,
+                   "prompt=The%20quick%20brown%20fox%20jumps%20over%20the%20quick%20brown&seed=1"
+                   "&max_new_tokens=6&num_beams=3&temperature=0")
+    page.get_by_text("Decoding: beam search and speculative decoding").click()
+    page.click("#beam-search")
+    page.wait_for_selector("#beam-tree .beam-step")
+    assert page.locator("#beam-tree .beam-step").count() == 6
+    assert page.locator("#beam-tree .hyp.pruned").count() > 0
+    assert page.locator(".beams-ranked tr").count() == 4  # the header and three ranked beams
+    page.locator("#decoding-summary").scroll_into_view_if_needed()
+    shot(page, f"beam-tree-{width}")
+    set_slider(page, "#num-beams", 1)  # speculative decoding samples one sequence
+    page.click("#speculative")
+    page.wait_for_selector("#spec-steps")
+    assert page.locator("#spec-steps tr").count() == 7
+    assert "Speculative decoding" in page.inner_text("#decoding-summary")
+    page.locator("#decoding-summary").scroll_into_view_if_needed()
+    shot(page, f"speculative-{width}")
+    page.close()

@@ -1,0 +1,85 @@
+"""The decoding section's events: a beam search, or a speculative run, of the page's prompt and
+settings, prepared as Generate prepares a run (inference.request.prepare_run). A refusal is one
+line in the section's summary."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import gradio as gr
+
+from inference.decoding.drafters import make_drafter
+from inference.decoding.speculative import SpecDoneEvent, SpecStepEvent, Speculator
+from inference.errors import InputError, TokenLabError
+from inference.events import BeamDoneEvent, BeamStepEvent
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
+from ui.base import PageContext, Section, takes_controls
+from ui.controls import Controls, page_message
+from ui.decoding import render
+
+if TYPE_CHECKING:
+    from ui.run.handlers import RunHandlers
+
+
+def whole(value, what: str) -> int:
+    try:
+        n = float(value)
+        if n.is_integer():
+            return int(n)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise InputError(f"{what} must be a whole number, got {value!r}")
+
+
+def split(events, step_type, done_type) -> tuple[list, object]:
+    """A run's step events, in order, and its last event (the run is read to its end)."""
+    steps, done = [], None
+    for ev in events:
+        if isinstance(ev, step_type):
+            steps.append(ev)
+        elif isinstance(ev, done_type):
+            done = ev
+    return steps, done
+
+
+class DecodingHandlers(Section):
+    """A beam search or a speculative run of the page's prompt, prepared by the run section."""
+
+    def __init__(self, page: PageContext, run: "RunHandlers"):
+        super().__init__(page)
+        self.run = run
+
+    @takes_controls()
+    def beam_search(self, c: Controls, request: gr.Request = None) -> dict:
+        """The page's prompt and settings with Beams above 1: the tree and the ranked beams."""
+        try:
+            # Beams rank by the model's own log-probabilities: the sampling stages are set aside, and said so.
+            moved = [BY_NAME[n].label for n in FILTER_SETTINGS if getattr(c, n) != BY_NAME[n].neutral]
+            rec = self.run.prepare(c, None, beams=True, **{n: BY_NAME[n].neutral for n in FILTER_SETTINGS})
+            if rec.params.num_beams < 2:
+                raise InputError("set Beams to 2 or more for a beam search")
+            m = self.view(rec.model)
+            with self._job(request) as cancel:
+                steps, done = split(m.engine.run(rec.request, cancel), BeamStepEvent, BeamDoneEvent)
+        except TokenLabError as e:
+            return {"decoding_md": page_message(e, one_line=True), "decoding_view": ""}
+        note = f" The sampling settings ({', '.join(moved)}) do not apply to a beam search." if moved else ""
+        return {"decoding_md": render.beam_summary_md(done) + note, "decoding_view": render.beam_tree_html(steps, done)}
+
+    @takes_controls("drafter", "exit_layer", "draft_tokens")
+    def speculative(self, c: Controls, drafter, exit_layer, draft_tokens, request: gr.Request = None) -> dict:
+        """The page's prompt and settings decoded speculatively: each token, proposed or not,
+        accepted or rejected with its coin, p and q."""
+        try:
+            if not self.caps.internals:
+                raise InputError("speculative decoding needs the model's own forward passes (a local engine)")
+            rec = self.run.prepare(c, None)
+            m = self.view(rec.model)
+            k, layer = whole(draft_tokens, "proposals a round"), whole(exit_layer, "the early exit's layer")
+            spec = "prompt-lookup" if drafter == "prompt-lookup" else f"early-exit:{layer}"
+            made = make_drafter(spec, m.engine, len(rec.request.ids) + rec.request.max_new + k + 1)
+            with self._job(request) as cancel:
+                steps, done = split(Speculator(m.engine, made, k).run(rec.request, cancel), SpecStepEvent, SpecDoneEvent)
+        except TokenLabError as e:
+            return {"decoding_md": page_message(e, one_line=True), "decoding_view": ""}
+        return {"decoding_md": render.spec_summary_md(done), "decoding_view": render.spec_table_html(steps)}

@@ -1,0 +1,89 @@
+"""The decoding section's HTML: a beam search's tree, step by step, and a speculative run's
+proposals, accepts and rejects, token by token."""
+
+from __future__ import annotations
+
+import html
+
+from ui.format import token_label
+
+STATUS = {"kept": "kept", "finished": "finished", "pruned": "pruned"}
+
+
+def _piece(piece: str) -> str:
+    return html.escape(token_label(piece))
+
+
+def beam_tree_html(steps: list, done) -> str:
+    """Columns of steps; in each, every continuation considered, best first: the beam it extends
+    (b0…), its token and its cumulative log-probability; kept ones say which beam they become,
+    pruned ones are greyed, finished ones framed. Then the finished beams, ranked."""
+    if not steps:
+        return ""
+    cols = []
+    for s in steps:
+        cells = []
+        for h, piece in zip(s.hypotheses, s.pieces):
+            to = f" → b{h.beam}" if h.status == "kept" else (" ✓" if h.status == "finished" else "")
+            cells.append(f'<div class="hyp {STATUS[h.status]}" title="token {h.token_id}, log p {h.logprob:.4f}, '
+                         f'{h.status}"><span class="from">b{h.parent}</span> <b>{_piece(piece)}</b>'
+                         f'<span class="to">{to}</span><br><span class="lp">{h.cumulative:.3f}</span></div>')
+        shared = f"{s.kv_blocks} KV blocks ({s.kv_blocks_unshared} unshared)"
+        cols.append(f'<div class="beam-step"><div class="head">step {s.step}<br><small>{shared}</small></div>'
+                    + "".join(cells) + "</div>")
+    ranked = "".join(
+        f"<tr><td>{i + 1}</td><td>{b.score:.4f}</td><td>{b.logprob:.4f}</td><td>{len(b.tokens)}</td>"
+        f"<td class='text'>{html.escape(text) or '<i>(empty)</i>'}</td></tr>"
+        for i, (b, text) in enumerate(zip(done.beams, done.texts)))
+    return (f'<div class="beam-tree" id="beam-tree">{"".join(cols)}</div>'
+            f'<table class="beams-ranked"><tr><th>rank</th><th>score</th><th>log p</th><th>tokens</th>'
+            f'<th>text</th></tr>{ranked}</table>')
+
+
+def beam_summary_md(done) -> str:
+    best = done.beams[0] if done.beams else None
+    if best is None:
+        return f"Beam search ended ({done.reason}) with no finished beam."
+    return (f"**Beam search**, {done.num_beams} beams, length penalty {done.length_penalty:g}: {done.steps} steps, "
+            f"ended by {'the token cap' if done.reason == 'length' else done.reason}. Best beam: score "
+            f"{best.score:.4f} = log p {best.logprob:.4f} / {len(best.tokens)}^{done.length_penalty:g}. "
+            "Each column is a step: `b0 'token' −3.2` extends beam 0 by the token, −3.2 the sequence's "
+            "log-probability; kept continuations become the next step's beams (→ b1), pruned ones are grey, "
+            "finished ones framed.")
+
+
+def spec_table_html(steps: list) -> str:
+    """One row per token: its round, the proposal there, accepted or rejected with the coin and
+    the probabilities, the token emitted and its probability."""
+    if not steps:
+        return ""
+    rows = []
+    for s in steps:
+        if s.proposed is None:
+            how, cls = "drawn from p (no proposal left)", "bonus"
+        elif s.accepted:
+            how, cls = "accepted", "accepted"
+        else:
+            how, cls = f"rejected → drawn from (p − q)⁺", "rejected"
+        coin = "" if s.coin is None else f"{s.coin:.3f}"
+        ratio = "" if s.target_prob is None else f"{min(1.0, s.target_prob / s.draft_prob) if s.draft_prob else 0:.3f}"
+        rows.append(f"<tr class='{cls}'><td>{s.step}</td><td>{s.round}</td>"
+                    f"<td>{'' if s.proposed_piece is None else _piece(s.proposed_piece)}</td>"
+                    f"<td>{'' if s.target_prob is None else f'{s.target_prob:.4f}'}</td>"
+                    f"<td>{'' if s.draft_prob is None else f'{s.draft_prob:.4f}'}</td><td>{ratio}</td><td>{coin}</td>"
+                    f"<td>{how}</td><td><b>{_piece(s.piece)}</b></td><td>{s.prob:.4f}</td></tr>")
+    return ("<table class='spec-steps' id='spec-steps'><tr><th>step</th><th>round</th><th>proposed</th><th>p</th>"
+            "<th>q</th><th>min(1, p/q)</th><th>coin u</th><th>decision</th><th>token</th><th>its p</th></tr>"
+            + "".join(rows) + "</table>")
+
+
+def spec_summary_md(done) -> str:
+    rate = "" if done.acceptance_rate is None else f" ({done.acceptance_rate:.0%})"
+    speed = done.generated_tokens / done.decode_ms * 1000 if done.decode_ms else 0.0
+    return (f"**Speculative decoding** with {done.drafter}, {done.draft_tokens} proposals a round: "
+            f"{done.generated_tokens} tokens in {done.rounds} target passes "
+            f"({done.generated_tokens / done.rounds if done.rounds else 0:.2f} a pass), {done.accepted} of "
+            f"{done.proposed} proposals accepted{rate}; {speed:.1f} tokens/s on this machine. A proposal is "
+            "accepted when the coin u < min(1, p/q); at a rejection the token is drawn from (p − q)⁺, so the "
+            "text's distribution is the model's own.")
+
