@@ -10,7 +10,6 @@ Prints one JSON line when ready, then one per round: TTFT at 128 and 512 prompt 
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.peer_protocol import serve  # noqa: E402
 from bench.prompts import prompt_ids  # noqa: E402
 from inference.loading.load import load_tokenizer  # noqa: E402
 
@@ -46,13 +46,7 @@ def main() -> int:
         out["p50_ms"] = out["p95_ms"] = None  # generate() gives no per-step times
         return out
 
-    measure()  # warm-up: the first passes pay one-time costs
-    print(json.dumps({"ready": True, "threads": torch.get_num_threads()}), flush=True)
-    for line in sys.stdin:
-        if line.strip() != "round":
-            break
-        print(json.dumps(measure()), flush=True)
-    return 0
+    return serve(measure, {"threads": torch.get_num_threads()})
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from bench import prompts  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
 from inference.model.anatomy import decode_cost  # noqa: E402
 from inference.factory import add_model_args  # noqa: E402
+from inference.loading.gguf_import import gguf_source  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
 from inference.sampling.state import RunState  # noqa: E402
 from inference.serving.step_stats import pick  # noqa: E402
@@ -157,18 +158,18 @@ def pick_overhead_ms(engine: Engine, top_n: int, n: int = 300) -> float:
     return 1000 * (statistics.median(times[top_n]) - statistics.median(times[0]))
 
 
-class TransformersPeer:
-    """transformers generate() on the same weights, float32, in a process of its own
-    (bench/peer_transformers.py): measured as it runs best, not beside our loaded engine."""
+class PeerProcess:
+    """A peer in a process of its own, asked for one round at a time (so rounds alternate with
+    ours): measured as it runs best, not beside our loaded engine. It prints one JSON line when
+    ready, then one per "round" line it reads."""
 
-    def __init__(self, model_dir: Path, tokens: int):
+    def __init__(self, cmd: list[str], what: str):
         import subprocess
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.peer_transformers", str(model_dir), str(tokens)],
-                                     cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.ready = json.loads(self.proc.stdout.readline() or "null")  # after its own warm-up
         if not self.ready:
             self.close()
-            raise RuntimeError("the transformers peer did not start")
+            raise RuntimeError(f"the {what} peer did not start")
 
     def measure(self) -> dict:
         self.proc.stdin.write("round\n")
@@ -181,12 +182,35 @@ class TransformersPeer:
         self.proc.wait(timeout=60)
 
 
-def transformers_peer(model_dir: Path | None, tokens: int) -> TransformersPeer | None:
-    """The peer, or None without a checkpoint or without transformers installed."""
+def transformers_peer(model_dir: Path | None, tokens: int) -> PeerProcess | None:
+    """transformers generate() on the same weights, float32 (bench/peer_transformers.py), or
+    None without a checkpoint or without transformers installed."""
     if model_dir is None:
         return None
     import importlib.util
-    return TransformersPeer(model_dir, tokens) if importlib.util.find_spec("transformers") else None
+    if not importlib.util.find_spec("transformers"):
+        return None
+    return PeerProcess([sys.executable, "-m", "bench.peer_transformers", str(model_dir), str(tokens)], "transformers")
+
+
+def llama_python() -> Path | None:
+    """The Python of llama-cpp-python's own virtual environment (peer_llama_cpp.py), if built."""
+    import os
+    path = Path(os.environ.get("TOKEN_LAB_LLAMA_PYTHON") or Path.home() / ".cache/token-lab/llama-venv/bin/python")
+    return path if path.exists() else None
+
+
+def llama_cpp_peer(gguf: Path | None, engine: Engine, tokens: int, out_dir: Path) -> PeerProcess | None:
+    """llama-cpp-python on the same GGUF file, the same prompt ids, greedy, as many threads as
+    ours (bench/peer_llama_cpp.py), or None without a GGUF file or the peer's environment."""
+    python = llama_python()
+    if gguf is None or python is None:
+        return None
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ids_file = out_dir / "llama-prompt-ids.json"
+    ids_file.write_text(json.dumps({n: prompt_ids(engine, n) for n in (32, 128, 512)}))
+    return PeerProcess([str(python), str(ROOT / "bench" / "peer_llama_cpp.py"), str(gguf), str(ids_file),
+                        str(tokens), str(torch.get_num_threads())], "llama.cpp")
 
 
 def measure_vllm(url: str, model: str | None, tokenizer_engine: Engine, tokens: int, top_n: int) -> dict:
@@ -225,35 +249,6 @@ def combine(rounds: list[dict]) -> dict:
     for key in rounds[0]:
         values = [r[key] for r in rounds if r[key] is not None]
         out[key] = None if not values else min(values) if key.startswith("ttft") else statistics.median(values)
-    return out
-
-
-def measure_llama_cpp(gguf_path: Path | None, tokens: int) -> dict | None:
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    if gguf_path is None:
-        return None
-    llm = llama_cpp.Llama(str(gguf_path), n_ctx=1024, verbose=False)
-    ids = llm.tokenize(prompts.FILLER.encode() * 20)[:512]
-    out = {}
-    for n in (128, 512):
-        llm.reset()
-        t = time.perf_counter()
-        llm.eval(ids[:n])
-        out[f"ttft_{n}_ms"] = 1000 * (time.perf_counter() - t)
-    llm.reset()
-    n, t0 = 0, None
-    for _ in llm.generate(ids[:32], temp=0.0):
-        if t0 is None:  # the prompt is evaluated and the first token out: decode starts here
-            t0 = time.perf_counter()
-            continue
-        n += 1
-        if n >= tokens - 1:
-            break
-    out["decode_tok_s"] = n / (time.perf_counter() - t0)
-    out["p50_ms"] = out["p95_ms"] = None
     return out
 
 
@@ -329,6 +324,8 @@ def main(argv=None) -> int:
     p.add_argument("--gguf", default=None, help="GGUF of the same model for llama-cpp-python "
                    "(default: --model when it is a .gguf)")
     p.add_argument("--no-page", action="store_true", help="skip the page (gradio) measurement")
+    p.add_argument("--no-transformers", action="store_true", help="skip the transformers peer")
+    p.add_argument("--no-cli", action="store_true", help="skip our command line's own-process measurement")
     p.add_argument("--vllm-url", default=None, help="a running vLLM server's /v1 URL serving the same "
                    "weights in float32 (scripts/test_vllm.sh starts one): measured in turn with the others")
     p.add_argument("--vllm-model", default=None)
@@ -343,11 +340,14 @@ def main(argv=None) -> int:
     device = engine.device
     copy_gbs, read_gbs = copy_bandwidth_gbs(device), read_bandwidth_gbs(device)
     rows = {}
-    peer = transformers_peer(model_dir, args.tokens) if device.type == "cpu" else None
+    peer = transformers_peer(model_dir, args.tokens) if device.type == "cpu" and not args.no_transformers else None
+    gguf = Path(args.gguf) if args.gguf else Path(args.model) if args.model and args.model.endswith(".gguf") \
+        else gguf_source(model_dir) if model_dir is not None else None
+    llama = llama_cpp_peer(gguf, engine, args.tokens, Path(args.out)) if device.type == "cpu" else None
     measure_engine(engine, args.tokens, args.top)  # unmeasured: first passes pay one-time costs
-    rounds = {"ours": [], "bare": [], "cli": [], "peer": [], "vllm": []}
+    rounds = {"ours": [], "bare": [], "cli": [], "peer": [], "vllm": [], "llama": []}
     # The command line reads the text of the same 32 prompt ids the engine's decode rows read.
-    cli_prompt = engine.tokenizer.decode(prompt_ids(engine, 32)) if model_dir is not None else None
+    cli_prompt = engine.tokenizer.decode(prompt_ids(engine, 32)) if model_dir is not None and not args.no_cli else None
     reads = [read_gbs]  # the read bandwidth, measured again beside each of our rounds: it drifts
     for _ in range(args.repeats):  # one round of each system in turn
         reads.append(read_bandwidth_gbs(device))
@@ -357,14 +357,17 @@ def main(argv=None) -> int:
             rounds["cli"].append(measure_cli(model_dir, args.device, args.dtype, cli_prompt, args.tokens, args.top))
         if peer is not None:
             rounds["peer"].append(peer.measure())
+        if llama is not None:
+            rounds["llama"].append(llama.measure())
         if args.vllm_url:
             rounds["vllm"].append(measure_vllm(args.vllm_url, args.vllm_model, engine, args.tokens, args.top))
     ours, bare = combine(rounds["ours"]), combine(rounds["bare"])
     ours["instrumentation_overhead_pct"] = 100 * (bare["decode_tok_s"] / ours["decode_tok_s"] - 1)
     ours["instrumentation_ms"] = pick_overhead_ms(engine, args.top)
     ours["instrumentation_direct_pct"] = 100 * ours["instrumentation_ms"] * bare["decode_tok_s"] / 1000
-    # Weights and KV cache read per decode step, both counted at the decode dtype's width.
-    bytes_per_token = decode_cost(engine.cfg, 32 + args.tokens // 2, info.decode_dtype.itemsize).bytes
+    # Weights read per decode step at the decode dtype's width, or as a GGUF file's blocks; the KV cache at the model's.
+    bytes_per_token = decode_cost(engine.cfg, 32 + args.tokens // 2, info.decode_dtype.itemsize, engine.dtype.itemsize,
+                                  info.stored_bytes).bytes
     ours["achieved_gb_s"] = bytes_per_token * ours["decode_tok_s"] / 1e9
     ours["roofline_fraction"] = ours["achieved_gb_s"] / copy_gbs  # copy_gbs counts bytes read + written
     # The step if it only read its bytes at the read bandwidth (the median of its measurements in
@@ -385,13 +388,22 @@ def main(argv=None) -> int:
     if page:
         ours["page_tok_s"], ours["page_engine_tok_s"] = page["tok_s"], page["engine_tok_s"]
         ours["page_fraction"] = page["fraction"]
-    gguf = Path(args.gguf) if args.gguf else Path(args.model) if args.model and args.model.endswith(".gguf") else None
-    rows["llama-cpp-python"] = measure_llama_cpp(gguf, args.tokens)
+    if llama is not None:
+        rows[f"llama-cpp-python {llama.ready['version']} on {gguf.name}, own process"] = lcpp = combine(rounds["llama"])
+        llama.close()
+        ratios_llama = {"decode_vs_llama_cpp": ours["decode_tok_s"] / lcpp["decode_tok_s"],
+                        "bare_decode_vs_llama_cpp": bare["decode_tok_s"] / lcpp["decode_tok_s"],
+                        "ttft512_vs_llama_cpp": ours["ttft_512_ms"] / lcpp["ttft_512_ms"]}
+        # alternated rounds: each round's ratio, so drift between rounds cancels
+        ratios_llama["decode_vs_llama_cpp_by_round"] = [o["decode_tok_s"] / q["decode_tok_s"]
+                                                        for o, q in zip(rounds["bare"], rounds["llama"])]
+    else:
+        ratios_llama = {}
 
     quality = vars(info.decode_error) if info.decode_error is not None else None
 
     base = rows.get("transformers generate() fp32, own process")
-    ratios = {}
+    ratios = dict(ratios_llama)
     if base:
         ratios["decode_vs_transformers"] = ours["decode_tok_s"] / base["decode_tok_s"]
         ratios["ttft512_vs_transformers"] = ours["ttft_512_ms"] / base["ttft_512_ms"]
@@ -404,6 +416,7 @@ def main(argv=None) -> int:
         if rounds["cli"]:
             ratios["cli_decode_vs_vllm"] = cli["decode_tok_s"] / vllm["decode_tok_s"]
     result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
+              "weights": "GGUF blocks" if info.stored_bytes else str(info.decode_dtype),
               "decode_dtype": str(info.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
               "read_bandwidth_gb_s": read_gbs, "read_bandwidth_samples_gb_s": reads,
               "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),
@@ -424,9 +437,9 @@ def save(out_dir, stem: str, data, md: str) -> None:
 
 def to_markdown(r: dict) -> str:
     lines = [f"# Token Lab benchmark: {r['model']} on {r['device']} ({r['dtype']}, decode weights "
-             f"{r['decode_dtype']})", ""]
+             f"{r.get('weights', r['decode_dtype'])})", ""]
     for k, v in r["ratios"].items():
-        lines.append(f"- **{k}**: {v:.2f}×")
+        lines.append(f"- **{k}**: " + (", ".join(f"{x:.2f}×" for x in v) if isinstance(v, list) else f"{v:.2f}×"))
     lines += ["", "| system | TTFT 128 | TTFT 512 | decode tok/s | p50 ms | p95 ms |", "|---|---|---|---|---|---|"]
     for name, s in r["systems"].items():
         if s is None:

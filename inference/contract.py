@@ -61,6 +61,9 @@ class EngineInfo:
     decode_dtype: "torch.dtype | None" = None  # the weights' read by few-row (decode) matmuls
     kv_pool_blocks: int | None = None  # the paged KV cache's size, in blocks
     decode_error: object = None  # serving.precision.PrecisionReport when decode_dtype != dtype
+    # A model on a GGUF file's quantized blocks: its matrices' bytes as stored (anatomy.stages'
+    # `stored`); None where the weights are read at `decode_dtype`.
+    stored_bytes: dict | None = None
     # In front of a server: which distribution its log-probabilities are, how that was found
     # out, and where the model's config.json was read.
     logprobs_source: str = ""

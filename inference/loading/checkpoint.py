@@ -10,6 +10,7 @@ from safetensors import SafetensorError, safe_open
 
 from inference.model.config import ModelConfig
 from inference.errors import ModelError
+from inference.model.quant import QuantWeight
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
@@ -132,8 +133,10 @@ def read_hf_weights(model_dir: Path, cfg: ModelConfig) -> dict[str, torch.Tensor
     return tensors
 
 
-def to_model_names(cfg: ModelConfig, hf: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Rename to our modules' names, fusing Q/K/V and gate/up into single matrices.
+def to_model_names(cfg: ModelConfig, hf: dict[str, torch.Tensor | QuantWeight],
+                   dtype: torch.dtype) -> dict[str, torch.Tensor | QuantWeight]:
+    """Rename to our modules' names, fusing Q/K/V and gate/up into single matrices (a GGUF
+    file's blocks stay blocks: read_gguf_weights).
 
     Gemma's RMSNorm scales by (1 + w): the 1 is added here, once, so every norm runs as LLaMA's.
     Its post_attention_layernorm norms the attention output; the MLP's input norm is
@@ -142,10 +145,17 @@ def to_model_names(cfg: ModelConfig, hf: dict[str, torch.Tensor], dtype: torch.d
         w = hf[name].to(torch.float32)
         return (w + 1 if cfg.norm_unit_offset else w).to(dtype)
 
-    out = {"tok_embeddings.weight": hf["model.embed_tokens.weight"].to(dtype),
+    def mat(*names: str):
+        """A matrix, or several stacked by rows; one in a GGUF file's blocks stays in them."""
+        ws = [hf[n] for n in names]
+        if any(isinstance(w, QuantWeight) for w in ws):
+            return QuantWeight.cat([w if isinstance(w, QuantWeight) else QuantWeight.of_float(w) for w in ws])
+        return (torch.cat(ws) if len(ws) > 1 else ws[0]).to(dtype)
+
+    out = {"tok_embeddings.weight": mat("model.embed_tokens.weight"),
            "norm.weight": norm("model.norm.weight")}
     if not cfg.tie_word_embeddings:
-        out["output.weight"] = hf["lm_head.weight"].to(dtype)
+        out["output.weight"] = mat("lm_head.weight")
     for i in range(cfg.n_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
         out[q + "attention_norm.weight"] = norm(p + "input_layernorm.weight")
@@ -155,15 +165,13 @@ def to_model_names(cfg: ModelConfig, hf: dict[str, torch.Tensor], dtype: torch.d
             out[q + "post_ffn_norm.weight"] = norm(p + "post_feedforward_layernorm.weight")
         else:
             out[q + "ffn_norm.weight"] = norm(p + "post_attention_layernorm.weight")
-        out[q + "attention.wqkv.weight"] = torch.cat(
-            [hf[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]).to(dtype)  # (q_dim + 2*kv_dim, hidden)
+        out[q + "attention.wqkv.weight"] = mat(*(p + f"self_attn.{n}_proj.weight" for n in "qkv"))  # (q_dim + 2*kv_dim, hidden)
         if cfg.qkv_bias:
             out[q + "attention.bqkv"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]).to(dtype)
         if cfg.qk_norm:
             out[q + "attention.q_norm.weight"] = norm(p + "self_attn.q_norm.weight")
             out[q + "attention.k_norm.weight"] = norm(p + "self_attn.k_norm.weight")
-        out[q + "attention.wo.weight"] = hf[p + "self_attn.o_proj.weight"].to(dtype)
-        out[q + "feed_forward.w13.weight"] = torch.cat(
-            [hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"]]).to(dtype)  # (2*ffn, hidden)
-        out[q + "feed_forward.w2.weight"] = hf[p + "mlp.down_proj.weight"].to(dtype)
+        out[q + "attention.wo.weight"] = mat(p + "self_attn.o_proj.weight")
+        out[q + "feed_forward.w13.weight"] = mat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")  # (2*ffn, hidden)
+        out[q + "feed_forward.w2.weight"] = mat(p + "mlp.down_proj.weight")
     return out

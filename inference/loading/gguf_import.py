@@ -12,7 +12,9 @@ import json
 import math
 import os
 import shutil
+import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -20,6 +22,9 @@ from safetensors.torch import save_file
 
 from inference.model.config import ModelConfig
 from inference.errors import ModelError
+
+if TYPE_CHECKING:
+    from inference.model.quant import QuantWeight
 
 MAX_DIMS = 4
 # What we dequantize (all through gguf's own `dequantize`).
@@ -216,11 +221,16 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     return None
 
 
-def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None) -> dict[str, torch.Tensor]:
+def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None,
+                        keep_blocks: bool = False) -> dict[str, "torch.Tensor | QuantWeight"]:
+    """The file's tensors under Hugging Face names, dequantized to float32; with keep_blocks,
+    each matrix whose type the kernels read in blocks (quant.BLOCK_TYPES) as a QuantWeight of
+    its own bytes instead (rows permuted as the float32 copy's)."""
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
     from inference.loading.checkpoint import expected_hf_shapes
+    from inference.model.quant import BLOCK_TYPES, Part, QuantWeight
 
     expected = expected_hf_shapes(cfg)
     arch = "gemma3" if cfg.family == "gemma3_text" else cfg.family
@@ -235,7 +245,10 @@ def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None)
         if shape != expected.get(name):
             raise ModelError(f"{file_name}: tensor {t.name} has shape {list(shape)}, the metadata "
                              f"implies {list(expected.get(name, ()))}")
-        if t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
+        blocks = keep_blocks and len(shape) == 2 and int(t.tensor_type) in BLOCK_TYPES
+        if blocks:  # (rows, bytes per row): a row's blocks stay together, so rows permute alike
+            w = np.array(t.data).view(np.uint8).reshape(shape[0], -1)  # a copy of the bytes (F16's too)
+        elif t.tensor_type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):
             w = np.array(t.data, dtype=np.float32).reshape(shape)  # a copy: the memmap is read-only
         else:
             w = dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32, copy=False)
@@ -246,6 +259,8 @@ def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None)
         elif cfg.norm_unit_offset and name.endswith("norm.weight"):
             w = w - 1  # llama.cpp stores Gemma's norms as 1 + w; Hugging Face's hold w
         out[name] = torch.from_numpy(np.ascontiguousarray(w))
+        if blocks:
+            out[name] = QuantWeight([Part(int(t.tensor_type), out[name])], shape[1])
         if progress is not None:
             progress.update(1)
     missing = [n for n in expected if n not in out]
@@ -365,6 +380,8 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
                   disable=not progress) as bar:
             weights = dequantized_tensors(reader, cfg, gguf_path.name, bar)
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        del weights
+        write_blocks(reader, cfg, gguf_path.name, tmp)
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
         tok_cfg = {"add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", tok_model == "llama", bool)),
                    "source": gguf_path.name}
@@ -381,8 +398,101 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
         if template:
             tok_cfg["chat_template"] = template
         (tmp / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2, ensure_ascii=False))
+        record_source(tmp, gguf_path)
         shutil.rmtree(out_dir, ignore_errors=True)
         tmp.rename(out_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+# ---------------------------------------------------------------- the file's own blocks
+
+SOURCE_RECORD = "gguf_source.json"  # in an imported directory: the GGUF file it came from
+
+
+def record_source(model_dir: Path, gguf_path: Path) -> None:
+    """Note in model_dir the GGUF file it was imported from (a name: a file inside model_dir)."""
+    path = gguf_path.name if gguf_path.parent.resolve() == model_dir.resolve() else str(gguf_path.resolve())
+    (model_dir / SOURCE_RECORD).write_text(json.dumps({"path": path}))
+
+
+def gguf_source(model_dir: Path) -> Path | None:
+    """The GGUF file model_dir was imported from, where it is still there: as recorded, else the
+    one .gguf file inside model_dir (moved there after the import, or imported before the record
+    was written); None where there is none."""
+    try:
+        path = model_dir / json.loads((model_dir / SOURCE_RECORD).read_text())["path"]
+        if path.is_file():
+            return path
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    inside = sorted(model_dir.glob("*.gguf"))
+    return inside[0] if len(inside) == 1 else None
+
+
+BLOCKS_FILE = "blocks.safetensors"  # in an imported directory: the file's tensors, blocks kept
+
+
+def write_blocks(reader, cfg: ModelConfig, file_name: str, out_dir: Path) -> None:
+    """Write BLOCKS_FILE: the file's tensors under Hugging Face names, each matrix whose type the
+    kernels read in blocks as its bytes (rows, bytes per row) uint8, its type in the metadata;
+    the rest (norms, other types) float32 as the import writes them. Read back fast by
+    read_blocks (parsing a GGUF file's metadata, a 262,144-token vocabulary, takes ~40 s)."""
+    from inference.model.quant import QuantWeight
+
+    tensors = dequantized_tensors(reader, cfg, file_name, keep_blocks=True)
+    types = {k: v.parts[0].type for k, v in tensors.items() if isinstance(v, QuantWeight)}
+    plain = {k: v.parts[0].data if isinstance(v, QuantWeight) else v for k, v in tensors.items()}
+    fd, tmp = tempfile.mkstemp(suffix=".tmp", dir=out_dir)
+    os.close(fd)
+    try:
+        save_file(plain, tmp, metadata={"format": "pt", "gguf_types": json.dumps(types)})
+        os.replace(tmp, out_dir / BLOCKS_FILE)  # whole or not at all: processes may race
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def ensure_blocks(model_dir: Path) -> Path | None:
+    """model_dir's BLOCKS_FILE, written from its GGUF source where it is missing (a directory
+    imported before blocks were kept); None where it has neither."""
+    blocks = model_dir / BLOCKS_FILE
+    if blocks.exists():
+        return blocks
+    source = gguf_source(model_dir)
+    if source is None:
+        return None
+    cfg = ModelConfig.from_json(model_dir / "config.json")
+    write_blocks(_checked_reader(source), cfg, source.name, model_dir)
+    return blocks
+
+
+def read_blocks(blocks: Path, cfg: ModelConfig) -> dict[str, "torch.Tensor | QuantWeight"]:
+    """BLOCKS_FILE's tensors: QuantWeights for the blocks, float32 tensors for the rest; every
+    shape checked against the config."""
+    import gguf
+    from safetensors import safe_open
+
+    from inference.loading.checkpoint import expected_hf_shapes
+    from inference.model.quant import Part, QuantWeight
+
+    expected = expected_hf_shapes(cfg)
+    out = {}
+    with safe_open(str(blocks), framework="pt") as f:
+        types = json.loads((f.metadata() or {}).get("gguf_types", "{}"))
+        for name in f.keys():
+            t, shape = f.get_tensor(name), expected.get(name)
+            if name in types:
+                block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType(types[name])]
+                ok = shape is not None and len(shape) == 2 and t.shape == (shape[0], shape[1] // block * size)
+                out[name] = QuantWeight([Part(types[name], t)], shape[1]) if ok else None
+            else:
+                ok = shape is not None and tuple(t.shape) == shape
+                out[name] = t
+            if not ok:
+                raise ModelError(f"{blocks}: tensor {name} does not match the config")
+    missing = [n for n in expected if n not in out]
+    if missing:
+        raise ModelError(f"{blocks}: tensor {missing[0]} is missing")
+    return out

@@ -9,6 +9,8 @@ from pathlib import Path
 import torch
 
 from inference.loading.checkpoint import read_hf_weights, to_model_names
+from inference.loading.gguf_import import ensure_blocks, read_blocks
+from inference.model import kernels
 from inference.model.config import ModelConfig
 from inference.device import resolve_decode_dtype, resolve_device, resolve_dtype
 from inference.errors import ModelError
@@ -33,12 +35,24 @@ def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto"
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     cfg = ModelConfig.from_json(model_dir / "config.json")
+    blocks = quantized_source(model_dir, dev, dtype, decode_dtype)
     # The weights go straight in: held by the model alone, each read tensor is freed as soon as
     # the model has laid it out anew (Transformer.store_weights_transposed).
-    model = Transformer.from_state_dict(cfg, to_model_names(cfg, read_hf_weights(model_dir, cfg), dt),
-                                        dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
+    hf = read_hf_weights(model_dir, cfg) if blocks is None else read_blocks(blocks, cfg)
+    model = Transformer.from_state_dict(cfg, to_model_names(cfg, hf, dt), dev, dt,
+                                        resolve_decode_dtype(decode_dtype, dev, dt))
     tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
     return Loaded(model, tokenizer, model_dir.name, generation_defaults(model_dir))
+
+
+def quantized_source(model_dir: Path, device: torch.device, dtype: str, decode_dtype: str) -> Path | None:
+    """The file of a GGUF file's quantized blocks the model computes on (gguf_import.BLOCKS_FILE),
+    or None (float weights): for a directory imported from a GGUF file, on a CPU with the
+    compiled kernels, at the default dtype and decode dtype (`--dtype float32` asks for the
+    expanded weights)."""
+    if device.type != "cpu" or dtype != "auto" or decode_dtype != "same" or not kernels.available():
+        return None
+    return ensure_blocks(model_dir)
 
 
 def weights_bytes(model_dir: str | Path, device: str = "auto", dtype: str = "auto",
@@ -50,6 +64,9 @@ def weights_bytes(model_dir: str | Path, device: str = "auto", dtype: str = "aut
     cfg = ModelConfig.from_json(Path(model_dir) / "config.json")
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    blocks = quantized_source(Path(model_dir), dev, dtype, decode_dtype)
+    if blocks is not None:  # the blocks and the float32 tensors, as the file holds them
+        return blocks.stat().st_size
     n = cfg.param_counts()
     size = n["total"] * dt.itemsize
     matmuls = n["attention"] + n["ffn"] + (n["lm_head"] or n["embedding"])

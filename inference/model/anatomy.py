@@ -21,34 +21,40 @@ class Stage:
 
 
 def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int,
-           kv_bytes_per_value: int | None = None) -> list[Stage]:
+           kv_bytes_per_value: int | None = None, stored: dict[str, int] | None = None) -> list[Stage]:
     """The path of T new tokens that attend to T_ctx positions (prefill: T = T_ctx = prompt
     length; a decode step: T = 1). Attention is counted over the full T x T_ctx rectangle.
-    Weights are read at bytes_per_value, the KV cache at kv_bytes_per_value (default the same)."""
+    Weights are read at bytes_per_value, the KV cache at kv_bytes_per_value (default the same);
+    with `stored` (Transformer.stored_bytes: a GGUF file's blocks) the matrices are read as
+    stored: a per-layer stage then shows the layers' average, the totals are exact."""
     h, L, b = cfg.hidden_size, cfg.n_layers, bytes_per_value
     kv_b = b if kv_bytes_per_value is None else kv_bytes_per_value
+    stored = stored or {}
+    mats = {"qkv": L * h * (cfg.q_dim + 2 * cfg.kv_dim) * b, "out": L * cfg.q_dim * h * b,
+            "ffn": L * 3 * h * cfg.intermediate_size * b, "head": cfg.vocab_size * h * b, "embed_row": h * b}
+    mats.update(stored)
     qkv = Stage("Q, K, V projections + RoPE (per layer)",
                 f"Q [{T}, {cfg.n_heads}, {cfg.head_dim}], K and V [{T}, {cfg.n_kv_heads}, {cfg.head_dim}]",
-                2 * T * h * (cfg.q_dim + 2 * cfg.kv_dim), h * (cfg.q_dim + 2 * cfg.kv_dim) * b)
+                2 * T * h * (cfg.q_dim + 2 * cfg.kv_dim), mats["qkv"] // L)
     scores = Stage("attention softmax(QKᵀ/√d)·V, causal (per layer)",
                    f"scores [{cfg.n_heads}, {T}, {T_ctx}]",
                    2 * 2 * cfg.n_heads * T * T_ctx * cfg.head_dim, 2 * T_ctx * cfg.kv_dim * kv_b)
     out = Stage("attention output projection (per layer)", f"[{T}, {h}]", 2 * T * cfg.q_dim * h,
-                cfg.q_dim * h * b)
+                mats["out"] // L)
     glu = "SwiGLU" if cfg.activation == "silu" else "GeGLU"
     ffn = Stage(f"{glu} feed-forward (per layer)", f"gate, up [{T}, {cfg.intermediate_size}] → [{T}, {h}]",
-                2 * T * 3 * h * cfg.intermediate_size, 3 * h * cfg.intermediate_size * b)
+                2 * T * 3 * h * cfg.intermediate_size, mats["ffn"] // L)
     n = 4 if cfg.sandwich_norms else 2  # Gemma 3 norms each branch's input and output
     norms = Stage(f"{n} × RMSNorm + residuals (per layer)", f"[{T}, {h}]", n * 4 * T * h, n * h * b)
     layer = [qkv, scores, out, ffn, norms]
     attn_layer = Stage("attention, one layer", "", qkv.flops + scores.flops + out.flops,
                        qkv.bytes + scores.bytes + out.bytes)
     all_layers = Stage(f"all {L} layers", f"[{T}, {h}]", L * sum(s.flops for s in layer),
-                       L * sum(s.bytes for s in layer))
+                       mats["qkv"] + mats["out"] + mats["ffn"] + L * (scores.bytes + norms.bytes))
     head = Stage("final RMSNorm + LM head (last position)", f"final hidden [{h}] → logits [{cfg.vocab_size}]",
-                 2 * h * cfg.vocab_size + 4 * h, (cfg.vocab_size + 1) * h * b)
+                 2 * h * cfg.vocab_size + 4 * h, mats["head"] + h * b)
     first = [Stage("token ids", f"[{T}]", 0, 0),
-             Stage("embedding lookup", f"[{T}, {h}]", 0, T * h * b)]
+             Stage("embedding lookup", f"[{T}, {h}]", 0, T * mats["embed_row"])]
     total = Stage("total for this pass", "", all_layers.flops + head.flops,
                   sum(s.bytes for s in first) + all_layers.bytes + head.bytes)
     return first + layer + [attn_layer, Stage("feed-forward, one layer", "", ffn.flops, ffn.bytes),
@@ -148,9 +154,9 @@ class TokenCost:
 
 
 def decode_cost(cfg: ModelConfig, context_len: int, bytes_per_value: int,
-                kv_bytes_per_value: int | None = None) -> TokenCost:
+                kv_bytes_per_value: int | None = None, stored: dict[str, int] | None = None) -> TokenCost:
     """One new token attending to `context_len` positions: the totals of its stages."""
-    rows = stages(cfg, 1, context_len, bytes_per_value, kv_bytes_per_value)
+    rows = stages(cfg, 1, context_len, bytes_per_value, kv_bytes_per_value, stored)
     attention = next(r for r in rows if r.name.startswith("attention softmax"))
     return TokenCost(rows[-1].flops, cfg.n_layers * attention.flops, rows[-1].bytes)
 

@@ -2,7 +2,9 @@
 
 kernels.c's token_lab_decode runs the step the model's layer-by-layer path runs through the
 kernels (the same functions in the same order, so the same bits) without the ~1,000 small
-operators and ~120 thread-team starts around them. It serves float32 CPU models of the plain
+operators and ~120 thread-team starts around them. Its products read each weight as its table
+says (kernels/quant.c): float32, or a GGUF file's quantized blocks. It serves CPU models with
+float32 activations of the plain
 LLaMA shape (q/k/v biases and sliding windows included; not per-head q/k norms or Gemma's extra
 norms) for steps of at most KERNEL_ROWS decoding runs; the model's own path serves the rest.
 """
@@ -15,6 +17,7 @@ from inference.model import kernels
 from inference.model.attention import PagedBatch
 from inference.model.kv_cache import BLOCK_SIZE
 from inference.model.layers import KERNEL_ROWS, Linear
+from inference.model.quant import F32, QuantWeight
 
 
 class DecodeStep:
@@ -25,18 +28,20 @@ class DecodeStep:
         self.dims = [0, cfg.hidden_size, cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.intermediate_size,
                      cfg.vocab_size, cfg.n_layers, int(cfg.activation != "silu")]
         self.scale = model.layers[0].attention.softmax_scale
-        self.weight_ptrs = [_weights(layer) for layer in model.layers]
+        self._descs = {m: _desc(m) for m in model.modules() if isinstance(m, Linear)}  # kept alive
+        self.weight_ptrs = [self._weights(layer) for layer in model.layers]
         self.sliding = [int(cfg.is_sliding(i)) for i in range(cfg.n_layers)]
-        self.weight_bytes = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, Linear))
+        self.weight_bytes = model.weight_bytes()
         self._tables: dict[tuple[int, ...], torch.Tensor] = {}  # by the pools' addresses
 
     @classmethod
     def for_model(cls, model) -> "DecodeStep | None":
         cfg = model.cfg
         linears = [m for m in model.modules() if isinstance(m, Linear)]
-        if (model.device.type != "cpu" or model.dtype != torch.float32 or model.decode_dtype != model.dtype
+        copies = all(m.decode_weight is None or isinstance(m.decode_weight, QuantWeight) for m in linears)
+        if (model.device.type != "cpu" or model.dtype != torch.float32 or not copies
                 or cfg.qk_norm or cfg.sandwich_norms or not kernels.available()
-                or not all(m.weight.is_contiguous() for m in linears)):
+                or not all(m.qweight is not None or m.weight.is_contiguous() for m in linears)):
             return None
         return cls(model)
 
@@ -64,7 +69,7 @@ class DecodeStep:
         logits = torch.empty(N, cfg.vocab_size, dtype=torch.float32)
         pointers = [h.data_ptr(), cos.data_ptr(), sin.data_ptr(), cos_l.data_ptr(), sin_l.data_ptr(), slots.data_ptr(),
                     0 if blocks is None else blocks.data_ptr(), first.data_ptr(), first_l.data_ptr(),
-                    lengths.data_ptr(), model.norm.weight.data_ptr(), model.output.weight.data_ptr(), logits.data_ptr()]
+                    lengths.data_ptr(), model.norm.weight.data_ptr(), self._descs[model.output].data_ptr(), logits.data_ptr()]
         kv_bytes = N * max_length * 2 * cfg.kv_dim * 4 * cfg.n_layers
         ran = kernels.decode([N, *self.dims[1:], n_blocks, BLOCK_SIZE, offset, max_length],
                              self._table(k_pool, v_pool), pointers, model.norm.eps, self.scale, self.weight_bytes + kv_bytes)
@@ -81,9 +86,20 @@ class DecodeStep:
         return table
 
 
-def _weights(layer) -> list[int]:
-    """A layer's weights' addresses, in kernels.c's L_* order (0: no q/k/v bias)."""
-    a, f = layer.attention, layer.feed_forward
-    return [layer.attention_norm.weight.data_ptr(), a.wqkv.weight.data_ptr(),
-            0 if a.bqkv is None else a.bqkv.data_ptr(), a.wo.weight.data_ptr(),
-            layer.ffn_norm.weight.data_ptr(), f.w13.weight.data_ptr(), f.w2.weight.data_ptr()]
+    def _weights(self, layer) -> list[int]:
+        """A layer's weights' addresses, in kernels.c's L_* order (0: no q/k/v bias); the
+        products' as their weight tables (quant.c)."""
+        a, f, d = layer.attention, layer.feed_forward, self._descs
+        return [layer.attention_norm.weight.data_ptr(), d[a.wqkv].data_ptr(),
+                0 if a.bqkv is None else a.bqkv.data_ptr(), d[a.wo].data_ptr(),
+                layer.ffn_norm.weight.data_ptr(), d[f.w13].data_ptr(), d[f.w2].data_ptr()]
+
+
+def _desc(linear: Linear) -> torch.Tensor:
+    """A linear layer's weight table for quant.c: its blocks', or one float32 part over its weight."""
+    if linear.qweight is not None:
+        return linear.qweight.desc
+    if isinstance(linear.decode_weight, QuantWeight):  # a bfloat16 decode copy
+        return linear.decode_weight.desc
+    w = linear.weight
+    return torch.tensor([w.shape[0], w.shape[1], 1, F32, w.shape[0], w.data_ptr(), w.stride(0) * 4], dtype=torch.int64)

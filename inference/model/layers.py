@@ -11,6 +11,7 @@ from torch import nn
 
 from inference.model import kernels
 from inference.model.config import ModelConfig
+from inference.model.quant import QuantWeight
 
 
 # ---------------------------------------------------------------- linear layers, per phase
@@ -37,15 +38,21 @@ class Linear(nn.Linear):
     Otherwise up to KERNEL_ROWS rows read `weight` through our kernels where they are built
     (kernels/), and, with `rows_weight` set (oneDNN's layout, Transformer.keep_rows_copies),
     more rows (or two or more without our kernels) use that copy; one row always reads `weight`.
+    With `qweight` (a GGUF file's quantized blocks, model/quant.py) it holds no float32 weight.
     """
 
-    decode_weight: torch.Tensor | None = None
+    decode_weight: torch.Tensor | QuantWeight | None = None
     rows_weight: torch.Tensor | None = None
+    qweight: QuantWeight | None = None  # the GGUF file's blocks; `weight` is then None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
+        if self.qweight is not None:  # a decode step's rows on the blocks; a prefill on float32 tiles
+            return self.qweight.matmul(x, DECODE_ROWS)
         if rows <= DECODE_ROWS:
             w = self.decode_weight
+            if isinstance(w, QuantWeight):  # a bfloat16 copy the kernels read
+                return w.matmul(x, DECODE_ROWS)
             if w is not None:
                 return F.linear(x.to(w.dtype), w).to(x.dtype)
             if rows == 1:  # one token: a matrix-vector product, read at the memory's pace

@@ -18,6 +18,7 @@ from inference.model.config import ModelConfig
 from inference.model.decode_step import DecodeStep
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
 from inference.model.layers import ONEDNN_CACHED_SHAPES, ROWS_HINT, FeedForward, Linear, RMSNorm  # noqa: F401 (Linear: the model's API)
+from inference.model.quant import QuantWeight
 from inference.model.rope import rope_tables
 
 
@@ -69,16 +70,27 @@ class Transformer(nn.Module):
     def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor],
                         device: torch.device, dtype: torch.dtype,
                         decode_dtype: torch.dtype | None = None) -> "Transformer":
-        """Build the model around already-loaded weights (our names; see checkpoint.py)."""
+        """Build the model around already-loaded weights (our names; see checkpoint.py). A
+        QuantWeight (a GGUF file's blocks) becomes its module's `qweight`, the module holding no
+        float32 weight: the model computes on the blocks (CPU, float32 activations)."""
         with torch.device("meta"):  # no random init: every parameter comes from `state`
             model = cls(cfg)
         if cfg.tie_word_embeddings:
             state = {**state, "output.weight": state["tok_embeddings.weight"]}
-        model.load_state_dict(state, strict=True, assign=True)
+        quant = {k: state[k] for k in state if isinstance(state[k], QuantWeight)}
+        if quant and (device.type != "cpu" or dtype != torch.float32):
+            raise ValueError("quantized blocks run on the CPU with float32 activations")
+        for name, w in quant.items():
+            module = model.get_submodule(name.removesuffix(".weight"))
+            module.weight, module.qweight = None, w
+        loaded = model.load_state_dict({k: v for k, v in state.items() if k not in quant}, strict=False, assign=True)
+        if loaded.missing_keys or loaded.unexpected_keys:  # strict, but for the blocks' names
+            raise ValueError(f"weights do not match the model: missing {loaded.missing_keys}, "
+                             f"unexpected {loaded.unexpected_keys}")
         del state  # the model holds the weights now: a re-laid-out one frees its first copy
         model.requires_grad_(False)
         model.to(device=device, dtype=dtype)
-        if cfg.tie_word_embeddings:
+        if cfg.tie_word_embeddings and not quant:
             model.output.weight = model.tok_embeddings.weight
         if model.device.type == "cpu":
             model.store_weights_transposed()
@@ -102,7 +114,7 @@ class Transformer(nn.Module):
         (if nothing else holds it), so no tensor keeps the mapped file."""
         transpose = not kernels.available()
         for module in self.modules():
-            if isinstance(module, Linear) and module.weight.is_contiguous():
+            if isinstance(module, Linear) and module.weight is not None and module.weight.is_contiguous():
                 w = module.weight.t().contiguous().t() if transpose else module.weight.clone()
                 module.weight = nn.Parameter(w, requires_grad=False)
             elif isinstance(module, RMSNorm):
@@ -110,7 +122,7 @@ class Transformer(nn.Module):
                 module.weight = nn.Parameter(module.weight.clone(), requires_grad=False)
             elif isinstance(module, Attention) and module.bqkv is not None:
                 module.bqkv = nn.Parameter(module.bqkv.clone(), requires_grad=False)
-        if self.cfg.tie_word_embeddings:
+        if self.cfg.tie_word_embeddings and self.output.weight is not None:
             self.tok_embeddings.weight = self.output.weight
 
     def keep_rows_copies(self, available_bytes: int) -> bool:
@@ -122,7 +134,7 @@ class Transformer(nn.Module):
         slower on it (33 ms against 21 ms for the matrix-vector product, which keeps the
         first copy). The copy costs the weights' bytes again, so it is kept only on a float32
         CPU model with oneDNN, when it takes at most a quarter of `available_bytes`."""
-        linears = [m for m in self.modules() if isinstance(m, Linear)]
+        linears = [m for m in self.modules() if isinstance(m, Linear) and m.weight is not None]
         size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
         if (self.device.type != "cpu" or self.dtype != torch.float32 or size > available_bytes / 4
                 or not torch.backends.mkldnn.is_available()):
@@ -139,21 +151,55 @@ class Transformer(nn.Module):
         return True
 
     def set_decode_dtype(self, decode_dtype: torch.dtype | None) -> None:
-        """Give every linear layer a decode copy in decode_dtype (None or dtype: no copy)."""
+        """Give every linear layer a decode copy in decode_dtype (None or dtype: no copy). A
+        bfloat16 copy of a float32 CPU model is read by the kernels (kernels/quant.c), which
+        widen each weight to float32 and sum in float32: half the bytes of float32 a step."""
         same = decode_dtype is None or decode_dtype == self.dtype
+        in_kernels = (decode_dtype == torch.bfloat16 and self.device.type == "cpu" and self.dtype == torch.float32
+                      and kernels.available())
         for module in self.modules():
-            if isinstance(module, Linear):
-                module.decode_weight = None if same else module.weight.to(decode_dtype)
+            if isinstance(module, Linear) and module.weight is not None:
+                module.decode_weight = None if same else QuantWeight.bfloat16(module.weight) if in_kernels \
+                    else module.weight.to(decode_dtype)
         self.decode_dtype = self.dtype if same else decode_dtype
         self.decode_step = DecodeStep.for_model(self)  # a whole decode step in one call, where it applies
 
     @property
     def device(self) -> torch.device:
-        return self.tok_embeddings.weight.device
+        return self.norm.weight.device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.tok_embeddings.weight.dtype
+        """The activations' dtype (the float weights'; quantized blocks compute in float32)."""
+        return self.norm.weight.dtype
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the matrices are read in a GGUF file's quantized blocks."""
+        return any(m.qweight is not None for m in self.modules() if isinstance(m, Linear))
+
+    def stored_bytes(self) -> dict[str, int] | None:
+        """A quantized model's matrices as stored (anatomy.stages' `stored`): the bytes of every
+        layer's q/k/v, output and feed-forward matrices, the LM head's, and one embedding row's;
+        None for float weights (their bytes follow from the dtype)."""
+        if not self.quantized:
+            return None
+
+        def size(m: Linear) -> int:
+            return m.qweight.nbytes if m.qweight is not None else m.weight.numel() * m.weight.element_size()
+        emb = getattr(self.tok_embeddings, "qweight", None)
+        return {"qkv": sum(size(b.attention.wqkv) for b in self.layers),
+                "out": sum(size(b.attention.wo) for b in self.layers),
+                "ffn": sum(size(b.feed_forward.w13) + size(b.feed_forward.w2) for b in self.layers),
+                "head": size(self.output),
+                "embed_row": emb.nbytes // emb.out_features if emb is not None else self.cfg.hidden_size * self.dtype.itemsize}
+
+    def weight_bytes(self) -> int:
+        """The bytes of the matrices a decode step reads (its decode copies where it has them;
+        the LM head's, not the embedding's rows)."""
+        return sum(w.nbytes if isinstance(w, QuantWeight) else w.numel() * w.element_size()
+                   for w in (m.qweight if m.qweight is not None else m.decode_weight if m.decode_weight is not None
+                             else m.weight for m in self.modules() if isinstance(m, Linear)))
 
     def new_cache(self, capacity: int, bsz: int = 1) -> KVCache:
         return KVCache(self.cfg, min(capacity, self.cfg.max_seq_len), self.device, self.dtype, bsz)
@@ -210,7 +256,8 @@ class Transformer(nn.Module):
 
     def embed(self, tokens: torch.Tensor) -> torch.Tensor:
         """Token ids (...) -> their embeddings (..., hidden), scaled where the family scales them."""
-        h = self.tok_embeddings(tokens)
+        q = getattr(self.tok_embeddings, "qweight", None)
+        h = self.tok_embeddings(tokens) if q is None else q.gather(tokens)
         if self.cfg.embed_scale != 1.0:  # Gemma: sqrt(hidden), rounded to the model's dtype first
             h = h * torch.tensor(self.cfg.embed_scale, dtype=h.dtype)
         return h

@@ -174,7 +174,8 @@ class Engine:
         return EngineInfo(self.name, self.cfg.max_seq_len, self.cfg, CAPABILITIES, str(self.device),
                           b, f"{b} bytes per value at {str(self.dtype).removeprefix('torch.')}",
                           self.dtype, self.model.decode_dtype, self.scheduler.pool.n_blocks,
-                          self._decode_error, chat=bool(self.tokenizer.chat_template))
+                          self._decode_error, chat=bool(self.tokenizer.chat_template),
+                          stored_bytes=self.model.stored_bytes())
 
     def server_load(self):
         """A server's whole load: the local engine's is its pool, in every step's event."""

@@ -9,6 +9,7 @@ from typing import Callable
 
 from inference.device import available_memory_bytes
 from inference.errors import InputError, shown
+from inference.model.quant import QuantWeight
 
 # What a load leaves free besides the new model's weights and KV pool: the page, the Python
 # heap of its sessions, the forward pass's activations.
@@ -40,9 +41,11 @@ def footprint_of(engine) -> Footprint:
         if t.data_ptr() not in seen:  # a tied LM head is the embedding
             seen.add(t.data_ptr())
             weights += t.numel() * t.element_size()
+    blocks = {id(m.qweight): m.qweight for m in model.modules() if getattr(m, "qweight", None) is not None}
+    weights += sum(b.nbytes for b in blocks.values())  # a GGUF file's blocks: no parameters
     copies = {id(c): c for m in model.modules()
               for c in (getattr(m, "decode_weight", None), getattr(m, "rows_weight", None)) if c is not None}
-    copied = sum(c.numel() * c.element_size() for c in copies.values())
+    copied = sum(c.nbytes if isinstance(c, QuantWeight) else c.numel() * c.element_size() for c in copies.values())
     pool = engine.scheduler.pool
     return Footprint(weights + copied, pool.k.numel() * pool.k.element_size() + pool.v.numel() * pool.v.element_size(),
                      copied)

@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 OTHER = "x86-64-v2"
 # The tests that pin numbers: the kernels against float64 and torch, a decode step through them
 # against the layers one by one, and the model and the page against transformers.
-FILES = ["tests/model/test_kernels.py", "tests/model/test_decode_step.py",
+FILES = ["tests/model/test_kernels.py", "tests/model/test_decode_step.py", "tests/model/test_quant.py",
          "tests/model/test_model_reference.py", "tests/page/test_faithful.py"]
 
 pytestmark = [

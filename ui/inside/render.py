@@ -23,13 +23,18 @@ def stages_markdown(info, n_prompt: int, step: int, n_given: int = 0) -> str:
     cfg, b, b_dec = info.cfg, info.dtype.itemsize, info.decode_dtype.itemsize
     n_pre = n_prompt + n_given  # the engine prefills the given tokens with the prompt
     ctx = n_pre + step
+    stored = getattr(info, "stored_bytes", None)
     pre = stages(cfg, n_pre, n_pre, b)
-    dec = stages(cfg, 1, ctx, b_dec, b)
+    dec = stages(cfg, 1, ctx, b_dec, b, stored)
     read = f"{n_prompt} prompt + {n_given} given = {n_pre} tokens" if n_given else f"{n_prompt} prompt tokens"
+    if stored:
+        weights = (f"Decode bytes are the weights read as the GGUF file's quantized blocks (a per-layer row: "
+                   f"the layers' average; {binary_size(stages(cfg, 1, ctx, 4, b)[-1].bytes)} a token at float32)")
+    else:
+        weights = f"Decode bytes are the weights read at {dtype_name(info.decode_dtype)}"
     lines = ["**This model's path**: " + " → ".join(family_path(cfg)) + ".", "",
              f"Prefill: {read} at once. Decode step {step}: 1 token attending to "
-             f"{ctx} positions. Decode bytes are the weights read at {dtype_name(info.decode_dtype)} "
-             f"and the KV cache at {dtype_name(info.dtype)}.", "",
+             f"{ctx} positions. {weights} and the KV cache at {dtype_name(info.dtype)}.", "",
              "| stage | prefill shape | prefill FLOPs | decode shape | decode FLOPs | decode bytes |",
              "|---|---|---|---|---|---|"]
     for p, d in zip(pre, dec):

@@ -12,7 +12,7 @@ from inference.device import dtype_name
 from inference.model.anatomy import decode_cost
 from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, order
 from inference.loading.byte_pieces import byte_hint, completed_label
-from ui.format import (BUCKETS, REASONS, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
+from ui.format import (BUCKETS, REASONS, binary_size, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
                        approx_note, ordinal, prob_html, shown_prob, si, token_html, token_label, visible)
 from ui.run_state import RunRecord
 
@@ -267,11 +267,21 @@ def _local_card(info) -> str:
             f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
             f"{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
-            f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'} on "
+            f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'}"
+            f"{blocks_text(info)} on "
             f"{info.where} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
             f"(2 × matmul parameters + attention) · every probability on this page is computed at "
             f"{dtype_name(info.decode_dtype)}"
             + (f"  \n⚠ {approx_note(info)}" if info.decode_error else ""))
+
+
+def blocks_text(info) -> str:
+    """" (matrices in the GGUF file's quantized blocks, N MiB)" for a model computing on them."""
+    stored = getattr(info, "stored_bytes", None)
+    if not stored:
+        return ""
+    size = sum(v for k, v in stored.items() if k != "embed_row")
+    return f" (matrices read in the GGUF file's quantized blocks, {binary_size(size)}; activations and sums float32)"
 
 
 def sliding_text(cfg) -> str:
@@ -316,7 +326,8 @@ def _engine_stats(info, rec: RunRecord) -> str:
     first = rec.steps[0]
     n = len(rec.steps)
     ctx = len(rec.prompt_ids) + len(rec.given) + n
-    cost = decode_cost(info.cfg, ctx, info.dtype.itemsize)
+    stored = getattr(info, "stored_bytes", None)
+    cost = decode_cost(info.cfg, ctx, info.decode_dtype.itemsize, info.dtype.itemsize, stored)
     decode_ms = sum(s.ms for s in rec.steps[1:])
     tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
     ttft = f"{first.prefill_ms:.0f} ms" + (f" (+ {first.wait_ms / 1000:.1f} s queued)"
@@ -327,11 +338,21 @@ def _engine_stats(info, rec: RunRecord) -> str:
             ("time to first token", ttft),
             ("generated", f"{n}"), ("decode speed", f"{tps:.1f} tok/s"),
             (f"FLOPs / token (at {ctx} ctx)", f"{si(cost.flops)} ({si(cost.attention_flops)} attention)"),
+            (f"bytes read / token (at {ctx} ctx)", bytes_text(info, ctx, cost.bytes)),
             ("seed", f"{rec.seed}")]
     lines = ["| measure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if rec.done is not None:
         lines.append(ended_markdown(rec.done, "the context window", info.max_seq_len))
     return "\n".join(lines)
+
+
+def bytes_text(info, ctx: int, read: int) -> str:
+    """A decode step's bytes (weights and KV cache): as the GGUF file's blocks, with the float32
+    figure beside them, or at the decode dtype."""
+    if getattr(info, "stored_bytes", None):
+        f32 = decode_cost(info.cfg, ctx, 4, info.dtype.itemsize).bytes
+        return f"{binary_size(read)} as the GGUF file's blocks ({binary_size(f32)} at float32)"
+    return f"{binary_size(read)} at {dtype_name(info.decode_dtype)}"
 
 
 def _page_stats(info, rec: RunRecord) -> str:

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("kernels.c")
+INCLUDED = [Path(__file__).with_name("quant.c")]  # #included by kernels.c: part of its cache key
 _lock = threading.Lock()
 
 
@@ -81,7 +82,7 @@ def _built() -> Path | None:
         return None
     try:
         version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
-        key = hashlib.sha256("\0".join([SOURCE.read_text(), version, _cpu_flags(), march()]).encode()).hexdigest()[:16]
+        key = hashlib.sha256("\0".join([SOURCE.read_text(), *(p.read_text() for p in INCLUDED), version, _cpu_flags(), march()]).encode()).hexdigest()[:16]
         target = cache_dir() / f"kernels-{key}.so"
         with _lock:
             if not target.exists():
@@ -113,6 +114,9 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_decode": [ptr, ptr, ptr, f32, f32, i64, ctypes.c_int],
         "token_lab_top_k": [ptr, i64, i64, i64, ptr, ptr, ptr],
         "token_lab_row_sums": [ptr, ptr, i64, i64, ptr, ptr, ptr, ptr],
+        "token_lab_qrows": [ptr, ptr, ptr, i64, i64, ctypes.c_int],
+        "token_lab_dequant": [ptr, i64, i64, ptr],
+        "token_lab_gather": [ptr, ptr, i64, ptr],
     }
     for name, args in signatures.items():
         getattr(lib, name).argtypes = args
@@ -275,3 +279,36 @@ def decode(dims: list[int], layers: torch.Tensor, pointers: list[int], eps: floa
     ptrs = (ctypes.c_void_p * len(pointers))(*pointers)
     lib.token_lab_decode(dims_t.data_ptr(), layers.data_ptr(), ptrs, eps, scale, bytes_read, torch.get_num_threads())
     return True
+
+
+def qrows(desc: torch.Tensor, x: torch.Tensor, out_features: int) -> torch.Tensor | None:
+    """x (rows, in) float32 -> (rows, out) = x @ W^T for the weight whose table (quant.py's
+    QuantWeight.desc) is desc, read in its blocks; each row the same bits as alone. None where
+    there are no kernels."""
+    lib = _library()
+    if lib is None or not _f32_cpu(x) or x.dim() != 2 or x.stride(1) != 1:
+        return None
+    y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
+    lib.token_lab_qrows(desc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], x.stride(0), torch.get_num_threads())
+    return y
+
+
+def dequant(desc: torch.Tensor, begin: int, end: int, in_features: int) -> torch.Tensor | None:
+    """Rows begin..end-1 of the weight whose table is desc, as float32 (end - begin, in)."""
+    lib = _library()
+    if lib is None:
+        return None
+    y = torch.empty(end - begin, in_features, dtype=torch.float32)
+    lib.token_lab_dequant(desc.data_ptr(), begin, end, y.data_ptr())
+    return y
+
+
+def gather(desc: torch.Tensor, ids: torch.Tensor, in_features: int) -> torch.Tensor | None:
+    """Rows ids (n,) int64 of the weight whose table is desc, as float32 (n, in): an embedding's lookup."""
+    lib = _library()
+    if lib is None:
+        return None
+    ids = ids.to(torch.int64).contiguous()
+    y = torch.empty(ids.numel(), in_features, dtype=torch.float32)
+    lib.token_lab_gather(desc.data_ptr(), ids.data_ptr(), ids.numel(), y.data_ptr())
+    return y

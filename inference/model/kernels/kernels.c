@@ -386,6 +386,8 @@ void token_lab_row_sums(const float *x, const float *e, int64_t rows, int64_t V,
     }
 }
 
+#include "quant.c"
+
 /* ---------------------------------------------------------------- a whole decode step
  * Every layer and the LM head for n rows, each one decoding run's new token, in one call:
  *
@@ -432,13 +434,13 @@ static void barrier(int nth) {
     }
 }
 
-/* h (n, hidden) += x W^T, W (hidden, in): each chunk's outputs added by the thread that made them. */
-static void add_product(const step_t *s, const float *w, const float *x, int64_t in, int64_t *counter) {
+/* h (n, hidden) += x W^T, W (hidden, in) a weight's table (quant.c): each chunk's outputs added
+ * by the thread that made them. buf: this thread's row of dequantized weights. */
+static void add_product(const step_t *s, const int64_t *w, const float *x, int64_t in, int64_t *counter, float *buf) {
     const int64_t n = s->dims[D_N], hidden = s->dims[D_HIDDEN];
     float *h = s->ptrs[P_H];
     CHUNKS(counter, hidden, chunk_rows(in), o0, o1) {
-        rows_t a = {w, x, s->y, n, hidden, in, in, in};
-        rows_range(&a, o0, o1);
+        weight_range(w, x, s->y, n, in, o0, o1, buf);
         for (int64_t r = 0; r < n; ++r)
             for (int64_t o = o0; o < o1; ++o) h[r * hidden + o] = h[r * hidden + o] + s->y[r * hidden + o];
     }
@@ -453,11 +455,14 @@ static void decode_body(const step_t *s, int nth) {
     const int64_t *slots = s->ptrs[P_SLOTS], *blocks = s->ptrs[P_BLOCKS], *lengths = s->ptrs[P_LENGTHS];
     float *x = malloc(sizeof(float) * n * hidden);  /* this thread's normed rows */
     float *p = malloc(sizeof(float) * (dm[D_MAX_L] > 0 ? dm[D_MAX_L] : 1));  /* attention's scores */
-    if (!x || !p) abort();
+    const int64_t widest = hidden > ffn ? (hidden > heads * d ? hidden : heads * d) : (ffn > heads * d ? ffn : heads * d);
+    float *buf = malloc(sizeof(float) * widest);  /* a row of dequantized weights */
+    if (!x || !p || !buf) abort();
     int64_t stage = 0;
     for (int64_t l = 0; l < n_layers; ++l) {
         const int64_t *t = s->layers + l * L_FIELDS;
-        const float *wqkv = (const float *)(intptr_t)t[L_WQKV], *bqkv = (const float *)(intptr_t)t[L_BQKV];
+        const int64_t *wqkv = (const int64_t *)(intptr_t)t[L_WQKV];
+        const float *bqkv = (const float *)(intptr_t)t[L_BQKV];
         float *k_pool = (float *)(intptr_t)t[L_K_POOL], *v_pool = (float *)(intptr_t)t[L_V_POOL];
         const int local = (int)t[L_SLIDING];
         const float *cos = s->ptrs[local ? P_COS_LOCAL : P_COS], *sin = s->ptrs[local ? P_SIN_LOCAL : P_SIN];
@@ -466,8 +471,7 @@ static void decode_body(const step_t *s, int nth) {
         /* ---- q, k, v: a head at a time, rotated and stored by the thread that made it */
         token_lab_rms_norm(h, (const float *)(intptr_t)t[L_ATTN_NORM], x, n, hidden, s->eps);
         CHUNKS(&s->counters[stage], units, 1, u0, u1) {
-            rows_t a = {wqkv, x, s->qkv, n, width, hidden, hidden, hidden};
-            rows_range(&a, u0 * d, u1 * d);
+            weight_range(wqkv, x, s->qkv, n, hidden, u0 * d, u1 * d, buf);
             for (int64_t r = 0; r < n; ++r) {
                 float *row = s->qkv + r * width + u0 * d;
                 if (bqkv)
@@ -494,16 +498,16 @@ static void decode_body(const step_t *s, int nth) {
         barrier(nth);
 
         /* ---- h += att Wo^T */
-        add_product(s, (const float *)(intptr_t)t[L_WO], s->att, heads * d, &s->counters[stage++]);
+        add_product(s, (const int64_t *)(intptr_t)t[L_WO], s->att, heads * d, &s->counters[stage++], buf);
         barrier(nth);
 
         /* ---- g = act(gate) * up: gate row i and up row i by the same thread */
         token_lab_rms_norm(h, (const float *)(intptr_t)t[L_FFN_NORM], x, n, hidden, s->eps);
         const int gelu = (int)dm[D_GELU];
         CHUNKS(&s->counters[stage], ffn, chunk_rows(hidden) / 2, i0, i1) {
-            rows_t a = {(const float *)(intptr_t)t[L_W13], x, s->gu, n, 2 * ffn, hidden, hidden, hidden};
-            rows_range(&a, i0, i1);
-            rows_range(&a, ffn + i0, ffn + i1);
+            const int64_t *w13 = (const int64_t *)(intptr_t)t[L_W13];
+            weight_range(w13, x, s->gu, n, hidden, i0, i1, buf);
+            weight_range(w13, x, s->gu, n, hidden, ffn + i0, ffn + i1, buf);
             for (int64_t r = 0; r < n; ++r) {
                 const float *gate = s->gu + r * 2 * ffn, *up = gate + ffn;
                 for (int64_t i = i0; i < i1; ++i) s->g[r * ffn + i] = act(gate[i], gelu) * up[i];
@@ -513,24 +517,25 @@ static void decode_body(const step_t *s, int nth) {
         barrier(nth);
 
         /* ---- h += g Wdown^T */
-        add_product(s, (const float *)(intptr_t)t[L_W2], s->g, ffn, &s->counters[stage++]);
+        add_product(s, (const int64_t *)(intptr_t)t[L_W2], s->g, ffn, &s->counters[stage++], buf);
         barrier(nth);
     }
 
     /* ---- logits = RMSNorm(h) Whead^T */
     token_lab_rms_norm(h, s->ptrs[P_NORM], x, n, hidden, s->eps);
     CHUNKS(&s->counters[stage], vocab, chunk_rows(hidden), o0, o1) {
-        rows_t a = {s->ptrs[P_HEAD], x, s->ptrs[P_LOGITS], n, vocab, hidden, hidden, hidden};
-        rows_range(&a, o0, o1);
+        weight_range(s->ptrs[P_HEAD], x, s->ptrs[P_LOGITS], n, hidden, o0, o1, buf);
     }
     free(x);
     free(p);
+    free(buf);
 }
 
 static costs_t step_costs[17];
 
-/* dims, layers (n_layers, L_FIELDS), ptrs: as the enums above name them; the k/v pools and
- * weights are contiguous float32, h (n, hidden) is updated in place, logits (n, vocab) written.
+/* dims, layers (n_layers, L_FIELDS), ptrs: as the enums above name them; the k/v pools are
+ * contiguous float32, the products' weights (L_WQKV, L_WO, L_W13, L_W2, P_HEAD) weight tables
+ * (quant.c: float32 or the file's blocks), h (n, hidden) is updated in place, logits (n, vocab) written.
  * bytes: what the step reads (for its cost). */
 void token_lab_decode(const int64_t *dims, const int64_t *layers, void *const *ptrs, float eps, float scale,
                       int64_t bytes, int threads) {

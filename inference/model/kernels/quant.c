@@ -1,0 +1,467 @@
+/* Weights in a GGUF file's own blocks (loaded with kernels.c, which includes this file).
+ *
+ * A weight is described by an int64 table (quant.py's QuantWeight.desc): out, in, n_parts, then
+ * per part: ggml type, rows, data address, bytes per row. Parts stack their rows in order (a
+ * fused q/k/v weight whose v rows are Q8_0 and q/k rows Q5_0 is three parts). Type 0 (F32) is a
+ * float32 row-major matrix: kernels.c's products read it as they always did.
+ *
+ * A quantized row is dequantized into a float32 buffer the size of one row (in L1), exactly as
+ * gguf's own dequantize computes it (the same float32 operations in the same order: with
+ * -ffp-contract=off no multiply-add is fused), and then summed by dot()/dot2() in their one
+ * order. So a product on the blocks gives the same numbers as the float32 product on the
+ * dequantized matrix, and a row's the same alone or beside others. */
+
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q8_0 = 8,
+       GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30 };
+enum { W_OUT, W_IN, W_PARTS, W_FIRST };  /* then per part: */
+enum { P_TYPE, P_ROWS, P_DATA, P_ROW_BYTES, PART_FIELDS };
+
+static float f16_table[65536];
+
+static float half_to_float(uint16_t h) {
+    const uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {  /* subnormal: normalise */
+        int e = -1;
+        uint32_t m = man;
+        do { ++e; m <<= 1; } while (!(m & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((m & 0x3ff) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+__attribute__((constructor)) static void fill_f16_table(void) {
+    for (uint32_t i = 0; i < 65536; ++i) f16_table[i] = half_to_float((uint16_t)i);
+}
+
+static inline float f16(const uint8_t *p) { return f16_table[p[0] | (p[1] << 8)]; }
+
+/* ---------------------------------------------------------------- one row, dequantized
+ * Each as gguf.quants' dequantize_blocks: the operations' order is that file's. */
+static void row_q8_0(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, b += 34) {
+        const float d = f16(b);
+        const int8_t *q = (const int8_t *)(b + 2);
+        for (int j = 0; j < 32; ++j) y[i + j] = (float)q[j] * d;
+    }
+}
+
+static void row_q4_0(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, b += 18) {
+        const float d = f16(b);
+        const uint8_t *q = b + 2;
+        for (int j = 0; j < 16; ++j) {
+            y[i + j] = d * (float)((int)(q[j] & 0xf) - 8);
+            y[i + j + 16] = d * (float)((int)(q[j] >> 4) - 8);
+        }
+    }
+}
+
+static void row_q4_1(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, b += 20) {
+        const float d = f16(b), m = f16(b + 2);
+        const uint8_t *q = b + 4;
+        for (int j = 0; j < 16; ++j) {
+            y[i + j] = d * (float)(q[j] & 0xf) + m;
+            y[i + j + 16] = d * (float)(q[j] >> 4) + m;
+        }
+    }
+}
+
+static void row_q5_0(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, b += 22) {
+        const float d = f16(b);
+        uint32_t qh;
+        memcpy(&qh, b + 2, 4);
+        const uint8_t *q = b + 6;
+        for (int j = 0; j < 16; ++j) {
+            const int lo = (q[j] & 0xf) | (int)((qh >> j) & 1) << 4;
+            const int hi = (q[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[i + j] = d * (float)(lo - 16);
+            y[i + j + 16] = d * (float)(hi - 16);
+        }
+    }
+}
+
+/* Q4_K and Q5_K's eight 6-bit scales and mins, packed in 12 bytes. */
+static inline void scale_min_k4(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 0xf) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K (144-byte blocks) and Q5_K (176: a fifth bit per weight in qh, 32 bytes before qs). */
+static void row_k4(const uint8_t *b, float *y, int64_t n, int q5) {
+    for (int64_t i = 0; i < n; i += 256, b += q5 ? 176 : 144) {
+        const float d = f16(b), dmin = f16(b + 2);
+        const uint8_t *scales = b + 4, *qh = b + 16, *q = b + (q5 ? 48 : 16);
+        for (int s = 0; s < 8; ++s) {
+            uint8_t sc, m;
+            scale_min_k4(scales, s, &sc, &m);
+            const float ds = d * (float)sc, dm = dmin * (float)m;
+            const uint8_t *qs = q + (s / 2) * 32;
+            const int shift = (s % 2) * 4;
+            float *o = y + i + s * 32;
+            for (int l = 0; l < 32; ++l)
+                o[l] = ds * (float)(((qs[l] >> shift) & 0xf) | (q5 ? ((qh[l] >> s) & 1) << 4 : 0)) - dm;
+        }
+    }
+}
+
+static void row_q6_k(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 256, b += 210) {
+        const uint8_t *ql = b, *qh = b + 128;
+        const int8_t *scales = (const int8_t *)(b + 192);
+        const float d = f16(b + 208);
+        for (int e = 0; e < 256; ++e) {
+            const int h = e / 128, k = (e % 128) / 32, l = e % 32;  /* half, quarter, lane */
+            const int lo = (ql[h * 64 + (k % 2) * 32 + l] >> (4 * (k / 2))) & 0xf;
+            const int hi = (qh[h * 32 + l] >> (2 * k)) & 3;
+            y[i + e] = (d * (float)scales[e / 16]) * (float)((lo | hi << 4) - 32);
+        }
+    }
+}
+
+static void row_f16(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] = f16(b + 2 * i);
+}
+
+/* bfloat16: a float32's top 16 bits, exact */
+static void row_bf16(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) {
+        const uint32_t bits = (uint32_t)(b[2 * i] | (b[2 * i + 1] << 8)) << 16;
+        memcpy(y + i, &bits, sizeof(float));
+    }
+}
+
+/* Row `row` of a part (its own numbering) into y (n floats); 0 where the type is not served. */
+static int dequant_row(int64_t type, const uint8_t *data, int64_t row_bytes, int64_t row, float *y, int64_t n) {
+    const uint8_t *b = data + row * row_bytes;
+    switch (type) {
+    case GGML_F32: memcpy(y, b, sizeof(float) * n); return 1;
+    case GGML_F16: row_f16(b, y, n); return 1;
+    case GGML_BF16: row_bf16(b, y, n); return 1;
+    case GGML_Q8_0: row_q8_0(b, y, n); return 1;
+    case GGML_Q4_0: row_q4_0(b, y, n); return 1;
+    case GGML_Q4_1: row_q4_1(b, y, n); return 1;
+    case GGML_Q5_0: row_q5_0(b, y, n); return 1;
+    case GGML_Q4_K: row_k4(b, y, n, 0); return 1;
+    case GGML_Q5_K: row_k4(b, y, n, 1); return 1;
+    case GGML_Q6_K: row_q6_k(b, y, n); return 1;
+    default: return 0;
+    }
+}
+
+/* Which part row o of the weight lies in, and its row there. */
+static inline const int64_t *part_of(const int64_t *w, int64_t o, int64_t *row) {
+    const int64_t *p = w + W_FIRST;
+    for (int64_t k = 0; k + 1 < w[W_PARTS] && o >= p[P_ROWS]; ++k, p += PART_FIELDS) o -= p[P_ROWS];
+    *row = o;
+    return p;
+}
+
+/* Rows [o0, o1) of the weight, dequantized into y ((o1 - o0), in). */
+void token_lab_dequant(const int64_t *w, int64_t o0, int64_t o1, float *y) {
+    const int64_t in = w[W_IN];
+    for (int64_t o = o0; o < o1; ++o) {
+        int64_t row;
+        const int64_t *p = part_of(w, o, &row);
+        if (!dequant_row(p[P_TYPE], (const uint8_t *)(intptr_t)p[P_DATA], p[P_ROW_BYTES], row, y + (o - o0) * in, in))
+            abort();  /* quant.py builds tables only of the types above */
+    }
+}
+
+/* Rows ids[0..n) of the weight (an embedding's lookup) into y (n, in). */
+void token_lab_gather(const int64_t *w, const int64_t *ids, int64_t n, float *y) {
+    for (int64_t r = 0; r < n; ++r) token_lab_dequant(w, ids[r], ids[r] + 1, y + r * w[W_IN]);
+}
+
+/* ---------------------------------------------------------------- fused: AVX2's lanes
+ * Where the CPU has AVX2, a row's blocks are dequantized 32 weights at a time into four 8-lane
+ * registers (the same float32 operations as above, lane by lane) and summed at once, in dot()'s
+ * order (four accumulators over chunks of 32, added as (a + b) + (c + d) and across lanes):
+ * quantized rows are whole chunks of 32, so that is all of dot()'s order there is. Elsewhere
+ * the row goes through a buffer (dequant_row, then dot): the same numbers. */
+#if defined(__AVX2__)
+#include <immintrin.h>
+
+/* 8 bytes -> 8 int32 lanes */
+static inline __m256i u8x8(const uint8_t *p) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
+static inline v8 to_v8(__m256 v) { v8 r; memcpy(&r, &v, sizeof r); return r; }
+static inline v8 ints(__m256i q) { return to_v8(_mm256_cvtepi32_ps(q)); }
+
+/* Chunk c (of 32 weights) of a block into w[4]; each decoder as its row_* above. */
+static inline void dec_q8_0(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    const float d = f16(b);
+    for (int k = 0; k < 4; ++k)
+        w[k] = to_v8(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * k))))) * d;
+}
+
+/* the 32 nibbles of 16 bytes, lanes in gguf's order: low nibbles of bytes 0-15, then high */
+static inline void nibbles(const uint8_t *q, __m256i *n) {
+    const __m256i f = _mm256_set1_epi32(0xf);
+    const __m256i a = u8x8(q), b = u8x8(q + 8);
+    n[0] = _mm256_and_si256(a, f);
+    n[1] = _mm256_and_si256(b, f);
+    n[2] = _mm256_srli_epi32(a, 4);
+    n[3] = _mm256_srli_epi32(b, 4);
+}
+
+static inline void dec_q4_0(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    const float d = f16(b);
+    __m256i n[4];
+    nibbles(b + 2, n);
+    for (int k = 0; k < 4; ++k) w[k] = d * ints(_mm256_sub_epi32(n[k], _mm256_set1_epi32(8)));
+}
+
+static inline void dec_q4_1(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    const float d = f16(b), m = f16(b + 2);
+    __m256i n[4];
+    nibbles(b + 4, n);
+    for (int k = 0; k < 4; ++k) w[k] = d * ints(n[k]) + m;
+}
+
+static inline void dec_q5_0(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    const float d = f16(b);
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    __m256i n[4];
+    nibbles(b + 6, n);
+    const __m256i h = _mm256_set1_epi32((int)qh), one = _mm256_set1_epi32(1);
+    for (int k = 0; k < 4; ++k) {
+        const __m256i lane = _mm256_setr_epi32(8 * k, 8 * k + 1, 8 * k + 2, 8 * k + 3, 8 * k + 4, 8 * k + 5,
+                                               8 * k + 6, 8 * k + 7);
+        const __m256i hi = _mm256_slli_epi32(_mm256_and_si256(_mm256_srlv_epi32(h, lane), one), 4);
+        w[k] = d * ints(_mm256_sub_epi32(_mm256_or_si256(n[k], hi), _mm256_set1_epi32(16)));
+    }
+}
+
+static inline void dec_q4_k(const uint8_t *b, int c, v8 *w) {
+    uint8_t sc, m;
+    scale_min_k4(b + 4, c, &sc, &m);
+    const float ds = f16(b) * (float)sc, dm = f16(b + 2) * (float)m;
+    const uint8_t *qs = b + 16 + (c / 2) * 32;
+    const __m256i f = _mm256_set1_epi32(0xf);
+    for (int k = 0; k < 4; ++k)
+        w[k] = ds * ints(_mm256_and_si256(_mm256_srli_epi32(u8x8(qs + 8 * k), 4 * (c % 2)), f)) - dm;
+}
+
+static inline void dec_q6_k(const uint8_t *b, int c, v8 *w) {
+    const int h = c / 4, k4 = c % 4;
+    const uint8_t *ql = b + h * 64 + (k4 % 2) * 32, *qh = b + 128 + h * 32;
+    const int8_t *scales = (const int8_t *)(b + 192);
+    const float d = f16(b + 208);
+    const __m256i f = _mm256_set1_epi32(0xf), three = _mm256_set1_epi32(3);
+    for (int k = 0; k < 4; ++k) {
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8(ql + 8 * k), 4 * (k4 / 2)), f);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * k), 2 * k4), three);
+        const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+        w[k] = (d * (float)scales[c * 2 + k / 2]) * ints(q);
+    }
+}
+
+static inline void dec_bf16(const uint8_t *b, int c, v8 *w) {
+    (void)c;
+    for (int k = 0; k < 4; ++k) {
+        const __m256i q = _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(b + 16 * k))), 16);
+        w[k] = to_v8(_mm256_castsi256_ps(q));
+    }
+}
+
+/* One quantized row (n weights) against x0 and, unless NULL, x1: dot()'s order for each. */
+#define QDOT(NAME, BLOCK_BYTES, CHUNKS, DECODE)                                                     \
+    static __attribute__((unused)) void NAME(const uint8_t *row, const float *x0, const float *x1, int64_t n, float *s0, float *s1) { \
+        v8 a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0}, g = {0}, h = {0};                     \
+        int64_t i = 0;                                                                                 \
+        for (const uint8_t *blk = row; i < n; blk += BLOCK_BYTES)                                      \
+            for (int ch = 0; ch < CHUNKS; ++ch, i += 32) {                                             \
+                v8 w[4];                                                                               \
+                DECODE(blk, ch, w);                                                                    \
+                a = fma8(w[0], load8(x0 + i), a); b = fma8(w[1], load8(x0 + i + 8), b);                \
+                c = fma8(w[2], load8(x0 + i + 16), c); d = fma8(w[3], load8(x0 + i + 24), d);          \
+                if (x1) {                                                                              \
+                    e = fma8(w[0], load8(x1 + i), e); f = fma8(w[1], load8(x1 + i + 8), f);            \
+                    g = fma8(w[2], load8(x1 + i + 16), g); h = fma8(w[3], load8(x1 + i + 24), h);      \
+                }                                                                                      \
+            }                                                                                          \
+        *s0 = sum8((a + b) + (c + d));                                                                 \
+        if (x1) *s1 = sum8((e + f) + (g + h));                                                         \
+    }
+QDOT(qdot_q8_0, 34, 1, dec_q8_0)
+QDOT(qdot_q4_0, 18, 1, dec_q4_0)
+QDOT(qdot_q4_1, 20, 1, dec_q4_1)
+QDOT(qdot_q5_0, 22, 1, dec_q5_0)
+QDOT(qdot_q4_k, 144, 8, dec_q4_k)
+QDOT(qdot_q6_k, 210, 8, dec_q6_k)
+QDOT(qdot_bf16, 64, 1, dec_bf16)
+
+typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
+
+#if defined(__AVX512F__)
+/* With AVX-512 the 32-weight blocks take two 16-lane registers: lanes 0-15 hold what dot()'s a and
+ * b hold, lanes 16-31 its c and d, each lane the same multiply-adds, so the sums are the same bits
+ * (the halves are split back for (a + b) + (c + d)). */
+static inline __m512 splat(float v) { return _mm512_set1_ps(v); }
+static inline __m512 ints16(__m512i q) { return _mm512_cvtepi32_ps(q); }
+static inline __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+
+static inline void dec16_q8_0(const uint8_t *b, __m512 *w) {
+    const __m512 d = splat(f16(b));
+    for (int k = 0; k < 2; ++k)
+        w[k] = _mm512_mul_ps(ints16(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * k)))), d);
+}
+static inline void dec16_q4_0(const uint8_t *b, __m512 *w) {
+    const __m512 d = splat(f16(b));
+    const __m512i q = u8x16(b + 2), eight = _mm512_set1_epi32(8);
+    w[0] = _mm512_mul_ps(d, ints16(_mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(0xf)), eight)));
+    w[1] = _mm512_mul_ps(d, ints16(_mm512_sub_epi32(_mm512_srli_epi32(q, 4), eight)));
+}
+static inline void dec16_q4_1(const uint8_t *b, __m512 *w) {
+    const __m512 d = splat(f16(b)), m = splat(f16(b + 2));
+    const __m512i q = u8x16(b + 4);
+    w[0] = _mm512_add_ps(_mm512_mul_ps(d, ints16(_mm512_and_si512(q, _mm512_set1_epi32(0xf)))), m);
+    w[1] = _mm512_add_ps(_mm512_mul_ps(d, ints16(_mm512_srli_epi32(q, 4))), m);
+}
+static inline void dec16_q5_0(const uint8_t *b, __m512 *w) {
+    const __m512 d = splat(f16(b));
+    uint32_t qh;
+    memcpy(&qh, b + 2, 4);
+    const __m512i q = u8x16(b + 6), h = _mm512_set1_epi32((int)qh), one = _mm512_set1_epi32(1);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512i n[2] = {_mm512_and_si512(q, _mm512_set1_epi32(0xf)), _mm512_srli_epi32(q, 4)};
+    for (int k = 0; k < 2; ++k) {
+        const __m512i shift = _mm512_add_epi32(lane, _mm512_set1_epi32(16 * k));
+        const __m512i hi = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, shift), one), 4);
+        w[k] = _mm512_mul_ps(d, ints16(_mm512_sub_epi32(_mm512_or_si512(n[k], hi), _mm512_set1_epi32(16))));
+    }
+}
+
+static inline float halves_sum(__m512 ab, __m512 cd) {
+    const v8 a = to_v8(_mm512_castps512_ps256(ab)), c = to_v8(_mm512_castps512_ps256(cd));
+    const v8 b = to_v8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(ab), 1)));
+    const v8 d = to_v8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(cd), 1)));
+    return sum8((a + b) + (c + d));
+}
+
+#define QDOT16(NAME, BLOCK_BYTES, DECODE)                                                           \
+    static __attribute__((unused)) void NAME(const uint8_t *row, const float *x0, const float *x1, int64_t n, float *s0, float *s1) { \
+        __m512 ab = _mm512_setzero_ps(), cd = ab, ef = ab, gh = ab;                                    \
+        const uint8_t *blk = row;                                                                      \
+        for (int64_t i = 0; i < n; i += 32, blk += BLOCK_BYTES) {                                      \
+            __m512 w[2];                                                                               \
+            DECODE(blk, w);                                                                            \
+            ab = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x0 + i), ab);                                   \
+            cd = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x0 + i + 16), cd);                              \
+            if (x1) {                                                                                  \
+                ef = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x1 + i), ef);                               \
+                gh = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x1 + i + 16), gh);                          \
+            }                                                                                          \
+        }                                                                                              \
+        *s0 = halves_sum(ab, cd);                                                                      \
+        if (x1) *s1 = halves_sum(ef, gh);                                                              \
+    }
+QDOT16(qdot16_q8_0, 34, dec16_q8_0)
+QDOT16(qdot16_q4_0, 18, dec16_q4_0)
+QDOT16(qdot16_q4_1, 20, dec16_q4_1)
+QDOT16(qdot16_q5_0, 22, dec16_q5_0)
+#endif
+
+static qdot_fn fused(int64_t type) {
+    switch (type) {
+#if defined(__AVX512F__)
+    case GGML_Q8_0: return qdot16_q8_0;
+    case GGML_Q4_0: return qdot16_q4_0;
+    case GGML_Q4_1: return qdot16_q4_1;
+    case GGML_Q5_0: return qdot16_q5_0;
+#else
+    case GGML_Q8_0: return qdot_q8_0;
+    case GGML_Q4_0: return qdot_q4_0;
+    case GGML_Q4_1: return qdot_q4_1;
+    case GGML_Q5_0: return qdot_q5_0;
+#endif
+    case GGML_Q4_K: return qdot_q4_k;
+    case GGML_Q6_K: return qdot_q6_k;
+    case GGML_BF16: return qdot_bf16;
+    default: return NULL;
+    }
+}
+#else
+typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
+static qdot_fn fused(int64_t type) { (void)type; return NULL; }
+#endif
+
+/* ---------------------------------------------------------------- products on the blocks
+ * Y[:, o0:o1] of Y = X W^T, X (rows, in) rows x_stride floats apart, Y (rows, out): as
+ * rows_range, each row of a float32 part read in place, each of a quantized one first
+ * dequantized into buf (in floats). */
+typedef struct { const int64_t *w; const float *x; float *y; int64_t rows, x_stride; } qrows_t;
+
+static void weight_range(const int64_t *w, const float *x, float *y, int64_t rows, int64_t x_stride,
+                         int64_t o0, int64_t o1, float *buf) {
+    const int64_t out = w[W_OUT], in = w[W_IN];
+    for (int64_t o = o0; o < o1; ++o) {
+        int64_t row;
+        const int64_t *p = part_of(w, o, &row);
+        const float *wr;
+        const qdot_fn fn = in % 32 == 0 ? fused(p[P_TYPE]) : NULL;  /* whole chunks of 32 (bfloat16 rows need not be) */
+        if (fn) {
+            const uint8_t *br = (const uint8_t *)(intptr_t)p[P_DATA] + row * p[P_ROW_BYTES];
+            int64_t r = 0;
+            for (; r + 2 <= rows; r += 2)
+                fn(br, x + r * x_stride, x + (r + 1) * x_stride, in, y + r * out + o, y + (r + 1) * out + o);
+            if (r < rows) fn(br, x + r * x_stride, NULL, in, y + r * out + o, NULL);
+            continue;
+        }
+        if (p[P_TYPE] == GGML_F32) {
+            wr = (const float *)((const uint8_t *)(intptr_t)p[P_DATA] + row * p[P_ROW_BYTES]);
+        } else {
+            dequant_row(p[P_TYPE], (const uint8_t *)(intptr_t)p[P_DATA], p[P_ROW_BYTES], row, buf, in);
+            wr = buf;
+        }
+        int64_t r = 0;
+        for (; r + 2 <= rows; r += 2)
+            dot2(wr, x + r * x_stride, x + (r + 1) * x_stride, in, y + r * out + o, y + (r + 1) * out + o);
+        if (r < rows) y[r * out + o] = dot(wr, x + r * x_stride, in);
+    }
+}
+
+static void qrows_range(void *ctx, int64_t begin, int64_t end) {
+    const qrows_t *a = ctx;
+    float *buf = malloc(sizeof(float) * a->w[W_IN]);
+    if (!buf) abort();
+    weight_range(a->w, a->x, a->y, a->rows, a->x_stride, begin, end, buf);
+    free(buf);
+}
+
+/* The bytes a weight's table reads: its parts' rows. */
+static int64_t weight_bytes(const int64_t *w) {
+    int64_t bytes = 0;
+    const int64_t *p = w + W_FIRST;
+    for (int64_t k = 0; k < w[W_PARTS]; ++k, p += PART_FIELDS) bytes += p[P_ROWS] * p[P_ROW_BYTES];
+    return bytes;
+}
+
+static costs_t qrows_costs[48];
+
+/* Y (rows, out) = X W^T for the weight's table w; X (rows, in) with rows x_stride floats apart. */
+void token_lab_qrows(const int64_t *w, const float *x, float *y, int64_t rows, int64_t x_stride, int threads) {
+    qrows_t a = {w, x, y, rows, x_stride};
+    const int64_t bytes = weight_bytes(w);
+    split(qrows_range, &a, w[W_OUT], bytes, threads, by_size(qrows_costs, bytes));
+}
