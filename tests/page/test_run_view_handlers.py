@@ -75,7 +75,7 @@ def test_output_and_bars_in_view_together_wide_layout(tiny_engine):
 def test_tokens_view_and_context_line_agree_before_the_first_run(tiny_engine, h):
     page = build_ui(tiny_engine).tokenlab_page
     context, tokens = page["context_count"].value, page["tokens"].value
-    ids = tiny_engine.prompt_ids(h.defaults.prompt, False, "", [])
+    ids = tiny_engine.prompt_ids(h.defaults.prompt, h.defaults.mode == "chat", "", [])
     assert re.search(r"Context: \*\*(\d+)\*\* prompt tokens", context).group(1) == str(len(ids))
     assert f"Prompt as it will be fed: {len(ids)} tokens" in tokens
     assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", tokens)] == ids

@@ -37,7 +37,8 @@ class Chip:
     raw: float | None = None  # its probability in the model's raw distribution (the product likewise)
 
 
-MODE_INFO = "chat wraps the prompt in the model's chat template; follow-ups continue the conversation"
+MODE_INFO = ("chat wraps the prompt in the model's chat template; follow-ups continue the conversation. "
+             "Choosing a mode swaps in its example")
 
 
 def mode_choice(info) -> dict:

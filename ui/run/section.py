@@ -21,6 +21,7 @@ from ui.streaming import CHART_INTERVAL_S
 from ui.widgets import setting_control
 
 EXAMPLES = [
+    ["Write a haiku about the sea.", "chat"],
     ["The capital of France is", "completion"],
     ["今天天气真", "completion"],
     ["def fibonacci(n):\n    ", "completion"],
