@@ -33,6 +33,9 @@ class Candidate:
     prob: float | None  # in the final distribution, the one sampled from
     raw_prob: float | None  # softmax of the model's logits at temperature 1, nothing filtered
     forbidden: bool | None = False  # the run's constraint does not allow it here (None: not known, a server's)
+    # The setting name of the sampling stage that removed it (final p 0): "top_k", "temperature"
+    # (greedy); "" for one left in, None where not known (a server's).
+    removed_by: str | None = ""
 
 
 @dataclass

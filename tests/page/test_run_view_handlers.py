@@ -136,3 +136,32 @@ def test_kv_chart_legend_has_a_line_for_each_entry_and_its_panel_says_mib(h):
     assert set(kv_panel.kv_frame(crowded).series) == {"used", "allocated", "server pool, all runs"}
     text = kv_panel.pool_markdown(rec.steps[-1]) + kv_panel.kv_formula(h.info, None, rec.steps[-1].kv_cache_bytes)
     assert "MiB" in text and not re.search(r"\d (k|M|G)B\b", text)
+
+
+def test_a_bar_at_zero_names_the_stage_that_removed_it(h):
+    """Issue 46 (13): a candidate at final 0 says which stage removed it, the first that did.
+    The reference is the raw probabilities themselves: with temperature 1 before them, top-k
+    keeps the k most likely, and min-p (after it) those at least min_p × the most likely."""
+    rec = run(h, temperature=1.0, top_k=3, min_p=0.3, max_new_tokens=6)
+    seen = set()
+    for step in rec.steps:
+        top = sorted(step.top, key=lambda c: -c.raw_prob)  # the raw order: top-k's
+        best = top[0].raw_prob
+        for rank, c in enumerate(top, 1):
+            want = "top_k" if rank > 3 else "min_p" if c.raw_prob < 0.3 * best - 1e-6 else ""
+            if abs(c.raw_prob - 0.3 * best) < 1e-6:
+                continue  # too close to call between two computations
+            assert c.removed_by == want, (step.step, rank, c)
+            assert (c.prob == 0) == bool(want)
+            seen.add(want)
+        bars = h._bars(step, rec=rec)
+        assert bars.count("title='removed by the top-k stage") == sum(c.removed_by == "top_k" for c in step.top)
+        assert bars.count("title='removed by the min-p stage") == sum(c.removed_by == "min_p" for c in step.top)
+    assert seen == {"top_k", "min_p", ""}, seen
+    # Greedy keeps one token: every other candidate says temperature 0.
+    greedy = run(h, temperature=0.0, max_new_tokens=2).steps[0]
+    assert all(c.removed_by == ("" if c.id == greedy.token_id else "temperature") for c in greedy.top)
+    assert ">temperature 0<" in h._bars(greedy)
+    # An unknown stage name (saved work read back) shows nothing of it.
+    from ui.format import removed_mark
+    assert removed_mark("<script>") == "" and removed_mark("") == ""
