@@ -32,6 +32,9 @@ class StepInfo:
     # The candidates a stage removed (final p 0), each with that stage's setting name; greedy's
     # are "temperature" (temperature 0 keeps one token).
     removed_by: dict = None
+    # The final probability of the tokens not in `top`, summed in float64 from the distribution
+    # sampled from: exactly 0 where the stages removed every other token.
+    unlisted_prob: float | None = None
 
     def __post_init__(self):
         self.removed_by = self.removed_by or {}
@@ -143,11 +146,15 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     # The final probabilities of the chosen token and the candidates: a greedy row's are its one-hot.
     final_chosen = torch.ones(len(rows), 1, dtype=logits.dtype, device=logits.device)  # (R, 1)
     final_top = (top_ids == next_id[:, None]).to(logits.dtype)  # (R, top_n)
+    unlisted = torch.zeros(len(rows), 1, dtype=torch.float64, device=logits.device)  # (R, 1); greedy's: 0
     if finals:
         drawn = torch.tensor(list(finals), device=logits.device)
         final = torch.stack(list(finals.values()))  # (drawn rows, vocab)
         final_chosen[drawn] = final.gather(1, next_id[drawn, None])
         final_top[drawn] = final.gather(1, top_ids[drawn])
+        # Every token but the candidates and the chosen one (listed too): one pass a drawn row.
+        rest = final.scatter(1, top_ids[drawn], 0.0).scatter_(1, next_id[drawn, None], 0.0)  # (drawn rows, vocab)
+        unlisted[drawn] = rest.sum(dim=-1, keepdim=True, dtype=torch.float64)
     packed.add("token", next_id)
     packed.add("final_chosen", final_chosen)
     packed.add("logit_chosen", chosen_logit)
@@ -159,6 +166,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     packed.add("final_top", final_top)
     packed.add("unchanged", unchanged.to(logits.device))
     packed.add("removed", removed)
+    packed.add("unlisted", unlisted)
     if constrained:  # the raw mass of the forbidden tokens, and which candidates they are
         forbidden = torch.zeros_like(logits, dtype=torch.bool)  # (R, vocab)
         for i in constrained:
@@ -204,7 +212,14 @@ def _info(host: dict[str, torch.Tensor], r: int, top_n: int, params: SamplingPar
         forbidden = frozenset(i for (i, _, _), f in zip(top, host["top_forbidden"][r, :top_n].tolist()) if f)
         empty = bool(host["empty"][r, 0])
     return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r, 0]), masked, forbidden, empty,
-                    _removed_by(host, r, top_n, params, token_id))
+                    _removed_by(host, r, top_n, params, token_id), _unlisted(host, r, top_n, token_id))
+
+
+def _unlisted(host: dict[str, torch.Tensor], r: int, top_n: int, token_id: int) -> float:
+    """Row r's final probability outside its own top_n candidates and its token: the batch's
+    sum, plus the candidates the batch gathered beyond this row's top_n."""
+    beyond = zip(host["top_ids"][r, top_n:].tolist(), host["final_top"][r, top_n:].tolist())
+    return float(host["unlisted"][r, 0]) + sum(p for i, p in beyond if int(i) != token_id)
 
 
 def candidates(info: StepInfo, piece) -> list[Candidate]:
