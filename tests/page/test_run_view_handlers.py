@@ -16,7 +16,10 @@ from inference.sampling.params import SamplingParams
 from inference.serving.step_stats import RowSampling, pick_rows
 from ui.format import bars_html, fmt_p, token_label
 from ui.inside.render import lens_html
+from ui.controls import Controls
+from ui.handlers import Handlers
 from ui.layout import build_ui
+from ui.run_state import RunRecord
 import ui.run.kv as kv_panel
 import ui.run.render as run_render
 
@@ -165,3 +168,35 @@ def test_a_bar_at_zero_names_the_stage_that_removed_it(h):
     # An unknown stage name (saved work read back) shows nothing of it.
     from ui.format import removed_mark
     assert removed_mark("<script>") == "" and removed_mark("") == ""
+
+
+def test_the_page_before_a_run_shows_no_empty_boxes_and_titled_axes(tiny_engine, h):
+    """Issue 46 (12): no empty "Prompt as fed to the model" box before a run (the tokens view
+    says what will be fed); once fed, it holds the start-of-text token the tokenizer put before
+    the text (Gemma's <bos>, the tiny model's <s>), as the tokens list it; the latency chart
+    names its axes and unit."""
+    page = build_ui(tiny_engine).tokenlab_page
+    assert page["prompt_view"].visible is False
+    latency = page["latency"]
+    assert latency.y_title == "time per token (ms)" and latency.x_title.startswith("step")
+    begun = h.begin(*Controls(prompt="The quick", mode="completion", max_new_tokens=2).values())
+    ids = tiny_engine.prompt_ids("The quick", False, "", [])
+    bos = tiny_engine.tokenizer.piece(ids[0])
+    assert tiny_engine.tokenizer.is_control(ids[0]) and bos == "<s>"  # the reference: the ids fed
+    assert begun["prompt_view"] == {"value": bos + "The quick", "visible": True, "__type__": "update"}
+    # Text that already holds it (a chat template that writes it) is not given a second one.
+    from ui.run.render import fed_text
+    assert fed_text(tiny_engine.tokenizer, RunRecord(prompt_text="<s>Hi", prompt_ids=ids)) == "<s>Hi"
+    assert fed_text(tiny_engine.tokenizer, RunRecord(prompt_text="Hi", prompt_ids=ids[1:])) == "Hi"
+
+
+def test_the_two_models_chart_shows_only_with_two_models_compared(tiny_dirs):
+    """Issue 46 (12): on a page offering two models the chart is not there, empty, before a
+    comparison of two models fills it (test_model_picker: it is shown then)."""
+    from tiny_models import offered
+    models = offered({"mha": tiny_dirs["mha"], "gqa_tied": tiny_dirs["gqa_tied"]})
+    try:
+        page = build_ui(models.engine(), Handlers(models.engine(), models=models)).tokenlab_page
+        assert page["compare_chart"].visible is False
+    finally:
+        models.close()

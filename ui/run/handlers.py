@@ -87,7 +87,8 @@ class RunHandlers(PageBase):
         empty = RunRecord()
         run_chart, rank_chart = run_chart_frames(empty)
         return {
-            "prompt_view": rec.prompt_text, "tokens": render.run_tokens_html(self.view(rec.model).tokenizer, rec.prompt_ids),
+            "prompt_view": gr.update(value=render.fed_text(self.view(rec.model).tokenizer, rec), visible=True),
+            "tokens": render.run_tokens_html(self.view(rec.model).tokenizer, rec.prompt_ids),
             "kv_chart": kv.kv_frame(empty), "latency": kv.latency_frame(empty), "live": gr.Timer(active=True),
             "generate": gr.update(interactive=False), "regenerate": gr.update(interactive=False),
             "stop_button": gr.update(interactive=True, variant="stop"),

@@ -185,6 +185,16 @@ def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] |
     return out
 
 
+def fed_text(tokenizer, rec: RunRecord) -> str:
+    """"Prompt as fed to the model": the run's text with the start-of-text token the tokenizer
+    put before it (Gemma's <bos>), as the tokens below list it."""
+    text = rec.prompt_text
+    bos = tokenizer.bos_token
+    if rec.prompt_ids and rec.prompt_ids[0] == tokenizer.bos_id and bos and not text.startswith(bos):
+        text = bos + text
+    return text
+
+
 def prompt_tokens_html(tokenizer, ids: list[int], title: str = "Prompt") -> str:
     """The prompt's tokens as chips: one per token, and one per character made of byte tokens
     with those tokens beneath it; control tokens marked."""

@@ -150,8 +150,9 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk", js_on_load=branches.PICK_JS))
                 branches.build(page, h)
             with gr.Column(elem_id="feed-col"):
+                # Shown once a run has fed a prompt (before, the tokens below say what will be fed).
                 add("prompt_view", gr.Textbox(label="Prompt as fed to the model", lines=2, max_lines=8,
-                                              interactive=False, elem_id="prompt-view"))
+                                              interactive=False, visible=False, elem_id="prompt-view"))
                 add("tokens", gr.HTML(first["tokens"], label="Tokenization", elem_id="tokens"))
     with gr.Row():
         with gr.Column(min_width=320):
@@ -162,6 +163,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
             add("server_md", gr.Markdown("", elem_id="server-load", visible=h.caps.server_load))
         with gr.Column(min_width=320):
             add("latency", gr.LinePlot(kv.latency_frame(RunRecord()), **step_axis(), y="ms",
+                                       x_title=kv.LATENCY_X_TITLE, y_title=kv.LATENCY_Y_TITLE,
                                        title="Decode latency per token", elem_id="latency-chart"))
             add("stats", gr.Markdown("No run yet.", label="Run statistics", elem_id="stats"))
     add("record", gr.State(None))
