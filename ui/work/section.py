@@ -26,6 +26,9 @@ CLEAR_JS = """() => {
 # the page is marked restored (tests wait for it) and they take input.
 RESTORING_JS = (Path(__file__).parent.parent / "assets" / "restoring.js").read_text(encoding="utf-8")
 RESTORED_JS = """() => {
+  // A link's settings are applied and kept (keep_link_settings): off the address, so that a
+  // reload restores the work done since, not the link again.
+  if (window.location.search) history.replaceState(history.state, '', window.location.pathname + window.location.hash);
   document.body.dataset.tlRestored = '1';
   document.querySelectorAll('#input-col, #settings-col').forEach((c) => c.removeAttribute('aria-busy'));
   return [];
@@ -54,7 +57,9 @@ def wire(page, h: Handlers, demo: gr.Blocks, loaded) -> None:
     demo.load(None, js=RESTORING_JS)
     restored = page.on(loaded.then, h.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
                        api_visibility="private", queue=False, show_progress="hidden")
-    restored.then(None, js=RESTORED_JS)
+    kept = page.on(restored.then, h.keep_link_settings, inputs=NAMES, outputs=("saved_settings",),
+                   api_visibility="private", queue=False, show_progress="hidden")
+    kept.then(None, js=RESTORED_JS)
     page.chain(restored, [(h.chart_colors, ("record",), ("kv_chart", "run_chart"))])  # after their data
     gr.on([page[n].input for n in NAMES], h.save_settings, inputs=page.all(NAMES), outputs=page["saved_settings"],
           queue=False, show_progress="hidden", trigger_mode="always_last", api_visibility="private")
