@@ -19,6 +19,7 @@ from ui.run import constrain, kv, render
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
 from ui.widgets import setting_control
+from ui.work import section as work
 
 EXAMPLES = [
     ["Write a haiku about the sea.", "chat"],
@@ -187,8 +188,10 @@ def wire(page, h: Handlers, demo: gr.Blocks):
                     show_progress="hidden", api_visibility="private")
         r = page.on(b.success, h.generate_on_page, inputs=RUN_INPUTS, outputs=RUN_OUTPUTS,
                     show_progress="hidden", concurrency_id=ENGINE, api_visibility="private", postprocess=False)
+        b.success(None, js=work.RUN_GOING_JS)  # until its end: a reload meanwhile says it was lost
         a = page.on(r.then, h.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
                     show_progress="hidden", api_visibility="private")
+        a.then(None, js=work.RUN_ENDED_JS)
         a = page.chain(a, [colors])
         for fn, inputs, outputs in page.after_run:
             a = page.on(a.then, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
