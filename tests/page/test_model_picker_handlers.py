@@ -113,3 +113,32 @@ def test_a_link_names_its_mode_and_one_without_it_is_a_completion(picker):
     old = picker.restore(SimpleNamespace(query_params={"prompt": "Once upon a time"}))
     assert old["mode"] == "completion" and old["prompt"] == "Once upon a time"
     assert picker.restore(SimpleNamespace(query_params={"prompt": "Hi", "mode": "chat"}))["mode"] == "chat"
+
+
+def test_a_model_loading_on_its_first_use_is_said_and_generate_waits(tiny_dirs):
+    """Issue 46 (4): picking a model not loaded yet says it loads, with Generate off, before the
+    load; once loaded, Generate is back, and the status line under the run on view names the
+    model that made it and both contexts (the card, the context line and the next run are the
+    picked model's)."""
+    from helpers import page_run
+    models = offered({"mha": tiny_dirs["mha"], "gqa_tied": tiny_dirs["gqa_tied"]})
+    try:
+        h = Handlers(models.engine(), models=models)
+        rec = page_run(h, REQ, max_new_tokens=2)
+        assert rec.model == "mha"
+        steps = h.pick_model("gqa_tied", "The quick", "completion", "", 5, [], "Run ended", rec, REQ)
+        first = next(steps)
+        assert not models.loaded("gqa_tied")  # said before the load
+        assert first["status"].startswith("Loading **gqa_tied**") and first["generate"]["interactive"] is False
+        last = next(steps)
+        assert models.loaded("gqa_tied") and last["generate"]["interactive"] is True
+        ctx = {n: json.loads((tiny_dirs[n] / "config.json").read_text())["max_position_embeddings"]
+               for n in ("mha", "gqa_tied")}
+        assert f"made by **mha** (a {ctx['mha']:,}-token context)" in last["status"]
+        assert f"The next run uses **gqa_tied** (a {ctx['gqa_tied']:,}-token context)" in last["status"]
+        assert f"of {ctx['gqa_tied']:,}" in last["context_count"]
+        # Loaded now: no loading line; back on the run's own model, its status is its own.
+        again = list(h.pick_model("mha", "The quick", "completion", "", 5, [], last["status"], rec, REQ))
+        assert len(again) == 1 and again[0]["status"].startswith("Run ended") and "made by" not in again[0]["status"]
+    finally:
+        models.close()

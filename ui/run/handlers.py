@@ -373,6 +373,34 @@ class RunHandlers(PageBase):
         """Each offered model and what it takes in memory (loaded ones), the memory free now."""
         return render.models_markdown(self.models, available_memory_bytes(), error)
 
+    def pick_model(self, model, prompt, mode, system, max_new_tokens, history=None, status="",
+                   rec: RunRecord | None = None, request: gr.Request = None) -> Iterator[dict]:
+        """The picker's event: choose_model, said while a model loads on its first use (which
+        can take a minute: fetched and imported into the cache first where it is not there),
+        with Generate off until it can run; then, under a run made by another model, which
+        model made it (the model card, the context line and the next run are the picked one's)."""
+        try:
+            label = self.models.label_of(model)
+        except TokenLabError:
+            yield self.choose_model(model, prompt, mode, system, max_new_tokens, history, status)
+            return
+        going = self.registry.running(session_of(request))  # Generate stays as the run has it
+        if not self.models.loaded(label):
+            first = {"model_md": self.models_markdown(), "status": render.loading_text(label)}
+            yield first if going else {**first, "generate": gr.update(interactive=False)}
+        out = self.choose_model(model, prompt, mode, system, max_new_tokens, history, status)
+        if not going:
+            out["generate"] = gr.update(interactive=True)
+        if "model_card" not in out:  # it could not be loaded: said under the picker
+            out["status"] = ""
+        elif rec is not None and rec.prompt_ids and rec.model != label:
+            out["status"] = render.other_model_text(rec, self.view(rec.model).context, label, self.view(label).context)
+        elif rec is not None and rec.done is not None:  # its own model again: its own line
+            out["status"] = render.status_text(rec, self.view(label).context, time.monotonic())
+        elif str(status).startswith(render.LOADING):
+            out["status"] = ""
+        yield out
+
     def choose_model(self, model, prompt, mode, system, max_new_tokens, history=None, status="") -> dict:
         """A model chosen in the picker: loaded now if this is its first use (a load that
         cannot fit is refused, said under the picker), then the model card, its memory, the

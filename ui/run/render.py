@@ -254,6 +254,22 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
     return f"Run ended: {REASONS.get(rec.done.reason, rec.done.reason)} · {g:,} tokens · {ctx}"
 
 
+LOADING = "Loading"
+
+
+def loading_text(label: str) -> str:
+    """The status line while a model loads on its first use."""
+    return (f"{LOADING} **{label}**: its first use, so its weights are read now (fetched and imported into "
+            "the cache first where they are not there: up to a minute or two). Generate waits for it.")
+
+
+def other_model_text(rec: RunRecord, run_context: int, label: str, context: int) -> str:
+    """The status line under a run that another model than the picked one made."""
+    ended = status_text(rec, run_context, 0.0) if rec.done is not None else "A run"
+    return (f"{ended}, made by **{rec.model}** (a {run_context:,}-token context). The next run uses "
+            f"**{label}** (a {context:,}-token context), whose card is shown above.")
+
+
 def bars_note(info, top_n: int) -> str:
     """The line under each step's bars: where its numbers come from, or how approximate they are."""
     if not info.capabilities.whole_distribution:

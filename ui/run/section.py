@@ -237,10 +237,10 @@ def wire(page, h: Handlers, demo: gr.Blocks):
             event(h.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
                   queue=False, show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
-    page.on(page["model"].change, h.choose_model, inputs=("model", *context_inputs[:5], "status"),
+    page.on(page["model"].change, h.pick_model, inputs=("model", *context_inputs[:5], "status", "record"),
             outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens", "system",
-                     "mode", "layer", "head", "status"), api_visibility="private", concurrency_id=MODEL_PICK,
-            show_progress="minimal")
+                     "mode", "layer", "head", "status", "generate"), api_visibility="private",
+            concurrency_id=MODEL_PICK, show_progress="minimal")
     if len(h.models.labels) > 1:  # what is loaded now, not when the page was built
         page.on(demo.load, h.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
