@@ -236,9 +236,13 @@ def step_axis() -> dict:
     return {"x": "step", "x_lim": [0, None]}
 
 
-def line_frame(rows: list[dict], y: str, color: str | None = None) -> pd.DataFrame:
-    """A per-step line chart's data (columns step, y and color), typed even when empty: an empty
-    untyped column reads to Gradio as categories, and Vega-Lite then draws the chart 0 px high."""
+def line_frame(rows: list[dict], y: str, color: str | None = None) -> pd.DataFrame | None:
+    """A per-step line chart's data (columns step, y and color), typed; None without a row: the
+    chart is then not drawn until its data comes (an empty one made Vega warn "Infinite extent"
+    at every update, and kept the colour scale it was first built with, empty: lines without a
+    stroke), so its series have their colours from its first drawing."""
+    if not rows:
+        return None
     dtypes = {"step": "int64", y: "float64", **({color: "object"} if color else {})}
     return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
 

@@ -54,6 +54,12 @@ def continued_text(tokenizer, ids: list[int]) -> str:
     return "".join(stream.push(t) for t in ids)
 
 
+def charts(frames: dict) -> dict:
+    """The charts that have data: one without (line_frame's None) keeps what it shows, never
+    emptied (see begin)."""
+    return {name: frame for name, frame in frames.items() if frame is not None}
+
+
 def raising(e: Exception) -> Iterator:
     """Events that are an error: raised when the first is asked for."""
     raise e
@@ -84,12 +90,10 @@ class RunHandlers(PageBase):
             self._prepared[session] = rec  # what generate_on_page runs: the run is prepared once
             self._stopped_waiting.discard(session)
         rec = dataclasses.replace(rec, seed=None)  # (shown once the run has it)
-        empty = RunRecord()
-        run_chart, rank_chart = run_chart_frames(empty)
         return {
             "prompt_view": gr.update(value=render.fed_text(self.view(rec.model).tokenizer, rec), visible=True),
             "tokens": render.run_tokens_html(self.view(rec.model).tokenizer, rec.prompt_ids),
-            "kv_chart": kv.kv_frame(empty), "latency": kv.latency_frame(empty), "live": gr.Timer(active=True),
+            "live": gr.Timer(active=True),
             "generate": gr.update(interactive=False), "regenerate": gr.update(interactive=False),
             "stop_button": gr.update(interactive=True, variant="stop"),
             "step": gr.update(minimum=0, maximum=max(rec.max_steps - 1, 1), value=0, interactive=False),
@@ -97,11 +101,11 @@ class RunHandlers(PageBase):
             "output": render.output_html(None, None, empty="Waiting for the engine…"),
             "bars": self._bars(None), "stats": "Waiting for the engine…", "notice": "",
             **{name: "" for name in STALE_PANELS},
-            # What the previous run left: its downloads, its whole-run charts, and its seed
-            # (which a link made during the new run would otherwise carry).
-            "downloads": render.downloads_html(None, None), "run_chart": run_chart, "rank_chart": rank_chart,
-            "entropy_chart": entropy_frame(empty),
-            "run_seed": "", "record": rec}
+            # What the previous run left: its downloads and its seed (which a link made during
+            # the new run would otherwise carry). Its charts stay until this run's first step
+            # replaces them: a chart emptied is redrawn without data (Vega's "Infinite extent"
+            # warnings), and one taken off the page fails in Gradio's resize observer.
+            "downloads": render.downloads_html(None, None), "run_seed": "", "record": rec}
 
     @takes_controls(after=("history",))
     def generate(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[dict]:
@@ -227,7 +231,7 @@ class RunHandlers(PageBase):
         if rec is None or rec.done is not None:  # waiting for its click to be taken, or over
             return {}
         if rec.steps:
-            return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec)}
+            return charts({"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec)})
         return {"status": self._status(rec, session_of(request))}
 
     def chart_colors(self, rec: RunRecord | None) -> dict:
@@ -274,9 +278,9 @@ class RunHandlers(PageBase):
         output, the downloads and its seed."""
         n, tok = len(rec.steps), self.view(rec.model).tokenizer
         run_chart, rank_chart = run_chart_frames(rec)
-        return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
+        return {**charts({"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec), "run_chart": run_chart,
+                          "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec)}),
                 "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-                "run_chart": run_chart, "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec),
                 **{f"{panel}_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS for panel in ("replay", "b")},
                 "tokens": render.run_tokens_html(tok, rec.prompt_ids, [s.token_id for s in rec.steps],
                                                  given_ids=rec.given),
