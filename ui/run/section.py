@@ -31,6 +31,14 @@ EXAMPLES = [
 ]
 OUTPUT_JS = (Path(__file__).parent.parent / "assets" / "output.js").read_text(encoding="utf-8")
 CLAMP_JS = (Path(__file__).parent.parent / "assets" / "clamp.js").read_text(encoding="utf-8")
+# On a narrow screen (one column: page.css) a run's text comes under the prompt, the settings and
+# the examples: once the run starts the output is brought to the top of the window.
+OUTPUT_IN_VIEW_JS = """() => {
+  if (window.matchMedia('(max-width: 860px)').matches) {
+    document.querySelector('#output-caption')?.scrollIntoView({block: 'start'});
+  }
+  return [];
+}"""
 COLOUR_BY = [("colour by final p (sampled from)", "final"), ("colour by raw p (the model's)", "raw")]
 COLOUR_BY_JS = "(by) => { document.body.classList.toggle('tl-colour-raw', by === 'raw'); return []; }"
 SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); return []; }"
@@ -189,6 +197,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         r = page.on(b.success, h.generate_on_page, inputs=RUN_INPUTS, outputs=RUN_OUTPUTS,
                     show_progress="hidden", concurrency_id=ENGINE, api_visibility="private", postprocess=False)
         b.success(None, js=work.RUN_GOING_JS)  # until its end: a reload meanwhile says it was lost
+        b.success(None, js=OUTPUT_IN_VIEW_JS)
         a = page.on(r.then, h.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
                     show_progress="hidden", api_visibility="private")
         a.then(None, js=work.RUN_ENDED_JS)
