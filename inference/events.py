@@ -33,6 +33,9 @@ class Candidate:
     prob: float | None  # in the final distribution, the one sampled from
     raw_prob: float | None  # softmax of the model's logits at temperature 1, nothing filtered
     forbidden: bool | None = False  # the run's constraint does not allow it here (None: not known, a server's)
+    # The setting name of the sampling stage that removed it (final p 0): "top_k", "temperature"
+    # (greedy); "" for one left in, None where not known (a server's).
+    removed_by: str | None = ""
 
 
 @dataclass
@@ -62,6 +65,9 @@ class StepEvent:
     # The raw probability mass the run's constraint removed at this step: 1 - the sum of the raw
     # probabilities of the tokens it allows (0 without a constraint; None: not known, a server's).
     masked_mass: float | None = 0.0
+    # The final probability of every token not among `top`, summed (exactly 0 where the stages
+    # removed them all; None: not known, a server's).
+    unlisted_prob: float | None = None
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "pool"}
@@ -69,7 +75,7 @@ class StepEvent:
         if self.pool is not None:
             d["pool_blocks_used"], d["pool_blocks_total"] = self.pool.blocks_used, self.pool.blocks_total
             d["pool_active_runs"] = self.pool.active_runs
-        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused", "sampler_state"):
+        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused", "sampler_state", "unlisted_prob"):
             if d[key] is None:
                 d.pop(key)
         return d

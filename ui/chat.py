@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from ui.base import PageContext, Section
+from ui.controls import EXAMPLE_PROMPTS
 from ui.run_state import RunRecord, turn_messages
 
 if TYPE_CHECKING:
@@ -73,6 +74,13 @@ class ChatHandlers(Section):
         chat = mode == "chat"
         return {"chat_buttons": gr.update(visible=chat), "conversation": gr.update(visible=chat)}
 
+    def example_for_mode(self, mode, prompt) -> dict:
+        """A mode chosen by a person while the prompt is the other mode's example: that mode's
+        example takes its place (the completion example one click from the chat one)."""
+        if prompt in EXAMPLE_PROMPTS.values() and mode in EXAMPLE_PROMPTS:
+            return {"prompt": EXAMPLE_PROMPTS[mode]}
+        return {}
+
 
 def build_buttons(page, mode: str) -> None:
     """Under Generate and Stop: shown in chat mode only, with a note after Regenerate."""
@@ -86,6 +94,9 @@ def build_buttons(page, mode: str) -> None:
 
 def wire(page, h: ChatHandlers) -> None:
     page.on(page["mode"].change, h.chat.switch_mode, inputs=("mode",), outputs=("chat_buttons", "conversation"),
+            queue=False, api_visibility="private", show_progress="hidden")
+    # A person's choice only (input): a link or saved work setting the mode keeps its prompt.
+    page.on(page["mode"].input, h.chat.example_for_mode, inputs=("mode", "prompt"), outputs=("prompt",),
             queue=False, api_visibility="private", show_progress="hidden")
     page.on(page["new_chat"].click, h.chat.new_conversation,
             inputs=("prompt", "mode", "system", "max_new_tokens", "model"),

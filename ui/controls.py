@@ -17,6 +17,10 @@ from inference.sampling.settings import BY_NAME, DEFAULT, SETTINGS, SHAPING_SETT
 
 MODES = ("completion", "chat")
 DEFAULT_PROMPT = "The capital of France is"
+# A model with a chat template starts in chat mode with this (an instruction given as a completion
+# prompt gets a rambling continuation); choosing a mode swaps one example for the other.
+CHAT_PROMPT = "Write a haiku about the sea."
+EXAMPLE_PROMPTS = {"completion": DEFAULT_PROMPT, "chat": CHAT_PROMPT}
 
 
 @dataclass
@@ -238,6 +242,11 @@ def query_value(v) -> str:
     return str(v)
 
 
+# Written into every link: a link without a mode is a completion link (links from before chat
+# became a default named only chat).
+ALWAYS_IN_LINK = ("prompt", "mode", "seed")
+
+
 def share_url(base: str, c: Controls, default: Controls | None = None, seed=None) -> str:
     """A link with every setting that differs from the defaults, plus the prompt and seed;
     `seed` (the seed a run used) stands in for an empty seed box."""
@@ -245,5 +254,5 @@ def share_url(base: str, c: Controls, default: Controls | None = None, seed=None
     values = dict(zip(NAMES, c.values()))
     if str(values["seed"]).strip() == "" and seed is not None:
         values["seed"] = str(seed)
-    query = {n: query_value(v) for n, v in values.items() if v != getattr(default, n) or n in ("prompt", "seed")}
+    query = {n: query_value(v) for n, v in values.items() if v != getattr(default, n) or n in ALWAYS_IN_LINK}
     return f"{base.split('?')[0]}?{urlencode(query)}"

@@ -13,6 +13,7 @@ from inference.events import DoneEvent, StepEvent
 from inference.loading.byte_pieces import byte_hint, short_hint
 from inference.lesson.summary import si  # noqa: F401 - the one SI formatter, the CLI's lesson's too
 from inference.sampling.penalties import BAN
+from inference.sampling.stages import STAGES
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
 BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
@@ -134,6 +135,29 @@ FORBIDDEN_MARK = ("<span class='tl-mark tl-banned' title='the constraint forbids
                   "<span class='tl-long'>forbidden</span><span class='tl-short'>✕</span></span>")
 
 
+def final_mark(c, bias: dict[int, float] | None) -> str:
+    """Why a candidate's final bar is what it is: forbidden by the constraint, banned or moved by
+    the logit bias, or removed by a stage (top-k, top-p, ...)."""
+    if c.forbidden:
+        return FORBIDDEN_MARK
+    moved = (bias or {}).get(c.id)
+    if moved is not None:
+        return bias_mark(moved)
+    return removed_mark(getattr(c, "removed_by", ""))
+
+
+def removed_mark(stage: str | None) -> str:
+    """The tag on a candidate's final bar that names the sampling stage that removed it ("top-p")."""
+    if not stage:
+        return ""
+    if stage not in STAGES:  # (saved work read back: only a stage's own name is shown)
+        return ""
+    label = "temperature 0" if stage == "temperature" else STAGES[stage][0]
+    return (f"<span class='tl-mark tl-removed' title='removed by the {html.escape(label, quote=True)} stage: "
+            f"final probability 0'><span class='tl-long'>{html.escape(label)}</span>"
+            f"<span class='tl-short'>{html.escape(label) if len(label) <= 6 else '✕'}</span></span>")
+
+
 def masked_html(step: StepEvent) -> str:
     """The line a constrained step's bars carry: the raw mass its constraint removed."""
     if step.masked_mass is None:
@@ -166,7 +190,7 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
             f"<span class='tl-tok{' tl-tok-bytes' if hint else ''}' title='id {c.id}{' · ' + html.escape(hint, quote=True) if hint else ''}"
             f"{PICK_TITLE if pick else ''}'>{'▶ ' if chosen else ''}{token_html(c.piece)}</span>"
             f"{_bar('tl-raw', c.raw_prob)}"
-            f"{_bar('tl-final', c.prob, FORBIDDEN_MARK if c.forbidden else bias_mark((bias or {}).get(c.id)))}</div>")
+            f"{_bar('tl-final', c.prob, final_mark(c, bias))}</div>")
     missing = " (not given by the server)"
     # The heads name what the numbers are: "log p" while the page shows log-probabilities (words
     # switched as tl-p / tl-lp numbers are, in classes of their own: a number's class means a number).
@@ -205,9 +229,13 @@ def step_axis() -> dict:
     return {"x": "step", "x_lim": [0, None]}
 
 
-def line_frame(rows: list[dict], y: str, color: str | None = None) -> pd.DataFrame:
-    """A per-step line chart's data (columns step, y and color), typed even when empty: an empty
-    untyped column reads to Gradio as categories, and Vega-Lite then draws the chart 0 px high."""
+def line_frame(rows: list[dict], y: str, color: str | None = None) -> pd.DataFrame | None:
+    """A per-step line chart's data (columns step, y and color), typed; None without a row: the
+    chart is then not drawn until its data comes (an empty one made Vega warn "Infinite extent"
+    at every update, and kept the colour scale it was first built with, empty: lines without a
+    stroke), so its series have their colours from its first drawing."""
+    if not rows:
+        return None
     dtypes = {"step": "int64", y: "float64", **({color: "object"} if color else {})}
     return pd.DataFrame(rows, columns=list(dtypes)).astype(dtypes)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -184,5 +185,18 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
         print(f"Token Lab is running on {local_url}"
               + (f" and publicly on {share_url}" if share_url else " (python app.py --share makes a public link)"),
               flush=True)
-        demo.block_thread()
+        wait_until_stopped(demo)
     return served
+
+
+def wait_until_stopped(demo: gr.Blocks) -> None:
+    """Gradio's block_thread without its "Keyboard interruption in main thread" line (printed at
+    SIGTERM too, which app.py raises as one): the wait ends at Ctrl-C or SIGTERM, or when the
+    page closes; the caller closes the page, and a share link's tunnel goes with it."""
+    from gradio.tunneling import CURRENT_TUNNELS
+    try:
+        while demo.is_running:
+            time.sleep(0.1)
+    except (KeyboardInterrupt, OSError):
+        for tunnel in CURRENT_TUNNELS:
+            tunnel.kill()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 
-from ui.controls import Controls
+from ui.controls import CHAT_PROMPT, Controls
 from ui.run.render import bars_note
 from ui.streaming import update_interval_for
 
@@ -63,6 +63,8 @@ class ModelViews:
     def _make(self, label: str, engine) -> ModelView:
         info = engine.describe()
         defaults = Controls.for_model(engine.generation_defaults)
+        if info.chat:  # an instruct model: its first run is a chat turn
+            defaults.mode, defaults.prompt = "chat", CHAT_PROMPT
         if self.cap is not None and defaults.max_new_tokens > self.cap:
             defaults.max_new_tokens = self.cap
         return ModelView(label, engine, info, defaults, bars_note(info, self.top_n),

@@ -10,7 +10,7 @@ import gradio as gr
 from inference.errors import TokenLabError, shown
 from inference.sampling.settings import SETTINGS
 from ui.base import Section, page_error, takes_controls
-from ui.controls import MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop, share_url
+from ui.controls import ALWAYS_IN_LINK, MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop, share_url
 from inference.request import tokens_message
 
 MAX_URL_CHARS = 2048  # the page's own address, sent by the browser for the share link
@@ -27,10 +27,10 @@ def share_js(defaults: Controls) -> str:
     as Python's urlencode, numbers as String() writes them, the last run's seed for an empty
     seed box), copies it to the clipboard within the click, and passes the page's address on to
     the server's share_link, which shows the link."""
-    names = json.dumps(NAMES)
+    names, always = json.dumps(NAMES), json.dumps(ALWAYS_IN_LINK)
     default = json.dumps(dict(zip(NAMES, defaults.values())))
     return """(...a) => {
-  const names = %s, defaults = %s, n = names.length;
+  const names = %s, defaults = %s, always = %s, n = names.length;
   const base = window.location.origin + window.location.pathname;
   a[n] = base;
   const enc = (s) => encodeURIComponent(s)
@@ -39,13 +39,13 @@ def share_js(defaults: Controls) -> str:
   names.forEach((name, i) => {
     let v = a[i];
     if (name === 'seed' && String(v ?? '').trim() === '' && a[n + 1]) v = a[n + 1];
-    if (v === defaults[name] && name !== 'prompt' && name !== 'seed') return;
+    if (v === defaults[name] && !always.includes(name)) return;
     parts.push(enc(name) + '=' + enc(String(v ?? '')));
   });
   const link = base + '?' + parts.join('&');
   if (navigator.clipboard) navigator.clipboard.writeText(link).catch(() => {});
   return a;
-}""" % (names, default)
+}""" % (names, default, always)
 
 
 class ShareHandlers(Section):
@@ -53,7 +53,10 @@ class ShareHandlers(Section):
         """Controls from the page URL's query parameters; each ignored parameter is named on a
         line of its own in the notice. Also opens "More settings" when the link sets one."""
         query = dict(getattr(request, "query_params", {}) or {})
-        c, problems = controls_from_query(query, Controls(**vars(self.defaults)),
+        base = Controls(**vars(self.defaults))
+        if "prompt" in query and "mode" not in query:  # a link from before chat was a default
+            base.mode = "completion"
+        c, problems = controls_from_query(query, base,
                                           {"max_new_tokens": self.context - 1})
         if c.model and c.model not in self.models.labels:
             problems.append(f"Ignored link parameter `model` = {shown(c.model)}: this page offers "

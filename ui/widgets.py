@@ -80,6 +80,6 @@ def line_colors(frame, color: str, ended: bool) -> dict:
     kept an empty scale, and every line it got later had no stroke, invisible. A new color_map
     rebuilds it with the data it then holds: when the series change, and once more when the run
     has `ended`, so that data which came while it was being rebuilt is drawn too."""
-    names = list(dict.fromkeys(frame[color]))
+    names = [] if frame is None else list(dict.fromkeys(frame[color]))
     colors = {n: SERIES_COLORS[i % len(SERIES_COLORS)] for i, n in enumerate(names)}
     return gr.update(color_map={**colors, REBUILD: "ended" if ended else ""} if names else None)

@@ -101,5 +101,6 @@ def split_text(text: str, pieces: list[str]) -> list[str]:
 
 def candidates(top: list[tuple[int, float | None, float | None]], pieces: dict[int, str],
                constrained: bool = False) -> list[Candidate]:
-    """The server's candidates; under a constraint, which it forbade is not known (None)."""
-    return [Candidate(i, pieces[i], p, r, None if constrained else False) for i, p, r in top]
+    """The server's candidates; under a constraint, which it forbade is not known (None), nor
+    which stage removed one."""
+    return [Candidate(i, pieces[i], p, r, None if constrained else False, None) for i, p, r in top]

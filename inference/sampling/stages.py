@@ -36,6 +36,20 @@ def final_logits(logits: torch.Tensor, params: SamplingParams, state: RunState |
     return logits
 
 
+def final_logits_removing(logits: torch.Tensor, params: SamplingParams, state: RunState | None,
+                          ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """final_logits, and for each of `ids` (k,) the position in the run's stage order of the stage
+    that removed it (set its logit to -inf), -1 for one still in: what a candidate's bars say
+    removed it. One look at k logits after each stage that changed anything."""
+    removed = torch.full(ids.shape, -1, dtype=torch.long, device=logits.device)  # (k,)
+    for k, (_, _, fn) in enumerate(stages(params, state)):
+        out = fn(logits)
+        if out is not logits:
+            removed.masked_fill_((removed < 0) & ~torch.isfinite(out[ids]), k)
+        logits = out
+    return logits, removed
+
+
 def final_probs(logits: torch.Tensor, params: SamplingParams, state: RunState | None) -> torch.Tensor:
     """softmax(final_logits): the distribution sampled from. Greedy keeps one token, whose
     probability every later stage leaves at 1: its one-hot is made directly, without the passes

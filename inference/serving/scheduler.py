@@ -525,7 +525,8 @@ class Scheduler:
             ms=ms, prefill_ms=ms if first else None, prompt_tokens=run.n_prompt if first else None,
             wait_ms=(run.admitted - run.submitted) * 1000 if first else None,
             prompt_tokens_reused=run.reused if first else None,
-            kv_blocks=len(run.table.blocks), pool=pool, sampler_state=recorded, masked_mass=info.masked_mass))
+            kv_blocks=len(run.table.blocks), pool=pool, sampler_state=recorded, masked_mass=info.masked_mass,
+            unlisted_prob=info.unlisted_prob))
         if is_eos:
             self._finish(run, "eos")
         elif constraint is not None and constraint.terminated:

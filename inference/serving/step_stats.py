@@ -13,7 +13,8 @@ import torch
 from inference.events import Candidate
 from inference.model import kernels
 from inference.sampling.params import SamplingParams
-from inference.sampling.stages import final_logits, greedy_logits, sample
+from inference.sampling.settings import order
+from inference.sampling.stages import final_logits, final_logits_removing, greedy_logits, sample
 from inference.sampling.state import RunState
 
 
@@ -28,6 +29,15 @@ class StepInfo:
     masked_mass: float = 0.0  # raw probability mass the run's constraint forbade (0: no constraint)
     forbidden: frozenset = frozenset()  # the candidates the constraint forbade
     nothing_left: bool = False  # the stages and the constraint together kept no token: no draw
+    # The candidates a stage removed (final p 0), each with that stage's setting name; greedy's
+    # are "temperature" (temperature 0 keeps one token).
+    removed_by: dict = None
+    # The final probability of the tokens not in `top`, summed in float64 from the distribution
+    # sampled from: exactly 0 where the stages removed every other token.
+    unlisted_prob: float | None = None
+
+    def __post_init__(self):
+        self.removed_by = self.removed_by or {}
 
 
 class _Packed:
@@ -92,10 +102,17 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     # Rows whose stages all left the logits as they were: their final distribution is the raw
     # one, and reports the raw numbers (a float32 softmax differs from them in the last digit).
     unchanged = torch.zeros(len(rows), dtype=torch.bool)  # (R,)
+    if top_n:
+        top = top if top is not None else logits.topk(top_n, dim=-1)  # (values, ids), each (R, top_n), sorted
+    # Per candidate, the position in its run's stage order of the stage that removed it (-1: none).
+    removed = torch.full((len(rows), top_n), -1, dtype=torch.long, device=logits.device)  # (R, top_n)
     for i, row in enumerate(rows):
         if not row.params.greedy:
             row_logits = logits[i]
-            shaped = final_logits(row_logits, row.params, row.state)
+            if top_n:
+                shaped, removed[i] = final_logits_removing(row_logits, row.params, row.state, top[1][i, :top_n])
+            else:
+                shaped = final_logits(row_logits, row.params, row.state)
             unchanged[i] = shaped is row_logits
             finals[i] = shaped.softmax(dim=-1)
             next_id[i] = sample(finals[i].unsqueeze(0), row.generator)[0, 0]
@@ -116,7 +133,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
 
     # From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, sum(e * logits) / Z the mean
     # logit, hence the entropy log Z - E[logit]; sums in float64, so a tail of 1e-13 counts.
-    top_logits, top_ids = top if top is not None else logits.topk(top_n, dim=-1)  # (R, top_n), sorted
+    top_logits, top_ids = top[0][:, :top_n], top[1][:, :top_n]  # (R, top_n), sorted
     e = (logits - top_logits[:, :1]).exp()  # (R, vocab)
     chosen_logit = logits.gather(1, next_id[:, None])  # (R, 1)
     # Products in float32 (a relative error of ~1e-9 in the sum), summed in float64; multiplying
@@ -129,11 +146,15 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     # The final probabilities of the chosen token and the candidates: a greedy row's are its one-hot.
     final_chosen = torch.ones(len(rows), 1, dtype=logits.dtype, device=logits.device)  # (R, 1)
     final_top = (top_ids == next_id[:, None]).to(logits.dtype)  # (R, top_n)
+    unlisted = torch.zeros(len(rows), 1, dtype=torch.float64, device=logits.device)  # (R, 1); greedy's: 0
     if finals:
         drawn = torch.tensor(list(finals), device=logits.device)
         final = torch.stack(list(finals.values()))  # (drawn rows, vocab)
         final_chosen[drawn] = final.gather(1, next_id[drawn, None])
         final_top[drawn] = final.gather(1, top_ids[drawn])
+        # Every token but the candidates and the chosen one (listed too): one pass a drawn row.
+        rest = final.scatter(1, top_ids[drawn], 0.0).scatter_(1, next_id[drawn, None], 0.0)  # (drawn rows, vocab)
+        unlisted[drawn] = rest.sum(dim=-1, keepdim=True, dtype=torch.float64)
     packed.add("token", next_id)
     packed.add("final_chosen", final_chosen)
     packed.add("logit_chosen", chosen_logit)
@@ -144,6 +165,8 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     packed.add("top_ids", top_ids)
     packed.add("final_top", final_top)
     packed.add("unchanged", unchanged.to(logits.device))
+    packed.add("removed", removed)
+    packed.add("unlisted", unlisted)
     if constrained:  # the raw mass of the forbidden tokens, and which candidates they are
         forbidden = torch.zeros_like(logits, dtype=torch.bool)  # (R, vocab)
         for i in constrained:
@@ -152,10 +175,20 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         packed.add("top_forbidden", forbidden.gather(1, top_ids))
         packed.add("empty", empty)
     host = packed.to_host(len(rows))
-    return [_info(host, r, row.top_n) for r, row in enumerate(rows)]
+    return [_info(host, r, row.top_n, row.params) for r, row in enumerate(rows)]
 
 
-def _info(host: dict[str, torch.Tensor], r: int, top_n: int) -> StepInfo:
+def _removed_by(host: dict[str, torch.Tensor], r: int, top_n: int, params: SamplingParams,
+                token_id: int) -> dict[int, str]:
+    """Which stage removed each candidate of row r: by its setting name."""
+    ids = host["top_ids"][r, :top_n].tolist()
+    if params.greedy:  # temperature 0 keeps the one token (a forbidden one is the constraint's)
+        return {int(i): "temperature" for i in ids if int(i) != token_id}
+    names = order(params.sampler_order)
+    return {int(i): names[int(k)] for i, k in zip(ids, host["removed"][r, :top_n].tolist()) if k >= 0}
+
+
+def _info(host: dict[str, torch.Tensor], r: int, top_n: int, params: SamplingParams) -> StepInfo:
     """Row r's numbers from the host copy, with its own number of candidates."""
     token_id = int(host["token"][r, 0])
     if top_n == 0:
@@ -178,9 +211,18 @@ def _info(host: dict[str, torch.Tensor], r: int, top_n: int) -> StepInfo:
         masked = float(host["forbidden_z"][r, 0]) / z
         forbidden = frozenset(i for (i, _, _), f in zip(top, host["top_forbidden"][r, :top_n].tolist()) if f)
         empty = bool(host["empty"][r, 0])
-    return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r, 0]), masked, forbidden, empty)
+    return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r, 0]), masked, forbidden, empty,
+                    _removed_by(host, r, top_n, params, token_id), _unlisted(host, r, top_n, token_id))
+
+
+def _unlisted(host: dict[str, torch.Tensor], r: int, top_n: int, token_id: int) -> float:
+    """Row r's final probability outside its own top_n candidates and its token: the batch's
+    sum, plus the candidates the batch gathered beyond this row's top_n."""
+    beyond = zip(host["top_ids"][r, top_n:].tolist(), host["final_top"][r, top_n:].tolist())
+    return float(host["unlisted"][r, 0]) + sum(p for i, p in beyond if int(i) != token_id)
 
 
 def candidates(info: StepInfo, piece) -> list[Candidate]:
     """The step's candidates as events carry them; piece(id) spells a token."""
-    return [Candidate(i, piece(i), p, r, i in info.forbidden) for i, p, r in info.top]
+    return [Candidate(i, piece(i), p, r, i in info.forbidden, info.removed_by.get(i, ""))
+            for i, p, r in info.top]

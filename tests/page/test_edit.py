@@ -238,3 +238,28 @@ def test_the_table_follows_every_change_of_the_box(tiny_engine):
     ids = {c["props"].get("elem_id"): c["id"] for c in config["components"]}
     (dep,) = [d for d in config["dependencies"] if ids["edit-seam"] in d["outputs"] and len(d["outputs"]) == 1]
     assert [tuple(t) for t in dep["targets"]] == [(ids["edit-text"], "change")] and dep["trigger_mode"] == "always_last"
+
+
+def test_a_continue_after_an_edit_joins_the_branch_tree_where_the_edit_starts(h, tiny_engine):
+    """Issue 46 (7): the continuation of an edit is a branch of the run it edited, at the first
+    token where its ids leave that run's; the tree is kept (not wiped), and a candidate branched
+    from the continuation grows the same tree."""
+    root, after = run(h, Controls(**SETTINGS))
+    tree = h.branches.grow_tree(root, [])["branches"]
+    cut = tiny_engine.tokenizer.decode([s.token_id for s in root.steps[:3]])
+    out = h.edit.edit_continue(root, cut + " zebra", tree, [])
+    assert [n["record"] for n in out["branches"]] == [root, None]
+    c = Controls(*[out[n] for n in NAMES])
+    new, _ = run(h, c, out["history"], out["edit_pending"], after["edit_undo_stack"])
+    grown = h.branches.grow_tree(new, out["branches"])
+    nodes = grown["branches"]
+    assert [n["record"] for n in nodes] == [root, new] and nodes[1]["parent"] == 0
+    ran = [s.token_id for s in root.steps]
+    same = next((k for k, (a, b) in enumerate(zip(ran, new.given)) if a != b), min(len(ran), len(new.given)))
+    assert nodes[1]["at"] == same <= 3  # within the 3 tokens kept (their text may tokenize otherwise)
+    assert "edited to <b>" in grown["branch_view"] and "zebra" in grown["branch_view"]
+    # A branch from the continuation's bars joins the same tree.
+    step = new.steps[0]
+    cand = next(c for c in step.top if c.id != step.token_id)
+    picked = h.branches.branch(new, nodes, SimpleNamespace(value=f"0:{cand.id}"))
+    assert [n["parent"] for n in picked["branches"]] == [None, 0, 1]

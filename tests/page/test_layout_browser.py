@@ -21,6 +21,7 @@ TABLES_JS = """() => [...document.querySelectorAll('table')].filter(t => t.getCl
   return {where: t.closest('.block')?.id, head: t.rows[0]?.innerText.replace(/\\s+/g, ' ').slice(0, 40),
           right: Math.min(t.getBoundingClientRect().right, b.right), width: innerWidth,
           hidden: box ? box.scrollWidth - box.clientWidth : 0, more: box?.dataset.tlMore || '',
+          boxWidth: box ? box.clientWidth : 0,
           hint: hint?.classList.contains('tl-scroll-hint') && hint.checkVisibility() ? hint.innerText : ''};
 })"""
 
@@ -38,8 +39,9 @@ def tables_say_they_scroll(page) -> list[dict]:
     tables = page.evaluate(TABLES_JS)
     for t in tables:
         assert t["right"] <= t["width"] + 1, t  # what shows of it lies inside the window
-        if t["hidden"] > 3:
-            assert "right" in t["more"] and "scroll sideways" in t["hint"], t
+        if t["hidden"] > 3:  # faded; in words only where much is hidden (issue 46: not for a sliver)
+            assert "right" in t["more"], t
+            assert ("scroll sideways" in t["hint"]) == (t["hidden"] > max(40, 0.1 * t["boxWidth"])), t
         else:
             assert not t["more"] and not t["hint"], t
     return tables
@@ -75,23 +77,24 @@ CHART_HEIGHTS_JS = """[...document.querySelectorAll('.vega-embed svg')].filter(s
 
 
 @pytest.mark.parametrize("width,height", SIZES)
-def test_charts_before_a_run_have_their_height(live_app, browser, width, height):
-    """Before any run the charts are empty but drawn at their size, axes and titles readable (an
-    empty untyped column made Vega-Lite draw them 0 px high, their axis titles squeezed)."""
+def test_charts_are_drawn_once_they_have_data_at_their_height(live_app, browser, width, height):
+    """Before any run the charts are not drawn (Gradio's empty placeholder: an empty Vega chart
+    warned "Infinite extent" at every update and kept an empty colour scale, issue 46); after a
+    run each is drawn at its size, axes and titles readable (an empty untyped column once made
+    Vega-Lite draw them 0 px high)."""
     page = open_at(browser, live_app[0], width, height, QUERY)
     page.get_by_text("Sampling experiments").click()
-    page.wait_for_selector("#rank-chart svg .role-title-text")
-    page.wait_for_timeout(300)  # the charts' layout settles after the accordion opens
-    heights = page.evaluate(CHART_HEIGHTS_JS)
+    page.wait_for_timeout(300)  # the accordion's charts mount
+    assert page.evaluate(CHART_HEIGHTS_JS) == []
     shot(page, f"empty-charts-{width}", selector="#kv-chart")
     generate_to_end(page)
+    page.wait_for_selector("#rank-chart svg .role-title-text")
     page.wait_for_timeout(300)
     after = {c["id"]: c["height"] for c in page.evaluate(CHART_HEIGHTS_JS)}
     shot(page, f"charts-after-a-run-{width}", selector="#kv-chart")
     page.close()
-    assert {"kv-chart", "latency-chart", "run-chart", "entropy-chart", "rank-chart"} <= {c["id"] for c in heights}
-    for c in heights:  # as high as after a run, within the legend a run adds
-        assert c["height"] >= 200 and abs(c["height"] - after[c["id"]]) <= 40, (c, after)
+    assert {"kv-chart", "latency-chart", "run-chart", "entropy-chart", "rank-chart"} <= set(after)
+    assert all(h >= 200 for h in after.values()), after
 
 
 @pytest.mark.parametrize("width,height", SIZES)

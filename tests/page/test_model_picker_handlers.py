@@ -82,3 +82,63 @@ def test_the_model_list_says_its_weights_count_the_second_copies(picker):
     said = run_render.weights_text(Footprint(1030 * mib, 4 * mib, 517 * mib))
     assert said.startswith("1,030 MiB of weights in memory: 513 MiB as loaded and 517 MiB of their second copies")
     assert run_render.weights_text(Footprint(513 * mib, 4 * mib)) == "513 MiB of weights"
+
+
+def test_a_model_with_a_chat_template_starts_in_chat_mode_with_a_chat_example(picker, tiny_dirs):
+    """Issue 46 (10): an instruction given as a completion prompt rambles. A model with a chat
+    template starts in chat mode with an instruction; one without stays a completion; choosing
+    the other mode swaps in its example (one click), and a prompt of one's own is kept."""
+    from ui.controls import CHAT_PROMPT, DEFAULT_PROMPT
+    chat, plain = picker.page.view("gqa_tied").defaults, picker.page.view("plain").defaults
+    assert (chat.mode, chat.prompt) == ("chat", CHAT_PROMPT)
+    assert (plain.mode, plain.prompt) == ("completion", DEFAULT_PROMPT)
+    assert picker.page.defaults.mode == "chat"  # the page's first model ("mha") has one
+    assert picker.chat.example_for_mode("completion", CHAT_PROMPT) == {"prompt": DEFAULT_PROMPT}
+    assert picker.chat.example_for_mode("chat", DEFAULT_PROMPT) == {"prompt": CHAT_PROMPT}
+    assert picker.chat.example_for_mode("completion", "My own words") == {}
+    # The chat example runs as a chat turn: its ids are the template's, not the bare text's.
+    engine = picker.page.view("gqa_tied").engine
+    assert len(engine.prompt_ids(CHAT_PROMPT, True, "", [])) > len(engine.prompt_ids(CHAT_PROMPT, False, "", []))
+
+
+def test_a_link_names_its_mode_and_one_without_it_is_a_completion(picker):
+    """Links always write the mode (the default is now a model's own); an older link, which
+    named only chat, still opens as the completion it was."""
+    from urllib.parse import parse_qs, urlsplit
+    from ui.share import share_js
+    for mode in ("chat", "completion"):  # the default's too
+        link = picker.share.share_link(*controls(mode=mode).values(), "http://x/", REQ)
+        assert parse_qs(urlsplit(link).query)["mode"] == [mode]
+    assert "always.includes(name)" in share_js(picker.page.defaults)  # the browser's copy builds the same
+    old = picker.share.restore(SimpleNamespace(query_params={"prompt": "Once upon a time"}))
+    assert old["mode"] == "completion" and old["prompt"] == "Once upon a time"
+    assert picker.share.restore(SimpleNamespace(query_params={"prompt": "Hi", "mode": "chat"}))["mode"] == "chat"
+
+
+def test_a_model_loading_on_its_first_use_is_said_and_generate_waits(tiny_dirs):
+    """Issue 46 (4): picking a model not loaded yet says it loads, with Generate off, before the
+    load; once loaded, Generate is back, and the status line under the run on view names the
+    model that made it and both contexts (the card, the context line and the next run are the
+    picked model's)."""
+    from helpers import page_run
+    models = offered({"mha": tiny_dirs["mha"], "gqa_tied": tiny_dirs["gqa_tied"]})
+    try:
+        h = Handlers(models.engine(), models=models)
+        rec = page_run(h, REQ, max_new_tokens=2)
+        assert rec.model == "mha"
+        steps = h.run.pick_model("gqa_tied", "The quick", "completion", "", 5, [], "Run ended", rec, REQ)
+        first = next(steps)
+        assert not models.loaded("gqa_tied")  # said before the load
+        assert first["status"].startswith("Loading **gqa_tied**") and first["generate"]["interactive"] is False
+        last = next(steps)
+        assert models.loaded("gqa_tied") and last["generate"]["interactive"] is True
+        ctx = {n: json.loads((tiny_dirs[n] / "config.json").read_text())["max_position_embeddings"]
+               for n in ("mha", "gqa_tied")}
+        assert f"made by **mha** (a {ctx['mha']:,}-token context)" in last["status"]
+        assert f"The next run uses **gqa_tied** (a {ctx['gqa_tied']:,}-token context)" in last["status"]
+        assert f"of {ctx['gqa_tied']:,}" in last["context_count"]
+        # Loaded now: no loading line; back on the run's own model, its status is its own.
+        again = list(h.run.pick_model("mha", "The quick", "completion", "", 5, [], last["status"], rec, REQ))
+        assert len(again) == 1 and again[0]["status"].startswith("Run ended") and "made by" not in again[0]["status"]
+    finally:
+        models.close()

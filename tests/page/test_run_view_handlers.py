@@ -16,7 +16,10 @@ from inference.sampling.params import SamplingParams
 from inference.serving.step_stats import RowSampling, pick_rows
 from ui.format import bars_html, fmt_p, token_label
 from ui.inside.render import lens_html
+from ui.controls import Controls
+from ui.handlers import Handlers
 from ui.layout import build_ui
+from ui.run_state import RunRecord
 import ui.run.kv as kv_panel
 import ui.run.render as run_render
 
@@ -75,7 +78,7 @@ def test_output_and_bars_in_view_together_wide_layout(tiny_engine):
 def test_tokens_view_and_context_line_agree_before_the_first_run(tiny_engine, h):
     page = build_ui(tiny_engine).tokenlab_page
     context, tokens = page["context_count"].value, page["tokens"].value
-    ids = tiny_engine.prompt_ids(h.page.defaults.prompt, False, "", [])
+    ids = tiny_engine.prompt_ids(h.page.defaults.prompt, h.page.defaults.mode == "chat", "", [])
     assert re.search(r"Context: \*\*(\d+)\*\* prompt tokens", context).group(1) == str(len(ids))
     assert f"Prompt as it will be fed: {len(ids)} tokens" in tokens
     assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", tokens)] == ids
@@ -136,3 +139,64 @@ def test_kv_chart_legend_has_a_line_for_each_entry_and_its_panel_says_mib(h):
     assert set(kv_panel.kv_frame(crowded).series) == {"used", "allocated", "server pool, all runs"}
     text = kv_panel.pool_markdown(rec.steps[-1]) + kv_panel.kv_formula(h.page.info, None, rec.steps[-1].kv_cache_bytes)
     assert "MiB" in text and not re.search(r"\d (k|M|G)B\b", text)
+
+
+def test_a_bar_at_zero_names_the_stage_that_removed_it(h):
+    """Issue 46 (13): a candidate at final 0 says which stage removed it, the first that did.
+    The reference is the raw probabilities themselves: with temperature 1 before them, top-k
+    keeps the k most likely, and min-p (after it) those at least min_p × the most likely."""
+    rec = run(h, temperature=1.0, top_k=3, min_p=0.3, max_new_tokens=6)
+    seen = set()
+    for step in rec.steps:
+        top = sorted(step.top, key=lambda c: -c.raw_prob)  # the raw order: top-k's
+        best = top[0].raw_prob
+        for rank, c in enumerate(top, 1):
+            want = "top_k" if rank > 3 else "min_p" if c.raw_prob < 0.3 * best - 1e-6 else ""
+            if abs(c.raw_prob - 0.3 * best) < 1e-6:
+                continue  # too close to call between two computations
+            assert c.removed_by == want, (step.step, rank, c)
+            assert (c.prob == 0) == bool(want)
+            seen.add(want)
+        bars = h.page.bars(step, rec=rec)
+        assert bars.count("title='removed by the top-k stage") == sum(c.removed_by == "top_k" for c in step.top)
+        assert bars.count("title='removed by the min-p stage") == sum(c.removed_by == "min_p" for c in step.top)
+    assert seen == {"top_k", "min_p", ""}, seen
+    # Greedy keeps one token: every other candidate says temperature 0.
+    greedy = run(h, temperature=0.0, max_new_tokens=2).steps[0]
+    assert all(c.removed_by == ("" if c.id == greedy.token_id else "temperature") for c in greedy.top)
+    assert ">temperature 0<" in h.page.bars(greedy)
+    # An unknown stage name (saved work read back) shows nothing of it.
+    from ui.format import removed_mark
+    assert removed_mark("<script>") == "" and removed_mark("") == ""
+
+
+def test_the_page_before_a_run_shows_no_empty_boxes_and_titled_axes(tiny_engine, h):
+    """Issue 46 (12): no empty "Prompt as fed to the model" box before a run (the tokens view
+    says what will be fed); once fed, it holds the start-of-text token the tokenizer put before
+    the text (Gemma's <bos>, the tiny model's <s>), as the tokens list it; the latency chart
+    names its axes and unit."""
+    page = build_ui(tiny_engine).tokenlab_page
+    assert page["prompt_view"].visible is False
+    latency = page["latency"]
+    assert latency.y_title == "time per token (ms)" and latency.x_title.startswith("step")
+    begun = h.run.begin(*Controls(prompt="The quick", mode="completion", max_new_tokens=2).values())
+    ids = tiny_engine.prompt_ids("The quick", False, "", [])
+    bos = tiny_engine.tokenizer.piece(ids[0])
+    assert tiny_engine.tokenizer.is_control(ids[0]) and bos == "<s>"  # the reference: the ids fed
+    assert begun["prompt_view"] == {"value": bos + "The quick", "visible": True, "__type__": "update"}
+    # Text that already holds it (a chat template that writes it) is not given a second one.
+    from ui.run.render import fed_text
+    assert fed_text(tiny_engine.tokenizer, RunRecord(prompt_text="<s>Hi", prompt_ids=ids)) == "<s>Hi"
+    assert fed_text(tiny_engine.tokenizer, RunRecord(prompt_text="Hi", prompt_ids=ids[1:])) == "Hi"
+
+
+def test_the_two_models_chart_shows_only_with_two_models_compared(tiny_dirs):
+    """Issue 46 (12): on a page offering two models the chart is not there, empty, before a
+    comparison of two models fills it (test_model_picker: it is shown then)."""
+    from tiny_models import offered
+    models = offered({"mha": tiny_dirs["mha"], "gqa_tied": tiny_dirs["gqa_tied"]})
+    try:
+        page = build_ui(models.engine(), Handlers(models.engine(), models=models)).tokenlab_page
+        assert page["compare_chart"].visible is False
+    finally:
+        models.close()

@@ -160,3 +160,23 @@ def test_sample_runs_equal_the_engine_alone(tiny_engine):
     expected = {t: first.count(t) for t in set(first) if t in listed}
     expected[None] = sum(t not in listed for t in first)
     assert {r["id"]: r["observed"] for r in rows if r["observed"]} == {k: v for k, v in expected.items() if v}
+
+
+def test_every_other_token_is_exactly_0_where_the_settings_removed_them(h, tiny_engine):
+    """Issue 46 (12): top-k 5 leaves no other token, so its row says 0, not the float residue of
+    1 − the listed probabilities (4.47e-08); and a p-value shows no detected disagreement,
+    never agreement."""
+    c = Controls(prompt="Paris is", temperature=0.7, top_k=5, max_new_tokens=1, seed="5")
+    out = final(list(h.samples(*c.values(), 40, req("k5"))))
+    other = next(r for r in out["samples_data"]["first_step"] if r["id"] is None)
+    assert other["prob"] == 0.0 and other["expected"] == 0.0 and other["observed"] == 0
+    assert "<i>every other token</i></td><td class='tl-num'>0</td>" in out["samples_first"]
+    assert "e-0" not in out["samples_first"].split("every other token")[1].split("</tr>")[0]
+    assert "agree with" not in out["samples_first"]
+    fit = out["samples_data"]["chi_square"]
+    if fit is not None and fit["p_value"] >= 0.05:
+        assert "no disagreement with the model's probabilities was detected" in out["samples_first"]
+    from ui.samples.render import fit_html
+    from ui.samples.stats import Fit
+    said = fit_html(Fit(1.0, 2, 0.19, [[Row(1, "a", 5, 0.5, 5.0)], [Row(2, "b", 5, 0.5, 5.0)]]), 10, [])
+    assert "no disagreement with the model's probabilities was detected" in said and "19%" in said

@@ -38,7 +38,7 @@ def test_score_text_shows_every_token_and_the_perplexity(tiny_engine, tiny_dirs)
         assert abs(t["logprob"] - float(logp[i - 1, ids[i]])) <= 1e-4
     ppl = math.exp(-sum(float(logp[i - 1, ids[i]]) for i in range(1, len(ids))) / (len(ids) - 1))
     shown = float(re.search(r"\*\*Perplexity ([0-9.]+)\*\*", out["score_md"]).group(1))
-    assert abs(shown - ppl) / ppl < 1e-5 and "read after <s>" in out["score_md"]
+    assert abs(shown - ppl) / ppl < 1e-5 and "read after &lt;s&gt;" in out["score_md"]
     html = out["score_view"]
     groups = tiny_engine.tokenizer.char_groups(ids[1:])
     assert html.count("class='tl-t ") == len(groups) < len(ids) - 1  # 鲸鱼: byte tokens, one chip a character
@@ -101,3 +101,12 @@ def test_the_endpoints_by_name(live_app):
         assert engine.active_runs == 0
     finally:
         client.close()
+
+
+def test_the_start_token_read_first_is_written_not_taken_for_html():
+    """Issue 46 (12): the summary names the token read before the text (<s>, Gemma's <bos>) as
+    text: raw, Markdown took "<s>" for a strikethrough tag and struck the whole summary out."""
+    from inference.events import TokenScore
+    from ui.text_score.render import summary_md
+    text = summary_md([TokenScore(5, "a", None, None, [])], [TokenScore(1, "<s>", None, None, [])], "The text")
+    assert "read after &lt;s&gt; (the token the model adds first)" in text and "<s>" not in text

@@ -8,7 +8,7 @@ import ui.run.kv as kv_panel
 def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch, hold):
     url, engine, _ = live_app
     page = open_page(browser, viewport={"width": 1400, "height": 1600})
-    page.goto(url)
+    page.goto(url + "/?mode=completion")  # (the page's default is a chat turn, which clears the box)
     wait_loaded(page)
     page.fill("#prompt textarea", "Once upon a time")
     page.fill("#seed input, #seed textarea", "3")

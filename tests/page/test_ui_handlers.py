@@ -51,11 +51,13 @@ def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
 
 def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
     begun = handlers.run.begin(*Controls(**ARGS).values())
-    prompt_view, tokens, kv, latency, timer = (begun[n] for n in ("prompt_view", "tokens", "kv_chart", "latency", "live"))
-    assert prompt_view == "The quick brown fox" and timer.active
+    prompt_view, tokens, timer = (begun[n] for n in ("prompt_view", "tokens", "live"))
+    # The box shows what was fed: the tokenizer's <s> before the text, as the tokens list it.
+    assert prompt_view == {"value": "<s>The quick brown fox", "visible": True, "__type__": "update"} and timer.active
     import re
     assert [int(i) for i in re.findall(r"<sub>(\d+)</sub>", tokens)] == tiny_engine.prompt_ids("The quick brown fox")
-    assert len(kv) == 0 and len(latency) == 0
+    # The charts are not emptied (Vega warns on an empty chart): the run's first step redraws them.
+    assert not {"kv_chart", "latency", "run_chart", "rank_chart", "entropy_chart"} & set(begun)
     refused = handlers.run.begin(*Controls(**{**ARGS, "prompt": " "}).values())
     assert set(refused) == {"status"} and "empty" in refused["status"]  # every panel kept, the error said
     rec = run(handlers)[-1]["record"]
@@ -99,8 +101,8 @@ def test_live_charts_draw_the_running_run(tiny_engine, hold):
         assert len(rec.steps) == n and rec.done is None
         if n:
             live = h.run.live_tick(rec)
-            kv, latency = live["kv_chart"], live["latency"]
-            assert len(kv) == 2 * n and len(latency) == n - 1
+            kv = live["kv_chart"]
+            assert len(kv) == 2 * n and (("latency" not in live) if n == 1 else len(live["latency"]) == n - 1)
     gen.close()
 
 
@@ -182,7 +184,8 @@ def test_the_bars_tag_the_tokens_the_logit_bias_moved_or_banned(handlers, tiny_e
     assert rec.steps[0].token_id != first[0].id  # a banned token is never chosen
     assert {first[0].id, first[1].id} <= {c.id for c in rec.steps[0].top}  # both tagged above
     assert rec.bias == {**{i: -100.0 for i in text_ids}, first[1].id: 2.0}
-    assert "tl-mark" not in handlers.run.select_step(free, 0)  # a run without a bias: no tags
+    # A run without a bias: no bias tags (greedy's others say temperature 0 removed them).
+    assert not re.search(r"tl-mark(?! tl-removed)", handlers.run.select_step(free, 0))
 
 
 def test_stop_ends_the_sessions_run(handlers, hold):

@@ -95,7 +95,9 @@ class Pages:
     def __init__(self, browser):
         self.browser, self.contexts, self.responses = browser, [], []
 
-    def open(self, url: str, width: int = 1400, height: int = 1000, query: str = ""):
+    def open(self, url: str, width: int = 1400, height: int = 1000, query: str = "?mode=completion"):
+        """The page (by default in completion mode: these tests' runs keep their prompt, where a
+        chat turn, the default of a model with a chat template, clears the box)."""
         ctx = self.browser.new_context(viewport={"width": width, "height": height},
                                        permissions=["clipboard-read", "clipboard-write"])
         self.contexts.append(ctx)

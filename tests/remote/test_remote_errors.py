@@ -230,7 +230,7 @@ def test_jsonl_keeps_its_keys_and_writes_null(capsys):
     assert first["entropy"] is None and first["kv_cache_bytes"] is None
     assert first["prob"] is None  # temperature 0.5 and raw log-probabilities: not the sampled distribution
     assert first["raw_prob"] == pytest.approx(0.7788007830714049)
-    assert first["top"] == [{"id": 120, "piece": "x", "prob": None, "raw_prob": first["raw_prob"], "forbidden": False}]
+    assert first["top"] == [{"id": 120, "piece": "x", "prob": None, "raw_prob": first["raw_prob"], "forbidden": False, "removed_by": None}]
     assert done["text"] == "xy" and done["reason"] == "length" and done["generated_tokens"] == 2
 
 

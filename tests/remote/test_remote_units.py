@@ -109,7 +109,7 @@ def test_charts_and_summaries_leave_out_what_is_not_known():
     kv = kv_panel.kv_frame(rec)
     assert set(kv["series"]) == {"this run, by the formula"}
     assert kv["MiB"].tolist() == [46080 * 5 / 2**20, 46080 * 6 / 2**20]  # step 0: the prompt's 5 positions
-    assert kv_panel.kv_frame(RunRecord(prompt_ids=[1], steps=[remote_step()])).empty  # no config
+    assert kv_panel.kv_frame(RunRecord(prompt_ids=[1], steps=[remote_step()])) is None  # no config: no chart
     s = run_summary(rec)
     assert s["mean_p"] == pytest.approx(0.7725) and math.isnan(s["mean_entropy"])
     assert "| – |" in exp_render.compare_summary(rec, rec, None)

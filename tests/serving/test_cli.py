@@ -21,7 +21,7 @@ def test_generate_jsonl_keys(tiny_dirs, capsys):
         assert {"step", "token_id", "piece", "text", "prob", "raw_prob", "top", "kv_cache_bytes",
                 "kv_cache_capacity_bytes", "ms", "masked_mass"} <= set(s)
         assert s["masked_mass"] == 0.0  # no constraint: it removed nothing
-        assert all(set(c) == {"id", "piece", "prob", "raw_prob", "forbidden"} and not c["forbidden"] for c in s["top"])
+        assert all(set(c) == {"id", "piece", "prob", "raw_prob", "forbidden", "removed_by"} and not c["forbidden"] for c in s["top"])
     assert "prefill_ms" in steps[0] and "prompt_tokens" in steps[0]
     assert done["done"] is True and done["reason"] == "length"
     assert {"text", "prompt_tokens", "generated_tokens", "ttft_ms", "decode_tokens_per_s"} <= set(done)

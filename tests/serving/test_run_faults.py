@@ -108,13 +108,14 @@ def test_a_fault_in_a_sampler_stage_ends_that_run_alone(engine, monkeypatch):
     """The stage raises inside the batch's sampling: the others are sampled again from the same
     generator states, so their draws are those of their runs alone."""
     expected = alone(engine, requests(engine))
-    real = step_stats.final_logits
-
-    def final_logits(logits, params, state):
-        if params.seed == BAD_SEED and state.step == 2:
-            raise Injected("a stage failed")
-        return real(logits, params, state)
-    monkeypatch.setattr(step_stats, "final_logits", final_logits)
+    def failing(real):  # the stages with and without the candidates' removals followed
+        def stages(logits, params, state, *ids):
+            if params.seed == BAD_SEED and state.step == 2:
+                raise Injected("a stage failed")
+            return real(logits, params, state, *ids)
+        return stages
+    for name in ("final_logits", "final_logits_removing"):
+        monkeypatch.setattr(step_stats, name, failing(getattr(step_stats, name)))
     check_isolated(engine, run_together(engine, requests(engine, {"temperature": 0.9})), expected)
 
 

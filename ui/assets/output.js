@@ -21,7 +21,10 @@ const place = (t) => {
   pop.style.visibility = r.bottom < box.top || r.top > box.bottom ? 'hidden' : '';
   const w = pop.offsetWidth, h = pop.offsetHeight;
   pop.style.left = Math.max(4, Math.min(r.left, window.innerWidth - w - 4)) + 'px';
-  pop.style.top = (r.bottom + h + 8 > window.innerHeight ? Math.max(4, r.top - h - 4) : r.bottom + 4) + 'px';
+  // Above the token only near the window's bottom, and never over what is above the text (a
+  // phone's "Score the text" button sits right above the scored text).
+  const above = r.top - h - 4;
+  pop.style.top = (r.bottom + h + 8 > window.innerHeight && above >= box.top ? above : r.bottom + 4) + 'px';
 };
 const placeTarget = (e) => place(e.target.closest('.tl-t'));
 element.addEventListener('mouseover', placeTarget);

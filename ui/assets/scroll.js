@@ -4,6 +4,7 @@
   // the sides where more of the table lies (data-tl-more: "right", "left" or "left right"), which
   // page.css fades, and a line above it says which way to scroll. Tables come and go with every
   // update (Markdown and HTML components), so the marks follow the DOM.
+  const MUCH_PX = 40, MUCH_SHARE = 0.1;  // hidden beyond these, the hint says it in words
   const HINTS = {right: 'scroll sideways for more →', left: '← scroll back', 'left right': '← scroll sideways →'};
   const boxOf = (table) => {  // the table itself (display: block) or a wrapper that scrolls
     for (let e = table, i = 0; e && i < 4; e = e.parentElement, i++) {
@@ -21,14 +22,15 @@
     }
     let hint = box.previousElementSibling;
     if (!hint || !hint.classList.contains('tl-scroll-hint')) {
-      if (!more) return;
+      if (!more || over <= Math.max(MUCH_PX, MUCH_SHARE * box.clientWidth)) return;
       hint = document.createElement('div');
       hint.className = 'tl-scroll-hint';
       hint.setAttribute('aria-hidden', 'true');  // what it says, the table's own cells say to a screen reader
       box.before(hint);
     }
     if (hint.textContent !== (HINTS[more] || '')) hint.textContent = HINTS[more] || '';
-    hint.hidden = !more;
+    // The fade shows any part hidden; the words only where much is (a sliver is seen at a glance).
+    hint.hidden = !more || over <= Math.max(MUCH_PX, MUCH_SHARE * box.clientWidth);
   };
   // A box's width changes without a change below it (an accordion or a tab opening, the window).
   const resized = new ResizeObserver((entries) => entries.forEach((e) => mark(e.target)));

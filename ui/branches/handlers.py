@@ -15,6 +15,7 @@ from ui.base import PageContext, Section, step_index
 from ui.branches.render import tree_html
 from ui.chat import conversation_html
 from ui.controls import NAMES
+from ui.run import render as run_render
 from ui.run_state import RunRecord
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ class BranchHandlers(Section):
         out = {name: v for name, v in self.run.outputs(rec).items() if name != "api_tokens"}
         out.update(self.run.drawn(rec))
         out.update({"step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-                    "prompt_view": rec.prompt_text,
+                    "prompt_view": gr.update(value=run_render.fed_text(self.view(rec.model).tokenizer, rec), visible=True),
                     **({} if rec.controls is None else dict(zip(NAMES, rec.controls.values()))),
                     "seed": str(rec.seed)})
         return out

@@ -32,7 +32,9 @@ def tree_html(nodes: list[dict], viewing: int | None) -> str:
             # after any it was given); where that is not the answer's start, the answer's count too.
             at, given = n["at"], len(nodes[n["parent"]]["prefix"])
             answer = f" (after {at} tokens of the answer)" if given else ""
-            where = (f"step {at - given}{answer}: <b>{html.escape(visible(n['piece']))}</b> "
+            piece = visible(n["piece"] if len(n["piece"]) <= 24 else n["piece"][:24] + "…")
+            where = (f"step {at - given}{answer}: edited to <b>{html.escape(piece)}</b>" if n["token"] is None else
+                     f"step {at - given}{answer}: <b>{html.escape(piece)}</b> "
                      f"(raw p {fmt_p(n['raw'])}, final p {fmt_p(n['final'])})")
         short = text if len(text) <= 80 else text[:80] + "…"
         rows.append(f"<div class='tl-branch{' tl-viewing' if i == viewing else ''}' data-pick='{i}' tabindex='0' title='{html.escape(text, quote=True)}' "

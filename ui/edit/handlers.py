@@ -35,6 +35,24 @@ def output_ids(rec: RunRecord, tokenizer) -> list[int]:
     return ids
 
 
+def edit_branch(nodes: list[dict], rec: RunRecord, ids: list[int], tokenizer) -> list[dict]:
+    """The branch tree with the continuation of an edit waiting in it: a branch of the run
+    edited, at the first token where the edited text's ids leave the run's (its run joins it
+    at its end: ui/branches' grow_tree). A full tree is left as it is: the continuation then
+    starts a new one, as a run does."""
+    from ui.branches.handlers import MAX_BRANCHES, node
+    parent = next((k for k, n in enumerate(nodes) if n["record"] is rec), None)
+    if parent is None:  # the run on view is not in the tree: it starts one
+        nodes, parent = [node(rec, prefix=rec.given)], 0
+    if len(nodes) >= MAX_BRANCHES:
+        return nodes
+    ran = output_ids(rec, tokenizer)
+    at = next((k for k, (a, b) in enumerate(zip(ran, ids)) if a != b), min(len(ran), len(ids)))
+    # No candidate was taken there: the text the edit put from that token on (token None).
+    edit = {**node(None, parent, at, prefix=ids), "piece": tokenizer.decode(ids[at:], unfinished="") or "(cut)"}
+    return [*nodes, edit]
+
+
 class EditHandlers(Section):
     def __init__(self, page: PageContext, run: "RunHandlers", branches: "BranchHandlers"):
         super().__init__(page)
@@ -95,6 +113,7 @@ class EditHandlers(Section):
         changes = seam_changes(tok, output_ids(rec, tok), ids)
         before = {"record": rec, "branches": list(nodes or []), "history": list(history or [])}
         return {**dict(zip(NAMES, c.values())), "history": list(rec.history),
+                "branches": edit_branch(list(nodes or []), rec, ids, tok),
                 "edit_pending": {"ids": ids, "before": before, "changes": changes},
                 "edit_seam": seam_html(changes, continued=True)}
 

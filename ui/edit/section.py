@@ -48,7 +48,7 @@ def wire(page, h: Handlers, chain_run) -> None:
     # Queued (unlimited), so that its refusal is a message; only then does the run start.
     picked = page.on(page["edit_continue"].click, h.edit.edit_continue,
                      inputs=("record", "edit_box", "branches", "history"),
-                     outputs=(*NAMES, "history", "edit_pending", "edit_seam"), api_visibility="private",
+                     outputs=(*NAMES, "history", "branches", "edit_pending", "edit_seam"), api_visibility="private",
                      concurrency_limit=None, show_progress="hidden")
     chain_run(picked.success)
     undone = page.on(page["edit_undo"].click, h.edit.edit_undo, inputs=("edit_undo_stack",),

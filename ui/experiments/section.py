@@ -87,7 +87,7 @@ def build(page, h: Handlers) -> None:
                                              show_inline_category=False, elem_id=f"compare-{label.lower()}",
                                              min_width=300))
         add("compare_chart", gr.LinePlot(two_models_frame(None), **step_axis(), y="value", color="series", color_title=" ",
-                                         title="Two models along A's text", label="Two models per step", visible=many,
+                                         title="Two models along A's text", label="Two models per step", visible=False,
                                          elem_id="compare-chart"))
         with gr.Row(elem_id="compare-bars"):
             for name, label in (("bars_a", "A"), ("bars_b", "B")):

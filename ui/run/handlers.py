@@ -45,6 +45,12 @@ NOT_STARTED = "⚠ Not started:"  # begin's status for input it refused
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 
 
+def charts(frames: dict) -> dict:
+    """The charts that have data: one without (line_frame's None) keeps what it shows, never
+    emptied (see begin)."""
+    return {name: frame for name, frame in frames.items() if frame is not None}
+
+
 def raising(e: Exception) -> Iterator:
     """Events that are an error: raised when the first is asked for."""
     raise e
@@ -102,11 +108,10 @@ class RunHandlers(Section):
             self._prepared[session] = rec  # what generate_on_page runs: the run is prepared once
             self._stopped_waiting.discard(session)
         rec = dataclasses.replace(rec, seed=None)  # (shown once the run has it)
-        empty = RunRecord()
-        run_chart, rank_chart = run_chart_frames(empty)
         return {
-            "prompt_view": rec.prompt_text, "tokens": render.run_tokens_html(self.view(rec.model).tokenizer, rec.prompt_ids),
-            "kv_chart": kv.kv_frame(empty), "latency": kv.latency_frame(empty), "live": gr.Timer(active=True),
+            "prompt_view": gr.update(value=render.fed_text(self.view(rec.model).tokenizer, rec), visible=True),
+            "tokens": render.run_tokens_html(self.view(rec.model).tokenizer, rec.prompt_ids),
+            "live": gr.Timer(active=True),
             "generate": gr.update(interactive=False), "regenerate": gr.update(interactive=False),
             "stop_button": gr.update(interactive=True, variant="stop"),
             "step": gr.update(minimum=0, maximum=max(rec.max_steps - 1, 1), value=0, interactive=False),
@@ -114,11 +119,11 @@ class RunHandlers(Section):
             "output": render.output_html(None, None, empty="Waiting for the engine…"),
             "bars": self._bars(None), "stats": "Waiting for the engine…", "notice": "",
             **{name: "" for name in STALE_PANELS},
-            # What the previous run left: its downloads, its whole-run charts, and its seed
-            # (which a link made during the new run would otherwise carry).
-            "downloads": render.downloads_html(None, None), "run_chart": run_chart, "rank_chart": rank_chart,
-            "entropy_chart": entropy_frame(empty),
-            "run_seed": "", "record": rec}
+            # What the previous run left: its downloads and its seed (which a link made during
+            # the new run would otherwise carry). Its charts stay until this run's first step
+            # replaces them: a chart emptied is redrawn without data (Vega's "Infinite extent"
+            # warnings), and one taken off the page fails in Gradio's resize observer.
+            "downloads": render.downloads_html(None, None), "run_seed": "", "record": rec}
 
     @takes_controls(after=("history",))
     def generate(self, c: Controls, request: gr.Request = None, history=None) -> Iterator[dict]:
@@ -244,7 +249,7 @@ class RunHandlers(Section):
         if rec is None or rec.done is not None:  # waiting for its click to be taken, or over
             return {}
         if rec.steps:
-            return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec)}
+            return charts({"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec)})
         return {"status": self._status(rec, session_of(request))}
 
     def chart_colors(self, rec: RunRecord | None) -> dict:
@@ -291,9 +296,9 @@ class RunHandlers(Section):
         output, the downloads and its seed."""
         n, tok = len(rec.steps), self.view(rec.model).tokenizer
         run_chart, rank_chart = run_chart_frames(rec)
-        return {"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec),
+        return {**charts({"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec), "run_chart": run_chart,
+                          "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec)}),
                 "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-                "run_chart": run_chart, "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec),
                 **{f"{panel}_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS for panel in ("replay", "b")},
                 "tokens": render.run_tokens_html(tok, rec.prompt_ids, [s.token_id for s in rec.steps],
                                                  given_ids=rec.given),
@@ -389,6 +394,34 @@ class RunHandlers(Section):
     def models_markdown(self, error: str = "") -> str:
         """Each offered model and what it takes in memory (loaded ones), the memory free now."""
         return render.models_markdown(self.models, available_memory_bytes(), error)
+
+    def pick_model(self, model, prompt, mode, system, max_new_tokens, history=None, status="",
+                   rec: RunRecord | None = None, request: gr.Request = None) -> Iterator[dict]:
+        """The picker's event: choose_model, said while a model loads on its first use (which
+        can take a minute: fetched and imported into the cache first where it is not there),
+        with Generate off until it can run; then, under a run made by another model, which
+        model made it (the model card, the context line and the next run are the picked one's)."""
+        try:
+            label = self.models.label_of(model)
+        except TokenLabError:
+            yield self.choose_model(model, prompt, mode, system, max_new_tokens, history, status)
+            return
+        going = self.registry.running(session_of(request))  # Generate stays as the run has it
+        if not self.models.loaded(label):
+            first = {"model_md": self.models_markdown(), "status": render.loading_text(label)}
+            yield first if going else {**first, "generate": gr.update(interactive=False)}
+        out = self.choose_model(model, prompt, mode, system, max_new_tokens, history, status)
+        if not going:
+            out["generate"] = gr.update(interactive=True)
+        if "model_card" not in out:  # it could not be loaded: said under the picker
+            out["status"] = ""
+        elif rec is not None and rec.prompt_ids and rec.model != label:
+            out["status"] = render.other_model_text(rec, self.view(rec.model).context, label, self.view(label).context)
+        elif rec is not None and rec.done is not None:  # its own model again: its own line
+            out["status"] = render.status_text(rec, self.view(label).context, time.monotonic())
+        elif str(status).startswith(render.LOADING):
+            out["status"] = ""
+        yield out
 
     def choose_model(self, model, prompt, mode, system, max_new_tokens, history=None, status="") -> dict:
         """A model chosen in the picker: loaded now if this is its first use (a load that

@@ -17,6 +17,9 @@ from ui.run_state import RunRecord
 
 # Step 0's cache holds the prompt: its prefill is the first point's height, not a step of its own.
 KV_X_TITLE = "step (step 0: after the prompt's prefill)"
+# Step 0 is the prefill's (the statistics give its time): the chart starts at step 1.
+LATENCY_X_TITLE = "step (one decode pass each)"
+LATENCY_Y_TITLE = "time per token (ms)"
 
 
 def kv_frame(rec: RunRecord) -> pd.DataFrame:

@@ -37,7 +37,8 @@ class Chip:
     raw: float | None = None  # its probability in the model's raw distribution (the product likewise)
 
 
-MODE_INFO = "chat wraps the prompt in the model's chat template; follow-ups continue the conversation"
+MODE_INFO = ("chat wraps the prompt in the model's chat template; follow-ups continue the conversation. "
+             "Choosing a mode swaps in its example")
 
 
 def mode_choice(info) -> dict:
@@ -184,6 +185,16 @@ def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] |
     return out
 
 
+def fed_text(tokenizer, rec: RunRecord) -> str:
+    """"Prompt as fed to the model": the run's text with the start-of-text token the tokenizer
+    put before it (Gemma's <bos>), as the tokens below list it."""
+    text = rec.prompt_text
+    bos = tokenizer.bos_token
+    if rec.prompt_ids and rec.prompt_ids[0] == tokenizer.bos_id and bos and not text.startswith(bos):
+        text = bos + text
+    return text
+
+
 def prompt_tokens_html(tokenizer, ids: list[int], title: str = "Prompt") -> str:
     """The prompt's tokens as chips: one per token, and one per character made of byte tokens
     with those tokens beneath it; control tokens marked."""
@@ -241,6 +252,22 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
     if rec.done is None:
         return f"Generating: {g:,} of at most {rec.max_steps:,} tokens · {ctx}"
     return f"Run ended: {REASONS.get(rec.done.reason, rec.done.reason)} · {g:,} tokens · {ctx}"
+
+
+LOADING = "Loading"
+
+
+def loading_text(label: str) -> str:
+    """The status line while a model loads on its first use."""
+    return (f"{LOADING} **{label}**: its first use, so its weights are read now (fetched and imported into "
+            "the cache first where they are not there: up to a minute or two). Generate waits for it.")
+
+
+def other_model_text(rec: RunRecord, run_context: int, label: str, context: int) -> str:
+    """The status line under a run that another model than the picked one made."""
+    ended = status_text(rec, run_context, 0.0) if rec.done is not None else "A run"
+    return (f"{ended}, made by **{rec.model}** (a {run_context:,}-token context). The next run uses "
+            f"**{label}** (a {context:,}-token context), whose card is shown above.")
 
 
 def bars_note(info, top_n: int) -> str:

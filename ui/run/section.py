@@ -20,8 +20,10 @@ from ui.run import constrain, kv, render
 from ui.run_state import RunRecord
 from ui.streaming import CHART_INTERVAL_S
 from ui.widgets import setting_control
+from ui.work import section as work
 
 EXAMPLES = [
+    ["Write a haiku about the sea.", "chat"],
     ["The capital of France is", "completion"],
     ["今天天气真", "completion"],
     ["def fibonacci(n):\n    ", "completion"],
@@ -30,6 +32,14 @@ EXAMPLES = [
 ]
 OUTPUT_JS = (Path(__file__).parent.parent / "assets" / "output.js").read_text(encoding="utf-8")
 CLAMP_JS = (Path(__file__).parent.parent / "assets" / "clamp.js").read_text(encoding="utf-8")
+# On a narrow screen (one column: page.css) a run's text comes under the prompt, the settings and
+# the examples: once the run starts the output is brought to the top of the window.
+OUTPUT_IN_VIEW_JS = """() => {
+  if (window.matchMedia('(max-width: 860px)').matches) {
+    document.querySelector('#output-caption')?.scrollIntoView({block: 'start'});
+  }
+  return [];
+}"""
 COLOUR_BY = [("colour by final p (sampled from)", "final"), ("colour by raw p (the model's)", "raw")]
 COLOUR_BY_JS = "(by) => { document.body.classList.toggle('tl-colour-raw', by === 'raw'); return []; }"
 SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); return []; }"
@@ -150,8 +160,9 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk", js_on_load=branches.PICK_JS))
                 branches.build(page, h)
             with gr.Column(elem_id="feed-col"):
+                # Shown once a run has fed a prompt (before, the tokens below say what will be fed).
                 add("prompt_view", gr.Textbox(label="Prompt as fed to the model", lines=2, max_lines=8,
-                                              interactive=False, elem_id="prompt-view"))
+                                              interactive=False, visible=False, elem_id="prompt-view"))
                 add("tokens", gr.HTML(first["tokens"], label="Tokenization", elem_id="tokens"))
     with gr.Row():
         with gr.Column(min_width=320):
@@ -162,6 +173,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
             add("server_md", gr.Markdown("", elem_id="server-load", visible=h.page.caps.server_load))
         with gr.Column(min_width=320):
             add("latency", gr.LinePlot(kv.latency_frame(RunRecord()), **step_axis(), y="ms",
+                                       x_title=kv.LATENCY_X_TITLE, y_title=kv.LATENCY_Y_TITLE,
                                        title="Decode latency per token", elem_id="latency-chart"))
             add("stats", gr.Markdown("No run yet.", label="Run statistics", elem_id="stats"))
     add("record", gr.State(None))
@@ -185,8 +197,11 @@ def wire(page, h: Handlers, demo: gr.Blocks):
                     show_progress="hidden", api_visibility="private")
         r = page.on(b.success, h.run.generate_on_page, inputs=RUN_INPUTS, outputs=RUN_OUTPUTS,
                     show_progress="hidden", concurrency_id=ENGINE, api_visibility="private", postprocess=False)
+        b.success(None, js=work.RUN_GOING_JS)  # until its end: a reload meanwhile says it was lost
+        b.success(None, js=OUTPUT_IN_VIEW_JS)
         a = page.on(r.then, h.run.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
                     show_progress="hidden", api_visibility="private")
+        a.then(None, js=work.RUN_ENDED_JS)
         a = page.chain(a, [colors])
         for fn, inputs, outputs in page.after_run:
             a = page.on(a.then, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
@@ -232,10 +247,10 @@ def wire(page, h: Handlers, demo: gr.Blocks):
             event(h.run.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
                   queue=False, show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
-    page.on(page["model"].change, h.run.choose_model, inputs=("model", *context_inputs[:5], "status"),
+    page.on(page["model"].change, h.run.pick_model, inputs=("model", *context_inputs[:5], "status", "record"),
             outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens", "system",
-                     "mode", "layer", "head", "status"), api_visibility="private", concurrency_id=MODEL_PICK,
-            show_progress="minimal")
+                     "mode", "layer", "head", "status", "generate"), api_visibility="private",
+            concurrency_id=MODEL_PICK, show_progress="minimal")
     if len(h.page.models.labels) > 1:  # what is loaded now, not when the page was built
         page.on(demo.load, h.run.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)

@@ -107,7 +107,7 @@ def first_step_html(b: SampleBatch, piece) -> str:
     body = "".join(
         f"<tr><td>{_label(r)}</td><td class='tl-num'>{r.observed}</td><td class='tl-num'>{ratio(r.observed, n)}</td>"
         f"<td class='tl-num'>{fmt_p(r.prob)}</td><td class='tl-num'>{r.expected:.2f}</td></tr>"
-        for r in rows if r.observed or r.expected > 0)
+        for r in rows if r.observed or r.expected > 0 or r.id is OTHER)  # "every other token": 0 said
     table = ("<div class='tl-samples-wrap'><table class='tl-samples'><tr><th>first token</th><th>seen</th>"
              "<th>frequency</th><th>model p (sampled from)</th><th>expected count</th></tr>"
              f"{body}</table></div>")
@@ -133,7 +133,9 @@ def fit_html(fit: Fit | None, n: int, rows: list[Row]) -> str:
         more = f" and {len(group) - POOL_NAMED} more" if len(group) > POOL_NAMED else ""
         how = (f" Tokens expected fewer than {MIN_EXPECTED:g} times are pooled into one group of {len(group)} "
                f"rows ({names}{more}), as the test needs.")
-    verdict = ("the samples agree with the model's probabilities" if fit.p_value >= 0.05 else
+    # A test can find a disagreement, never show agreement: a large p-value only finds none.
+    verdict = ("no disagreement with the model's probabilities was detected (a deviation at least this large "
+               "happens by chance in " + f"{fit.p_value:.0%} of runs)" if fit.p_value >= 0.05 else
                "a deviation this large happens by chance less than 5% of the time")
     return (f"<p><b>Chi-square goodness of fit:</b> χ² = {fit.statistic:.3f}, {fit.df} degree"
             f"{'s' if fit.df != 1 else ''} of freedom, p-value = {fit.p_value:.4f}: {verdict}.{how}</p>")

@@ -69,10 +69,15 @@ def first_step_rows(firsts: list, piece) -> list[Row] | None:
     rows = [Row(i, piece(i), sum(ev.token_id == i for ev in firsts), sum(p[i] for p in per_sample) / n,
                 sum(p[i] for p in per_sample)) for i in ids]
     rows.sort(key=lambda r: -r.prob)
-    listed = sum(r.expected for r in rows)
     other_seen = sum(ev.token_id not in common for ev in firsts)
-    # What the listed candidates leave: float rounding can make it a hair below 0.
-    rows.append(Row(OTHER, "every other token", other_seen, max(0.0, 1 - listed / n), max(0.0, n - listed)))
+    if all(ev.unlisted_prob is not None for ev in firsts):
+        # As the engine summed it, plus what a sample lists beyond the common candidates:
+        # exactly 0 where the stages removed every other token (1 - the listed sum would
+        # leave float residue, 4e-08).
+        other = sum(ev.unlisted_prob + sum(c.prob for c in ev.top if c.id not in common) for ev in firsts)
+    else:  # what the listed candidates leave: float rounding can make it a hair below 0
+        other = max(0.0, n - sum(r.expected for r in rows))
+    rows.append(Row(OTHER, "every other token", other_seen, other / n, other))
     return rows
 
 

@@ -65,7 +65,7 @@ def summary_md(scores: list[TokenScore], before: list[TokenScore], what: str) ->
     known = [s for s in scores if s.logprob is not None]
     ppl = perplexity(scores)
     lines = [f"**{what}**: {len(scores)} token{'s' if len(scores) != 1 else ''}"
-             + (f", read after {' '.join(token_label(s.piece) for s in before)} (the token the model adds first)" if before else "")
+             + (f", read after {' '.join(html.escape(token_label(s.piece)) for s in before)} (the token the model adds first)" if before else "")
              + "."]
     if ppl is None:
         lines.append("No token has a text before it: there is nothing to score. Add more text.")

@@ -20,8 +20,8 @@ if TYPE_CHECKING:
     from ui.run.handlers import RunHandlers
     from ui.branches.handlers import BranchHandlers
 
-LINK_WINS = ("Opened from a link: the link's settings are shown, not the work kept in this browser "
-             "(your next change or run replaces it there).")
+LINK_WINS = ("Opened from a link: the link's settings are shown and kept in this browser in place of "
+             "yours (the address drops them, so a reload keeps what you do next).")
 NOTHING = "Your settings, conversation, branches and last run are kept in this browser as you work."
 
 
@@ -43,6 +43,16 @@ class WorkHandlers(Section):
     def save_settings(self, *values, request: gr.Request = None) -> dict:
         """The controls, as typed: kept in the browser."""
         return {"v": VERSION, "controls": controls_json(values)}
+
+    @named_args(*NAMES)
+    def keep_link_settings(self, *values, request: gr.Request = None):
+        """At load, once a link's settings are in: kept as the browser's, since the page then
+        takes the query off its address (a reload must not apply the link again over newer
+        work); without a link nothing changes."""
+        query = getattr(request, "query_params", None) or {}
+        if not any(not str(k).startswith("__") for k in query):
+            return gr.skip()
+        return self.save_settings(*values, request)
 
     @named_args("record", "branches", "history", *NAMES)
     def save_work(self, rec, nodes, history, *values, request: gr.Request = None) -> dict:

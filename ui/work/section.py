@@ -25,7 +25,29 @@ CLEAR_JS = """() => {
 # Until the saved work is restored the controls wait (text typed sooner would be replaced); then
 # the page is marked restored (tests wait for it) and they take input.
 RESTORING_JS = (Path(__file__).parent.parent / "assets" / "restoring.js").read_text(encoding="utf-8")
-RESTORED_JS = """() => {
+# A run going is marked in this tab's session storage until it ends: a reload meanwhile loses it
+# (only ended runs are kept), and the restored page says so instead of showing the last ended
+# run as if nothing had been going.
+RUN_GOING_KEY = "tokenlab-run-going"
+RUN_GOING_JS = "() => { sessionStorage.setItem(%r, '1'); return []; }" % RUN_GOING_KEY
+RUN_ENDED_JS = "() => { sessionStorage.removeItem(%r); return []; }" % RUN_GOING_KEY
+LOST_RUN = ("The run that was going when this page was reloaded or left was not kept (the browser keeps "
+            "runs once they end).")
+LOST_RUN_JS = """
+  if (sessionStorage.getItem(%r)) {
+    sessionStorage.removeItem(%r);
+    const line = document.querySelector('#saved-work');
+    if (line && !document.querySelector('#lost-run')) {
+      const note = document.createElement('p');
+      note.id = 'lost-run';
+      note.textContent = %r;
+      line.appendChild(note);
+    }
+  }""" % (RUN_GOING_KEY, RUN_GOING_KEY, LOST_RUN)
+RESTORED_JS = """() => {""" + LOST_RUN_JS + """
+  // A link's settings are applied and kept (keep_link_settings): off the address, so that a
+  // reload restores the work done since, not the link again.
+  if (window.location.search) history.replaceState(history.state, '', window.location.pathname + window.location.hash);
   document.body.dataset.tlRestored = '1';
   document.querySelectorAll('#input-col, #settings-col').forEach((c) => c.removeAttribute('aria-busy'));
   return [];
@@ -54,7 +76,9 @@ def wire(page, h: Handlers, demo: gr.Blocks, loaded) -> None:
     demo.load(None, js=RESTORING_JS)
     restored = page.on(loaded.then, h.work.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
                        api_visibility="private", queue=False, show_progress="hidden")
-    restored.then(None, js=RESTORED_JS)
+    kept = page.on(restored.then, h.work.keep_link_settings, inputs=NAMES, outputs=("saved_settings",),
+                   api_visibility="private", queue=False, show_progress="hidden")
+    kept.then(None, js=RESTORED_JS)
     page.chain(restored, [(h.run.chart_colors, ("record",), ("kv_chart", "run_chart"))])  # after their data
     gr.on([page[n].input for n in NAMES], h.work.save_settings, inputs=page.all(NAMES), outputs=page["saved_settings"],
           queue=False, show_progress="hidden", trigger_mode="always_last", api_visibility="private")

@@ -1,0 +1,71 @@
+"""Issue 46 (14, 9, 11): a scripted session of the page's main paths in chromium, at 1400 and 420
+px: the default first run, a reload, a link, a branch, an edit and continue, the experiments'
+charts, many samples and the probability of a text. It leaves no console error, no page error,
+no Vega "Infinite extent" warning (an empty chart's) and no HTTP response of 400 or more; the
+charts' lines have their colours. Screenshots under test-results/shots/test_session_console_browser/."""
+
+import pytest
+
+from browser import SIZES, open_page, run_to_end, shot, wait_loaded, wait_text
+
+
+# The strokes of the KV chart's lines.
+LINES_JS = "[...document.querySelectorAll('#kv-chart g.mark-line path')].map((p) => p.getAttribute('stroke'))"
+
+
+def watch(page) -> dict:
+    """What the session leaves in the console and the network, as it happens."""
+    seen = {"errors": [], "warnings": [], "http": []}
+    page.on("console", lambda m: seen["errors" if m.type == "error" else "warnings" if m.type == "warning"
+                                     else "other"].append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: seen["errors"].append(f"page error: {e}"))
+    page.on("response", lambda r: seen["http"].append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    return seen
+
+
+def open_panel(page, title: str) -> None:
+    page.get_by_text(title).first.click()
+
+
+@pytest.mark.slow  # a whole session of the page, twice
+@pytest.mark.parametrize("width,height", SIZES)
+def test_a_session_leaves_no_console_error_and_no_failed_request(live_app, browser, width, height):
+    url, _, _ = live_app
+    page = open_page(browser, viewport={"width": width, "height": height})
+    seen = watch(page)
+    page.goto(url + "/")
+    wait_loaded(page)
+    shot(page, f"first-{width}")
+    page.fill("#seed input, #seed textarea", "3")
+    run_to_end(page, lambda: page.click("#generate"))  # the default: a chat turn
+    shot(page, f"after-generate-{width}")
+    # The KV chart, first drawn with its data, has a colour for each of its lines (issue 9: a
+    # chart first drawn empty kept an empty colour scale, its lines without a stroke).
+    page.wait_for_function(f"{LINES_JS}.length >= 2")
+    assert all(page.evaluate(LINES_JS)), page.evaluate(LINES_JS)
+    page.reload()
+    wait_loaded(page)
+    page.goto(url + "/?prompt=Once+upon+a+time&mode=completion&max_new_tokens=6&seed=3&temperature=0.8")
+    wait_loaded(page)
+    run_to_end(page, lambda: page.click("#generate"))
+    run_to_end(page, lambda: page.locator("#topk .tl-row.tl-pick:not(.tl-chosen)").first.click())  # a branch
+    open_panel(page, "Edit the output and continue")
+    page.locator("#edit-text textarea").fill("Once more")
+    run_to_end(page, lambda: page.click("#edit-continue"))
+    page.wait_for_function("document.querySelectorAll('#branches .tl-branch').length === 3")
+    open_panel(page, "Sampling experiments: the pipeline of a step")
+    page.click("#replay")
+    page.wait_for_function("(document.querySelector('#replay-stages')?.innerText || '').includes('Step')")
+    open_panel(page, "Many samples: draw N")
+    page.click("#samples")
+    wait_text(page, "#samples-first", "First step")
+    open_panel(page, "Probability of a text: how likely")
+    page.click("#score")
+    page.wait_for_selector("#score-view .tl-t")
+    open_panel(page, "Inside one token: the path")
+    page.click("#inspect")
+    page.wait_for_function("(document.querySelector('#stages')?.innerText || '').includes('Prefill')")
+    shot(page, f"end-{width}", full=True)
+    page.close()
+    infinite = [w for w in seen["warnings"] if "Infinite extent" in w]
+    assert seen["errors"] == [] and seen["http"] == [] and infinite == [], seen

@@ -1,0 +1,40 @@
+"""Issue 46 (2): a reload after opening a link keeps the work done since. The link's settings are
+applied and kept in the browser, and the address drops its query: F5 then restores the newer
+settings and the run, not the link's settings again. In chromium at 1400 and 420 px;
+screenshots under test-results/shots/test_share_reload_browser/."""
+
+import pytest
+
+from browser import SIZES, open_page, output_text, run_to_end, set_slider, shot, wait_loaded, wait_text
+
+QUERY = "?prompt=Once+upon+a+time&mode=completion&max_new_tokens=6&seed=3&temperature=0.8"
+
+
+@pytest.mark.parametrize("width,height", SIZES)
+def test_a_reload_after_a_link_keeps_the_newer_work(live_app, browser, width, height):
+    url, _, _ = live_app
+    page = open_page(browser, viewport={"width": width, "height": height})
+    page.goto(url + "/" + QUERY)
+    wait_loaded(page)
+    assert page.input_value("#temperature input[type=number]") == "0.8"
+    assert page.evaluate("window.location.search") == ""  # applied, then off the address
+    set_slider(page, "#temperature", 1.3)
+    run_to_end(page, lambda: page.click("#generate"))
+    text = output_text(page)
+    assert text
+    wait_text(page, "#saved-work", "Kept in this browser")  # the run kept (after its end)
+    page.reload()
+    wait_loaded(page)
+    wait_text(page, "#saved-work", "Restored from this browser")
+    assert page.input_value("#temperature input[type=number]") == "1.3"
+    assert page.input_value("#prompt textarea") == "Once upon a time", page.inner_text("#saved-work")
+    assert output_text(page) == text, page.inner_text("#saved-work")
+    shot(page, f"reloaded-{width}")
+    # A link opened and left as it is: a reload keeps its settings (kept at once), not older ones.
+    page.goto(url + "/?prompt=From+a+link&mode=completion&temperature=0.5")
+    wait_loaded(page)
+    page.reload()
+    wait_loaded(page)
+    assert page.input_value("#prompt textarea") == "From a link"
+    assert page.input_value("#temperature input[type=number]") == "0.5"
+    page.close()
