@@ -167,7 +167,7 @@ def test_every_other_token_is_exactly_0_where_the_settings_removed_them(h, tiny_
     1 − the listed probabilities (4.47e-08); and a p-value shows no detected disagreement,
     never agreement."""
     c = Controls(prompt="Paris is", temperature=0.7, top_k=5, max_new_tokens=1, seed="5")
-    out = final(list(h.samples(*c.values(), 40, req("k5"))))
+    out = final(list(h.samples.samples(*c.values(), 40, req("k5"))))
     other = next(r for r in out["samples_data"]["first_step"] if r["id"] is None)
     assert other["prob"] == 0.0 and other["expected"] == 0.0 and other["observed"] == 0
     assert "<i>every other token</i></td><td class='tl-num'>0</td>" in out["samples_first"]

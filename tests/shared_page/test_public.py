@@ -123,7 +123,7 @@ def test_a_second_job_in_a_session_is_refused_while_the_first_completes(tiny_eng
             with pytest.raises(gr.Error) as e:
                 attempt()
             assert e.value.message == RUN_GOING
-        assert h.run.begin(*c.values(), req("other tab"))["prompt_view"] == "Another"  # other sessions may
+        assert h.run.begin(*c.values(), req("other tab"))["prompt_view"]["value"] == "<s>Another"  # other sessions may
         held.open()
         rec = done.result(timeout=60)[-1]["record"]
     assert rec.done.reason == "length" and len(rec.steps) == 12  # the first ran to its end
@@ -140,7 +140,7 @@ def test_generate_right_after_stop_waits_for_the_stopped_run(tiny_engine, hold, 
         done = pool.submit(list, gen)
         held.step(1)
         h.run.stop(req("tab"))  # the held run ends within its step
-        assert h.run.begin(*Controls(prompt="Next").values(), req("tab"))["prompt_view"] == "Next"  # not refused
+        assert h.run.begin(*Controls(prompt="Next").values(), req("tab"))["prompt_view"]["value"] == "<s>Next"  # not refused
         assert done.result(timeout=60)[-1]["record"].done.reason == "cancelled"
 
 
@@ -157,7 +157,7 @@ def test_runs_per_client(tiny_engine, hold):
             h.run.begin(*c.values(), req("a3", host="203.0.113.1"))
         b = pool.submit(lambda: list(h.run.generate(*c.values(), req("b1", host="203.0.113.2"))))
         # With --auth a visitor is their login: the same address, another user, is another visitor.
-        assert h.run.begin(*c.values(), req("u1", host="203.0.113.1", user="ann"))["prompt_view"] == "The quick"
+        assert h.run.begin(*c.values(), req("u1", host="203.0.113.1", user="ann"))["prompt_view"]["value"] == "<s>The quick"
         held.open()
         assert len(a.result(60)[-1]["record"].steps) == len(b.result(60)[-1]["record"].steps) == 6
 
