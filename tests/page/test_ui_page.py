@@ -480,6 +480,10 @@ def test_default_system_prompt_is_shown_in_chat_mode_and_follow_ups_continue(cha
     url, engine, _ = chat_app
     page = pages.open(url, 1400, 1200)
     page.locator("#mode input[value=chat]").check()
+    # Choosing chat swaps the completion example for the chat one (a server event): typed only
+    # after it, or it would replace what was typed.
+    from ui.controls import CHAT_PROMPT
+    page.wait_for_function(f"document.querySelector('#prompt textarea').value === {CHAT_PROMPT!r}")
     assert DEFAULT_SYSTEM in page.get_attribute("#system textarea, #system input", "placeholder")
     page.fill("#prompt textarea", "Hello there")
     set_number(page, "#max-new-tokens input[type=number]", 6)
