@@ -54,7 +54,15 @@ t1=$(now)
 echo "vLLM venv ready in $((t1 - t0)) s" >&2
 
 # ---- the server, on the default model (fetched once into the cache by our own code)
-MODEL_DIR=$("$PY" -c "from inference.loading.default_model import default_model_dir; print(default_model_dir())")
+CACHED_DIR=$("$PY" -c "from inference.loading.default_model import default_model_dir; print(default_model_dir())")
+# vLLM reads every *.safetensors of a directory: it is given the checkpoint's own files alone (links
+# into the cache), not the quantized blocks (blocks.safetensors) nor the GGUF file kept beside them.
+MODEL_DIR=$(mktemp -d -t vllm-model.XXXXXX)/$(basename "$CACHED_DIR")
+mkdir -p "$MODEL_DIR"
+for f in config.json generation_config.json tokenizer.json tokenizer_config.json special_tokens_map.json \
+         model.safetensors; do
+  [ -e "$CACHED_DIR/$f" ] && ln -s "$CACHED_DIR/$f" "$MODEL_DIR/$f"
+done
 PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 LOG=$(mktemp -t vllm-server.XXXXXX.log)
 # Nothing leaves the machine: no usage statistics, no hub lookups.
