@@ -78,10 +78,20 @@ def open_at(browser, url: str, width: int, height: int, query: str):
     return page
 
 
+SETTLED_JS = "+(document.body.dataset.tlSettled || 0)"
+
+
+def settled_after(page, click) -> None:
+    """click(), then wait until the run it starts has ended and every panel after it (its charts,
+    the panels that follow a run) has its values: the page counts such runs on <body>."""
+    before = page.evaluate(SETTLED_JS)
+    click()
+    page.wait_for_function(f"{SETTLED_JS} > {before}")
+
+
 def generate_to_end(page) -> None:
-    """Generate, and wait for the run's end."""
-    page.click("#generate")
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
+    """Generate, and wait for the run's end and every panel after it."""
+    settled_after(page, lambda: page.click("#generate"))
 
 
 # The status line's texts from now on (an earlier run's "Run ended" is never taken for this one's).
@@ -97,7 +107,7 @@ WATCH_STATUS_JS = """() => {
 def run_to_end(page, click) -> None:
     """click(), then wait for that run's end (the status line watched from before the click)."""
     page.evaluate(WATCH_STATUS_JS)
-    click()
+    settled_after(page, click)
     page.wait_for_function("window.tlSeen.some((t) => t.includes('Waiting for the engine')) && "
                            "document.querySelector('#status').innerText.includes('Run ended')")
     page.wait_for_function("!document.querySelector('#generate').disabled")

@@ -4,6 +4,7 @@ A follow-up in chat mode continues the conversation (its run is the run section'
 from __future__ import annotations
 
 import html
+import json
 from typing import TYPE_CHECKING
 
 import gradio as gr
@@ -74,12 +75,12 @@ class ChatHandlers(Section):
         chat = mode == "chat"
         return {"chat_buttons": gr.update(visible=chat), "conversation": gr.update(visible=chat)}
 
-    def example_for_mode(self, mode, prompt) -> dict:
-        """A mode chosen by a person while the prompt is the other mode's example: that mode's
-        example takes its place (the completion example one click from the chat one)."""
-        if prompt in EXAMPLE_PROMPTS.values() and mode in EXAMPLE_PROMPTS:
-            return {"prompt": EXAMPLE_PROMPTS[mode]}
-        return {}
+# A mode chosen while the prompt is the other mode's example: that mode's example takes its place
+# (the completion example is one click from the chat one); a prompt of the person's own stays.
+EXAMPLE_FOR_MODE_JS = """(mode, prompt) => {
+    const examples = %s;
+    return Object.values(examples).includes(prompt) && mode in examples ? examples[mode] : prompt;
+}""" % json.dumps(EXAMPLE_PROMPTS)
 
 
 def build_buttons(page, mode: str) -> None:
@@ -95,9 +96,9 @@ def build_buttons(page, mode: str) -> None:
 def wire(page, h: ChatHandlers) -> None:
     page.on(page["mode"].change, h.chat.switch_mode, inputs=("mode",), outputs=("chat_buttons", "conversation"),
             queue=False, api_visibility="private", show_progress="hidden")
-    # A person's choice only (input): a link or saved work setting the mode keeps its prompt.
-    page.on(page["mode"].input, h.chat.example_for_mode, inputs=("mode", "prompt"), outputs=("prompt",),
-            queue=False, api_visibility="private", show_progress="hidden")
+    # A person's choice only (input): a link or saved work setting the mode keeps its prompt. In
+    # the browser: a server round trip could land after the person has begun typing.
+    page["mode"].input(None, inputs=page.all(("mode", "prompt")), outputs=page["prompt"], js=EXAMPLE_FOR_MODE_JS)
     page.on(page["new_chat"].click, h.chat.new_conversation,
             inputs=("prompt", "mode", "system", "max_new_tokens", "model"),
             outputs=("history", "conversation", "regenerate", "chat_note", "prefix_ids", "context_count"),

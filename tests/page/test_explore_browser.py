@@ -4,7 +4,7 @@ needs sideways scrolling of the page. Screenshots go to test-results/shots/test_
 
 import pytest
 
-from browser import open_page, overflows, set_slider, shot, wait_loaded, wait_text
+from browser import generate_to_end, open_page, overflows, set_slider, shot, wait_loaded, wait_text
 from engine_hold import wait_until
 
 
@@ -59,8 +59,7 @@ def test_probability_of_a_text_panel(live_app, browser, width, height):
     assert not overflows(page)
     shot(page, f"score-text-{width}")
     # The run's prompt as fed, into the box and scored.
-    page.click("#generate")
-    page.wait_for_function("document.querySelector('#stats').innerText.includes('Run ended')")
+    generate_to_end(page)
     page.click("#score-prompt")
     page.wait_for_function("document.querySelector('#score-text textarea').value === 'The quick'")
     wait_text(page, "#score-summary", "The prompt of the run, as fed")

@@ -217,15 +217,18 @@ def test_the_run_charts_tooltip_reads_the_number_the_text_shows(live_app, browse
              [(h.textContent.match(/^step (\\d+) ·/) || [])[1], h.querySelector('.tl-p').textContent])""")) if m[0]}
     page.get_by_text("Sampling experiments").click()
     page.wait_for_selector("#run-chart svg .role-title-text")
-    page.wait_for_timeout(300)  # the charts' layout settles after the accordion opens
-    box = page.locator("#run-chart svg").first.bounding_box()
     tips = {}
-    for i in range(80):  # a sweep across the plot: the nearest step's point shows its tooltip
-        page.mouse.move(box["x"] + box["width"] * (0.05 + 0.9 * i / 80), box["y"] + box["height"] * 0.5)
-        text = page.evaluate("(document.querySelector('#vg-tooltip-element.visible') || {}).innerText || ''")
-        step, p = (re.search(rf"{key}\s+([-\d.e]+)", text) for key in ("step", "probability"))
-        if step and p:
-            tips[int(step[1])] = p[1]
+    for _ in range(20):  # sweeps until Vega, busy laying out the opened accordion, shows tooltips
+        page.wait_for_timeout(300)
+        box = page.locator("#run-chart svg").first.bounding_box()
+        for i in range(80):  # a sweep across the plot: the nearest step's point shows its tooltip
+            page.mouse.move(box["x"] + box["width"] * (0.05 + 0.9 * i / 80), box["y"] + box["height"] * 0.5)
+            text = page.evaluate("(document.querySelector('#vg-tooltip-element.visible') || {}).innerText || ''")
+            step, p = (re.search(rf"{key}\s+([-\d.e]+)", text) for key in ("step", "probability"))
+            if step and p:
+                tips[int(step[1])] = p[1]
+        if len(tips) >= 3:
+            break
     page.close()
     assert len(tips) >= 3 and len(shown) >= 3, (tips, shown)
     for step, p in tips.items():

@@ -87,15 +87,12 @@ def test_the_model_list_says_its_weights_count_the_second_copies(picker):
 def test_a_model_with_a_chat_template_starts_in_chat_mode_with_a_chat_example(picker, tiny_dirs):
     """Issue 46 (10): an instruction given as a completion prompt rambles. A model with a chat
     template starts in chat mode with an instruction; one without stays a completion; choosing
-    the other mode swaps in its example (one click), and a prompt of one's own is kept."""
+    the other mode swaps in its example (in the browser: test_ui_page's chat test)."""
     from ui.controls import CHAT_PROMPT, DEFAULT_PROMPT
     chat, plain = picker.page.view("gqa_tied").defaults, picker.page.view("plain").defaults
     assert (chat.mode, chat.prompt) == ("chat", CHAT_PROMPT)
     assert (plain.mode, plain.prompt) == ("completion", DEFAULT_PROMPT)
     assert picker.page.defaults.mode == "chat"  # the page's first model ("mha") has one
-    assert picker.chat.example_for_mode("completion", CHAT_PROMPT) == {"prompt": DEFAULT_PROMPT}
-    assert picker.chat.example_for_mode("chat", DEFAULT_PROMPT) == {"prompt": CHAT_PROMPT}
-    assert picker.chat.example_for_mode("completion", "My own words") == {}
     # The chat example runs as a chat turn: its ids are the template's, not the bare text's.
     engine = picker.page.view("gqa_tied").engine
     assert len(engine.prompt_ids(CHAT_PROMPT, True, "", [])) > len(engine.prompt_ids(CHAT_PROMPT, False, "", []))

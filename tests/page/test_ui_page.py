@@ -479,11 +479,16 @@ def test_replay_starts_at_the_run_and_follows_its_controls(live_app, pages):
 def test_default_system_prompt_is_shown_in_chat_mode_and_follow_ups_continue(chat_app, pages):
     url, engine, _ = chat_app
     page = pages.open(url, 1400, 1200)
+    # Choosing a mode swaps the other mode's example for its own; a prompt of one's own stays.
+    from ui.controls import CHAT_PROMPT, DEFAULT_PROMPT
+    page.fill("#prompt textarea", DEFAULT_PROMPT)
+    for mode, example in (("chat", CHAT_PROMPT), ("completion", DEFAULT_PROMPT), ("chat", CHAT_PROMPT)):
+        page.locator(f"#mode input[value={mode}]").check()
+        page.wait_for_function(f"document.querySelector('#prompt textarea').value === {example!r}")
+    page.fill("#prompt textarea", "My own words")
+    page.locator("#mode input[value=completion]").check()
     page.locator("#mode input[value=chat]").check()
-    # Choosing chat swaps the completion example for the chat one (a server event): typed only
-    # after it, or it would replace what was typed.
-    from ui.controls import CHAT_PROMPT
-    page.wait_for_function(f"document.querySelector('#prompt textarea').value === {CHAT_PROMPT!r}")
+    assert page.input_value("#prompt textarea") == "My own words"
     assert DEFAULT_SYSTEM in page.get_attribute("#system textarea, #system input", "placeholder")
     page.fill("#prompt textarea", "Hello there")
     set_number(page, "#max-new-tokens input[type=number]", 6)

@@ -42,6 +42,9 @@ OUTPUT_IN_VIEW_JS = """() => {
 }"""
 COLOUR_BY = [("colour by final p (sampled from)", "final"), ("colour by raw p (the model's)", "raw")]
 COLOUR_BY_JS = "(by) => { document.body.classList.toggle('tl-colour-raw', by === 'raw'); return []; }"
+# Counts the runs whose whole chain (the run, its charts, every panel after it) has ended: scripts
+# driving the page wait on body[data-tl-settled] rather than on one panel's text.
+RUN_SETTLED_JS = "() => { document.body.dataset.tlSettled = String(+(document.body.dataset.tlSettled || 0) + 1); return []; }"
 SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); return []; }"
 COPY_TEXT_JS = """() => {
   const el = document.querySelector('#output .tl-out');
@@ -206,6 +209,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         for fn, inputs, outputs in page.after_run:
             a = page.on(a.then, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
                         api_visibility="private")
+        a.then(None, js=RUN_SETTLED_JS)
         return r
 
     runs = [chain_run(page["generate"].click)]
