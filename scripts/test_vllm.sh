@@ -15,7 +15,8 @@
 # torch.compile as it does by default (on the 2-core machine its warm-up adds 1.5 to 3 minutes to
 # the start and saves less in the tests); by default the server runs it eagerly (--enforce-eager),
 # which gives the same log-probabilities here. VLLM_RUN='COMMAND': run that command (with
-# TOKENLAB_VLLM_URL set) instead of the tests, e.g. the benchmarks side by side with vLLM:
+# TOKENLAB_VLLM_URL set) instead of the tests; VLLM_INSTALL_ONLY=1: make the venv and stop (CI
+# makes it while the main suite runs). E.g. the benchmarks side by side with vLLM:
 #   VLLM_COMPILE=1 VLLM_RUN='python -m bench.run --vllm-url $TOKENLAB_VLLM_URL' bash scripts/test_vllm.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -52,6 +53,7 @@ if ! "$VENV/bin/python" -c "import vllm, sys; sys.exit(vllm.__version__ != '$VLL
 fi
 t1=$(now)
 echo "vLLM venv ready in $((t1 - t0)) s" >&2
+[ "${VLLM_INSTALL_ONLY:-0}" = 1 ] && exit 0
 
 # ---- the server, on the default model (fetched once into the cache by our own code)
 CACHED_DIR=$("$PY" -c "from inference.loading.default_model import default_model_dir; print(default_model_dir())")
