@@ -116,12 +116,30 @@ def completed_label(pieces: list[str], char: str) -> str:
 def unfinished_tail(pieces: list[str]) -> bytes:
     """The bytes of a character the last pieces begin and do not finish (b"": none): what a run
     made of these tokens leaves cut off."""
+    return unfinished_tail_bytes(b"".join(piece_bytes(p) for p in pieces))
+
+
+def unfinished_tail_bytes(data: bytes) -> bytes:
+    """The bytes of a character the end of data begins and does not finish (b"": none)."""
     import codecs
     utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
-    utf8.decode(b"".join(piece_bytes(p) for p in pieces))
+    utf8.decode(data)
     return utf8.getstate()[0]
 
 
 def hex_pieces(data: bytes) -> str:
     """Bytes written as pieces are: <0xE5><0xA4>."""
     return "".join(f"<0x{b:02X}>" for b in data)
+
+
+def readable_text(data: bytes) -> str:
+    """UTF-8 text where bytes that make no character are written as their pieces
+    ("ab<0xE5><0xA4>c"), never as "\ufffd": a reader sees which bytes the model made."""
+    out, at = [], 0
+    while True:
+        try:
+            out.append(data[at:].decode("utf-8"))
+            return "".join(out)
+        except UnicodeDecodeError as e:  # e.start, e.end: the bad bytes within data[at:]
+            out.append(data[at:at + e.start].decode("utf-8") + hex_pieces(data[at + e.start:at + e.end]))
+            at += e.end

@@ -3,7 +3,7 @@ piece holds, and the character once a run has finished it."""
 
 import pytest
 
-from inference.loading.byte_pieces import (byte_hint, byte_label, char_length, completed_label, hex_pieces,
+from inference.loading.byte_pieces import (readable_text, piece_bytes, byte_hint, byte_label, char_length, completed_label, hex_pieces,
                                            piece_bytes, short_hint, split_bytes, unfinished_tail)
 
 
@@ -47,3 +47,15 @@ def test_a_finished_character_is_named_and_an_unfinished_tail_found():
     assert unfinished_tail(["今", "<0xE5>", "<0xA4>"]) == b"\xe5\xa4"
     assert unfinished_tail(["<0xE5>", "<0xA5>", "<0xBD>"]) == b""
     assert unfinished_tail(["a<0xF0><0x9F>"]) == b"\xf0\x9f"
+
+
+@pytest.mark.parametrize("data", [b"plain", "今天".encode(), b"a\xe5\xa4b", b"\xe5\xa4", b"x\xff\xfe\xe4\xbd\xa0",
+                                  "好".encode()[:2] + b"\xe4\xbd\xa0"])
+def test_readable_text_writes_bytes_that_make_no_character_as_pieces(data):
+    """Never "\ufffd": the text reads back to the very bytes (piece_bytes), and where the bytes
+    are valid UTF-8 it is their decoding."""
+    text = readable_text(data)
+    assert "\ufffd" not in text and piece_bytes(text) == data
+    if data.decode("utf-8", errors="replace").count("\ufffd") == 0:
+        assert text == data.decode("utf-8")
+    assert readable_text(b"a\xe5\xa4b") == "a<0xE5><0xA4>b"

@@ -42,3 +42,23 @@ def test_the_popover_of_a_character_made_of_byte_tokens_names_it(tiny_engine):
     # Cut by the run's end: the popover says the character was not finished.
     cut = RunRecord(prompt_ids=[1], steps=steps[:-1], done=done)
     assert "the run ended before the character did" in output_html(cut, tok)
+
+
+def test_a_chat_answer_with_bytes_that_make_no_character_shows_them_in_the_conversation(tiny_engine):
+    """A turn whose answer has bytes that make no character (a character begun and left for
+    another, one the end cut) shows their pieces in the conversation, never "\ufffd"; the text
+    kept for the template is the tokenizer's."""
+    from ui.chat import conversation_html, turn_if_answered
+    tok = tiny_engine.tokenizer
+    ids = tok.encode_continuation("a") + tok.encode_continuation("望")[:1] + tok.encode_continuation("b望")
+    ids = ids[:-1]  # the end cuts the last character after its first byte token(s)
+    stream = tok.stream()
+    steps = [step(i, t, tok.piece(t), stream.push(t), []) for i, t in enumerate(ids)]
+    stream.flush()
+    done = DoneEvent("length", "".join(s.text for s in steps), "", 1, len(steps), 1.0, 1.0, 0, len(steps), False)
+    assert "\ufffd" in done.text  # the stream's decoding of a character left unfinished mid-way
+    rec = RunRecord(mode="chat", user_message="Hi", prompt_ids=[1], steps=steps, done=done)
+    turn = turn_if_answered(rec, tok.token_bytes)
+    assert turn[-1]["content"] == done.text
+    shown = conversation_html(turn)
+    assert "\ufffd" not in shown and "&lt;0xE6&gt;" in shown and "[cut off: &lt;0xE6&gt;" in shown, shown

@@ -279,7 +279,7 @@ class RunHandlers(Section):
             return idle
         rec.finished, m = True, self.view(rec.model)
         # The turn is added once, to the conversation it continued.
-        turn = turn_if_answered(rec) if history == list(rec.history) else []
+        turn = turn_if_answered(rec, m.tokenizer.token_bytes) if history == list(rec.history) else []
         new_history = history + turn
         out = {**idle, "regenerate": gr.update(interactive=bool(new_history)), **self.drawn(rec),
                "history": new_history, "conversation": conversation_html(new_history),
