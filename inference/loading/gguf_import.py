@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 from inference.model.config import ModelConfig
 from inference.errors import ModelError
+from inference.loading.progress import say
 
 if TYPE_CHECKING:
     from inference.model.quant import QuantWeight
@@ -235,7 +236,8 @@ def dequantized_tensors(reader, cfg: ModelConfig, file_name: str, progress=None,
     expected = expected_hf_shapes(cfg)
     arch = "gemma3" if cfg.family == "gemma3_text" else cfg.family
     out = {}
-    for t in reader.tensors:
+    for i, t in enumerate(reader.tensors):
+        say(f"importing the GGUF file: tensor {i + 1:,} of {len(reader.tensors):,}")
         name = hf_name(t.name, arch)
         if name is None or name not in expected and name != "lm_head.weight":
             raise ModelError(f"{file_name}: unexpected tensor {t.name!r} for a {arch} model")
@@ -379,8 +381,10 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
         with tqdm(total=len(reader.tensors), desc="dequantize", unit="tensor",
                   disable=not progress) as bar:
             weights = dequantized_tensors(reader, cfg, gguf_path.name, bar)
+        say("importing the GGUF file: writing its float32 weights into the cache")
         save_file(weights, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         del weights
+        say("importing the GGUF file: keeping its quantized blocks in the cache")
         write_blocks(reader, cfg, gguf_path.name, tmp)
         (tmp / "config.json").write_text(json.dumps(cfg.to_hf_dict(), indent=2))
         tok_cfg = {"add_bos_token": bool(meta.get("tokenizer.ggml.add_bos_token", tok_model == "llama", bool)),
@@ -464,6 +468,7 @@ def ensure_blocks(model_dir: Path) -> Path | None:
     if source is None:
         return None
     cfg = ModelConfig.from_json(model_dir / "config.json")
+    say("keeping the GGUF file's quantized blocks in the cache")
     write_blocks(_checked_reader(source), cfg, source.name, model_dir)
     return blocks
 

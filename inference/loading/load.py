@@ -17,6 +17,7 @@ from inference.errors import ModelError
 from inference.model.transformer import Transformer
 from inference.sampling.settings import from_generation_config
 from inference.loading.tokenizer import Tokenizer, load_tokenizer
+from inference.loading.progress import say
 
 
 @dataclass
@@ -38,9 +39,12 @@ def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto"
     blocks = quantized_source(model_dir, dev, dtype, decode_dtype)
     # The weights go straight in: held by the model alone, each read tensor is freed as soon as
     # the model has laid it out anew (Transformer.store_weights_transposed).
+    form = "float32" if blocks is None else "the GGUF file's quantized blocks"
+    say(f"reading its weights ({form}) and laying them out for the matmuls")
     hf = read_hf_weights(model_dir, cfg) if blocks is None else read_blocks(blocks, cfg)
     model = Transformer.from_state_dict(cfg, to_model_names(cfg, hf, dt), dev, dt,
                                         resolve_decode_dtype(decode_dtype, dev, dt))
+    say("reading its tokenizer")
     tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
     return Loaded(model, tokenizer, model_dir.name, generation_defaults(model_dir))
 

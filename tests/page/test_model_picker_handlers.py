@@ -139,3 +139,44 @@ def test_a_model_loading_on_its_first_use_is_said_and_generate_waits(tiny_dirs):
         assert len(again) == 1 and again[0]["status"].startswith("Run ended") and "made by" not in again[0]["status"]
     finally:
         models.close()
+
+
+def test_a_first_load_says_each_stage_and_its_time_until_it_ends(tiny_dirs):
+    """While a model loads, the status line says what the load does now, as the loaders say it
+    (inference.loading.progress), and how long it has taken; a load refused says why, once."""
+    import threading
+    from inference.errors import InputError
+    from inference.loading.progress import say
+    from inference.serving.engine import Engine
+    from inference.serving.models import Models
+    release, reached = threading.Event(), threading.Event()
+
+    def open_held(spec, pool_mib):
+        if spec == "refused":
+            raise InputError("model refused needs 9,999 MiB for its weights")
+        say("fetching the held model with pip")
+        reached.set()
+        assert release.wait(60)
+        return Engine.from_hf_dir(tiny_dirs[spec], device="cpu", dtype="float32", kv_pool_mib=pool_mib or 8)
+
+    models = Models(["mha", "gqa_tied", "refused"], open_held, needs=lambda spec: 1)
+    try:
+        release.set()
+        h = Handlers(models.engine("mha"), models=models)
+        release.clear()
+        steps = h.run.pick_model("gqa_tied", "The quick", "completion", "", 5, [], "", None, REQ)
+        assert next(steps)["status"].startswith("Loading **gqa_tied**")
+        assert reached.wait(60)
+        said = next(steps)["status"]
+        while "fetching the held model" not in said:  # a tick may come before the stage is said
+            said = next(steps)["status"]
+        assert "Now: fetching the held model with pip (" in said and " s so far)" in said
+        release.set()
+        last = list(steps)[-1]
+        assert models.loaded("gqa_tied") and last["generate"]["interactive"] is True and "model_card" in last
+        refused = list(h.run.pick_model("refused", "The quick", "completion", "", 5, [], "", None, REQ))
+        assert "9,999 MiB" in refused[-1]["model_md"] and "model_card" not in refused[-1]
+        assert refused[-1]["generate"]["interactive"] is True and not models.loaded("refused")
+    finally:
+        release.set()
+        models.close()

@@ -4,9 +4,10 @@ status line while it waits, the step shown in the bars, the context counter, and
 from __future__ import annotations
 
 import html
+import contextvars
+import dataclasses
 import inspect
 import json
-import dataclasses
 import secrets
 import shutil
 import tempfile
@@ -21,6 +22,7 @@ import gradio as gr
 
 from inference.device import available_memory_bytes
 from inference.errors import TokenLabError, shown
+from inference.loading import progress
 from inference.request import prepare_run
 from inference.serving.engine import parse_ids
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
@@ -41,6 +43,7 @@ RUN_OUTPUTS = ("output", "bars", "stats", "kv_text", "notice", "status", "step",
 # Panels that show results about the previous run; a new run clears them.
 STALE_PANELS = ("replay_md", "replay_bars", "x_md", "stages_md", "attention", "lens", "pattern")
 KEEP_FILES = 200
+LOAD_TICK_S = 0.5  # how often the status line says a first load's stage and time
 NOT_STARTED = "⚠ Not started:"  # begin's status for input it refused
 DOWNLOAD_ROUTE = "tokenlab/download"  # the downloads' addresses, relative to the page (layout.launch)
 
@@ -410,6 +413,11 @@ class RunHandlers(Section):
         if not self.models.loaded(label):
             first = {"model_md": self.models_markdown(), "status": render.loading_text(label)}
             yield first if going else {**first, "generate": gr.update(interactive=False)}
+            failed = yield from self._load_saying_stages(label)
+            if failed is not None:  # said under the picker, once (choose_model would load it again)
+                yield {"model_md": self.models_markdown(f"{failed}"), "status": "",
+                       **({} if going else {"generate": gr.update(interactive=True)})}
+                return
         out = self.choose_model(model, prompt, mode, system, max_new_tokens, history, status)
         if not going:
             out["generate"] = gr.update(interactive=True)
@@ -422,6 +430,26 @@ class RunHandlers(Section):
         elif str(status).startswith(render.LOADING):
             out["status"] = ""
         yield out
+
+    def _load_saying_stages(self, label: str):
+        """Load the model in a thread of its own, the status line saying its stage and time so
+        far every LOAD_TICK_S until it is loaded; returns why it could not be (None: loaded)."""
+        stage, failed, ended, t0 = [""], [None], threading.Event(), time.monotonic()
+
+        def load():
+            with progress.listening(lambda s: stage.__setitem__(0, s)):
+                try:
+                    self.models.engine(label)
+                except TokenLabError as e:  # a refusal (no room for it, no such file): said once
+                    failed[0] = e
+                finally:
+                    ended.set()
+
+        threading.Thread(target=contextvars.copy_context().run, args=(load,), name=f"tokenlab-load-{label}",
+                         daemon=True).start()
+        while not ended.wait(LOAD_TICK_S):
+            yield {"status": render.loading_text(label, stage[0] or "starting", time.monotonic() - t0)}
+        return failed[0]
 
     def choose_model(self, model, prompt, mode, system, max_new_tokens, history=None, status="") -> dict:
         """A model chosen in the picker: loaded now if this is its first use (a load that

@@ -257,10 +257,12 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
 LOADING = "Loading"
 
 
-def loading_text(label: str) -> str:
-    """The status line while a model loads on its first use."""
+def loading_text(label: str, stage: str = "", seconds: float = 0.0) -> str:
+    """The status line while a model loads on its first use: what the load does now (its
+    stages: fetched with pip, checked, imported into the cache, read) and for how long."""
+    now = f" Now: {stage} ({seconds:.0f} s so far)." if stage else ""
     return (f"{LOADING} **{label}**: its first use, so its weights are read now (fetched and imported into "
-            "the cache first where they are not there: up to a minute or two). Generate waits for it.")
+            f"the cache first where they are not there: up to a minute or two). Generate waits for it.{now}")
 
 
 def other_model_text(rec: RunRecord, run_context: int, label: str, context: int) -> str:
