@@ -74,6 +74,8 @@ class ShareHandlers(Section):
             out["more"] = gr.update(open=True)
         if c.constraint:  # the link's constraint is shown, not folded away
             out["constrain_box"] = gr.update(open=True)
+        if c.model:  # Generate waits for the picker's event (the model's first load, its mode)
+            out["generate"] = gr.update(interactive=False)
         return out
 
     @takes_controls("base", after=("run_seed",))
@@ -111,5 +113,6 @@ def wire(page, h: ShareHandlers, demo: gr.Blocks):
     page.on(page["share_button"].click, h.share.share_link, inputs=(*NAMES, "page_url", "run_seed"),
             outputs=("share_link",), js=share_js(h.page.defaults), api_visibility="private",
             concurrency_limit=None).failure(None, js=UNCOPY_JS)
-    return page.on(demo.load, h.share.restore, outputs=(*NAMES, "more", "constrain_box", "notice"), api_visibility="private",
+    return page.on(demo.load, h.share.restore, outputs=(*NAMES, "more", "constrain_box", "notice", "generate"),
+                   api_visibility="private",
             queue=False).then(None, js=READY_JS)

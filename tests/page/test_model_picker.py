@@ -19,6 +19,7 @@ from tiny_models import make_tiny_model, train_sentencepiece
 from ui.controls import Controls, shaping_values
 from ui.handlers import Handlers
 from ui.run_state import run_jsonl
+from ui.work.saved import VERSION
 
 REQ = SimpleNamespace(session_hash="picker")
 
@@ -100,9 +101,15 @@ def test_a_run_of_the_second_model_is_that_models_run(two, tiny_dirs):
 def test_a_link_restores_the_model_and_ignores_one_not_offered(two):
     out = two.h.share.restore(SimpleNamespace(query_params={"model": "gqa_tied"}))
     assert out["model"] == "gqa_tied" and not out["notice"]
+    # Generate waits for the picker's event: a click before it would run on the linked model in
+    # the mode of the page's first one (a chat turn for a model with no chat template: refused).
+    assert out["generate"]["interactive"] is False
     out = two.h.share.restore(SimpleNamespace(query_params={"model": "nope"}))
-    assert out["model"] == "" and "Ignored link parameter `model`" in out["notice"]
-    assert two.h.share.restore(SimpleNamespace(query_params={"model": "mha"}))["model"] == ""  # the default
+    assert out["model"] == "" and "Ignored link parameter `model`" in out["notice"] and "generate" not in out
+    default = two.h.share.restore(SimpleNamespace(query_params={"model": "mha"}))
+    assert default["model"] == "" and "generate" not in default  # the default: nothing to wait for
+    saved = two.h.work.restore_work({"v": VERSION, "controls": {"model": "gqa_tied", "prompt": "Hi"}}, None, REQ)
+    assert saved["model"] == "gqa_tied" and saved["generate"]["interactive"] is False
 
 
 def test_two_models_compared_along_as_text_as_transformers_says(two, tiny_dirs):

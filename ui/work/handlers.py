@@ -26,12 +26,13 @@ NOTHING = "Your settings, conversation, branches and last run are kept in this b
 
 
 def chat_history(value) -> list[dict]:
-    """A saved conversation: user and assistant messages (text), else none."""
+    """A saved conversation: user and assistant messages (text; an answer's bytes that make no
+    character as shown, ui.chat.turn_if_answered), else none."""
     if not isinstance(value, list) or not all(
             isinstance(m, dict) and m.get("role") in ("user", "assistant") and isinstance(m.get("content"), str)
-            for m in value):
+            and isinstance(m.get("shown", ""), str) for m in value):
         return []
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    return [{k: m[k] for k in ("role", "content", "shown") if k in m} for m in value]
 
 
 class WorkHandlers(Section):
@@ -98,6 +99,8 @@ class WorkHandlers(Section):
             out["more"] = gr.update(open=True)
         if c.constraint:
             out["constrain_box"] = gr.update(open=True)
+        if c.model:  # Generate waits for the picker's event (the model's first load, its mode)
+            out["generate"] = gr.update(interactive=False)
         return out
 
     def _saved_work(self, work: dict, notes: list[str]) -> dict:

@@ -53,7 +53,7 @@ RESTORED_JS = """() => {""" + LOST_RUN_JS + """
   return [];
 }"""
 RESTORED = (*SHOWN, "more", "constrain_box", "branches", "branch_view", "history", "conversation", "regenerate",
-            "edit_box", "work_md")
+            "edit_box", "work_md", "generate")
 SAVED = ("saved_settings", "saved_work", "work_md")
 
 
