@@ -80,7 +80,6 @@ class BeamSearch:
         prompt's, at step 0). Returns every continuation considered, best first, each with the
         index of its parent; the caller makes the new live beams (`live` is replaced with them,
         their tables None: the caller forks the parents' tables)."""
-        n = logits.shape[0]
         log_probs = torch.log_softmax(logits.float(), dim=-1)  # (n, vocab)
         running = torch.tensor([b.logprob for b in self.live] if self.live else [0.0],
                                dtype=torch.float32, device=logits.device)

@@ -101,7 +101,7 @@ def layers(cfg: ModelConfig, n: int, bytes_per_value: int, pattern: torch.Tensor
         ("K, V projections", f"[{n}, {h}] × [{h}, {cfg.kv_dim}] → [{n}, {cfg.n_kv_heads}, {d}] each",
          f"{cfg.n_kv_heads} KV heads" + (f", each shared by {cfg.n_rep} query heads (grouped-query attention)"
                                          if cfg.n_rep > 1 else " (one per query head)")),
-        ("RoPE", f"Q, K rotated by position", "chapter 3"),
+        ("RoPE", "Q, K rotated by position", "chapter 3"),
         ("scores = QKᵀ/√d + mask", f"[{cfg.n_heads}, {n}, {n}]", f"scaled by {cfg.attn_scale:.4g}; the causal mask sets future positions to -∞"),
         ("softmax", f"[{cfg.n_heads}, {n}, {n}]", "each row sums to 1"),
         ("× V", f"[{cfg.n_heads}, {n}, {d}] → [{n}, {cfg.q_dim}]", "a weighted average of the values"),

@@ -20,7 +20,7 @@ import torch
 
 from inference.model.config import ModelConfig
 from inference.device import available_memory_bytes
-from inference.events import PoolStats
+from inference.events import PoolStats  # noqa: F401 - re-exported: the pool is where readers look for its stats
 from inference.model.kv_cache import BLOCK_SIZE
 
 

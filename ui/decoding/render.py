@@ -64,7 +64,7 @@ def spec_table_html(steps: list) -> str:
         elif s.accepted:
             how, cls = "accepted", "accepted"
         else:
-            how, cls = f"rejected → drawn from (p − q)⁺", "rejected"
+            how, cls = "rejected → drawn from (p − q)⁺", "rejected"
         coin = "" if s.coin is None else f"{s.coin:.3f}"
         ratio = "" if s.target_prob is None else f"{min(1.0, s.target_prob / s.draft_prob) if s.draft_prob else 0:.3f}"
         rows.append(f"<tr class='{cls}'><td>{s.step}</td><td>{s.round}</td>"
