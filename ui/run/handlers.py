@@ -3,9 +3,9 @@ status line while it waits, the step shown in the bars, the context counter, and
 
 from __future__ import annotations
 
-import html
 import contextvars
 import dataclasses
+import html
 import inspect
 import json
 import secrets
