@@ -126,8 +126,13 @@ def shot(page, name: str, full: bool = False, selector: str | None = None) -> Pa
 
 
 def wait_text(page, selector: str, needle: str) -> None:
-    """Until the element's text holds `needle`."""
-    page.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
+    """Until the element's text holds `needle`; failing, says what it holds instead."""
+    try:
+        page.wait_for_function(f"(document.querySelector({selector!r})?.innerText || '').includes({needle!r})")
+    except sync_api.TimeoutError:
+        held = page.evaluate(f"document.querySelector({selector!r})?.innerText ?? null")
+        toasts = page.evaluate("[...document.querySelectorAll('.toast-body')].map((t) => t.innerText)")
+        raise AssertionError(f"{selector} never held {needle!r}: it holds {held!r}; messages {toasts!r}") from None
 
 
 def output_text(page) -> str | None:

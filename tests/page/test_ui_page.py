@@ -371,6 +371,7 @@ def test_a_long_session_gets_no_5xx_and_every_refusal_names_its_field(live_app, 
     page.fill("#replay-top-p input[type=number]", "0.5")
     wait_text(page, "#replay-stages", "Step")
     page.click("#likely")
+    wait_text(page, "#likely-table", "all")  # one experiment at a time, as a person clicks them
     page.click("#inspect")
     wait_text(page, "#stages", "Prefill")
     page.focus("#inspect-head input[type=range]")
