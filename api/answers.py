@@ -180,6 +180,19 @@ class Writer:
             choice["token_ids"] = [ev.token_id for ev in steps]
         return choice
 
+    def beam_choice(self, index: int, beam, text: str) -> dict:
+        """One finished beam of a beam search (decoding.beams.Finished) as a choice: "stop" where
+        it ended with an end-of-sequence token, else "length"."""
+        choice = {"index": index, "logprobs": None, "finish_reason": "stop" if beam.eos else "length",
+                  "stop_reason": None}
+        if self.kind == "chat":
+            choice["message"] = {"role": "assistant", "content": text}
+        else:
+            choice["text"] = text
+        if self.ask.token_ids:
+            choice["token_ids"] = list(beam.tokens)
+        return choice
+
     def chat_role_chunk(self, index: int) -> dict:
         return self.envelope([{"index": index, "delta": {"role": "assistant", "content": ""},
                                "logprobs": None, "finish_reason": None}], chunk=True)

@@ -28,7 +28,8 @@ COMPLETIONS_MAX_TOKENS = 16  # OpenAI's default max_tokens for /v1/completions
 MAX_BIAS = 100  # a logit bias in [-100, 100], as OpenAI's API takes it
 
 # Each sampling setting's request key: vLLM's name where the schema gives it, else its own.
-# (The decoding group, beam search, is not served by the API yet: its requests would need beams' answers.)
+# (The decoding group, beam search, is asked as vLLM asks it: use_beam_search, n the width,
+# length_penalty; see _ask.)
 SAMPLING_KEYS = {(s.server_key or s.name): s for s in SETTINGS
                  if s.name != "max_new_tokens" and s.stage_name != "constraint" and s.group != "decoding"}
 MAX_TOKENS = BY_NAME["max_new_tokens"].server_key  # "max_tokens"
@@ -39,7 +40,7 @@ TOP_K_OFF = -1
 # Token Lab computes.
 COMMON = {"model", "n", "stream", "stream_options", "seed", "stop", "user", MAX_TOKENS, "structured_outputs",
           "logprobs_distribution", "return_token_ids", "return_tokens_as_token_ids",
-          "skip_special_tokens", "spaces_between_special_tokens", "best_of"}
+          "skip_special_tokens", "spaces_between_special_tokens", "best_of", "use_beam_search", "length_penalty"}
 COMPLETION_FIELDS = COMMON | {"prompt", "echo", "logprobs", "prompt_logprobs", "suffix"}
 CHAT_FIELDS = COMMON | {"messages", "logprobs", "top_logprobs", "max_completion_tokens",
                         "add_generation_prompt", "response_format"}
@@ -65,6 +66,7 @@ class Ask:
     max_tokens_key: str = "max_tokens"  # the field max_tokens was read from (chat: or max_completion_tokens)
     echo: bool = False  # completions: the prompt's tokens first, with their log-probabilities
     prompt_logprobs: int | None = None  # vLLM's prompt_logprobs: candidates per prompt token
+    beams: bool = False  # vLLM's use_beam_search: one beam search of width n, its n best beams the choices
 
     def seeded(self, i: int, max_new_tokens: int) -> SamplingParams:
         """Completion i's settings: its own seed, so that n completions differ and each can be
@@ -188,7 +190,7 @@ def constraint(body: dict) -> dict:
     return out
 
 
-def sampling(body: dict, generation_defaults: dict) -> SamplingParams:
+def sampling(body: dict, generation_defaults: dict, decoding: dict | None = None) -> SamplingParams:
     """The request's sampling settings over the model's defaults (parsed as every door's are:
     inference.request.parse_settings), its seed (a random one when not given: the answer's
     completions can then be told apart, not repeated) and stops."""
@@ -214,8 +216,8 @@ def sampling(body: dict, generation_defaults: dict) -> SamplingParams:
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad(f"seed must be an integer, got {shown(seed)}", "seed")
     try:  # max_new_tokens is the endpoint's to settle (Ask.seeded): any valid value here
-        return parse_settings({**raw, **constraint(body), "max_new_tokens": 1}, generation_defaults,
-                              choose_seed(seed), stops)
+        return parse_settings({**raw, **constraint(body), **(decoding or {}), "max_new_tokens": 1},
+                              generation_defaults, choose_seed(seed), stops)
     except SettingErrors as e:  # the first, as the request's field names it
         field, message = e.errors[0]
         raise bad(message, request_key(field)) from None
@@ -236,6 +238,18 @@ def _ask(body: dict, generation_defaults: dict, max_tokens_key: str, min_tokens:
     best_of = _count(body, "best_of", 1, None, n)
     if best_of != n:
         raise bad("best_of is not served: every completion generated is returned (leave it out, or equal to n)", "best_of")
+    beams, decoding = _flag(body, "use_beam_search"), None
+    if beams:  # as vLLM: n is the beam width, and the n best beams are the choices
+        widest = BY_NAME["num_beams"].maximum
+        if not 2 <= n <= widest:
+            raise bad(f"use_beam_search needs n from 2 to {widest}: n is the beam width, got {n}", "n")
+        for key in ("stream", "logprobs", "top_logprobs", "echo", "prompt_logprobs"):
+            if body.get(key) not in (None, False):
+                raise bad(f"{key} is not served with use_beam_search: a beam search answers with its beams "
+                          "at its end", key)
+        decoding = {"num_beams": n, "length_penalty": body.get("length_penalty", 1.0)}
+    elif body.get("length_penalty") is not None:
+        raise bad("length_penalty applies to a beam search: send use_beam_search: true", "length_penalty")
     max_tokens = _count(body, max_tokens_key, min_tokens, None)
     if token_cap is not None and max_tokens is not None and max_tokens > token_cap:
         raise bad(tokens_message(token_cap, max_tokens), max_tokens_key)
@@ -249,10 +263,11 @@ def _ask(body: dict, generation_defaults: dict, max_tokens_key: str, min_tokens:
     if distribution not in DISTRIBUTIONS:
         raise bad(f"logprobs_distribution must be 'raw' (the model's own, the default) or 'final' "
                   f"(the distribution sampled from), got {shown(distribution)}", "logprobs_distribution")
-    return Ask(sampling(body, generation_defaults), n, max_tokens, stream,
+    return Ask(sampling(body, generation_defaults, decoding), n, max_tokens, stream,
                stream and _flag(options or {}, "include_usage"), final=distribution == "final",
                token_ids=_flag(body, "return_token_ids"),
-               ids_as_tokens=_flag(body, "return_tokens_as_token_ids"), max_tokens_key=max_tokens_key, **rest)
+               ids_as_tokens=_flag(body, "return_tokens_as_token_ids"), max_tokens_key=max_tokens_key,
+               beams=beams, **rest)
 
 
 def completion_ask(body, served: str, generation_defaults: dict, token_cap: int | None) -> tuple[list, Ask]:

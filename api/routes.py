@@ -28,7 +28,7 @@ from starlette.requests import ClientDisconnect
 from api.answers import Writer, usage
 from api.errors import APIError, bad, error_body, from_engine
 from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_fields, check_model, completion_ask
-from api.runs import Runs
+from api.runs import ENDS, Runs
 from inference.errors import InputError, TokenLabError, shown
 from inference.events import DoneEvent
 from inference.request import RunRequest, prepare_run
@@ -275,6 +275,10 @@ class API:
         prepared = [await run_in_threadpool(self._prompt, p) for p in prompts]
         ids_list = [ids for ids, _ in prepared]
         max_tokens = self._max_tokens(ask, ids_list, COMPLETIONS_MAX_TOKENS)
+        if ask.beams:
+            if len(ids_list) != 1:
+                raise bad("use_beam_search takes one prompt", "prompt")
+            return await self._beams(client, ids_list[0], ask, max_tokens, "completion", disconnected)
         choices = [(p, j) for p in range(len(prompts)) for j in range(ask.n)]
         names, cancels = self.start_jobs(client, len(choices))
         streaming = False
@@ -302,6 +306,19 @@ class API:
             if not streaming:
                 self.finish_jobs(names, cancels)
 
+    async def _beams(self, client: str, ids: list[int], ask, max_tokens: int, kind: str, disconnected):
+        """use_beam_search: one beam search of width n beside everyone's runs (one job); its
+        finished beams, best first, are the choices."""
+        names, cancels = self.start_jobs(client, 1)
+        try:
+            jobs = await run_in_threadpool(self._prepare, [(ids, ask.seeded(0, max_tokens))], 0)
+            _, done = await _collect(Runs(self.engine, jobs, cancels), 1, disconnected)
+            end, writer = done[0], Writer(self.model, self.engine.tokenizer, ask, kind)
+            choices = [writer.beam_choice(i, beam, text) for i, (beam, text) in enumerate(zip(end.beams, end.texts))]
+            return JSONResponse(writer.envelope(choices, usage=usage(len(ids), sum(len(b.tokens) for b in end.beams))))
+        finally:
+            self.finish_jobs(names, cancels)
+
     async def _completion_chunks(self, writer, runs, choices, known, n_prompt, ask):
         """(chunk, written before any run's event)."""
         for c, (p, _) in enumerate(choices):
@@ -328,6 +345,8 @@ class API:
         ids = await run_in_threadpool(self._ids, self.engine.prompt_ids, chat["prompt"], True, chat["system"],
                                       chat["history"], controls=True, field="messages")
         max_tokens = self._max_tokens(ask, [ids], None)
+        if ask.beams:
+            return await self._beams(client, ids, ask, max_tokens, "chat", disconnected)
         names, cancels = self.start_jobs(client, ask.n)
         streaming = False
         try:
@@ -463,7 +482,7 @@ async def _collect(runs: Runs, k: int, disconnected) -> tuple[dict, dict]:
 
     async def gather():
         async for i, ev in runs.events():
-            if isinstance(ev, DoneEvent):
+            if isinstance(ev, ENDS):
                 done[i] = ev
             else:
                 steps[i].append(ev)

@@ -12,7 +12,9 @@ import asyncio
 import threading
 from typing import AsyncIterator
 
-from inference.events import DoneEvent, StepEvent
+from inference.events import BeamDoneEvent, DoneEvent, StepEvent
+
+ENDS = (DoneEvent, BeamDoneEvent)  # a run's last event: a sampled run's, a beam search's
 from inference.request import RunRequest
 
 
@@ -24,8 +26,8 @@ class Runs:
         self.engine, self.jobs, self.cancels = engine, jobs, cancels
         self._threads: list[threading.Thread] = []
 
-    async def events(self) -> AsyncIterator[tuple[int, StepEvent | DoneEvent]]:
-        """(job index, StepEvent or DoneEvent) as they come, until every job is done. An
+    async def events(self) -> AsyncIterator[tuple[int, StepEvent | DoneEvent | BeamDoneEvent]]:
+        """(job index, StepEvent, or its end: DoneEvent or BeamDoneEvent) as they come, until every job is done. An
         engine's error (a setting it refuses, a server that fails) is raised here."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
@@ -40,7 +42,7 @@ class Runs:
                 i, ev = await queue.get()
                 if isinstance(ev, BaseException):
                     raise ev
-                if isinstance(ev, DoneEvent):
+                if isinstance(ev, ENDS):
                     remaining -= 1
                 yield i, ev
         finally:
@@ -61,7 +63,7 @@ class Runs:
         try:
             events = self.engine.run(self.jobs[i], self.cancels[i])
             for ev in events:
-                if isinstance(ev, (StepEvent, DoneEvent)):
+                if isinstance(ev, (StepEvent, *ENDS)):
                     put(ev)
         except Exception as e:  # handed to the request, which answers with it
             put(e)

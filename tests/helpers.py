@@ -26,3 +26,19 @@ def page_run(h, request, **kw):
     from ui.controls import Controls
     c = Controls(**{"prompt": "The quick brown fox", "max_new_tokens": 8, "seed": "3", **kw})
     return list(h.run.generate(*c.values(), request))[-1]["record"]
+
+
+def hf_beams(hf, ids: list[int], width: int, penalty: float, max_new: int, eos) -> tuple[list, list]:
+    """transformers' beam search (generate with num_beams, early_stopping=False) on the prompt
+    ids: (each returned beam's generated tokens, their scores), best first. eos empty: no token
+    ends a beam (the model's own end-of-sequence ids are set aside)."""
+    import torch
+    if not eos:
+        hf.generation_config.eos_token_id = None
+    out = hf.generate(torch.tensor([ids]), num_beams=width, do_sample=False, length_penalty=penalty,
+                      num_return_sequences=width, max_new_tokens=max_new, eos_token_id=sorted(eos) or None,
+                      pad_token_id=sorted(eos)[0] if eos else 0, early_stopping=False, output_scores=True,
+                      return_dict_in_generate=True, top_k=None, top_p=None, temperature=None)
+    lengths = (out.beam_indices >= 0).sum(dim=1).tolist()  # the tokens each beam generated
+    seqs = [out.sequences[i, len(ids):len(ids) + n].tolist() for i, n in enumerate(lengths)]
+    return seqs, out.sequences_scores.tolist()

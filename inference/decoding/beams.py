@@ -55,6 +55,7 @@ class Finished:
     tokens: list[int]
     logprob: float  # the sequence's log-probability
     score: float  # logprob / len(tokens)^length_penalty
+    eos: bool = False  # it ended with an end-of-sequence token (else at the token cap)
 
 
 @dataclass
@@ -115,7 +116,8 @@ class BeamSearch:
             elif merged[i] > _NEG / 2:
                 h = hyps[i - self.width]
                 h.status, h.score = "finished", float(merged[i])
-                finished.append(Finished(prefix[h.parent] + [h.token_id], h.cumulative, h.score))
+                finished.append(Finished(prefix[h.parent] + [h.token_id], h.cumulative, h.score,
+                                         h.token_id in self.eos_ids))
         self.finished = finished
         live = []
         for i in next_index:

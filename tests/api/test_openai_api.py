@@ -421,3 +421,33 @@ def test_a_client_gone_before_its_answer_ends_its_runs(live_app, hold, route, bo
     # (after which the held pass fails and the run would end anyway).
     wait_until(lambda: h.ended >= ended + body.get("n", 1), "the runs' end", timeout_s=30)
     wait_until(lambda: engine.active_runs == 0)
+
+
+def test_beam_search_answers_with_the_beams_transformers_finds(tiny_dirs, live_app, client):
+    """vLLM's use_beam_search: n is the width and the choices are the finished beams, best first,
+    the same tokens as transformers' beam search on the same weights; in a chat too. What a beam
+    search cannot give (a stream, log-probabilities, one beam) is a 400 naming its field."""
+    from helpers import hf_beams, hf_reference
+    from inference.request import prepare_run
+    url, engine, _ = live_app
+    hf = hf_reference(tiny_dirs["gqa_tied"])
+    ids = list(prepare_run(engine, {"max_new_tokens": 1}, prompt=PROMPT).prompt_ids)
+    seqs, _ = hf_beams(hf, ids, 3, 0.5, 6, engine.eos_ids)
+    out = client.completions.create(model=engine.name, prompt=PROMPT, max_tokens=6, n=3,
+                                    extra_body={"use_beam_search": True, "length_penalty": 0.5,
+                                                "return_token_ids": True})
+    choices = sorted(out.choices, key=lambda c: c.index)
+    assert [c.model_dump()["token_ids"] for c in choices] == seqs
+    assert [c.text for c in choices] == [engine.tokenizer.decode(s) for s in seqs]
+    assert out.usage.completion_tokens == sum(len(s) for s in seqs) and out.usage.prompt_tokens == len(ids)
+    chat = client.chat.completions.create(model=engine.name, messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=4, n=2, extra_body={"use_beam_search": True})
+    assert len(chat.choices) == 2 and all(c.message.content is not None for c in chat.choices)
+    for extra, field in (({"stream": True}, "stream"), ({"logprobs": 2}, "logprobs"), ({"n": 1}, "n"),
+                         ({"n": 9}, "n")):
+        body = {"model": engine.name, "prompt": PROMPT, "max_tokens": 4, "n": 2, "use_beam_search": True, **extra}
+        r = httpx.post(url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, (extra, r.text)
+    r = httpx.post(url + "/v1/completions", json={"model": engine.name, "prompt": PROMPT, "length_penalty": 2.0},
+                      timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "length_penalty"

@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from helpers import hf_reference
+from helpers import hf_beams, hf_reference
 from inference.errors import InputError
 from inference.events import BeamDoneEvent, BeamStepEvent, DoneEvent, StepEvent
 from inference.request import prepare_run
@@ -27,16 +27,6 @@ def beam_run(engine, prompt, width, penalty, max_new):
     events = list(engine.run(request))
     assert isinstance(events[-1], BeamDoneEvent)
     return request, events
-
-
-def hf_beams(hf, ids, width, penalty, max_new, eos):
-    out = hf.generate(torch.tensor([ids]), num_beams=width, do_sample=False, length_penalty=penalty,
-                      num_return_sequences=width, max_new_tokens=max_new, eos_token_id=sorted(eos),
-                      pad_token_id=sorted(eos)[0], early_stopping=False, output_scores=True,
-                      return_dict_in_generate=True, top_k=None, top_p=None, temperature=None)
-    lengths = (out.beam_indices >= 0).sum(dim=1).tolist()  # the tokens each beam generated
-    seqs = [out.sequences[i, len(ids):len(ids) + n].tolist() for i, n in enumerate(lengths)]
-    return seqs, out.sequences_scores.tolist()
 
 
 @pytest.mark.parametrize("width", [2, 3, 4])
