@@ -207,3 +207,20 @@ def test_the_card_of_a_model_with_sliding_layers_says_its_window(tmp_path, sp_mo
     assert (f"sliding window {hf['sliding_window']} on {len(hf['layer_types']) - len(full)} of "
             f"{len(hf['layer_types'])} layers (full attention: layer {full[0]}; their RoPE θ 10000)") in card
     assert len(full) == 1
+
+
+def test_a_page_with_two_models_offers_each_as_a_draft_model(two):
+    """Speculative decoding with another model the page offers as the drafter (the same
+    tokenizer): the drafter is named, and with the run's own model as its drafter every greedy
+    proposal is accepted (p = q: the coin always passes). A model not offered is refused."""
+    from ui.decoding.section import drafters
+    assert ("draft model: gqa_tied", "model:gqa_tied") in drafters(two.models.labels)
+    assert not any(v.startswith("model:") for _, v in drafters(["one"]))  # one model: no draft model
+    c = Controls(prompt="The quick brown fox", max_new_tokens=8, temperature=0.0, seed="1")
+    out = two.h.decoding.speculative(*c.values(), "model:gqa_tied", 1, 3)
+    assert "with model:gqa_tied, 3 proposals a round: 8 tokens" in out["decoding_md"], out["decoding_md"]
+    assert two.models.loaded("gqa_tied") and out["decoding_view"].count("<tr class=") == 8
+    same = two.h.decoding.speculative(*c.values(), "model:mha", 1, 3)["decoding_md"]
+    assert "(100%)" in same, same
+    refused = two.h.decoding.speculative(*c.values(), "model:nope", 1, 3)
+    assert "offers no model 'nope'" in refused["decoding_md"] and refused["decoding_view"] == ""

@@ -66,6 +66,12 @@ class DecodingHandlers(Section):
         note = f" The sampling settings ({', '.join(moved)}) do not apply to a beam search." if moved else ""
         return {"decoding_md": render.beam_summary_md(done) + note, "decoding_view": render.beam_tree_html(steps, done)}
 
+    def _draft_model(self, label: str):
+        """A model the page offers, as a drafter's engine (loaded now if this is its first use)."""
+        if label not in self.models.labels:
+            raise InputError(f"the page offers no model {label!r} to draft with")
+        return self.models.engine(label)
+
     @takes_controls("drafter", "exit_layer", "draft_tokens")
     def speculative(self, c: Controls, drafter, exit_layer, draft_tokens, request: gr.Request = None) -> dict:
         """The page's prompt and settings decoded speculatively: each token, proposed or not,
@@ -76,8 +82,9 @@ class DecodingHandlers(Section):
             rec = self.run.prepare(c, None)
             m = self.view(rec.model)
             k, layer = whole(draft_tokens, "proposals a round"), whole(exit_layer, "the early exit's layer")
-            spec = "prompt-lookup" if drafter == "prompt-lookup" else f"early-exit:{layer}"
-            made = make_drafter(spec, m.engine, len(rec.request.ids) + rec.request.max_new + k + 1)
+            spec = f"early-exit:{layer}" if drafter == "early-exit" else str(drafter)  # make_drafter refuses others
+            made = make_drafter(spec, m.engine, len(rec.request.ids) + rec.request.max_new + k + 1,
+                                models=self._draft_model)
             with self._job(request) as cancel:
                 steps, done = split(Speculator(m.engine, made, k).run(rec.request, cancel), SpecStepEvent, SpecDoneEvent)
         except TokenLabError as e:

@@ -18,6 +18,13 @@ DRAFTERS = (("prompt lookup: n-grams of the context", "prompt-lookup"),
             ("early exit: this model's first layers", "early-exit"))
 
 
+def drafters(labels: list[str]) -> list[tuple[str, str]]:
+    """The drafter choices: prompt lookup, the early exit and, where the page offers several
+    models, each as a draft model (one whose tokenizer is not the run's model's is refused)."""
+    models = [(f"draft model: {label}", f"model:{label}") for label in labels] if len(labels) > 1 else []
+    return [*DRAFTERS, *models]
+
+
 def build(page, h: Handlers) -> None:
     add = page.add
     d = h.page.defaults
@@ -34,7 +41,8 @@ def build(page, h: Handlers) -> None:
                                                 available=s.name in h.page.caps.settings))
             add("beam_button", gr.Button("Run beam search", variant="primary", elem_id="beam-search"))
         with gr.Row():
-            add("drafter", gr.Dropdown(DRAFTERS, value="prompt-lookup", label="Drafter", elem_id="drafter"))
+            add("drafter", gr.Dropdown(drafters(h.page.models.labels), value="prompt-lookup", label="Drafter",
+                                       elem_id="drafter"))
             add("exit_layer", gr.Number(max(1, layers // 4), precision=0, minimum=1, maximum=max(1, layers - 1),
                                         label=f"Early exit after layer (1-{max(1, layers - 1)})", elem_id="exit-layer"))
             add("draft_tokens", gr.Slider(1, MAX_DRAFT_TOKENS, value=4, step=1, label="Proposals a round (K)",
