@@ -139,9 +139,11 @@ def test_the_table_follows_the_box_and_after_a_continue_names_the_run_it_edited(
     page.close()
 
 
-@pytest.mark.parametrize("width,height", [(1400, 1000), (420, 900)])
-def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser, width, height):
+def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser):
+    """At 1400 px; the work restored is then looked at on a phone too (the same browser, the
+    window made 420 px wide and the page reloaded: the flow itself does not depend on the width)."""
     url, _, h = live_app
+    width, height = 1400, 1000
     context = browser.new_context(viewport={"width": width, "height": height})
     page = context.new_page()
     page.set_default_timeout(60_000)
@@ -178,6 +180,20 @@ def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser, width, 
     assert page.locator("#mode input[value='chat']").is_checked()
     assert page.locator("#topk [data-pick]").count() > 0  # the bars, ready to branch again
     assert not overflows(page)
+    # On a phone: the same work, restored within the window.
+    page.set_viewport_size({"width": 420, "height": 900})
+    page.reload()
+    wait_loaded(page)
+    wait_text(page, "#saved-work", "Restored from this browser")
+    page.wait_for_function("document.querySelector('#output .tl-out')?.dataset.text != null")
+    assert {"output": output_text(page), "conversation": page.inner_text("#conversation"),
+            "branches": page.inner_text("#branches")} == {k: before[k] for k in ("output", "conversation", "branches")}
+    assert not overflows(page) and not columns_overlap(page)
+    page.evaluate("window.scrollTo(0, 0)")
+    shot(page, "restored-420")
+    page.locator("#branches").scroll_into_view_if_needed()
+    shot(page, "restored-420-branches")
+    page.set_viewport_size({"width": width, "height": height})
     # A link wins over saved work.
     page.goto(url + "/?prompt=From%20a%20link")
     wait_loaded(page)
