@@ -13,9 +13,9 @@ import threading
 from typing import AsyncIterator
 
 from inference.events import BeamDoneEvent, DoneEvent, StepEvent
+from inference.request import RunRequest
 
 ENDS = (DoneEvent, BeamDoneEvent)  # a run's last event: a sampled run's, a beam search's
-from inference.request import RunRequest
 
 
 class Runs:
@@ -27,8 +27,9 @@ class Runs:
         self._threads: list[threading.Thread] = []
 
     async def events(self) -> AsyncIterator[tuple[int, StepEvent | DoneEvent | BeamDoneEvent]]:
-        """(job index, StepEvent, or its end: DoneEvent or BeamDoneEvent) as they come, until every job is done. An
-        engine's error (a setting it refuses, a server that fails) is raised here."""
+        """(job index, StepEvent, or its end: DoneEvent or BeamDoneEvent) as they come, until
+        every job is done. An engine's error (a setting it refuses, a server that fails) is
+        raised here."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
         for i in range(len(self.jobs)):

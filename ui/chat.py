@@ -35,7 +35,8 @@ def turn_if_answered(rec: RunRecord, token_bytes: list[bytes] | None) -> list[di
     turn = turn_messages(rec)
     if turn and rec.done.reason == "cancelled" and not rec.done.text:
         return []
-    if turn and token_bytes and "\ufffd" in turn[-1]["content"] and rec.done.reason != "stop":  # (a stop string cuts the bytes)
+    # (After a stop string the bytes run on past the text: its answer keeps the text.)
+    if turn and token_bytes and "\ufffd" in turn[-1]["content"] and rec.done.reason != "stop":
         ids = rec.given + [s.token_id for s in (rec.steps[:-1] if rec.done.reason == "eos" else rec.steps)]
         data = b"".join(token_bytes[i] for i in ids)
         cut = unfinished_tail_bytes(data)

@@ -3,8 +3,8 @@ piece holds, and the character once a run has finished it."""
 
 import pytest
 
-from inference.loading.byte_pieces import (readable_text, piece_bytes, byte_hint, byte_label, char_length, completed_label, hex_pieces,
-                                           piece_bytes, short_hint, split_bytes, unfinished_tail)
+from inference.loading.byte_pieces import (byte_hint, byte_label, char_length, completed_label, hex_pieces,
+                                           piece_bytes, readable_text, short_hint, split_bytes, unfinished_tail)
 
 
 def test_a_piece_stands_for_its_bytes():

@@ -44,7 +44,10 @@ COLOUR_BY = [("colour by final p (sampled from)", "final"), ("colour by raw p (t
 COLOUR_BY_JS = "(by) => { document.body.classList.toggle('tl-colour-raw', by === 'raw'); return []; }"
 # Counts the runs whose whole chain (the run, its charts, every panel after it) has ended: scripts
 # driving the page wait on body[data-tl-settled] rather than on one panel's text.
-RUN_SETTLED_JS = "() => { document.body.dataset.tlSettled = String(+(document.body.dataset.tlSettled || 0) + 1); return []; }"
+RUN_SETTLED_JS = """() => {
+    document.body.dataset.tlSettled = String(+(document.body.dataset.tlSettled || 0) + 1);
+    return [];
+}"""
 SHOW_LOGP_JS = "(on) => { document.body.classList.toggle('tl-show-logp', on); return []; }"
 COPY_TEXT_JS = """() => {
   const el = document.querySelector('#output .tl-out');
