@@ -173,6 +173,8 @@ def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser):
     shot(page, f"restored-{width}")
     page.locator("#branches").scroll_into_view_if_needed()
     shot(page, f"restored-{width}-branches")
+    page.wait_for_function("""(e) => document.querySelector('#conversation').innerText === e.conversation
+        && document.querySelector('#branches').innerText === e.branches""", arg=before)  # (as below)
     after = {"output": output_text(page), "conversation": page.inner_text("#conversation"),
              "branches": page.inner_text("#branches"), "seed": page.input_value("#seed input, #seed textarea"),
              "link": link(page)}
@@ -186,8 +188,11 @@ def test_a_reload_keeps_the_work_and_clear_forgets_it(live_app, browser):
     wait_loaded(page)
     wait_text(page, "#saved-work", "Restored from this browser")
     page.wait_for_function("document.querySelector('#output .tl-out')?.dataset.text != null")
-    assert {"output": output_text(page), "conversation": page.inner_text("#conversation"),
-            "branches": page.inner_text("#branches")} == {k: before[k] for k in ("output", "conversation", "branches")}
+    # (Until the restore's events end: meanwhile Gradio shows their time in the panels' text.)
+    page.wait_for_function("""(e) => document.querySelector('#output .tl-out')?.dataset.text === e.output
+        && document.querySelector('#conversation').innerText === e.conversation
+        && document.querySelector('#branches').innerText === e.branches""",
+                           arg={k: before[k] for k in ("output", "conversation", "branches")})
     assert not overflows(page) and not columns_overlap(page)
     page.evaluate("window.scrollTo(0, 0)")
     shot(page, "restored-420")
