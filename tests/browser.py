@@ -18,6 +18,9 @@ sync_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 WAIT_MS = 180_000  # an upper bound only (a busy CI machine): every wait ends as soon as its condition holds
 SHOTS = Path(__file__).resolve().parents[1] / "test-results" / "shots"
+# The models a page served elsewhere offers (scripts/page_session.sh; conftest's `served` has its
+# address): the tests that take them open it with ?model=NAME, once each; None: the tiny model's page.
+SESSION_MODELS = [m for m in os.environ.get("TOKENLAB_SESSION_MODELS", "").split(",") if m] or [None]
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 

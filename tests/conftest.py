@@ -107,6 +107,13 @@ def no_early_end(engine) -> None:
     engine.eos_ids = set()
 
 
+@pytest.fixture(scope="module")
+def served(request) -> str:
+    """The page's address: TOKENLAB_SESSION_URL's (a page on real models, scripts/page_session.sh;
+    browser.SESSION_MODELS the models it offers), else a page on the tiny model."""
+    return (os.environ.get("TOKENLAB_SESSION_URL") or request.getfixturevalue("live_app")[0]).rstrip("/")
+
+
 @pytest.fixture(scope="session")
 def live_app(tiny_dirs):
     """The real page on a tiny model, served on a free localhost port."""

@@ -30,17 +30,22 @@ def _pass(name: str, flops: int, nbytes: int, seconds: float | None, roof: Roofl
 
 
 def prefill_decode(cfg: ModelConfig, n: int, reused: int, ttft_ms: float, decode_ms: list[float],
-                   weight_bytes: int, decode_bytes: int, kv_bytes: int, roof: Roofline) -> dict:
+                   weight_bytes: int, decode_bytes: int, kv_bytes: int, roof: Roofline,
+                   stored: dict[str, int] | None = None) -> dict:
     """The run's prefill (its n - reused positions computed, attending to all n) and its decode
-    steps (one token each), by the counter, against their measured times and the roofline."""
+    steps (one token each), by the counter, against their measured times and the roofline.
+    With `stored` (a GGUF file's blocks) a decode step reads the matrices as stored, as "Inside
+    one token" counts it; the prefill multiplies float32 tiles dequantized from them."""
     pre = stages(cfg, n - reused, n, weight_bytes, kv_bytes)[-1]
-    dec = stages(cfg, 1, n + 1, decode_bytes, kv_bytes)[-1]  # the first decode step
+    dec = stages(cfg, 1, n + 1, decode_bytes, kv_bytes, stored)[-1]  # the first decode step
+    dec_f32 = stages(cfg, 1, n + 1, 4, kv_bytes)[-1].bytes if stored else None
     step_ms = statistics.median(decode_ms) if decode_ms else None
     return {"prompt_tokens": n, "prompt_tokens_reused": reused, "ttft_ms": ttft_ms,
             "decode_ms": decode_ms, "decode_step_ms": step_ms,
             "decode_tokens_per_s": 1000 / step_ms if step_ms else None,
             "prefill": _pass(f"prefill ({n - reused} positions)", pre.flops, pre.bytes, ttft_ms / 1000, roof),
             "decode": _pass("one decode step", dec.flops, dec.bytes, step_ms / 1000 if step_ms else None, roof),
+            "decode_reads_blocks": bool(stored), "decode_bytes_float32": dec_f32,
             "roofline": roof.to_json()}
 
 
@@ -108,8 +113,8 @@ def kv_cache(cfg: ModelConfig, n: int, kv_bytes: int, weight_bytes: int, run_kv:
             "with_cache_top_logits": demo["with_top_logits"], "without_cache_top_logits": demo["without_top_logits"]}
 
 
-def _table(cfg: ModelConfig, context: int, b: int) -> list[dict]:
-    rows = per_token(cfg, context, b)
+def _table(cfg: ModelConfig, context: int, b: int, stored: dict[str, int] | None = None) -> list[dict]:
+    rows = per_token(cfg, context, b, stored=stored)
     total = rows[-1].flops
     return [{"component": c.name, "flops": c.flops, "bytes": c.bytes, "share": c.flops / total} for c in rows]
 
@@ -129,13 +134,14 @@ def _textbook(cfg: ModelConfig, context: int, b: int) -> dict:
 
 
 def flops_per_token(cfg: ModelConfig, context: int, weight_bytes: int, roof: Roofline,
-                    measured_tokens_per_s: float | None) -> dict:
+                    measured_tokens_per_s: float | None, stored: dict[str, int] | None = None) -> dict:
     """The per-token FLOPs table for this model and for LLaMA-7B (same context, same counter),
     the textbook simplifications, and the tokens per second the FLOPs and bytes allow on this
-    machine's measured roofline and on a datasheet GPU."""
-    here = per_token(cfg, context, weight_bytes)[-1]
+    machine's measured roofline (bytes as the model reads them: `stored`, a GGUF file's blocks,
+    where it has them) and on a datasheet GPU."""
+    here = per_token(cfg, context, weight_bytes, stored=stored)[-1]
     gpu_b = GPU["bytes_per_value"]
-    out = {"context": context, "model": _table(cfg, context, weight_bytes), "llama_7b": _table(LLAMA_7B, context, gpu_b),
+    out = {"context": context, "model": _table(cfg, context, weight_bytes, stored), "llama_7b": _table(LLAMA_7B, context, gpu_b),
            "llama_7b_config": {"n_layers": LLAMA_7B.n_layers, "hidden": LLAMA_7B.hidden_size,
                                "intermediate": LLAMA_7B.intermediate_size, "n_heads": LLAMA_7B.n_heads,
                                "vocab_size": LLAMA_7B.vocab_size},

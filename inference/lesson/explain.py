@@ -58,24 +58,26 @@ def explain(engine, prompt: str, settings: SamplingParams | dict | None = None, 
     with engine.internals() as model:
         embedded = path.embed(model, tok, ids)
         rotated = path.rope(model, ids)
+        head = path.lm_head(model, tok, logits, TOP)
         demo = cost.cache_demo(model, ids, steps)
     roof = roofline or measure(engine.device, engine.dtype)
     b, kv_b = info.dtype.itemsize, info.kv_value_bytes
     decode_b = (info.decode_dtype or info.dtype).itemsize
     timing = cost.prefill_decode(cfg, len(ids), first.prompt_tokens_reused or 0, first.prefill_ms or first.ms,
-                                 [e.ms for e in events[1:]], b, decode_b, kv_b, roof)
+                                 [e.ms for e in events[1:]], b, decode_b, kv_b, roof, info.stored_bytes)
     run_text = tok.decode([e.token_id for e in events], unfinished="")
     numbers = {
         "tokenize": text.tokenize(tok, request.prompt_text, ids),
         "embed": embedded,
         "rope": rotated,
         "layers": path.layers(cfg, len(ids), b, pattern),
-        "lm_head": path.lm_head(cfg, tok, logits, b, TOP),
+        "lm_head": head,
         "sampling": {**sampling(logits, request.params, ids, tok, first, TOP),
                      "run_tokens": [e.piece for e in events], "run_text": run_text},
         "prefill_decode": timing,
         "kv_cache": cost.kv_cache(cfg, len(ids), kv_b, b, [e.kv_cache_bytes for e in events], demo, tok),
-        "flops": cost.flops_per_token(cfg, len(ids) + 1, decode_b, roof, timing["decode_tokens_per_s"]),
+        "flops": cost.flops_per_token(cfg, len(ids) + 1, decode_b, roof, timing["decode_tokens_per_s"],
+                                       info.stored_bytes),
     }
     lesson = Lesson(engine.describe().name, prompt, request.params.seed)
     for k, (key, title) in enumerate(CHAPTERS, 1):

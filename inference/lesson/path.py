@@ -20,14 +20,24 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def blocks_name(types: list[str]) -> str:
+    """A quantized weight's storage in words: "Q8_0 blocks", "Q4_K and Q6_K blocks"."""
+    return " and ".join(sorted(set(types))) + " blocks"
+
+
 def embed(model, tokenizer, ids: list[int]) -> dict:
     """Each id's row of the embedding matrix (as the layers get it: scaled where the family scales)."""
     cfg: ModelConfig = model.cfg
-    w = model.tok_embeddings.weight  # (vocab, hidden)
     rows = model.embed(torch.tensor(ids, device=model.device)).float().cpu()  # (T, hidden)
-    b = w.element_size()
-    return {"shape": [cfg.vocab_size, cfg.hidden_size], "dtype": _dtype_name(w.dtype), "bytes_per_value": b,
-            "params": cfg.vocab_size * cfg.hidden_size, "bytes": cfg.vocab_size * cfg.hidden_size * b,
+    params = cfg.vocab_size * cfg.hidden_size
+    q = getattr(model.tok_embeddings, "qweight", None)  # a GGUF file's blocks, where the model keeps them
+    if q is not None:
+        dtype, nbytes = blocks_name(q.types()), q.nbytes
+    else:
+        w = model.tok_embeddings.weight  # (vocab, hidden)
+        dtype, nbytes = _dtype_name(w.dtype), params * w.element_size()
+    return {"shape": [cfg.vocab_size, cfg.hidden_size], "dtype": dtype, "bytes_per_value": nbytes / params,
+            "params": params, "bytes": nbytes,
             "embed_scale": cfg.embed_scale, "output_shape": [len(ids), cfg.hidden_size],
             "rows": [{"position": p, "id": i, "piece": tokenizer.piece(i),
                       "first_values": [round(v, 6) for v in rows[p, :FIRST_VALUES].tolist()],
@@ -125,14 +135,20 @@ def layers(cfg: ModelConfig, n: int, bytes_per_value: int, pattern: torch.Tensor
             "family_path": family_path(cfg)}
 
 
-def lm_head(cfg: ModelConfig, tokenizer, logits: torch.Tensor, bytes_per_value: int, top: int) -> dict:
-    """The last position's logits over the vocabulary: the top ones, and the head's weights."""
+def lm_head(model, tokenizer, logits: torch.Tensor, top: int) -> dict:
+    """The last position's logits over the vocabulary: the top ones, and the head's weights as
+    the model keeps them (a GGUF file's blocks or its dtype)."""
+    cfg: ModelConfig = model.cfg
     probs = logits.double().softmax(-1)
     values, order = logits.topk(top)
-    matrix = cfg.vocab_size * cfg.hidden_size
+    head = model.output
+    if head.qweight is not None:
+        dtype, nbytes = blocks_name(head.qweight.types()), head.qweight.nbytes
+    else:
+        dtype, nbytes = _dtype_name(head.weight.dtype), head.weight.numel() * head.weight.element_size()
     return {"hidden": cfg.hidden_size, "vocab_size": cfg.vocab_size, "shape": [cfg.hidden_size, cfg.vocab_size],
-            "tied": cfg.tie_word_embeddings, "bytes": matrix * bytes_per_value,
-            "extra_bytes": 0 if cfg.tie_word_embeddings else matrix * bytes_per_value,
+            "tied": cfg.tie_word_embeddings, "dtype": dtype, "bytes": nbytes,
+            "extra_bytes": 0 if cfg.tie_word_embeddings else nbytes,
             "softcap": cfg.final_logit_softcap,
             "top": [{"id": i, "piece": tokenizer.piece(i), "logit": float(v), "prob": float(probs[i])}
                     for v, i in zip(values.tolist(), order.tolist())]}

@@ -40,7 +40,7 @@ def summary_line(c: dict) -> str:
                 f"{c['n_positions']}] under a causal mask, MLP {c['hidden']} → {c['intermediate']} → {c['hidden']} "
                 f"(×{c['expansion']:.2f}, 3 matrices); {si(c['layer_flops'], 'FLOPs')} a layer for this prompt")
     elif key == "lm_head":
-        line = (f"hidden [{c['hidden']}] → {c['vocab_size']:,} logits ({'tied to the embedding' if c['tied'] else 'own weights, ' + mib(c['bytes'])}); top: "
+        line = (f"hidden [{c['hidden']}] → {c['vocab_size']:,} logits ({'tied to the embedding' if c['tied'] else 'own weights, ' + c['dtype'] + ', ' + mib(c['bytes'])}); top: "
                 + ", ".join(f"{t['piece']!r} {t['logit']:.2f} (p {t['prob']:.4f})" for t in c["top"][:5]))
     elif key == "sampling":
         t = c["temperature_table"][0]

@@ -122,11 +122,11 @@ class Component:
 
 
 def per_token(cfg: ModelConfig, context_len: int, bytes_per_value: int,
-              kv_bytes_per_value: int | None = None) -> list[Component]:
+              kv_bytes_per_value: int | None = None, stored: dict[str, int] | None = None) -> list[Component]:
     """One new token attending to `context_len` positions, by component over all layers (the
     rows of `stages`, regrouped): attention projections, attention scores, MLP, norms, LM head,
     and their total (equal to `stages`' total)."""
-    rows = {r.name: r for r in stages(cfg, 1, context_len, bytes_per_value, kv_bytes_per_value)}
+    rows = {r.name: r for r in stages(cfg, 1, context_len, bytes_per_value, kv_bytes_per_value, stored)}
     L, h = cfg.n_layers, cfg.hidden_size
     qkv = rows["Q, K, V projections + RoPE (per layer)"]
     out = rows["attention output projection (per layer)"]

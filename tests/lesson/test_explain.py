@@ -255,3 +255,37 @@ def test_cli_prints_one_json_object_per_chapter(tiny_dirs, capsys):
     assert lines[5]["top_p"]["p"] == 0.8 and lines[5]["settings"]["seed"] == 2
     assert main(["explain", "--model", str(tiny_dirs["gqa_tied"]), "--prompt", PROMPT, "--steps", "1"]) == 2
     assert "--steps must be" in capsys.readouterr().err
+
+
+def test_on_a_gguf_files_blocks_the_lesson_counts_the_bytes_the_run_reads(tiny_dirs, tmp_path):
+    """A model computing on its GGUF file's Q4_1 blocks (the default for an imported GGUF): the
+    embedding and LM head are the blocks (20 bytes per 32 weights, by hand); a decode step's
+    bytes are the run statistics' and "Inside one token"'s figure (decode_cost on the stored
+    blocks), with the float32 one beside them; the rows are the float32 model's."""
+    from gguf_files import write_gguf
+    from inference.loading.gguf_import import import_gguf
+    from inference.model.anatomy import decode_cost
+    from inference.serving.engine import Engine
+
+    write_gguf(tiny_dirs["gqa_tied"], tmp_path / "m.gguf", "Q4_1")
+    model_dir = import_gguf(tmp_path / "m.gguf", tmp_path / "imported", progress=False)
+    with Engine.from_hf_dir(model_dir) as blocks, Engine.from_hf_dir(model_dir, dtype="float32") as f32:
+        info = blocks.describe()
+        assert info.stored_bytes
+        quant = explain(blocks, PROMPT, SETTINGS, roofline=ROOF, steps=3, seed=1)
+        full = explain(f32, PROMPT, SETTINGS, roofline=ROOF, steps=3, seed=1)
+    cfg = info.cfg
+    q4_1 = cfg.vocab_size * cfg.hidden_size // 32 * 20
+    embed, head = quant.chapter("embed"), quant.chapter("lm_head")
+    assert embed["dtype"] == head["dtype"] == "Q4_1 blocks" and embed["bytes"] == head["bytes"] == q4_1
+    assert embed["bytes_per_value"] == 20 / 32
+    assert full.chapter("embed")["dtype"] == "float32" and full.chapter("embed")["bytes"] == 4 * cfg.vocab_size * cfg.hidden_size
+    for a, b in zip(embed["rows"], full.chapter("embed")["rows"]):
+        assert a["first_values"] == pytest.approx(b["first_values"], abs=1e-6)
+    n = quant.chapter("tokenize")["n_tokens"]
+    c = quant.chapter("prefill_decode")
+    assert c["decode_reads_blocks"] and c["decode"]["bytes"] == decode_cost(cfg, n + 1, 4, 4, info.stored_bytes).bytes
+    assert c["decode_bytes_float32"] == decode_cost(cfg, n + 1, 4, 4).bytes > c["decode"]["bytes"]
+    assert quant.chapter("flops")["model"][-1]["bytes"] == c["decode"]["bytes"]  # one number in two chapters
+    assert not full.chapter("prefill_decode")["decode_reads_blocks"]
+    assert full.chapter("prefill_decode")["decode"]["bytes"] == c["decode_bytes_float32"]

@@ -8,12 +8,11 @@ The same session runs against a page served elsewhere, on real models (scripts/p
 TOKENLAB_SESSION_URL=http://HOST:PORT and TOKENLAB_SESSION_MODELS=default,gemma3-270m (each
 model's session opens with ?model=NAME)."""
 
-import os
 from urllib.parse import quote
 
 import pytest
 
-from browser import SIZES, open_page, run_to_end, shot, wait_loaded, wait_text
+from browser import SESSION_MODELS, SIZES, open_page, run_to_end, shot, wait_loaded, wait_text
 
 
 # The strokes of the KV chart's lines.
@@ -34,17 +33,8 @@ def open_panel(page, title: str) -> None:
     page.get_by_text(title).first.click()
 
 
-MODELS = [m for m in os.environ.get("TOKENLAB_SESSION_MODELS", "").split(",") if m] or [None]
-
-
-@pytest.fixture(scope="module")
-def served(request) -> str:
-    """The page's address: TOKENLAB_SESSION_URL's, else a page on the tiny model."""
-    return os.environ.get("TOKENLAB_SESSION_URL") or request.getfixturevalue("live_app")[0]
-
-
 @pytest.mark.slow  # a whole session of the page, twice
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", SESSION_MODELS)
 @pytest.mark.parametrize("width,height", SIZES)
 def test_a_session_leaves_no_console_error_and_no_failed_request(served, browser, width, height, model):
     url, pick = served.rstrip("/"), f"&model={quote(model)}" if model else ""

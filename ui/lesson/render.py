@@ -86,7 +86,7 @@ def _embed(c: dict) -> str:
              if c["embed_scale"] != 1 else "")
     text = (f"Each id picks one row of the <b>embedding matrix</b>: {c['shape'][0]:,} rows (one per vocabulary entry) × "
             f"{c['shape'][1]:,} numbers, {c['params']:,} values stored as {c['dtype']} "
-            f"({c['bytes_per_value']} bytes each) = <b>{mib(c['bytes'])}</b>. No arithmetic happens here, only a lookup: "
+            f"({c['bytes_per_value']:.4g} bytes each) = <b>{mib(c['bytes'])}</b>. No arithmetic happens here, only a lookup: "
             f"the prompt becomes a matrix of shape [{c['output_shape'][0]}, {c['output_shape'][1]}], one vector per token. "
             "The same id always gives the same vector, wherever it stands: position comes next." + scale)
     return text, _table(["position", "piece", "first 8 values of its row", "norm"], rows)
@@ -161,7 +161,7 @@ def _layers(c: dict) -> tuple[str, str]:
 
 def _lm_head(c: dict) -> tuple[str, str]:
     tied = ("Here it is <b>tied</b>: the same matrix as the embedding, read again, so it costs no extra memory."
-            if c["tied"] else f"Here it has its own weights: <b>{mib(c['bytes'])}</b> more.")
+            if c["tied"] else f"Here it has its own weights, stored as {c['dtype']}: <b>{mib(c['bytes'])}</b> more.")
     text = (f"After the last layer and a final RMSNorm, only the <b>last position</b> matters for the next token: its "
             f"vector of {c['hidden']} numbers is multiplied by a [{c['hidden']}, {c['vocab_size']:,}] matrix, giving one "
             f"score, a <b>logit</b>, for each of the {c['vocab_size']:,} vocabulary entries. {tied} "
@@ -274,6 +274,10 @@ def _prefill_decode(c: dict) -> tuple[str, str]:
                   + f"<p class='lesson-note'>This machine, measured now: peak {si(roof['peak_flops'], 'FLOP/s')}, "
                     f"bandwidth {si(roof['bandwidth'], 'B/s')}, ridge at {roof['ridge_flops_per_byte']:.2f} FLOPs/byte. "
                     f"How: {escape(roof['how'])}. Times are of this run, beside whatever else the machine was doing.</p>"
+                  + (f"<p class='lesson-note'>This model computes on its GGUF file's quantized blocks: a decode step reads "
+                     f"them as stored, {mib(dec['bytes'])} with the KV cache ({mib(c['decode_bytes_float32'])} if they "
+                     "were float32); prefill multiplies float32 tiles dequantized from them, counted at float32.</p>"
+                     if c["decode_reads_blocks"] else "")
                   + ("<p class='lesson-note'>⚠ A pass measured above the roof: the machine was busier while its peaks "
                      "were measured (other programs share its cores and memory) than during the run. Start the lesson "
                      "again for a new measurement.</p>" if pre["above_roof"] or dec["above_roof"] else ""))
