@@ -144,7 +144,7 @@ def check_beams(params, given=()) -> None:
     cannot apply; InputError naming the first that is set."""
     if params.num_beams == 1:
         return
-    moved = [n for n in params.changed if not (n == "temperature" and params.temperature == 0)]
+    moved = [n for n in params.changed if not (n == "temperature" and params.greedy)]
     if moved:
         raise InputError(f"beam search ranks beams by the model's own log-probabilities: {moved[0]} cannot "
                          f"apply (set it to its neutral value, or use 1 beam)", field=moved[0])

@@ -59,7 +59,7 @@ def apply_mirostat(logits: torch.Tensor, mu: float | None) -> torch.Tensor:
 
 @stage("temperature")
 def _temperature(logits, p, state):
-    if p.dynatemp_range > 0 and p.temperature > 0:
+    if p.dynatemp_range > 0 and not p.greedy:
         return dynamic_temperature(logits, p.temperature, p.dynatemp_range, p.dynatemp_exponent)
     return apply_temperature(logits, p.temperature)
 
