@@ -76,6 +76,10 @@ class RunRequest:
     top_n: int = 10  # candidates reported per step (0: none, the benchmark's baseline)
     max_new: int = 1  # the tokens it may make: max_new_tokens, lowered to the room the context leaves
     prompt_text: str | None = None  # the text fed (None: the door gave ids)
+    # The tokens the run makes, one a step, instead of drawing them (a beam opened as a run): each
+    # step still reports the model's distribution and the settings' final one, and where the
+    # given token stands in them. Empty: every token is drawn.
+    forced: tuple[int, ...] = ()
 
     @property
     def ids(self) -> list[int]:
@@ -104,7 +108,7 @@ def tokens_message(cap: int, asked=None) -> str:
 def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prompt: str | None = None,
                 ids=None, chat: bool = False, system: str | None = None, history=(), given=(),
                 seed: int | None = None, stop=(), top_n: int = 10, token_cap: int | None = None,
-                controls: bool = False) -> RunRequest:
+                controls: bool = False, forced=()) -> RunRequest:
     """The one way a run is prepared, whichever door it came by.
 
     settings: the values by schema name (parsed here, over the model's defaults), or settings a
@@ -113,7 +117,8 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
     when chat, with system and the earlier turns of history) or ids: what the model reads;
     given: ids generated already after it. token_cap: a shared page's most new tokens a visitor
     may ask for. controls: control-token text the user wrote becomes the token (the API's, as
-    vLLM's). Raises InputError (one line, `field` the setting at fault)."""
+    vLLM's). forced: the tokens the run makes instead of drawing them (RunRequest.forced).
+    Raises InputError (one line, `field` the setting at fault)."""
     if engine.down is not None:  # its scheduler died: refused at once, never queued to hang
         raise engine.down
     if isinstance(settings, SamplingParams):
@@ -138,14 +143,39 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
     if vocab is not None:
         from inference.sampling.state import check_vocab
         check_vocab(params, vocab, engine.tokenizer)
+    forced = list(forced)
+    if forced:
+        check_forced(params, forced, vocab, token_cap)
     n = len(ids) + len(given)
-    max_new = min(params.max_new_tokens, context - n)
+    max_new = min(len(forced) or params.max_new_tokens, context - n)
     if max_new < 1:
         raise InputError(f"the prompt is {n} tokens and fills the context window of {context}"
                          + (f" ({len(given)} of them given)" if given else ""))
-    request = RunRequest(tuple(ids), params, tuple(given), max(0, top_n if vocab is None else min(top_n, vocab)), max_new, text)
+    if forced and max_new < len(forced):
+        raise InputError(f"the {len(forced)} tokens to make do not fit: the prompt is {n} tokens of the "
+                         f"{context}-token context window")
+    request = RunRequest(tuple(ids), params, tuple(given), max(0, top_n if vocab is None else min(top_n, vocab)), max_new,
+                         text, tuple(forced))
     engine.check_run(request)
     return request
+
+
+def check_forced(params: SamplingParams, forced: list[int], vocab_size: int | None, token_cap: int | None) -> None:
+    """Tokens a run makes instead of drawing them: ids of the vocabulary, within a shared page's
+    cap, one sequence (no beams), each step's distribution a draw could come from (greedy's is
+    its argmax alone) and no constraint (the tokens are given, not allowed)."""
+    if vocab_size is not None and not all(isinstance(t, int) and 0 <= t < vocab_size for t in forced):
+        raise InputError(f"the tokens to make must be ids below the vocabulary's {vocab_size}")
+    if token_cap is not None and len(forced) > token_cap:
+        raise InputError(tokens_message(token_cap, len(forced)))
+    if params.num_beams > 1:
+        raise InputError("a run of given tokens is one sequence: set Beams to 1", field="num_beams")
+    if params.greedy:
+        raise InputError("a run of given tokens reports the distribution each was drawn from; greedy's is "
+                         "its argmax alone: set a temperature above 0", field="temperature")
+    if params.constraint:
+        raise InputError("a run of given tokens cannot be constrained: turn the constraint off",
+                         field="constraint")
 
 
 def check_ids(ids, vocab_size: int | None, max_seq_len: int) -> None:

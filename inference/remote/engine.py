@@ -270,6 +270,8 @@ class RemoteEngine:
         """The server reads given tokens (a branch's) as prompt: a setting that counts generated
         tokens apart from the prompt's (presence and frequency penalties) is refused with them."""
         p = request.params
+        if request.forced:
+            raise InputError("a model server draws its own tokens: a run of given tokens needs a local model")
         if request.given and (p.presence_penalty or p.frequency_penalty):
             raise InputError("a branch in front of a server cannot use presence or frequency penalties: the "
                              "server would count its given tokens as prompt, not as generated")

@@ -383,7 +383,8 @@ class Engine:
         the generator ends the run and gives its blocks back before it returns. A beam search
         (params.num_beams > 1) yields a BeamStepEvent per step and ends with a BeamDoneEvent."""
         run = self.scheduler.submit(request.ids, request.params, request.top_n, cancel or threading.Event(),
-                                    request.max_new, request.capped, request.seed, len(request.given))
+                                    request.max_new, request.capped, request.seed, len(request.given),
+                                    forced=request.forced)
         try:
             while True:
                 ev = run.events.get()

@@ -71,6 +71,7 @@ class Run:
     given: int = 0  # of `ids`, the last ones already generated (a branch's): its stages count them
     beams: BeamSearch | None = None  # a beam search: a decode row per live beam, each its own table
     copied: int = 0  # a beam search's blocks copied on write this step
+    forced: tuple[int, ...] = ()  # the tokens it makes, in order (RunRequest.forced), else sampled
 
     @property
     def n_prompt(self) -> int:
@@ -126,12 +127,14 @@ class Scheduler:
 
     def submit(self, ids: list[int], params: SamplingParams, top_n: int, cancel: threading.Event,
                max_new: int, capped: bool, seed: int, given: int = 0, events=None,
-               keep_prefix: bool = True) -> Run:
+               keep_prefix: bool = True, forced: tuple[int, ...] = ()) -> Run:
         """Queue a run. given: how many of ids' last tokens the run counts as generated already
         (a branch continuing after them): its sampling state starts after them, its text after
         them. events: where its events go (default: a queue of its own); keep_prefix: whether
         its blocks go to the prefix cache at its end (a batch of samples keeps one sample's,
-        not 64 copies of one prompt that would push every chat out of the cache)."""
+        not 64 copies of one prompt that would push every chat out of the cache). forced: the
+        tokens the run makes, one a step, instead of drawing them (its numbers are still each
+        step's distribution)."""
         needed = blocks_for(len(ids) + max_new)
         beams = None
         if params.num_beams > 1:  # W beams share the prompt's whole blocks; the rest each its own
@@ -144,7 +147,7 @@ class Scheduler:
                 f"this run needs {needed} KV blocks ({len(ids)} prompt + {max_new} new tokens) but "
                 f"the server's pool has {self.pool.n_blocks}; lower max new tokens or shorten the prompt")
         run = Run(ids, params, top_n, cancel, max_new, capped, seed, needed, given=given, keep_prefix=keep_prefix,
-                  beams=beams)
+                  beams=beams, forced=tuple(forced))
         if events is not None:
             run.events = events
         with self._cv:
@@ -382,7 +385,8 @@ class Scheduler:
         """Each run's token from its row of logits, sampled together (pick_rows); a run whose
         stages raise gets its error instead, and the others their tokens as if it were not
         there: their generators are put back as they were and each row is sampled alone."""
-        rows = [RowSampling(r.params, r.state, r.generator, r.top_n) for r in runs]
+        rows = [RowSampling(r.params, r.state, r.generator, r.top_n,
+                            r.forced[len(r.generated)] if r.forced else None) for r in runs]
         before = [r.generator.get_state() for r in runs]
         try:
             with torch.inference_mode():

@@ -69,6 +69,7 @@ class RowSampling:
     state: RunState | None  # what the run's stages read (None: no context known)
     generator: torch.Generator
     top_n: int  # candidates reported; 0 skips the instrumentation (the benchmark's baseline)
+    forced: int | None = None  # the token this step makes (a run of given tokens: a beam opened as a run)
 
 
 def pick(logits: torch.Tensor, params: SamplingParams, state: RunState | None,
@@ -116,6 +117,9 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
             unchanged[i] = shaped is row_logits
             finals[i] = shaped.softmax(dim=-1)
             next_id[i] = sample(finals[i].unsqueeze(0), row.generator)[0, 0]
+    for i, row in enumerate(rows):  # a forced row's numbers are its distribution's; its token is given
+        if row.forced is not None:
+            next_id[i] = row.forced
     constrained = [i for i, row in enumerate(rows) if row.state is not None and row.state.constraint is not None]
     if constrained:
         # A constraint can forbid every token the stages before it kept: an empty distribution

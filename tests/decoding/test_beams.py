@@ -224,3 +224,67 @@ def test_a_beam_search_that_fails_or_is_closed_ends_alone_and_gives_its_blocks_b
     assert pool.blocks_used == before
     plain = prepare_run(tiny_engine, {"temperature": 0, "max_new_tokens": 3}, prompt=PROMPTS[0])
     assert isinstance(list(tiny_engine.run(plain))[-1], DoneEvent)  # the engine serves on
+
+
+# ------------------------------------------------ a beam opened as a run (RunRequest.forced)
+NEUTRAL = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def test_a_beam_opened_as_a_run_makes_its_tokens_with_the_models_numbers(tiny_engine, hf):
+    """The best beam, its tokens given to a run: the run makes exactly them, its KV cache grows a
+    position a step, each step's raw probabilities are transformers' at that position (1e-4)
+    and the chosen tokens' log-probabilities sum to the beam's own (1e-4); with the sampling
+    stages neutral its final distribution is the raw one."""
+    import math
+    request, events = beam_run(tiny_engine, PROMPTS[1], 3, 1.0, max_new=8)
+    best = events[-1].beams[0]
+    opened = prepare_run(tiny_engine, {**NEUTRAL, "max_new_tokens": 1}, ids=list(request.prompt_ids),
+                         forced=best.tokens, seed=5)
+    assert opened.max_new == len(best.tokens)
+    steps = [e for e in tiny_engine.run(opened) if isinstance(e, StepEvent)]
+    assert [e.token_id for e in steps] == best.tokens
+    assert abs(sum(math.log(e.raw_prob) for e in steps) - best.logprob) < 1e-4
+    with torch.no_grad():
+        ref = hf(torch.tensor([list(request.prompt_ids) + best.tokens])).logits[0].double().softmax(-1)
+    n = len(request.prompt_ids)
+    for k, e in enumerate(steps):
+        assert abs(e.raw_prob - ref[n - 1 + k, e.token_id].item()) < 1e-4
+        assert abs(e.prob - e.raw_prob) < 1e-6  # neutral stages: sampled from the raw distribution
+        assert [c.id for c in e.top] == ref[n - 1 + k].topk(len(e.top)).indices.tolist()
+        assert e.kv_cache_bytes == (n + k) * tiny_engine.describe().kv_bytes_per_position  # the positions read
+
+
+def test_a_run_of_given_tokens_beside_sampled_runs_changes_none_of_theirs(tiny_engine):
+    """Batched together in one step: the sampled runs' tokens are those of their runs alone, and
+    the forced run still makes its own."""
+    params = {"temperature": 0.9, "top_k": 20, "max_new_tokens": 6}
+    alone = [[e.token_id for e in tiny_engine.run(prepare_run(tiny_engine, params, prompt=p, seed=11))
+              if isinstance(e, StepEvent)] for p in PROMPTS]
+    forced = [5, 17, 5, 300, 7, 41]  # none an end-of-sequence id
+    runs = [tiny_engine.run(prepare_run(tiny_engine, params, prompt=p, seed=11)) for p in PROMPTS]
+    runs.append(tiny_engine.run(prepare_run(tiny_engine, {**NEUTRAL, "max_new_tokens": 1}, prompt=PROMPTS[0],
+                                            forced=forced)))
+    results = [None] * len(runs)
+
+    def drain(i):
+        results[i] = [e.token_id for e in runs[i] if isinstance(e, StepEvent)]
+    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(runs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[:2] == alone and results[2] == forced
+
+
+@pytest.mark.parametrize("settings, forced, field, words", [
+    ({"temperature": 0.0}, [5], "temperature", "greedy"),
+    ({"num_beams": 2}, [5], "num_beams", "Beams to 1"),
+    ({"constraint": "regex", "constraint_text": "a+"}, [5], "constraint", "constrained"),
+    ({}, [10 ** 6], None, "below the vocabulary"),
+])
+def test_a_run_of_given_tokens_is_refused_in_one_line(tiny_engine, settings, forced, field, words):
+    with pytest.raises(InputError, match=words) as e:
+        prepare_run(tiny_engine, {**NEUTRAL, **settings}, prompt=PROMPTS[0], forced=forced)
+    assert e.value.field == field and "\n" not in str(e.value)
+    with pytest.raises(InputError, match="do not fit"):
+        prepare_run(tiny_engine, NEUTRAL, prompt=PROMPTS[0], forced=[5] * tiny_engine.max_seq_len)

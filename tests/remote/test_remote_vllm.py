@@ -253,3 +253,11 @@ def test_the_benchmark_measures_the_server_on_the_same_prompt_ids(local):
     result = measure_vllm(URL, None, local, 12, TOP)
     assert result["decode_tok_s"] > 0 and result["ttft_128_ms"] > 0 and result["ttft_512_ms"] > 0
     assert result["p95_ms"] >= result["p50_ms"] > 0
+
+
+def test_a_run_of_given_tokens_is_refused_by_a_server(engine):
+    """A server draws its own tokens: a beam opened as a run needs a local model."""
+    from inference.errors import InputError
+    from inference.request import prepare_run
+    with pytest.raises(InputError, match="needs a local model"):
+        prepare_run(engine, {"temperature": 1.0}, prompt=PROMPT, forced=[5, 6])
