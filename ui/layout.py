@@ -87,7 +87,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         experiments.wire(page, h)
         samples.wire(page, h)
         text_score.wire(page, h)
-        decoding.wire(page, h)
+        decoding.wire(page, h, chain_run)
         inside.wire(page, h)
         lesson.wire(page, h)
         work.wire(page, h, demo, share.wire(page, h, demo))

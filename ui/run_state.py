@@ -16,6 +16,16 @@ if TYPE_CHECKING:
     import torch
 
 
+@dataclass(frozen=True)
+class Opened:
+    """A finished beam of a beam search, to be opened as a run: the next run of its tab makes
+    these tokens (RunRequest.forced) after the same prompt, on the same model."""
+    model: str
+    prompt_ids: tuple[int, ...]
+    tokens: tuple[int, ...]
+    label: str  # "beam 1 of 3"
+
+
 @dataclass
 class RunRecord:
     """Everything the page keeps about one run, per browser session."""
@@ -49,6 +59,7 @@ class RunRecord:
     given: list[int] = field(default_factory=list)
     given_text: str = ""
     request: object = None  # the inference.request.RunRequest it runs (None: a record read back)
+    opened: str = ""  # a beam opened as a run: what the page says of it (its tokens were given)
 
     @property
     def answer_text(self) -> str:

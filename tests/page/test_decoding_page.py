@@ -42,3 +42,43 @@ def test_generate_refuses_beams_in_one_line(h):
     with pytest.raises(gr.Error) as e:
         list(h.run.generate(*Controls(prompt=PROMPT, num_beams=2, max_new_tokens=3).values()))
     assert "Run beam search" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_finished_beam_opens_as_a_run_with_its_tokens_and_the_models_bars(h, tiny_engine):
+    """Run beam search, pick beam 2, Open as a run: the tab's next run (begin, then the page's
+    generate) makes exactly that beam's tokens after the same prompt; each step's raw
+    probability is the model's (their logs sum to the beam's log-probability within 1e-4) and,
+    with the sampling settings set aside, the final one equals it. The run after it samples."""
+    import math
+    from types import SimpleNamespace
+
+    import gradio as gr
+    import pytest
+
+    req = SimpleNamespace(session_hash="open-beam")
+    c = Controls(prompt=PROMPT, num_beams=3, max_new_tokens=5, temperature=0.7, top_p=0.9, seed="4")
+    out = h.decoding.beam_search(*c.values(), req)
+    state = out["beam_state"]
+    assert len(state["beams"]) == 3 and out["open_beam"]["interactive"]
+    assert [v for _, v in out["beam_pick"]["choices"]] == [0, 1, 2]
+    done = list(tiny_engine.run(prepare_run(tiny_engine, {"num_beams": 3, "max_new_tokens": 5}, prompt=PROMPT)))[-1]
+    assert state["beams"] == [b.tokens for b in done.beams]
+    h.decoding.open_beam(state, 1, req)
+    begun = h.run.begin(*c.values(), req)
+    assert "record" in begun, begun.get("status")
+    rec = [o for o in h.run.generate_on_page(*c.values(), req) if "record" in o][-1]["record"]
+    assert [s.token_id for s in rec.steps] == done.beams[1].tokens
+    assert abs(sum(math.log(s.raw_prob) for s in rec.steps) - done.beams[1].logprob) < 1e-4
+    assert all(abs(s.prob - s.raw_prob) < 1e-6 for s in rec.steps)
+    assert rec.opened.startswith("Beam 2 of 3 opened as a run")
+    # The beam was this run's only: the next click samples (Beams back to 1).
+    again = Controls(**{**c.__dict__, "num_beams": 1})
+    assert "record" in h.run.begin(*again.values(), req)
+    rec2 = [o for o in h.run.generate_on_page(*again.values(), req) if "record" in o][-1]["record"]
+    assert rec2.opened == "" and rec2.params.temperature == 0.7
+    # Refused: no beam search yet; a prompt changed since it.
+    with pytest.raises(gr.Error, match="Run a beam search first"):
+        h.decoding.open_beam(None, 0, req)
+    h.decoding.open_beam(state, 0, req)
+    moved = h.run.begin(*Controls(**{**c.__dict__, "prompt": PROMPT + " dog"}).values(), req)
+    assert "the prompt changed since the beam search" in moved["status"]

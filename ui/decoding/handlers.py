@@ -13,12 +13,17 @@ from inference.decoding.speculative import SpecDoneEvent, SpecStepEvent, Specula
 from inference.errors import InputError, TokenLabError
 from inference.events import BeamDoneEvent, BeamStepEvent
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
-from ui.base import PageContext, Section, takes_controls
+from ui.base import PageContext, Section, session_of, takes_controls
 from ui.controls import Controls, page_message
 from ui.decoding import render
+from ui.run_state import Opened
 
 if TYPE_CHECKING:
     from ui.run.handlers import RunHandlers
+
+
+NO_BEAMS = {"beam_state": None, "open_beam": gr.update(interactive=False),
+            "beam_pick": gr.update(choices=[], value=None, interactive=False)}
 
 
 def whole(value, what: str) -> int:
@@ -62,9 +67,23 @@ class DecodingHandlers(Section):
             with self._job(request) as cancel:
                 steps, done = split(m.engine.run(rec.request, cancel), BeamStepEvent, BeamDoneEvent)
         except TokenLabError as e:
-            return {"decoding_md": page_message(e, one_line=True), "decoding_view": ""}
+            return {"decoding_md": page_message(e, one_line=True), "decoding_view": "", **NO_BEAMS}
         note = f" The sampling settings ({', '.join(moved)}) do not apply to a beam search." if moved else ""
-        return {"decoding_md": render.beam_summary_md(done) + note, "decoding_view": render.beam_tree_html(steps, done)}
+        beams = {"model": rec.model, "prompt_ids": list(rec.request.ids), "beams": [b.tokens for b in done.beams]}
+        return {"decoding_md": render.beam_summary_md(done) + note, "decoding_view": render.beam_tree_html(steps, done),
+                "beam_state": beams, "open_beam": gr.update(interactive=bool(done.beams)),
+                "beam_pick": gr.update(choices=render.beam_choices(done), value=0 if done.beams else None,
+                                       interactive=bool(done.beams))}
+
+    def open_beam(self, beams: dict | None, pick, request: gr.Request = None) -> None:
+        """Open a finished beam as a run: the tab's next run (chained after this) makes its tokens."""
+        try:
+            i = int(pick)
+            tokens = beams["beams"][i]
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise gr.Error("Run a beam search first, then pick one of its beams to open.", print_exception=False) from None
+        self.run.open_next(session_of(request), Opened(beams["model"], tuple(beams["prompt_ids"]), tuple(tokens),
+                                                       f"beam {i + 1} of {len(beams['beams'])}"))
 
     def _draft_model(self, label: str):
         """A model the page offers, as a drafter's engine (loaded now if this is its first use)."""

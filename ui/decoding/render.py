@@ -40,6 +40,14 @@ def beam_tree_html(steps: list, done) -> str:
             f'<th>text</th></tr>{ranked}</table>')
 
 
+def beam_choices(done, chars: int = 48) -> list[tuple[str, int]]:
+    """The finished beams as the "Open as a run" list: rank, score and the start of the text."""
+    def short(text: str) -> str:
+        text = " ".join(text.split())
+        return text if len(text) <= chars else text[:chars - 1] + "…"
+    return [(f"{i + 1}. score {b.score:.4f}: {short(t)}", i) for i, (b, t) in enumerate(zip(done.beams, done.texts))]
+
+
 def beam_summary_md(done) -> str:
     best = done.beams[0] if done.beams else None
     if best is None:

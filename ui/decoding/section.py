@@ -14,6 +14,7 @@ from server.limits import ENGINE
 from ui.widgets import setting_control
 
 OUTPUTS = ("decoding_md", "decoding_view")
+BEAM_OUTPUTS = (*OUTPUTS, "beam_state", "beam_pick", "open_beam")
 DRAFTERS = (("prompt lookup: n-grams of the context", "prompt-lookup"),
             ("early exit: this model's first layers", "early-exit"))
 
@@ -49,11 +50,21 @@ def build(page, h: Handlers) -> None:
                                           elem_id="draft-tokens"))
             add("spec_button", gr.Button("Run speculative decoding", variant="primary", elem_id="speculative"))
         add("decoding_md", gr.Markdown("", label="Decoding summary", elem_id="decoding-summary"))
+        with gr.Row(elem_id="open-beam-row"):
+            add("beam_pick", gr.Dropdown([], label="A finished beam", elem_id="beam-pick", interactive=False))
+            add("open_beam", gr.Button("Open as a run", elem_id="open-beam", interactive=False))
+        add("beam_state", gr.State(None))
         add("decoding_view", gr.HTML("", label="Decoding steps", elem_id="decoding-view"))
 
 
-def wire(page, h: Handlers) -> None:
-    page.on(page["beam_button"].click, h.decoding.beam_search, inputs=NAMES, outputs=OUTPUTS,
+def wire(page, h: Handlers, chain_run) -> None:
+    """chain_run(trigger): the run section's begin -> generate -> after the run (a beam opened)."""
+    page.on(page["beam_button"].click, h.decoding.beam_search, inputs=NAMES, outputs=BEAM_OUTPUTS,
             concurrency_id=ENGINE, api_visibility="private")
+    # Queued (unlimited), so that its refusal is a message; only then does the run start.
+    opened = page.on(page["open_beam"].click, h.decoding.open_beam, inputs=("beam_state", "beam_pick"),
+                     outputs=(), concurrency_limit=None, api_visibility="private",
+                     show_progress="hidden")
+    chain_run(opened.success)
     page.on(page["spec_button"].click, h.decoding.speculative, inputs=(*NAMES, "drafter", "exit_layer", "draft_tokens"),
             outputs=OUTPUTS, concurrency_id=ENGINE, api_visibility="private")

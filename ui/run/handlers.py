@@ -25,14 +25,14 @@ from inference.errors import TokenLabError, shown
 from inference.loading import progress
 from inference.request import prepare_run
 from inference.serving.engine import parse_ids
-from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS, decode_logit_bias
+from inference.sampling.settings import BY_NAME, FILTER_SETTINGS, SHAPING_SETTINGS, decode_logit_bias
 from ui.base import PageContext, Section, failure_line, named_args, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
 from ui.controls import MODES, NAMES, Controls, page_message, parse_seed, sampling_params
 from ui.experiments.render import entropy_frame, run_chart_frames
 from ui.inside.render import memory_markdown
 from ui.run import kv, render
-from ui.run_state import RunRecord, run_jsonl
+from ui.run_state import Opened, RunRecord, run_jsonl
 from ui.streaming import EventPump, paced_interval
 from ui.widgets import line_colors
 
@@ -72,6 +72,8 @@ class RunHandlers(Section):
         self._stopped_waiting: set[str] = set()
         # The run each session's click prepared (begin), for the page's generate to run as it is.
         self._prepared: dict[str, object] = {}
+        # The beam each session asked to open as a run: its next run (begin) makes that beam's tokens.
+        self._opened: dict[str, Opened] = {}
         self._lock = threading.Lock()
         # Downloads the page offers: written here, the oldest deleted once there are more than KEEP_FILES.
         self._files_dir = Path(files_dir or tempfile.mkdtemp(prefix="tokenlab-downloads-"))
@@ -86,7 +88,13 @@ class RunHandlers(Section):
         with self._lock:
             self._waiting.pop(session, None)
             self._prepared.pop(session, None)
+            self._opened.pop(session, None)
             self._stopped_waiting.discard(session)
+
+    def open_next(self, session: str, opened: Opened) -> None:
+        """The session's next run (its begin, chained after this) makes a beam's tokens."""
+        with self._lock:
+            self._opened[session] = opened
 
     @takes_controls(after=("history",))
     def begin(self, c: Controls, request: gr.Request = None, history=None) -> dict:
@@ -101,8 +109,10 @@ class RunHandlers(Section):
         client at its share, is refused here with a page error (begin runs in the queue,
         unlimited, so that this is no HTTP 500), and the run is not queued."""
         session = self.admit(request)
+        with self._lock:
+            opened = self._opened.pop(session, None)  # a beam to open: this run only
         try:
-            rec = self.prepare(c, None, history)  # every control that cannot be used, named as the page labels it
+            rec = self.prepare(c, None, history, opened=opened)  # every control that cannot be used, named as the page labels it
         except TokenLabError as e:
             return {"status": f"{NOT_STARTED} {page_message(e)}"}
         rec.queued_at = time.monotonic()
@@ -151,10 +161,10 @@ class RunHandlers(Section):
             yield from self._stream(rec, cancel)
 
     def _stream(self, rec: RunRecord, cancel) -> Iterator[dict]:
-        notice, m = "", self.view(rec.model)
+        notice, m = rec.opened, self.view(rec.model)
         n = len(rec.prompt_ids) + len(rec.given)
         room = m.context - n
-        if rec.params.max_new_tokens > room:
+        if rec.params.max_new_tokens > room and not rec.opened:
             notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
                       f"uses {n} of the {m.context}-token context window.")
         try:
@@ -510,23 +520,34 @@ class RunHandlers(Section):
             return {}
         return {"bars": self._bars(rec.steps[i], rec=rec, pick=True), "step": gr.update(value=i)}
 
-    def prepare(self, c: Controls, seed: int | None, history=None, beams: bool = False, **override) -> RunRecord:
+    def prepare(self, c: Controls, seed: int | None, history=None, beams: bool = False,
+                opened: Opened | None = None, **override) -> RunRecord:
         """A run of the page's controls, prepared by the one function every door calls
         (inference.request.prepare_run), in an empty record ready to run. seed: the run's
-        (None: the one typed, else chosen there); override: settings that replace the controls'
-        (compare's B)."""
+        (None: the one typed, else chosen there); opened: a beam whose tokens the run makes, its
+        sampling stages set aside as the beam search set them; override: settings that replace
+        the controls' (compare's B)."""
         if c.mode not in MODES:
             raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
+        if opened is not None:
+            override = {**override, **{n: BY_NAME[n].neutral for n in FILTER_SETTINGS}, "num_beams": 1}
         params = sampling_params(c, seed, **override)  # every control that cannot be used, named at once
         if seed is None:  # the one typed (checked above), else prepare_run chooses it
             params = replace(params, seed=parse_seed(c.seed))
+        if opened is not None:
+            params = replace(params, stop=())  # the beam's tokens, all of them (a beam search has no stops)
         chat, m = c.mode == "chat", self.view(c.model)
+        if opened is not None and opened.model != m.label:
+            raise TokenLabError(f"the beam search ran on {opened.model}, not on {m.label}: pick that model or run "
+                                "the beam search again")
         if chat and isinstance(c.prompt, str) and not c.prompt.strip():  # the API's may be empty; here a slip
             raise TokenLabError("the message is empty: type what you say to the model")
         turns = list(history or []) if chat else []
         request = prepare_run(m.engine, params, prompt=c.prompt, chat=chat, system=c.system, history=turns,
                               given=parse_ids(c.prefix_ids, "prefix ids"), top_n=self.top_n,
-                              token_cap=self.limits.max_new_tokens)
+                              token_cap=self.limits.max_new_tokens, forced=opened.tokens if opened else ())
+        if opened is not None and request.ids != list(opened.prompt_ids):
+            raise TokenLabError("the prompt changed since the beam search: run the beam search again to open its beams")
         if request.params.num_beams > 1 and not beams:
             raise TokenLabError("Beams is above 1: run the beam search with \"Run beam search\" in the decoding "
                                 "section, or set Beams to 1 to sample")
@@ -536,7 +557,10 @@ class RunHandlers(Section):
                          params=request.params, bias=dict(decode_logit_bias(request.params.logit_bias, m.tokenizer)),
                          mode=c.mode, user_message=c.prompt, system=c.system or "",
                          history=turns, max_steps=request.max_new,
-                         controls=c, kv_bytes_per_token=m.info.kv_bytes_per_position, request=request)
+                         controls=c, kv_bytes_per_token=m.info.kv_bytes_per_position, request=request,
+                         opened=(f"{opened.label[0].upper()}{opened.label[1:]} opened as a run: its {len(opened.tokens)} "
+                                 "tokens are given, one a step; each step's bars are the model's distribution there "
+                                 "(the sampling settings set aside, as in the beam search).") if opened else "")
 
     # -------------------------------------------------------- the server's own load
 
