@@ -10,8 +10,10 @@ ends; if all k are accepted a last token is drawn from p_{k+1}. A deterministic 
 one-hot. Greedy decoding (p one-hot) accepts exactly the proposals equal to the target's argmax
 and corrects with the argmax: the text is plain greedy decoding's, token for token.
 
-Runs on the caller's thread over contiguous KV caches (model/kv_cache.py), outside the scheduler:
-a round's rows are one sequence's, which the scheduler's steps (one row per run) do not make.
+Runs on the caller's thread, outside the scheduler, over a paged KV pool of its own through the
+scheduler's step (Transformer.forward_paged): a round's k+1 rows are decode rows of one sequence
+at consecutive positions, each attending to the positions before its own, so on a CPU the round
+is the one-call decode step of up to KERNEL_ROWS rows (a plain step's weight reads, k+1 rows).
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import torch
 
 from inference.errors import InputError
 from inference.events import Candidate
+from inference.model.attention import PagedBatch
+from inference.model.kv_cache import BLOCK_SIZE
 from inference.sampling.stages import final_probs, sample
 
 # Stages whose distribution depends on the logits alone: p and q at a proposed position are then
@@ -165,14 +169,14 @@ class Speculator:
         generator.manual_seed(request.seed)
         ids = list(request.ids)
         n_prompt = len(ids)
-        cache = model.new_cache(n_prompt + request.max_new + self.k + 1)
+        target = PagedSequence(model, n_prompt + request.max_new + self.k + 1)
         stream = tok.stream()
         generated, parts = [], []
         rounds = proposed = accepted = 0
         reason = "length"
         with e._work(), torch.inference_mode():
             if n_prompt > 1:  # the prompt but its last token; each round feeds the last emitted one
-                model(torch.tensor([ids[:-1]], device=model.device), cache, 0)
+                target.prefill(ids[:-1])
             start = time.perf_counter()
             while len(generated) < request.max_new:
                 if cancel is not None and cancel.is_set():
@@ -183,7 +187,7 @@ class Speculator:
                 drafts = self.drafter.propose(ids, k, params, generator) if k > 0 else []
                 pos = len(ids) - 1
                 fed = [ids[-1]] + [d for d, _ in drafts]
-                logits = model(torch.tensor([fed], device=model.device), cache, pos, all_logits=True)[0]  # (k+1, vocab)
+                logits = target.rows(fed, pos)  # (k+1, vocab)
                 p_rows = final_probs(logits, params, None)  # (k+1, vocab)
                 decisions = verify(p_rows, drafts, generator, params.greedy, self.rule)
                 rounds += 1
@@ -217,3 +221,40 @@ class Speculator:
         yield SpecDoneEvent(reason, "".join(parts) + tail, len(generated), rounds, proposed, accepted,
                             getattr(self.drafter, "name", "drafter"), self.k, request.seed,
                             (time.perf_counter() - start) * 1000 if rounds else 0.0, n_prompt)
+
+
+class PagedSequence:
+    """One sequence's KV cache as a paged pool of its own, read and written by the scheduler's
+    step (Transformer.forward_paged): its blocks are 0, 1, 2, ... so a position's slot is the
+    position itself."""
+
+    def __init__(self, model, capacity: int):
+        cfg, self.model = model.cfg, model
+        n_blocks = -(-capacity // BLOCK_SIZE)
+        shape = (cfg.n_layers, n_blocks * BLOCK_SIZE, cfg.n_kv_heads, cfg.head_dim)
+        # Zeroed: attention reads whole blocks, the positions past a row's own masked out (a masked
+        # weight of 0 times never-written memory, possibly NaN, would still be NaN).
+        self.k = torch.zeros(shape, device=model.device, dtype=model.dtype)
+        self.v = torch.zeros(shape, device=model.device, dtype=model.dtype)
+        self.k_layers, self.v_layers = list(self.k.unbind(0)), list(self.v.unbind(0))
+        self.blocks = torch.arange(n_blocks, device=model.device)  # (nb,)
+
+    def prefill(self, ids: list[int]) -> None:
+        """The positions 0..len(ids)-1 read as one prompt chunk."""
+        dev, n = self.model.device, len(ids)
+        at = torch.arange(n, device=dev)  # (n,): positions, and slots
+        batch = PagedBatch(positions=at, write_slots=at, decode_rows=None, decode_blocks=None, decode_mask=None,
+                           prefills=[(0, n, at, 0)], logit_rows=at[-1:])
+        self.model.forward_paged(torch.tensor(ids, device=dev), batch, self.k_layers, self.v_layers)
+
+    def rows(self, tokens: list[int], start: int) -> torch.Tensor:
+        """tokens at positions start.. as decode rows, each seeing the positions up to its own
+        (those written before, and this step's rows before it): float32 logits (rows, vocab)."""
+        dev, n = self.model.device, len(tokens)
+        at = torch.arange(start, start + n, device=dev)  # (n,): positions, and slots
+        context = self.blocks.expand(n, -1).contiguous()  # (n, nb): every row reads the same blocks
+        mask = torch.arange(context.shape[1] * BLOCK_SIZE, device=dev) <= at[:, None]  # (n, nb * BLOCK_SIZE)
+        batch = PagedBatch(positions=at, write_slots=at, decode_rows=torch.arange(n, device=dev),
+                           decode_blocks=context, decode_mask=mask[:, None, None, :], prefills=[],
+                           logit_rows=torch.arange(n, device=dev))
+        return self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.k_layers, self.v_layers)

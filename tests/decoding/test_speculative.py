@@ -10,7 +10,7 @@ import torch
 
 from inference.cli import main
 from inference.decoding.drafters import make_drafter
-from inference.decoding.speculative import SpecDoneEvent, SpecStepEvent, Speculator, residual
+from inference.decoding.speculative import SpecStepEvent, Speculator, residual
 from inference.errors import InputError
 from inference.events import StepEvent
 from inference.request import prepare_run
@@ -155,3 +155,29 @@ def test_cli_lines_say_what_was_proposed_and_accepted(tiny_dirs, capsys):
         assert (s["token_id"] == s["proposed"]) or not s["accepted"]
     assert summary["accepted"] == sum(1 for s in steps if s["accepted"]) and summary["proposed"] >= len(proposed)
     assert summary["generated_tokens"] == len(steps) and summary["drafter"] == "early-exit:1"
+
+
+@pytest.mark.parametrize("k", [7, 9])  # 8 rows: the one-call kernel's most; 10: the layers' own path
+@pytest.mark.parametrize("kernels_on", [True, False])
+def test_a_round_is_rows_of_one_sequence_on_a_sliding_window_family(tmp_path, sp_model_bytes, k, kernels_on,
+                                                                    monkeypatch):
+    """A round's k+1 rows through the paged step, on Gemma 3's shape (sliding windows of 8
+    positions, which the run outgrows; per-head q/k norms) and with the kernels off (attention
+    by the decode mask): the text is plain greedy decoding's and the probabilities its own."""
+    from inference.model import kernels
+    from inference.serving.engine import Engine
+    from tiny_families import make_family_model
+
+    if not kernels_on:
+        monkeypatch.setattr(kernels, "_library", lambda: None)
+    d, _ = make_family_model(tmp_path, "gemma3_text", sp_model_bytes, final_logit_softcapping=None)
+    with Engine.from_hf_dir(d, device="cpu", dtype="float32") as engine:
+        engine.eos_ids = set()
+        settings = {"temperature": 0, "max_new_tokens": 30}
+        prompt = "one two three one two three one two three one two"
+        request, steps, done = spec_run(engine, "early-exit:2", None, settings, k, prompt=prompt)
+        plain = [e for e in engine.run(prepare_run(engine, settings, prompt=prompt)) if isinstance(e, StepEvent)]
+    assert len(request.ids) + 30 > 8  # past the window
+    assert [e.token_id for e in steps] == [e.token_id for e in plain]
+    assert max(abs(a.raw_prob - b.raw_prob) for a, b in zip(steps, plain)) < 1e-4
+    assert done.accepted > 0 and done.rounds < 30  # rounds of several rows were taken
