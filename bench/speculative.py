@@ -13,7 +13,6 @@ import platform
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -22,8 +21,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from inference.factory import add_model_args  # noqa: E402
 from inference.decoding.drafters import make_drafter  # noqa: E402
-from inference.decoding.speculative import SpecDoneEvent, SpecStepEvent, Speculator  # noqa: E402
-from inference.events import DoneEvent, StepEvent  # noqa: E402
+from inference.decoding.speculative import SpecDoneEvent, SpecStepEvent, Speculator, timed  # noqa: E402
+from inference.events import StepEvent  # noqa: E402
 from inference.request import prepare_run  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
 
@@ -39,15 +38,8 @@ PROMPTS = {
 def plain(engine, request) -> tuple[list[int], float]:
     """A plain greedy run through the scheduler: its tokens and its decode tokens per second
     (from the first token to the last, as the speculative runs are timed)."""
-    t0, first, tokens = None, None, []
-    for ev in engine.run(request):
-        if isinstance(ev, StepEvent):
-            tokens.append(ev.token_id)
-            if first is None:
-                first = time.perf_counter()
-        elif isinstance(ev, DoneEvent):
-            t0 = time.perf_counter()
-    return tokens, (len(tokens) - 1) / (t0 - first)
+    steps, rate, _ = timed(engine.run(request), StepEvent)
+    return [e.token_id for e in steps], rate
 
 
 class NoProposals:
@@ -62,17 +54,8 @@ class NoProposals:
 def speculative(engine, request, spec: str, k: int, draft) -> tuple[list[int], float, SpecDoneEvent]:
     drafter = NoProposals() if spec == "none" else \
         make_drafter(spec, engine, len(request.ids) + request.max_new + k + 1, lambda name: draft)
-    tokens, first = [], None
-    for ev in Speculator(engine, drafter, k).run(request):
-        if isinstance(ev, SpecStepEvent):
-            tokens.append(ev.token_id)
-            if first is None:
-                first = time.perf_counter()
-        else:
-            end, done = time.perf_counter(), ev
-    # The first round's tokens arrive together: timed from the first, as plain's, the rate counts
-    # those after it over the time after it.
-    return tokens, (len(tokens) - 1) / (end - first), done
+    steps, rate, done = timed(Speculator(engine, drafter, k).run(request), SpecStepEvent)
+    return [e.token_id for e in steps], rate, done
 
 
 def main() -> None:
@@ -110,7 +93,8 @@ def main() -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
                platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
-    lines = [f"# Speculative decoding against plain decoding ({info.where}, {info.name}, {str(info.dtype).removeprefix('torch.')})",
+    weights = "its GGUF file's blocks" if info.stored_bytes else str(info.dtype).removeprefix("torch.")
+    lines = [f"# Speculative decoding against plain decoding ({info.where}, {info.name}, {weights})",
              "", "| prompt | decoding | decode tok/s (median) | speed-up | acceptance | tokens per target pass |",
              "|---|---|---|---|---|---|"]
     for name, d, r, up, acc, per in rows:
@@ -120,11 +104,12 @@ def main() -> None:
               f"{args.repeats} alternating runs; every speculative text equal to plain decoding's, token for token. "
               "model:self drafts with the target itself (every proposal accepted: the mechanism's cost "
               "without a smaller model; no second model with SmolLM2's tokenizer is on this machine). "
-              "Plain runs go through the scheduler's paged step; speculative runs through contiguous "
-              "caches on the caller's thread: `none` is that path with no proposals (one plain step a round), "
-              "the baseline the drafters' gain is made on.",
+              "Plain runs go through the scheduler; speculative runs through the same paged step on the caller's "
+              "thread, a round's rows as decode rows of one sequence: `none` is that path with no proposals "
+              "(one plain step a round). The early exits' proposals run the first layers layer by layer.",
               f"Machine: {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}; commit {commit}."]
-    out = ROOT / "bench" / "measured" / f"{info.where.split(':')[0]}-speculative-{info.name.lower().replace('-instruct', '')}.md"
+    kind = "blocks" if info.stored_bytes else str(info.dtype).removeprefix("torch.")
+    out = ROOT / "bench" / "measured" / f"{info.where.split(':')[0]}-speculative-{info.name.lower().replace('-instruct', '')}-{kind}.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {out}")

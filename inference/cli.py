@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 
 from inference.errors import InputError, NotAvailable, TokenLabError
@@ -258,7 +259,8 @@ def _speculative(args, engine, request, cancel: threading.Event, model: str | No
     from contextlib import ExitStack
 
     from inference.decoding.drafters import make_drafter
-    from inference.decoding.speculative import SpecDoneEvent, Speculator, check_speculative
+    from inference.decoding.speculative import SpecDoneEvent, Speculator, check_speculative, timed
+    from inference.events import StepEvent
     from inference.serving.engine import Engine
 
     check_speculative(request.params, args.draft_tokens)
@@ -269,25 +271,39 @@ def _speculative(args, engine, request, cancel: threading.Event, model: str | No
             return drafts.enter_context(Engine.load(name, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib))
         capacity = len(request.ids) + request.max_new + args.draft_tokens + 1
         drafter = make_drafter(args.speculative, engine, capacity, load)
-        printed = []
+        printed, tokens, first = [], [], None
         for ev in Speculator(engine, drafter, args.draft_tokens, top_n=args.top).run(request, cancel):
             done = isinstance(ev, SpecDoneEvent)
+            if not done:
+                tokens.append(ev.token_id)
+                first = first or time.perf_counter()
             reason = ("interrupted" if ev.reason == "cancelled" and cancel.is_set() else ev.reason) if done else None
+            if done:  # the same request decoded plainly, just after: the speed-up, measured
+                rate = (len(tokens) - 1) / (time.perf_counter() - first) if len(tokens) > 1 else None
+                plain, plain_rate, _ = ([], None, None) if cancel.is_set() else \
+                    timed(engine.run(request, cancel), StepEvent)
+                same = tokens == [e.token_id for e in plain] if request.params.greedy and plain else None
+                speed = {"tokens_per_s": rate, "plain_tokens_per_s": plain_rate,
+                         "speed_up": rate / plain_rate if rate and plain_rate else None, "same_as_plain": same}
             if args.jsonl:
-                line = {**ev.to_json(), "reason": reason, **({"model": model} if model else {})} if done else ev.to_json()
+                line = {**ev.to_json(), "reason": reason, **speed, **({"model": model} if model else {})} if done \
+                    else ev.to_json()
                 print(json.dumps(line, ensure_ascii=False), flush=True)
             elif not done:
                 printed.append(ev.text)
                 sys.stdout.write(ev.text)
                 sys.stdout.flush()
             else:
-                rate = ev.acceptance_rate
+                accepted = ev.acceptance_rate
                 sys.stdout.write(ev.text[len("".join(printed)):] + "\n")
                 print(f"[{reason}: {_tokens(ev.generated_tokens)} in {ev.rounds} target passes, "
                       f"{ev.accepted} of {ev.proposed} proposals accepted"
-                      + (f" ({rate:.0%})" if rate is not None else "")
-                      + f", {ev.drafter}, {ev.draft_tokens} a round, "
-                      f"{ev.generated_tokens / ev.decode_ms * 1000 if ev.decode_ms else 0:.1f} tok/s, seed {ev.seed}]",
+                      + (f" ({accepted:.0%})" if accepted is not None else "")
+                      + f", {ev.drafter}, {ev.draft_tokens} a round, seed {ev.seed}; "
+                      + (f"{rate:.1f} tok/s" if rate else "too few tokens to time")
+                      + (f" against {plain_rate:.1f} for plain decoding just after ({rate / plain_rate:.2f}x)"
+                         if rate and plain_rate else "")
+                      + ("" if same is None else ", the same text" if same else ", ⚠ another text") + "]",
                       file=sys.stderr)
             if done:
                 return 130 if reason == "interrupted" else 0

@@ -52,6 +52,22 @@ def check_speculative(params, k) -> None:
         raise InputError("speculative decoding does not take stop strings yet", field="stop")
 
 
+def timed(events, step_type) -> tuple[list, float | None, object]:
+    """A run's events read to the end: its steps (step_type), its decode rate (the tokens after
+    the first over the time from the first to the end: a speculative round's tokens arrive
+    together, so both kinds of run are timed alike) and its last event."""
+    steps, first, last = [], None, None
+    for ev in events:
+        if isinstance(ev, step_type):
+            steps.append(ev)
+            if first is None:
+                first = time.perf_counter()
+        last = ev
+    end = time.perf_counter()
+    rate = (len(steps) - 1) / (end - first) if len(steps) > 1 and end > first else None
+    return steps, rate, last
+
+
 def residual(p: torch.Tensor, q: torch.Tensor | None, draft: int) -> torch.Tensor:
     """(p - q)+ normalised: what a rejected proposal's token is drawn from. q None: one-hot at
     the draft. Where nothing is left (p <= q everywhere: only in rounding) p itself."""

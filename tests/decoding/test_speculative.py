@@ -155,6 +155,11 @@ def test_cli_lines_say_what_was_proposed_and_accepted(tiny_dirs, capsys):
         assert (s["token_id"] == s["proposed"]) or not s["accepted"]
     assert summary["accepted"] == sum(1 for s in steps if s["accepted"]) and summary["proposed"] >= len(proposed)
     assert summary["generated_tokens"] == len(steps) and summary["drafter"] == "early-exit:1"
+    # Measured against plain decoding of the same request, just after (sampled: no text compared).
+    assert summary["tokens_per_s"] > 0 and summary["plain_tokens_per_s"] > 0 and summary["same_as_plain"] is None
+    assert summary["speed_up"] == pytest.approx(summary["tokens_per_s"] / summary["plain_tokens_per_s"])
+    assert main([*base[:-1], "--temperature", "0"]) == 0  # greedy: the same text as plain decoding, said
+    assert "the same text]" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("k", [7, 9])  # 8 rows: the one-call kernel's most; 10: the layers' own path

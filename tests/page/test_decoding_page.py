@@ -31,6 +31,9 @@ def test_speculative_run_shows_each_decision(h):
     c = Controls(prompt=PROMPT, max_new_tokens=8, temperature=0.0, seed="1")
     out = h.decoding.speculative(*c.values(), "early-exit", 1, 3)
     assert "Speculative decoding" in out["decoding_md"] and "early-exit:1" in out["decoding_md"]
+    # Its speed against plain decoding of the same request, measured just after; greedy: the same text.
+    assert "for plain decoding of the same request" in out["decoding_md"]
+    assert "Its text is plain greedy decoding's, token for token." in out["decoding_md"]
     assert out["decoding_view"].count("<tr class=") == 8
     out = h.decoding.speculative(*Controls(prompt=PROMPT, repetition_penalty=1.3).values(), "prompt-lookup", 1, 3)
     assert "repetition_penalty" in out["decoding_md"] and out["decoding_view"] == ""

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING
 import gradio as gr
 
 from inference.decoding.drafters import make_drafter
-from inference.decoding.speculative import SpecDoneEvent, SpecStepEvent, Speculator
+from inference.decoding.speculative import SpecStepEvent, Speculator, timed
 from inference.errors import InputError, TokenLabError
-from inference.events import BeamDoneEvent, BeamStepEvent
+from inference.events import BeamDoneEvent, BeamStepEvent, StepEvent
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
 from ui.base import PageContext, Section, session_of, takes_controls
 from ui.controls import Controls, page_message
@@ -105,7 +105,12 @@ class DecodingHandlers(Section):
             made = make_drafter(spec, m.engine, len(rec.request.ids) + rec.request.max_new + k + 1,
                                 models=self._draft_model)
             with self._job(request) as cancel:
-                steps, done = split(Speculator(m.engine, made, k).run(rec.request, cancel), SpecStepEvent, SpecDoneEvent)
+                steps, rate, done = timed(Speculator(m.engine, made, k).run(rec.request, cancel), SpecStepEvent)
+                # The same request decoded plainly, just after: the speed-up is measured, per run.
+                plain, plain_rate, _ = ([], None, None) if cancel.is_set() else \
+                    timed(m.engine.run(rec.request, cancel), StepEvent)
         except TokenLabError as e:
             return {"decoding_md": page_message(e, one_line=True), "decoding_view": ""}
-        return {"decoding_md": render.spec_summary_md(done), "decoding_view": render.spec_table_html(steps)}
+        same = [s.token_id for s in steps] == [p.token_id for p in plain] if rec.params.greedy and plain else None
+        return {"decoding_md": render.spec_summary_md(done, rate, plain_rate, same),
+                "decoding_view": render.spec_table_html(steps)}

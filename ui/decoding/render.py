@@ -85,13 +85,21 @@ def spec_table_html(steps: list) -> str:
             + "".join(rows) + "</table>")
 
 
-def spec_summary_md(done) -> str:
-    rate = "" if done.acceptance_rate is None else f" ({done.acceptance_rate:.0%})"
-    speed = done.generated_tokens / done.decode_ms * 1000 if done.decode_ms else 0.0
+def spec_summary_md(done, rate: float | None, plain_rate: float | None, same: bool | None) -> str:
+    """The run's decisions and its measured speed against plain decoding of the same request."""
+    accepted = "" if done.acceptance_rate is None else f" ({done.acceptance_rate:.0%})"
+    if rate is None:
+        speed = "too few tokens to time."
+    elif plain_rate is None:
+        speed = f"{rate:.1f} tokens/s on this machine."
+    else:
+        speed = (f"{rate:.1f} tokens/s on this machine against {plain_rate:.1f} for plain decoding of the same "
+                 f"request, run just after: **{rate / plain_rate:.2f}×**."
+                 + ("" if same is None else " Its text is plain greedy decoding's, token for token." if same
+                    else " ⚠ Its text differs from plain greedy decoding's."))
     return (f"**Speculative decoding** with {done.drafter}, {done.draft_tokens} proposals a round: "
             f"{done.generated_tokens} tokens in {done.rounds} target passes "
             f"({done.generated_tokens / done.rounds if done.rounds else 0:.2f} a pass), {done.accepted} of "
-            f"{done.proposed} proposals accepted{rate}; {speed:.1f} tokens/s on this machine. A proposal is "
+            f"{done.proposed} proposals accepted{accepted}; {speed} A proposal is "
             "accepted when the coin u < min(1, p/q); at a rejection the token is drawn from (p − q)⁺, so the "
             "text's distribution is the model's own.")
-
