@@ -200,3 +200,13 @@ def test_the_two_models_chart_shows_only_with_two_models_compared(tiny_dirs):
         assert page["compare_chart"].visible is False
     finally:
         models.close()
+
+
+def test_a_control_character_in_the_output_is_written_as_its_code_point(h, tiny_engine):
+    """A token whose text is a control character (the tiny model's ⟨U+0004⟩) prints as nothing:
+    the output writes its code point, so it can be seen and clicked; newlines and tabs stay text."""
+    rec = run(h)
+    step = rec.steps[0]
+    rec.steps[0] = dataclasses.replace(step, text="a\x04\u200bb\n\tc", piece="a\x04\u200bb\n\tc")
+    out = run_render.output_html(rec, tiny_engine.tokenizer)
+    assert "a<span class='tl-cc'>⟨U+0004⟩</span><span class='tl-cc'>⟨U+200B⟩</span>b↵\n\tc" in out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import math
+import unicodedata
 from dataclasses import dataclass
 
 from inference.device import dtype_name
@@ -73,9 +74,11 @@ def highlighted_output(rec: RunRecord, tokenizer) -> list[tuple[str, str | None]
 
 
 def _shown(text: str) -> str:
-    """Generated text as HTML that shows every newline: a visible ↵, then the line break (the
-    output is white-space: pre-wrap)."""
-    return html.escape(text).replace("\n", "↵\n")
+    """Generated text as HTML that shows every newline (a visible ↵, then the line break: the
+    output is white-space: pre-wrap) and every character that would print as nothing (a
+    control or format character: ⟨U+0004⟩), so that each token has something to see and click."""
+    return "".join(f"<span class='tl-cc'>⟨U+{ord(ch):04X}⟩</span>" if ch not in "\n\t" and unicodedata.category(ch) in ("Cc", "Cf")
+                   else html.escape(ch) for ch in text).replace("\n", "↵\n")
 
 
 def chip_class(c: Chip) -> str:
