@@ -134,7 +134,7 @@ def test_the_sessions_kept_never_exceed_the_cap(capped_app):
 
 def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, monkeypatch):
     """A chat turn in a real browser tab; the tab closes; its expiry is triggered."""
-    from browser import open_page, wait_loaded
+    from browser import open_page, settled_after, wait_loaded
     url, _, handlers = live_app
     keeper, holder = handlers.page.keeper, handlers.page.keeper._app.state_holder
     marker = f"remember {secrets.token_hex(6)}"
@@ -142,7 +142,7 @@ def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, 
     page.goto(url + "/?mode=chat&max_new_tokens=4&temperature=1&seed=2")
     wait_loaded(page)
     page.fill("#prompt textarea", marker)
-    page.click("#generate")
+    settled_after(page, lambda: page.click("#generate"))  # the run and every event after it ended
     page.wait_for_function("(document.querySelector('#conversation')?.innerText || '').includes('remember')")
 
     def turn_alive() -> bool:  # a conversation holding the turn (gc tracks lists, not these dicts)
@@ -162,10 +162,9 @@ def test_a_closed_tab_leaves_no_record_or_conversation_alive(live_app, browser, 
     later(keeper, monkeypatch, keeper.grace_s + 1)
     keeper.sweep_now()
     assert keeper.state_of(session) is None
-    gc.collect()
-    assert [r() for r in refs] == [None] * len(refs)
-    # The conversation may still be an input of the tab's last event in flight (saving its work
-    # in the browser, after the turn): it goes when that event ends.
+    # The record and the conversation may still be inputs of the tab's last event in flight (saving
+    # its work in the browser, after the turn): they go when that event ends.
+    wait_until(lambda: gc.collect() is not None and [r() for r in refs] == [None] * len(refs), "the record let go of")
     wait_until(lambda: gc.collect() is not None and not turn_alive(), "the conversation let go of")
 
 
