@@ -109,7 +109,8 @@ def main() -> None:
               "(one plain step a round). The early exits' proposals run the first layers layer by layer.",
               f"Machine: {cpu}, {torch.get_num_threads()} threads, torch {torch.__version__}; commit {commit}."]
     kind = "blocks" if info.stored_bytes else str(info.dtype).removeprefix("torch.")
-    out = ROOT / "bench" / "measured" / f"{info.where.split(':')[0]}-speculative-{info.name.lower().replace('-instruct', '')}-{kind}.md"
+    name = info.name.lower().replace("-instruct", "")
+    out = ROOT / "bench" / "measured" / f"{info.where.split(':')[0]}-speculative-{name}-{kind}.md"
     out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     print(f"wrote {out}")

@@ -154,8 +154,8 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
     if forced and max_new < len(forced):
         raise InputError(f"the {len(forced)} tokens to make do not fit: the prompt is {n} tokens of the "
                          f"{context}-token context window")
-    request = RunRequest(tuple(ids), params, tuple(given), max(0, top_n if vocab is None else min(top_n, vocab)), max_new,
-                         text, tuple(forced))
+    top_n = max(0, top_n if vocab is None else min(top_n, vocab))
+    request = RunRequest(tuple(ids), params, tuple(given), top_n, max_new, text, tuple(forced))
     engine.check_run(request)
     return request
 

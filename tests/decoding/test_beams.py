@@ -254,26 +254,38 @@ def test_a_beam_opened_as_a_run_makes_its_tokens_with_the_models_numbers(tiny_en
         assert e.kv_cache_bytes == (n + k) * tiny_engine.describe().kv_bytes_per_position  # the positions read
 
 
-def test_a_run_of_given_tokens_beside_sampled_runs_changes_none_of_theirs(tiny_engine):
-    """Batched together in one step: the sampled runs' tokens are those of their runs alone, and
-    the forced run still makes its own."""
+def test_a_run_of_given_tokens_beside_sampled_runs_changes_none_of_theirs(tiny_engine, monkeypatch):
+    """Admitted together and stepped in one forward pass: the sampled runs' tokens are those of
+    their runs alone, and the forced run still makes its own."""
+    sched = tiny_engine.scheduler
     params = {"temperature": 0.9, "top_k": 20, "max_new_tokens": 6}
-    alone = [[e.token_id for e in tiny_engine.run(prepare_run(tiny_engine, params, prompt=p, seed=11))
-              if isinstance(e, StepEvent)] for p in PROMPTS]
-    forced = [5, 17, 5, 300, 7, 41]  # none an end-of-sequence id
-    runs = [tiny_engine.run(prepare_run(tiny_engine, params, prompt=p, seed=11)) for p in PROMPTS]
-    runs.append(tiny_engine.run(prepare_run(tiny_engine, {**NEUTRAL, "max_new_tokens": 1}, prompt=PROMPTS[0],
-                                            forced=forced)))
-    results = [None] * len(runs)
+    sampled = [prepare_run(tiny_engine, params, prompt=p, seed=11) for p in PROMPTS]
+    alone = [[e.token_id for e in tiny_engine.run(r) if isinstance(e, StepEvent)] for r in sampled]
+    forced = prepare_run(tiny_engine, {**NEUTRAL, "max_new_tokens": 1}, prompt=PROMPTS[0],
+                         forced=[5, 17, 5, 300, 7, 41])  # none an end-of-sequence id
+    widest, step = [0], sched._step
 
-    def drain(i):
-        results[i] = [e.token_id for e in runs[i] if isinstance(e, StepEvent)]
-    threads = [threading.Thread(target=drain, args=(i,)) for i in range(len(runs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert results[:2] == alone and results[2] == forced
+    def counted(active):
+        widest[0] = max(widest[0], len(active))
+        return step(active)
+
+    monkeypatch.setattr(sched, "_step", counted)
+    with sched._cv:  # the scheduler's thread admits them together
+        runs = [sched.submit(r.ids, r.params, 5, threading.Event(), r.max_new, False, r.seed, forced=r.forced)
+                for r in (*sampled, forced)]
+    results = []
+    for run in runs:
+        tokens = []
+        while True:
+            ev = run.events.get(timeout=60)
+            assert not isinstance(ev, BaseException), ev
+            if isinstance(ev, DoneEvent):
+                break
+            if isinstance(ev, StepEvent):
+                tokens.append(ev.token_id)
+        results.append(tokens)
+    assert widest[0] == 3  # one forward pass held all three
+    assert results[:2] == alone and results[2] == list(forced.forced)
 
 
 @pytest.mark.parametrize("settings, forced, field, words", [

@@ -279,7 +279,8 @@ def test_on_a_gguf_files_blocks_the_lesson_counts_the_bytes_the_run_reads(tiny_d
     embed, head = quant.chapter("embed"), quant.chapter("lm_head")
     assert embed["dtype"] == head["dtype"] == "Q4_1 blocks" and embed["bytes"] == head["bytes"] == q4_1
     assert embed["bytes_per_value"] == 20 / 32
-    assert full.chapter("embed")["dtype"] == "float32" and full.chapter("embed")["bytes"] == 4 * cfg.vocab_size * cfg.hidden_size
+    assert full.chapter("embed")["dtype"] == "float32"
+    assert full.chapter("embed")["bytes"] == 4 * cfg.vocab_size * cfg.hidden_size
     for a, b in zip(embed["rows"], full.chapter("embed")["rows"]):
         assert a["first_values"] == pytest.approx(b["first_values"], abs=1e-6)
     n = quant.chapter("tokenize")["n_tokens"]

@@ -11,7 +11,7 @@ import gradio as gr
 from inference.decoding.drafters import make_drafter
 from inference.decoding.speculative import SpecStepEvent, Speculator, timed
 from inference.errors import InputError, TokenLabError
-from inference.events import BeamDoneEvent, BeamStepEvent, StepEvent
+from inference.events import BeamStepEvent, StepEvent
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
 from ui.base import PageContext, Section, session_of, takes_controls
 from ui.controls import Controls, page_message
@@ -36,17 +36,6 @@ def whole(value, what: str) -> int:
     raise InputError(f"{what} must be a whole number, got {value!r}")
 
 
-def split(events, step_type, done_type) -> tuple[list, object]:
-    """A run's step events, in order, and its last event (the run is read to its end)."""
-    steps, done = [], None
-    for ev in events:
-        if isinstance(ev, step_type):
-            steps.append(ev)
-        elif isinstance(ev, done_type):
-            done = ev
-    return steps, done
-
-
 class DecodingHandlers(Section):
     """A beam search or a speculative run of the page's prompt, prepared by the run section."""
 
@@ -65,7 +54,7 @@ class DecodingHandlers(Section):
                 raise InputError("set Beams to 2 or more for a beam search")
             m = self.view(rec.model)
             with self._job(request) as cancel:
-                steps, done = split(m.engine.run(rec.request, cancel), BeamStepEvent, BeamDoneEvent)
+                steps, _, done = timed(m.engine.run(rec.request, cancel), BeamStepEvent)  # done: its BeamDoneEvent
         except TokenLabError as e:
             return {"decoding_md": page_message(e, one_line=True), "decoding_view": "", **NO_BEAMS}
         note = f" The sampling settings ({', '.join(moved)}) do not apply to a beam search." if moved else ""
@@ -81,7 +70,8 @@ class DecodingHandlers(Section):
             i = int(pick)
             tokens = beams["beams"][i]
         except (TypeError, ValueError, IndexError, KeyError):
-            raise gr.Error("Run a beam search first, then pick one of its beams to open.", print_exception=False) from None
+            raise gr.Error("Run a beam search first, then pick one of its beams to open.",
+                           print_exception=False) from None
         self.run.open_next(session_of(request), Opened(beams["model"], tuple(beams["prompt_ids"]), tuple(tokens),
                                                        f"beam {i + 1} of {len(beams['beams'])}"))
 

@@ -112,7 +112,8 @@ class RunHandlers(Section):
         with self._lock:
             opened = self._opened.pop(session, None)  # a beam to open: this run only
         try:
-            rec = self.prepare(c, None, history, opened=opened)  # every control that cannot be used, named as the page labels it
+            # every control that cannot be used, named as the page labels it
+            rec = self.prepare(c, None, history, opened=opened)
         except TokenLabError as e:
             return {"status": f"{NOT_STARTED} {page_message(e)}"}
         rec.queued_at = time.monotonic()
@@ -552,15 +553,16 @@ class RunHandlers(Section):
             raise TokenLabError("Beams is above 1: run the beam search with \"Run beam search\" in the decoding "
                                 "section, or set Beams to 1 to sample")
         given = list(request.given)
+        said = (f"{opened.label.capitalize()} opened as a run: its {len(opened.tokens)} tokens are given, one a step; "
+                "each step's bars are the model's distribution there (the sampling settings set aside, as in the "
+                "beam search).") if opened else ""
         return RunRecord(m.label, request.prompt_text, list(request.prompt_ids), seed=request.seed,
                          given=given, given_text=m.tokenizer.continuation_text(given),
                          params=request.params, bias=dict(decode_logit_bias(request.params.logit_bias, m.tokenizer)),
                          mode=c.mode, user_message=c.prompt, system=c.system or "",
                          history=turns, max_steps=request.max_new,
                          controls=c, kv_bytes_per_token=m.info.kv_bytes_per_position, request=request,
-                         opened=(f"{opened.label[0].upper()}{opened.label[1:]} opened as a run: its {len(opened.tokens)} "
-                                 "tokens are given, one a step; each step's bars are the model's distribution there "
-                                 "(the sampling settings set aside, as in the beam search).") if opened else "")
+                         opened=said)
 
     # -------------------------------------------------------- the server's own load
 

@@ -77,8 +77,11 @@ def _shown(text: str) -> str:
     """Generated text as HTML that shows every newline (a visible ↵, then the line break: the
     output is white-space: pre-wrap) and every character that would print as nothing (a
     control or format character: ⟨U+0004⟩), so that each token has something to see and click."""
-    return "".join(f"<span class='tl-cc'>⟨U+{ord(ch):04X}⟩</span>" if ch not in "\n\t" and unicodedata.category(ch) in ("Cc", "Cf")
-                   else html.escape(ch) for ch in text).replace("\n", "↵\n")
+    if text.replace("\n", "").replace("\t", "").isprintable():  # most text: no character to look at
+        return html.escape(text).replace("\n", "↵\n")
+    return "".join(f"<span class='tl-cc'>⟨U+{ord(ch):04X}⟩</span>"
+                   if ch not in "\n\t" and unicodedata.category(ch) in ("Cc", "Cf") else html.escape(ch)
+                   for ch in text).replace("\n", "↵\n")
 
 
 def chip_class(c: Chip) -> str:
