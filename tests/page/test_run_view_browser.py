@@ -17,11 +17,15 @@ def test_output_and_bars_in_view_together_during_a_run(live_app, browser, hold, 
     page.wait_for_function("document.querySelectorAll('#output .tl-t').length >= 25")
     page.wait_for_selector("#topk .tl-chosen")
     if width == 1400:
-        page.evaluate("window.scrollTo(0, 0)")
+        # Scrolled to the output's caption (the page's header above it is not part of the promise):
+        # the whole output box and the whole of its bars inside the window, at once.
+        page.evaluate("document.querySelector('#output-caption').scrollIntoView({block: 'start'})")
         out, bars = box(page, "#output .tl-out"), box(page, "#topk .tl-bars")
-        # The whole output box and the whole of its bars inside the window, at once.
         assert 0 <= out["y"] and out["y"] + out["height"] <= height, out
         assert 0 <= bars["y"] and bars["y"] + bars["height"] <= height, bars
+        # And so when the output has grown to its tallest (it scrolls inside beyond that).
+        tallest = page.evaluate("parseFloat(getComputedStyle(document.querySelector('#output .tl-out')).maxHeight)")
+        assert out["y"] + tallest + (bars["y"] + bars["height"] - out["y"] - out["height"]) <= height, tallest
     else:
         assert box(page, "#output")["y"] < box(page, "#topk")["y"] < box(page, "#settings")["y"]
         page.locator("#output").scroll_into_view_if_needed()
