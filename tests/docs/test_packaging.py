@@ -18,7 +18,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 # What a build reads: copied elsewhere, so the build's own folders (build/, *.egg-info) never land
 # in the working tree, where other processes read it.
-SOURCES = ("pyproject.toml", "README.md", "requirements.txt", "app.py", "inference", "ui", "api")
+PACKAGES = ("inference", "server", "ui", "api")
+SOURCES = ("pyproject.toml", "README.md", "requirements.txt", "app.py", *PACKAGES)
 
 
 def can_build() -> bool:
@@ -62,13 +63,13 @@ def dist_info(zf: zipfile.ZipFile, name: str) -> str:
 
 def test_the_wheel_holds_every_package_app_py_and_the_files_they_open(wheel_file):
     names = set(wheel_file.namelist())
-    packages = [p.parent for top in ("inference", "ui", "api") for p in (ROOT / top).rglob("__init__.py")]
+    packages = [p.parent for top in PACKAGES for p in (ROOT / top).rglob("__init__.py")]
     modules = {p.relative_to(ROOT).as_posix() for d in packages for p in d.glob("*.py")}
     assert modules - names == set()
     # Files the packages read beside their modules (Path(__file__)...): the page's scripts and
-    # styles, and the kernels' C source, which is compiled on first use.
+    # styles, and the kernels' C sources (kernels.c and the files it includes), compiled on first use.
     data = {p.relative_to(ROOT).as_posix() for p in (ROOT / "ui" / "assets").iterdir() if p.is_file()}
-    data.add("inference/model/kernels/kernels.c")
+    data |= {p.relative_to(ROOT).as_posix() for p in (ROOT / "inference" / "model" / "kernels").glob("*.c")}
     assert data - names == set()
     assert "app.py" in names
     assert not any(n.startswith(("tests/", "bench/", "docs/")) for n in names)
