@@ -8,6 +8,10 @@ from pathlib import Path
 if os.environ.get("PYTEST_XDIST_WORKER", "").startswith("gw"):
     os.environ["GRADIO_SERVER_PORT"] = str(7860 + 200 * (1 + int(os.environ["PYTEST_XDIST_WORKER"][2:])))
 
+# A closed tab's unload runs at the server's next heartbeat (Gradio's default: every 15 s); the
+# tests that close one wait for it, so the suite's heartbeat is 2 s (tests/shared_page).
+os.environ.setdefault("GRADIO_HEARTBEAT_INTERVAL", "2")
+
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
