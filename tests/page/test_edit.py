@@ -242,7 +242,7 @@ def test_the_table_follows_every_change_of_the_box(tiny_engine):
 
 
 def test_a_continue_after_an_edit_joins_the_branch_tree_where_the_edit_starts(h, tiny_engine):
-    """Issue 46 (7): the continuation of an edit is a branch of the run it edited, at the first
+    """The continuation of an edit is a branch of the run it edited, at the first
     token where its ids leave that run's; the tree is kept (not wiped), and a candidate branched
     from the continuation grows the same tree."""
     root, after = run(h, Controls(**SETTINGS))

@@ -39,7 +39,7 @@ def tables_say_they_scroll(page) -> list[dict]:
     tables = page.evaluate(TABLES_JS)
     for t in tables:
         assert t["right"] <= t["width"] + 1, t  # what shows of it lies inside the window
-        if t["hidden"] > 3:  # faded; in words only where much is hidden (issue 46: not for a sliver)
+        if t["hidden"] > 3:  # faded; in words only where much is hidden (not for a sliver)
             assert "right" in t["more"], t
             assert ("scroll sideways" in t["hint"]) == (t["hidden"] > max(40, 0.1 * t["boxWidth"])), t
         else:
@@ -79,7 +79,7 @@ CHART_HEIGHTS_JS = """[...document.querySelectorAll('.vega-embed svg')].filter(s
 @pytest.mark.parametrize("width,height", SIZES)
 def test_charts_are_drawn_once_they_have_data_at_their_height(live_app, browser, width, height):
     """Before any run the charts are not drawn (Gradio's empty placeholder: an empty Vega chart
-    warned "Infinite extent" at every update and kept an empty colour scale, issue 46); after a
+    warned "Infinite extent" at every update and kept an empty colour scale); after a
     run each is drawn at its size, axes and titles readable (an empty untyped column once made
     Vega-Lite draw them 0 px high)."""
     page = open_at(browser, live_app[0], width, height, QUERY)

@@ -85,7 +85,7 @@ def test_the_model_list_says_its_weights_count_the_second_copies(picker):
 
 
 def test_a_model_with_a_chat_template_starts_in_chat_mode_with_a_chat_example(picker, tiny_dirs):
-    """Issue 46 (10): an instruction given as a completion prompt rambles. A model with a chat
+    """An instruction given as a completion prompt rambles. A model with a chat
     template starts in chat mode with an instruction; one without stays a completion; choosing
     the other mode swaps in its example (in the browser: test_ui_page's chat test)."""
     from ui.controls import CHAT_PROMPT, DEFAULT_PROMPT
@@ -113,7 +113,7 @@ def test_a_link_names_its_mode_and_one_without_it_is_a_completion(picker):
 
 
 def test_a_model_loading_on_its_first_use_is_said_and_generate_waits(tiny_dirs):
-    """Issue 46 (4): picking a model not loaded yet says it loads, with Generate off, before the
+    """Picking a model not loaded yet says it loads, with Generate off, before the
     load; once loaded, Generate is back, and the status line under the run on view names the
     model that made it and both contexts (the card, the context line and the next run are the
     picked model's)."""

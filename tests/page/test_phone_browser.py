@@ -1,4 +1,4 @@
-"""Issue 46 (11): the page on a phone (420 px wide). After Generate the output is brought near
+"""The page on a phone (420 px wide). After Generate the output is brought near
 the top of the window (not under the prompt, the settings and the examples); a table says
 "scroll sideways" in words only where much of it is hidden; the popover of a scored text's token
 does not cover "Score the text". Screenshots under test-results/shots/test_phone_browser/."""

@@ -1,4 +1,4 @@
-"""Issue 46 (3): a reload while a run streams says that run was not kept (the browser keeps runs
+"""A reload while a run streams says that run was not kept (the browser keeps runs
 once they end), rather than showing the last ended run as if nothing had been going; a reload
 after a run's end says nothing of the kind. In chromium at 1400 px, the note looked at again at
 420 px; screenshots under test-results/shots/test_reload_mid_run_browser/."""

@@ -142,7 +142,7 @@ def test_kv_chart_legend_has_a_line_for_each_entry_and_its_panel_says_mib(h):
 
 
 def test_a_bar_at_zero_names_the_stage_that_removed_it(h):
-    """Issue 46 (13): a candidate at final 0 says which stage removed it, the first that did.
+    """A candidate at final 0 says which stage removed it, the first that did.
     The reference is the raw probabilities themselves: with temperature 1 before them, top-k
     keeps the k most likely, and min-p (after it) those at least min_p × the most likely."""
     rec = run(h, temperature=1.0, top_k=3, min_p=0.3, max_new_tokens=6)
@@ -171,7 +171,7 @@ def test_a_bar_at_zero_names_the_stage_that_removed_it(h):
 
 
 def test_the_page_before_a_run_shows_no_empty_boxes_and_titled_axes(tiny_engine, h):
-    """Issue 46 (12): no empty "Prompt as fed to the model" box before a run (the tokens view
+    """No empty "Prompt as fed to the model" box before a run (the tokens view
     says what will be fed); once fed, it holds the start-of-text token the tokenizer put before
     the text (Gemma's <bos>, the tiny model's <s>), as the tokens list it; the latency chart
     names its axes and unit."""
@@ -191,7 +191,7 @@ def test_the_page_before_a_run_shows_no_empty_boxes_and_titled_axes(tiny_engine,
 
 
 def test_the_two_models_chart_shows_only_with_two_models_compared(tiny_dirs):
-    """Issue 46 (12): on a page offering two models the chart is not there, empty, before a
+    """On a page offering two models the chart is not there, empty, before a
     comparison of two models fills it (test_model_picker: it is shown then)."""
     from tiny_models import offered
     models = offered({"mha": tiny_dirs["mha"], "gqa_tied": tiny_dirs["gqa_tied"]})

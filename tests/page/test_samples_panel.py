@@ -163,7 +163,7 @@ def test_sample_runs_equal_the_engine_alone(tiny_engine):
 
 
 def test_every_other_token_is_exactly_0_where_the_settings_removed_them(h, tiny_engine):
-    """Issue 46 (12): top-k 5 leaves no other token, so its row says 0, not the float residue of
+    """Top-k 5 leaves no other token, so its row says 0, not the float residue of
     1 − the listed probabilities (4.47e-08); and a p-value shows no detected disagreement,
     never agreement."""
     c = Controls(prompt="Paris is", temperature=0.7, top_k=5, max_new_tokens=1, seed="5")

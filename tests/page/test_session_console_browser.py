@@ -1,4 +1,4 @@
-"""Issue 46 (14, 9, 11): a scripted session of the page's main paths in chromium, at 1400 and 420
+"""A scripted session of the page's main paths in chromium, at 1400 and 420
 px: the default first run, a reload, a link, a branch, an edit and continue, the experiments'
 charts, many samples and the probability of a text. It leaves no console error, no page error,
 no Vega "Infinite extent" warning (an empty chart's) and no HTTP response of 400 or more; the
@@ -47,7 +47,7 @@ def test_a_session_leaves_no_console_error_and_no_failed_request(served, browser
     page.fill("#seed input, #seed textarea", "3")
     run_to_end(page, lambda: page.click("#generate"))  # the default: a chat turn
     shot(page, f"after-generate-{name}")
-    # The KV chart, first drawn with its data, has a colour for each of its lines (issue 9: a
+    # The KV chart, first drawn with its data, has a colour for each of its lines (a
     # chart first drawn empty kept an empty colour scale, its lines without a stroke).
     page.wait_for_function(f"{LINES_JS}.length >= 2")
     assert all(page.evaluate(LINES_JS)), page.evaluate(LINES_JS)

@@ -1,4 +1,4 @@
-"""Issue 46 (2): a reload after opening a link keeps the work done since. The link's settings are
+"""A reload after opening a link keeps the work done since. The link's settings are
 applied and kept in the browser, and the address drops its query: F5 then restores the newer
 settings and the run, not the link's settings again. In chromium at 1400 px, the restored work
 looked at again at 420 px; screenshots under test-results/shots/test_share_reload_browser/."""

@@ -104,7 +104,7 @@ def test_the_endpoints_by_name(live_app):
 
 
 def test_the_start_token_read_first_is_written_not_taken_for_html():
-    """Issue 46 (12): the summary names the token read before the text (<s>, Gemma's <bos>) as
+    """The summary names the token read before the text (<s>, Gemma's <bos>) as
     text: raw, Markdown took "<s>" for a strikethrough tag and struck the whole summary out."""
     from inference.events import TokenScore
     from ui.text_score.render import summary_md

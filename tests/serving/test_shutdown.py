@@ -234,5 +234,5 @@ def test_the_page_stops_on_sigterm_with_a_run_streaming(tiny_dirs, tmp_path):
     assert code == 0, text[-1000:]
     assert "Token Lab stopped" in text and "alive at exit: []" in text
     assert ABORT not in text and "Traceback" not in text
-    # Issue 46 (12): a SIGTERM is no keyboard, and the page does not say it was one.
+    # A SIGTERM is no keyboard, and the page does not say it was one.
     assert "Keyboard interruption" not in out.read_text() + text
