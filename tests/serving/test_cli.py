@@ -138,9 +138,12 @@ def test_generation_config_supplies_defaults(tiny_dirs, capsys, tmp_path):
 def test_a_reader_that_goes_away_ends_the_run_quietly(tiny_dirs):
     """`generate --jsonl | head -1`: the run's later lines fill the pipe (far more than its
     buffer holds), so the write after the reader closes it fails for certain; the CLI stops
-    without a traceback and exits as a tool ended by SIGPIPE (141)."""
+    without a traceback and exits as a tool ended by SIGPIPE (141). The end of text is banned
+    (a logit bias), so the run makes all its 200 lines (a sampled run that drew it early wrote
+    less than the pipe holds and exited 0)."""
     proc = subprocess.Popen([sys.executable, "-m", "inference", "generate", "--model", str(tiny_dirs["mha"]),
-                             "--prompt", "The quick", "--max-new-tokens", "200", "--top", "50", "--jsonl"],
+                             "--prompt", "The quick", "--max-new-tokens", "200", "--top", "50", "--jsonl",
+                             "--logit-bias", "2:-100", "--seed", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
     first = json.loads(proc.stdout.readline())
     proc.stdout.close()
