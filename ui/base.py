@@ -33,8 +33,8 @@ def named_args(*names: str):
     def wrap(fn):
         n = len(names)
 
-        def method(self, *args):
-            return fn(self, *args[:n], request=args[n] if len(args) > n else None)
+        def method(self, *args, request=None):
+            return fn(self, *args[:n], request=args[n] if len(args) > n else request)
         functools.update_wrapper(method, fn)
         del method.__wrapped__
         method.__annotations__ = {"request": gr.Request}  # how gradio finds where to pass it

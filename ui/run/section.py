@@ -193,6 +193,8 @@ def wire(page, h: Handlers, demo: gr.Blocks):
     # The charts' colours, after every event that gives them data (RunHandlers.chart_colors).
     colors = (h.run.chart_colors, ("record",), ("kv_chart", "run_chart"))
     page.after_view.insert(0, colors)
+    # The whole server's load, where the engine has one: after a run and while it streams.
+    load = [(h.run.server_load, (), ("server_md",))] if h.page.caps.server_load else []
 
     def chain_run(started):
         """begin -> generate -> after_run, from an event or a trigger. begin runs in the queue,
@@ -208,18 +210,15 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         a = page.on(r.then, h.run.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
                     show_progress="hidden", api_visibility="private")
         a.then(None, js=work.RUN_ENDED_JS)
-        a = page.chain(a, [colors])
-        for fn, inputs, outputs in page.after_run:
-            a = page.on(a.then, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
-                        api_visibility="private")
+        a = page.chain(a, [colors, *page.after_run, *load])
         a.then(None, js=RUN_SETTLED_JS)
         return r
 
-    runs = [chain_run(page["generate"].click)]
+    chain_run(page["generate"].click)
     regenerate = page.on(page["regenerate"].click, h.chat.pop_last_turn, inputs=("history", "seed"),
                          outputs=("history", "prompt", "mode", "conversation", "chat_note"), api_visibility="private",
                          show_progress="hidden")
-    runs.append(chain_run(regenerate.success))
+    chain_run(regenerate.success)
     # /generate for scripts: the same run, refusing bad input with an error (gradio_client
     # raises it). No button of the page triggers it.
     api_generate = gr.Button(visible=False)
@@ -227,7 +226,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
             show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
     tick = page.on(page["live"].tick, h.run.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
                    api_visibility="private", queue=False, show_progress="hidden")
-    page.chain(tick, [colors])
+    page.chain(tick, [colors, *load])
     page["stop_button"].click(h.run.stop, inputs=None, outputs=None, queue=False, api_name="stop")
     context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model", "prefix_ids")
     page.on(lambda fn, **kw: gr.on([page[n].change for n in context_inputs], fn, **kw), h.run.preview,
@@ -249,10 +248,9 @@ def wire(page, h: Handlers, demo: gr.Blocks):
           show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     page.on(page["output"].select, h.run.select_token, inputs=("record",), outputs=("bars", "step"),
             api_visibility="private", queue=False)
-    if h.page.caps.server_load:  # the whole server's load: at load, while a run streams (the chart timer), after it
-        for event in (demo.load, page["live"].tick, *(r.then for r in runs)):
-            event(h.run.server_load, inputs=None, outputs=page["server_md"], api_visibility="private",
-                  queue=False, show_progress="hidden")
+    if load:  # and at the page's load
+        demo.load(h.run.server_load, inputs=None, outputs=page["server_md"], api_visibility="private", queue=False,
+                  show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
     page.on(page["model"].change, h.run.pick_model, inputs=("model", *context_inputs[:5], "status", "record"),
             outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens", "system",

@@ -76,10 +76,9 @@ def wire(page, h: Handlers, demo: gr.Blocks, loaded) -> None:
     demo.load(None, js=RESTORING_JS)
     restored = page.on(loaded.then, h.work.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
                        api_visibility="private", queue=False, show_progress="hidden")
-    kept = page.on(restored.then, h.work.keep_link_settings, inputs=NAMES, outputs=("saved_settings",),
-                   api_visibility="private", queue=False, show_progress="hidden")
+    kept = page.chain(restored, [(h.run.chart_colors, ("record",), ("kv_chart", "run_chart")),  # after their data
+                                 (h.work.keep_link_settings, NAMES, ("saved_settings",))])
     kept.then(None, js=RESTORED_JS)
-    page.chain(restored, [(h.run.chart_colors, ("record",), ("kv_chart", "run_chart"))])  # after their data
     gr.on([page[n].input for n in NAMES], h.work.save_settings, inputs=page.all(NAMES), outputs=page["saved_settings"],
           queue=False, show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     page.on(page["new_chat"].click, h.work.save_new_chat, inputs=("record", "branches", *NAMES), outputs=SAVED,
