@@ -2,7 +2,6 @@
 before it returned, and Gradio's request reaches the hooks that take it."""
 
 import gradio as gr
-from ui.base import named_args
 from ui.wiring import Page, fused
 
 
