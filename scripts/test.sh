@@ -4,12 +4,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 "$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt
-# The browser tests drive Debian's chromium through Playwright (no browser download). No test
-# here compiles; g++ is for vLLM's compiled mode (VLLM_COMPILE=1 in scripts/test_vllm.sh).
-if { ! command -v chromium || ! command -v g++; } >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 \
-    && [ "$(id -u)" = 0 ]; then
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium g++ >/dev/null) \
-    || echo "warning: could not install chromium and g++; the browser tests will be skipped" >&2
+# The browser tests drive Debian's chromium through Playwright (no browser download), its
+# headless build where installed (tests/browser.py: less CPU a page). No test here compiles; g++
+# is for vLLM's compiled mode (VLLM_COMPILE=1 in scripts/test_vllm.sh).
+if { ! command -v chromium || ! command -v chromium-headless-shell || ! command -v g++; } >/dev/null 2>&1 \
+    && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-headless-shell g++ \
+     >/dev/null) || echo "warning: could not install chromium and g++; the browser tests will be skipped" >&2
 fi
 # Two workers, each taking whole files (a file's fixtures, such as a served page, are built once):
 # many tests wait on a browser or a server, so two overlap even on two cores. -n 0: one process.

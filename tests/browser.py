@@ -15,7 +15,11 @@ import pytest
 
 sync_api = pytest.importorskip("playwright.sync_api")
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Debian's headless build of chromium where it is installed (the same Blink, without the browser
+# shell: ~10% less CPU for a page's load, run and reload, which the suite spends most of its time
+# on), else chromium itself.
+SHELL = "/usr/lib/chromium/chromium-headless-shell"
+CHROMIUM = SHELL if os.path.exists(SHELL) else shutil.which("chromium") or "/usr/bin/chromium"
 WAIT_MS = 180_000  # an upper bound only (a busy CI machine): every wait ends as soon as its condition holds
 SHOTS = Path(__file__).resolve().parents[1] / "test-results" / "shots"
 # The models a page served elsewhere offers (scripts/page_session.sh; conftest's `served` has its
