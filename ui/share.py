@@ -106,13 +106,12 @@ def build(page) -> None:
                                             "to the clipboard)", buttons=["copy"], elem_id="share-link"))
 
 
-def wire(page, h: ShareHandlers, demo: gr.Blocks):
-    """Returns the page's load event, once the link's settings are in."""
+def wire(page, h: ShareHandlers, demo: gr.Blocks) -> tuple:
+    """Returns the hook that sets the controls from the page's link, for the page's load event
+    (ui/work: before the saved work is restored), and the script that says it is done."""
     # Its refusals (text no run could use) as a run's: in the queue, unlimited. The click copies
     # the link at once (share_js); a refused link is taken back off the clipboard.
     page.on(page["share_button"].click, h.share.share_link, inputs=(*NAMES, "page_url", "run_seed"),
             outputs=("share_link",), js=share_js(h.page.defaults), api_visibility="private",
             concurrency_limit=None).failure(None, js=UNCOPY_JS)
-    return page.on(demo.load, h.share.restore, outputs=(*NAMES, "more", "constrain_box", "notice", "generate"),
-                   api_visibility="private",
-            queue=False).then(None, js=READY_JS)
+    return (h.share.restore, (), (*NAMES, "more", "constrain_box", "notice", "generate")), READY_JS

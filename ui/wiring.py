@@ -52,10 +52,13 @@ class Page:
         queue (each event costs the browser about a quarter of a CPU second, whatever it
         carries). A hook's inputs are as its own event would see them: what an earlier hook
         returned for a component, else the component's value."""
-        if not hooks:
-            return event
+        return self.on_all(event.then, hooks) if hooks else event
+
+    def on_all(self, trigger: Callable, hooks: list[tuple]):
+        """trigger, then each (fn, inputs, outputs) of hooks in order, as one event outside the
+        queue (see chain)."""
         fn, inputs, outputs = fused(hooks)
-        return self.on(event.then, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
+        return self.on(trigger, fn, inputs=inputs, outputs=outputs, queue=False, show_progress="hidden",
                        api_visibility="private")
 
 

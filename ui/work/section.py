@@ -71,11 +71,15 @@ def keep(page, h: Handlers) -> None:
     page.after_view.append((h.work.save_work, ("record", "branches", "history", *NAMES), SAVED))
 
 
-def wire(page, h: Handlers, demo: gr.Blocks, loaded) -> None:
-    """loaded: the page's load event, once a link's settings are in (ui/share)."""
+def wire(page, h: Handlers, demo: gr.Blocks, link) -> None:
+    """link: (the hook that sets the controls from the page's link, the script run once it has),
+    from ui/share. At load, one event: the link's settings, then the work saved in this browser
+    (a link's settings win: nothing is restored then)."""
+    link_settings, ready_js = link
     demo.load(None, js=RESTORING_JS)
-    restored = page.on(loaded.then, h.work.restore_work, inputs=("saved_settings", "saved_work"), outputs=RESTORED,
-                       api_visibility="private", queue=False, show_progress="hidden")
+    restored = page.on_all(demo.load, [link_settings,
+                                       (h.work.restore_work, ("saved_settings", "saved_work"), RESTORED)])
+    restored.then(None, js=ready_js)
     kept = page.chain(restored, [(h.run.chart_colors, ("record",), ("kv_chart", "run_chart")),  # after their data
                                  (h.work.keep_link_settings, NAMES, ("saved_settings",))])
     kept.then(None, js=RESTORED_JS)
