@@ -237,12 +237,14 @@ def test_sessions_per_client(shared_app):
     """Each new session a visitor names beyond their share is refused (429, the reason in the
     body) until one closes or idles out; other visitors are not affected."""
     h = shared_app.handlers
-    fn = next(i for i, f in shared_app.demo.fns.items() if f.name == "restore")
+    # The page's load event: the link's settings, then the saved work (none here).
+    fn, load = next((i, f) for i, f in shared_app.demo.fns.items() if (f.name or "").startswith("restore_then_"))
+    data = [None] * len(load.inputs)
 
     def visit(session, address):
         return httpx.post(shared_app.url + "/gradio_api/run/predict", timeout=30,
                           headers={"X-Forwarded-For": address},
-                          json={"data": [], "fn_index": fn, "session_hash": session})
+                          json={"data": data, "fn_index": fn, "session_hash": session})
 
     address = "192.0.2.44"
     for i in range(3):
@@ -253,7 +255,7 @@ def test_sessions_per_client(shared_app):
     assert visit("t0", "192.0.2.45").status_code == 200
     # A body naming two sessions (a decoy nested inside, to be counted instead) is refused.
     r = httpx.post(shared_app.url + "/gradio_api/run/predict", timeout=30, headers={"X-Forwarded-For": address},
-                   json={"data": [], "fn_index": fn, "event_data": {"session_hash": "s0"}, "session_hash": "s9"})
+                   json={"data": data, "fn_index": fn, "event_data": {"session_hash": "s0"}, "session_hash": "s9"})
     assert r.status_code == 400
     h.run.closed(SimpleNamespace(session_hash="s1"))  # a tab closed: its session stops counting
     assert visit("s3", address).status_code == 200
