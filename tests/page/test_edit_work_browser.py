@@ -259,8 +259,10 @@ def test_the_controls_wait_until_the_saved_work_is_in(held_restore, browser, wid
     page.wait_for_function("(kept) => localStorage.getItem('tokenlab-settings') !== kept", arg=kept)
     held.clear()
     page.reload()
-    page.wait_for_selector("body[data-tl-ready='1']")  # the link's part is done; the saved work waits
-    page.wait_for_function("getComputedStyle(document.querySelector('#input-col')).opacity === '0.5'")  # faded
+    # The page's load event (the link's settings, then the saved work) waits: the controls fade.
+    page.wait_for_function("document.querySelector('#input-col') "
+                           "&& getComputedStyle(document.querySelector('#input-col')).opacity === '0.5'")
+    assert page.get_attribute("body", "data-tl-ready") is None
     shot(page, f"restoring-{width}")
     before = page.input_value("#prompt textarea")
     page.focus("#prompt textarea")
