@@ -90,7 +90,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         decoding.wire(page, h, chain_run)
         inside.wire(page, h)
         lesson.wire(page, h)
-        work.wire(page, h, demo, share.wire(page, h, demo))
+        work.wire(page, h, demo, share.wire(page, h))
         demo.load(None, js=SCROLL_JS)
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them
     demo.tokenlab_page = page

@@ -106,7 +106,7 @@ def build(page) -> None:
                                             "to the clipboard)", buttons=["copy"], elem_id="share-link"))
 
 
-def wire(page, h: ShareHandlers, demo: gr.Blocks) -> tuple:
+def wire(page, h: ShareHandlers) -> tuple:
     """Returns the hook that sets the controls from the page's link, for the page's load event
     (ui/work: before the saved work is restored), and the script that says it is done."""
     # Its refusals (text no run could use) as a run's: in the queue, unlimited. The click copies
