@@ -194,7 +194,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
     colors = (h.run.chart_colors, ("record",), ("kv_chart", "run_chart"))
     page.after_view.insert(0, colors)
     # The whole server's load, where the engine has one: after a run and while it streams.
-    load = [(h.run.server_load, (), ("server_md",))] if h.page.caps.server_load else []
+    server_load = [(h.run.server_load, (), ("server_md",))] if h.page.caps.server_load else []
 
     def chain_run(started):
         """begin -> generate -> after_run, from an event or a trigger. begin runs in the queue,
@@ -210,7 +210,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         a = page.on(r.then, h.run.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
                     show_progress="hidden", api_visibility="private")
         a.then(None, js=work.RUN_ENDED_JS)
-        a = page.chain(a, [colors, *page.after_run, *load])
+        a = page.chain(a, [colors, *page.after_run, *server_load])
         a.then(None, js=RUN_SETTLED_JS)
         return r
 
@@ -226,7 +226,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
             show_progress="hidden", concurrency_id=ENGINE, postprocess=False)
     tick = page.on(page["live"].tick, h.run.live_tick, inputs=("record",), outputs=("kv_chart", "latency", "status"),
                    api_visibility="private", queue=False, show_progress="hidden")
-    page.chain(tick, [colors, *load])
+    page.chain(tick, [colors, *server_load])
     page["stop_button"].click(h.run.stop, inputs=None, outputs=None, queue=False, api_name="stop")
     context_inputs = ("prompt", "mode", "system", "max_new_tokens", "history", "model", "prefix_ids")
     page.on(lambda fn, **kw: gr.on([page[n].change for n in context_inputs], fn, **kw), h.run.preview,
@@ -248,7 +248,7 @@ def wire(page, h: Handlers, demo: gr.Blocks):
           show_progress="hidden", trigger_mode="always_last", api_visibility="private")
     page.on(page["output"].select, h.run.select_token, inputs=("record",), outputs=("bars", "step"),
             api_visibility="private", queue=False)
-    if load:  # and at the page's load
+    if server_load:  # and at the page's load
         demo.load(h.run.server_load, inputs=None, outputs=page["server_md"], api_visibility="private", queue=False,
                   show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
