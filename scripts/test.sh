@@ -3,7 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-"$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt
+# uv where this Python has it (.ci/run installs it: several times faster), else pip.
+if "$PY" -m uv --version >/dev/null 2>&1; then
+  "$PY" -m uv pip install -q --python "$PY" -r requirements-test.txt
+else
+  "$PY" -m pip install -q --disable-pip-version-check -r requirements-test.txt
+fi
 # The browser tests drive Debian's chromium through Playwright (no browser download), its
 # headless build where installed (tests/browser.py: less CPU a page). No test here compiles; g++
 # is for vLLM's compiled mode (VLLM_COMPILE=1 in scripts/test_vllm.sh).
