@@ -13,7 +13,7 @@ alone, then again and again for as long as the visitor lasts, then alone again. 
 median TTFT alone and under attack and their ratio, how many of the user's texts under attack
 equal its text alone, the server's CPU time for a refused 8 MB prompt against a refused empty
 one, and the visitor's requests by kind. Writes bench/results/adversarial[-SHAPE].{md,json}.
-tests/shared_page/test_adversarial.py runs the same visitor and checks what does not depend on speed.
+tests/shared_page/test_adversarial.py runs this measurement and checks what does not depend on speed.
 """
 
 from __future__ import annotations
@@ -260,6 +260,9 @@ def measure(url: str, server_pid: int, runs: int, work: Path) -> dict:
         attacked = []
         while visitor.is_alive() or len(attacked) < runs:  # the whole attack, and at least `runs`
             attacked.append(good_run(good))
+            if len(attacked) >= 2000:  # a hang, not a speed: the visitor makes a fixed number of requests
+                visitor.kill()
+                raise RuntimeError("the visitor never ended")
         visitor.join()
         after = [good_run(good) for _ in range(runs)]
     finally:
