@@ -169,7 +169,10 @@ class PeerProcess:
         self.ready = json.loads(self.proc.stdout.readline() or "null")  # after its own warm-up
         if not self.ready:
             self.close()
-            raise RuntimeError(f"the {what} peer did not start")
+            # A status below 0 is the signal that ended it (-11: a crash, as of a llama.cpp build
+            # whose AMX kernels fail on a virtual machine: bench/measured/cpu-quant-smollm2-135m.md).
+            raise RuntimeError(f"the {what} peer did not start (it exited with status {self.proc.returncode}: "
+                               f"run {' '.join(cmd)} to see why)")
 
     def measure(self) -> dict:
         self.proc.stdin.write("round\n")

@@ -135,3 +135,14 @@ def test_adversarial_bench_serves_its_page_and_writes_its_results(tmp_path, monk
         "model": "tiny (random weights)", "device": "cpu", "step_ms": 5, "ttft_ratio": 2.0}
     md = (tmp_path / "adversarial-tiny.md").read_text()
     assert md == adversarial.to_markdown(result) and "TTFT under attack / alone**: 2.00×" in md
+
+
+def test_a_peer_that_dies_before_it_is_ready_is_named_with_its_exit_status():
+    """A peer process that crashes while it loads (llama.cpp's AMX kernels did, on a virtual
+    machine) stops the benchmark with one line naming the peer, how it ended and how to rerun it."""
+    import sys
+    from bench.run import PeerProcess
+    cmd = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGSEGV)"]
+    with pytest.raises(RuntimeError) as raised:
+        PeerProcess(cmd, "llama.cpp")
+    assert str(raised.value) == f"the llama.cpp peer did not start (it exited with status -11: run {' '.join(cmd)} to see why)"
