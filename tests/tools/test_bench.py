@@ -120,13 +120,12 @@ def test_adversarial_bench_serves_its_page_and_writes_its_results(tmp_path, monk
                 client.predict(*adversarial.args(max_new_tokens=10_000), api_name="/generate")
         finally:
             client.close()
-        assert text and ttft > 0 and runs == 2 and work.is_dir() and cpu_s(pid) > 0
+        assert text and ttft > 0 and runs == 2 and work.is_dir() and adversarial.cpu_s(pid) > 0
         return {"ttft_alone_ms": 1000 * ttft, "ttft_attacked_ms": 2000 * ttft, "ttft_ratio": 2.0, "runs_alone": 1,
                 "runs_attacked": 1, "same_text_alone": 1, "same_text_attacked": 1, "refused_empty_cpu_ms": 1.0,
                 "refused_8mb_cpu_ms": 2.0, "refused_8mb_round_trip_ms": 3.0,
                 "visitor_requests": adversarial.VISITOR_REQUESTS}
 
-    cpu_s = adversarial.cpu_s
     monkeypatch.setattr(adversarial, "measure", one_run)
     assert adversarial.main(["--random", "tiny", "--device", "cpu", "--step-ms", "5", "--runs", "2",
                              "--out", str(tmp_path)]) == 0
