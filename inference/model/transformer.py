@@ -241,8 +241,9 @@ class Transformer(nn.Module):
         step = self.decode_step
         if step is not None and step.applies(batch, len(tokens), k_pool):
             logits = step(h[0], ropes, batch, k_pool, v_pool)  # (N, vocab): every row's
-            if logits is not None:
-                return self._softcap(logits[batch.logit_rows])
+            if logits is not None:  # every row's: in order, as the scheduler lays them out, not copied
+                in_order = batch.logit_rows.tolist() == list(range(len(logits)))
+                return self._softcap(logits if in_order else logits[batch.logit_rows])
         if window is not None and batch.decode_rows is not None and batch.window_mask is None:
             positions = batch.positions[batch.decode_rows]  # (B,)
             if int(positions.max()) >= window:  # a run reaches past its window: sliding layers mask
