@@ -438,11 +438,13 @@ static inline int64_t chunk_rows(const int64_t *w) {
 
 /* Where a stage reads what another thread wrote: all the step's threads meet here. The last to
  * arrive lets the others go; they spin up to 50 us (a stage's threads arrive microseconds apart),
- * then yield their core at each look (a thread of the team may be off its core, and others may
- * run there). libgomp's barrier sleeps in the kernel soon where a process has more threads than
- * cores (the page's, the callers'): with it SmolLM2's step (150 barriers) took 8.3-9.1 ms against
- * 6.7-7.5 with this one on an idle 2-core Xeon, and the same (~13 ms) beside a CPU-bound process. */
-enum { SPIN_NS = 50000 };
+ * then yield their core at each look for up to 2 ms (a thread of the team may be off its core,
+ * and others may run there), then sleep 50 us a look (a thread long descheduled, on a busy machine:
+ * the waiting one holds no core meanwhile). libgomp's barrier sleeps in the kernel soon where a
+ * process has more threads than cores (the page's, the callers'): with it SmolLM2's step (150
+ * barriers) took 8.3-9.1 ms against 6.7-7.5 with this one on an idle 2-core Xeon, and the same
+ * (~13 ms) beside a CPU-bound process. */
+enum { SPIN_NS = 50000, YIELD_NS = 2000000 };
 static void barrier(step_t *s, int nth) {
     if (nth <= 1) return;
     const int64_t passed = __atomic_load_n(&s->passed, __ATOMIC_ACQUIRE);
@@ -451,16 +453,19 @@ static void barrier(step_t *s, int nth) {
         __atomic_store_n(&s->passed, passed + 1, __ATOMIC_RELEASE);
         return;
     }
-    const double give_up = now_ns() + SPIN_NS;
-    int spinning = 1;
+    const double start = now_ns();
+    double waited = 0.0;
     for (long spins = 1; __atomic_load_n(&s->passed, __ATOMIC_ACQUIRE) == passed; ++spins) {
-        if (spinning && spins % 64 == 0) spinning = now_ns() < give_up;
-        if (spinning) {
+        if (spins % 64 == 0) waited = now_ns() - start;
+        if (waited < SPIN_NS) {
 #if defined(__x86_64__)
             __builtin_ia32_pause();
 #endif
-        } else {
+        } else if (waited < YIELD_NS) {
             sched_yield();
+        } else {  /* a thread long off its core: wait without holding this one */
+            nanosleep(&(struct timespec){.tv_nsec = 50000}, NULL);
+            waited = now_ns() - start;
         }
     }
 }
