@@ -239,6 +239,7 @@ def measure(url: str, server_pid: int, runs: int, work: Path) -> dict:
     from gradio_client import Client
 
     good = Client(url, verbose=False, headers={"X-Forwarded-For": GOOD})
+    visitor = None
     try:
         good_run(good)  # unmeasured: the first run pays one-time costs
         alone = [good_run(good) for _ in range(runs)]
@@ -261,12 +262,14 @@ def measure(url: str, server_pid: int, runs: int, work: Path) -> dict:
         while visitor.is_alive() or len(attacked) < runs:  # the whole attack, and at least `runs`
             attacked.append(good_run(good))
             if len(attacked) >= 2000:  # a hang, not a speed: the visitor makes a fixed number of requests
-                visitor.kill()
                 raise RuntimeError("the visitor never ended")
         visitor.join()
         after = [good_run(good) for _ in range(runs)]
     finally:
         good.close()
+        if visitor is not None and visitor.is_alive():  # the measurement failed mid-attack
+            visitor.kill()
+            visitor.join()
     if visitor.exitcode != 0:
         raise RuntimeError(f"the visitor failed (exit status {visitor.exitcode})")
     kinds = visitor_log(work / "visitor.jsonl")

@@ -169,8 +169,8 @@ class PeerProcess:
         self.ready = json.loads(self.proc.stdout.readline() or "null")  # after its own warm-up
         if not self.ready:
             self.close()
-            # A status below 0 is the signal that ended it (-11: a crash, as of a llama.cpp build
-            # whose AMX kernels fail on a virtual machine: bench/measured/cpu-quant-smollm2-135m.md).
+            # A status below 0 is the signal that ended it (-11: a segmentation fault, as of the
+            # native llama.cpp build on an Intel VM with AMX: bench/measured/cpu-quant-smollm2-135m.md).
             raise RuntimeError(f"the {what} peer did not start (it exited with status {self.proc.returncode}: "
                                f"run {' '.join(cmd)} to see why)")
 
