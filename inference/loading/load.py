@@ -38,7 +38,7 @@ def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto"
     cfg = ModelConfig.from_json(model_dir / "config.json")
     blocks = quantized_source(model_dir, dev, dtype, decode_dtype)
     # The weights go straight in: held by the model alone, each read tensor is freed as soon as
-    # the model has laid it out anew (Transformer.store_weights_transposed).
+    # the model has laid it out anew (Transformer.store_weights).
     form = "float32" if blocks is None else "the GGUF file's quantized blocks"
     say(f"reading its weights ({form}) and laying them out for the matmuls")
     hf = read_hf_weights(model_dir, cfg) if blocks is None else read_blocks(blocks, cfg)

@@ -82,6 +82,10 @@ class QuantWeight:
         """w (out, in) rounded to bfloat16, read by the kernels as 2-byte rows: a decode copy."""
         return cls([Part(BF16, w.to(torch.bfloat16).contiguous().view(torch.uint8))], w.shape[1])
 
+    def moved(self, put) -> "QuantWeight":
+        """The same weight with each part's data replaced by put(data) (a copy elsewhere)."""
+        return QuantWeight([Part(p.type, put(p.data)) for p in self.parts], self.in_features)
+
     @classmethod
     def cat(cls, weights: list["QuantWeight"]) -> "QuantWeight":
         """Weights stacked by rows (a fused q/k/v or gate/up), neighbouring parts of one type merged."""

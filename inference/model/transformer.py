@@ -14,6 +14,7 @@ from torch import nn
 from inference.device import available_memory_bytes
 from inference.model import kernels
 from inference.model.attention import Attention, PagedBatch, Probe, window_decode_mask  # noqa: F401 (Probe, PagedBatch: the model's API)
+from inference.model.arena import Arena, stored_size
 from inference.model.config import ModelConfig
 from inference.model.decode_step import DecodeStep
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
@@ -93,7 +94,7 @@ class Transformer(nn.Module):
         if cfg.tie_word_embeddings and not quant:
             model.output.weight = model.tok_embeddings.weight
         if model.device.type == "cpu":
-            model.store_weights_transposed()
+            model.store_weights()
             model.keep_rows_copies(available_memory_bytes())
         cos, sin = rope_tables(cfg, cfg.max_seq_len, device, dtype)
         model.register_buffer("rope_cos", cos, persistent=False)
@@ -105,25 +106,42 @@ class Transformer(nn.Module):
         model.set_decode_dtype(decode_dtype)
         return model.eval()
 
-    def store_weights_transposed(self) -> None:
-        """Copy each weight out of the checkpoint file into the layout its few-row products read
-        fastest: row-major as read for our kernels (kernels/kernels.c streams rows), or, where
-        they are not built, column-major ((out, in) with its memory laid out as (in, out): MKL's
-        products for a decode step's few rows ran about 12% faster on it). A tied embedding
-        table shares the LM head's copy. Each weight is copied once and its first copy freed
-        (if nothing else holds it), so no tensor keeps the mapped file."""
+    def store_weights(self) -> None:
+        """Copy each weight out of the checkpoint file into one arena (arena.py: 2 MiB pages), in
+        the order a step reads them, each laid out as its few-row products read it fastest:
+        row-major for our kernels (kernels/kernels.c streams rows), or, where they are not built,
+        column-major ((out, in) with its memory laid out as (in, out): MKL's products for a
+        decode step's few rows ran about 12% faster on it). Quantized blocks are copied as they
+        are; a tied embedding table shares the LM head's copy. Each weight's first copy is freed
+        as it is copied (if nothing else holds it), so no tensor keeps the mapped file and the
+        weights are held once, but for the one being copied."""
         transpose = not kernels.available()
-        for module in self.modules():
-            if isinstance(module, Linear) and module.weight is not None and module.weight.is_contiguous():
-                w = module.weight.t().contiguous().t() if transpose else module.weight.clone()
-                module.weight = nn.Parameter(w, requires_grad=False)
-            elif isinstance(module, RMSNorm):
-                # Copied too: any tensor read from a mapped checkpoint file keeps all of it mapped.
-                module.weight = nn.Parameter(module.weight.clone(), requires_grad=False)
-            elif isinstance(module, Attention) and module.bqkv is not None:
-                module.bqkv = nn.Parameter(module.bqkv.clone(), requires_grad=False)
-        if self.cfg.tie_word_embeddings and self.output.weight is not None:
+        tied = self.cfg.tie_word_embeddings
+        order = [m for m in self.modules() if m is not self.tok_embeddings] + ([] if tied else [self.tok_embeddings])
+
+        def held(m) -> list[torch.Tensor]:  # the tensors module m keeps in the arena
+            q = getattr(m, "qweight", None)
+            if q is not None:
+                return [p.data for p in q.parts]
+            if isinstance(m, (Linear, RMSNorm, nn.Embedding)) and m.weight is not None:
+                return [m.weight]
+            return [m.bqkv] if isinstance(m, Attention) and m.bqkv is not None else []
+
+        arena = Arena(sum(stored_size(t) for m in order for t in held(m)))
+        for m in order:
+            if getattr(m, "qweight", None) is not None:
+                m.qweight = m.qweight.moved(arena.put)
+            elif isinstance(m, Linear) and m.weight is not None:
+                w = arena.put(m.weight.t()).t() if transpose else arena.put(m.weight)
+                m.weight = nn.Parameter(w, requires_grad=False)
+            elif isinstance(m, (RMSNorm, nn.Embedding)) and m.weight is not None:
+                m.weight = nn.Parameter(arena.put(m.weight), requires_grad=False)
+            elif isinstance(m, Attention) and m.bqkv is not None:
+                m.bqkv = nn.Parameter(arena.put(m.bqkv), requires_grad=False)
+        if tied:
             self.tok_embeddings.weight = self.output.weight
+            if self.output.qweight is not None:
+                self.tok_embeddings.qweight = self.output.qweight
 
     def keep_rows_copies(self, available_bytes: int) -> bool:
         """Give each linear layer a second copy of its weight in oneDNN's blocked layout, for

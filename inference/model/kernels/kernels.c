@@ -65,9 +65,14 @@ static int pick_threads(costs_t *costs) {
 
 /* A call on `pick` that began at t0 and read `bytes`: into its recent cost. */
 static void record_cost(costs_t *costs, int pick, double t0, int64_t bytes) {
-    const double c = (now_ns() - t0) / (double)(bytes > 0 ? bytes : 1);
+    double c = (now_ns() - t0) / (double)(bytes > 0 ? bytes : 1);
+    const double old = costs->ns_per_byte[pick];
+    /* One call counts at most twice the estimate: a thread of the team preempted once (the
+     * step's other thread waits at its barrier) would otherwise switch every call to one thread
+     * until the next look at two, 256 calls on; a machine that stays busy moves it in a few. */
+    if (old > 0.0 && c > 2.0 * old) c = 2.0 * old;
     /* A data race between callers on different threads only blurs the estimate. */
-    costs->ns_per_byte[pick] = costs->ns_per_byte[pick] == 0.0 ? c : 0.5 * costs->ns_per_byte[pick] + 0.5 * c;
+    costs->ns_per_byte[pick] = old == 0.0 ? c : 0.5 * old + 0.5 * c;
 }
 
 /* fn over [0, n) on one thread or `threads`; bytes: what it reads, for its cost. */
@@ -107,6 +112,16 @@ static inline float sum8(v8 v) {
     return s;
 }
 
+/* Ask for the 128 bytes AHEAD past p: a weight row read once a step comes from DRAM, and the
+ * hardware's prefetcher alone kept a thread's product at about half its speed from the cache.
+ * Asked as the row is read (not all at its start), two threads summed float32 rows in 2 MiB pages
+ * at 33-34 GB/s against 28-29 (bench/measured/cpu-quant-smollm2-135m.md). */
+enum { AHEAD = 4096 };
+static inline void ahead(const float *p) {
+    __builtin_prefetch((const char *)p + AHEAD);
+    __builtin_prefetch((const char *)p + AHEAD + 64);
+}
+
 /* The dot product of r and x (length n), in the one order every product here uses: four 8-lane
  * accumulators over chunks of 32, then chunks of 8 into the first, added as (a + b) + (c + d)
  * and across lanes, then the tail; fused multiply-adds throughout. */
@@ -114,6 +129,7 @@ static inline float dot(const float *r, const float *x, int64_t n) {
     v8 a = {0}, b = {0}, c = {0}, d = {0};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
+        ahead(r + i);
         a = fma8(load8(r + i), load8(x + i), a);
         b = fma8(load8(r + i + 8), load8(x + i + 8), b);
         c = fma8(load8(r + i + 16), load8(x + i + 16), c);
@@ -131,6 +147,7 @@ static inline void dot2(const float *r, const float *x0, const float *x1, int64_
     v8 a = {0}, b = {0}, c = {0}, d = {0}, e = {0}, f = {0}, g = {0}, h = {0};
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
+        ahead(r + i);
         const v8 w0 = load8(r + i), w1 = load8(r + i + 8), w2 = load8(r + i + 16), w3 = load8(r + i + 24);
         a = fma8(w0, load8(x0 + i), a); b = fma8(w1, load8(x0 + i + 8), b);
         c = fma8(w2, load8(x0 + i + 16), c); d = fma8(w3, load8(x0 + i + 24), d);
@@ -422,10 +439,24 @@ typedef struct {
     int64_t arrived, passed;             /* the barrier's: threads arrived, barriers passed */
 } step_t;
 
-/* Chunks of [0, total) of `chunk` each, claimed in turn from *counter until none are left. */
-#define CHUNKS(counter, total, chunk, b, e)                                                         \
-    for (int64_t b, e; (b = __atomic_fetch_add(counter, chunk, __ATOMIC_RELAXED)) < (total)         \
-                       && ((e = b + (chunk) < (total) ? b + (chunk) : (total)), 1);)
+/* Chunks of [0, total) claimed in turn from *counter until none are left: each a share of what is
+ * left (a quarter of it for two threads, then an eighth...), at least `chunk`. A thread reads
+ * long runs of a weight (a stream the prefetchers keep up with; 64 KiB chunks in turn read
+ * float32 rows at 26-27 GB/s against 33-34 for each thread's half) and the last small chunks
+ * still even out the threads at the barrier. */
+static inline int64_t claim(int64_t *counter, int64_t total, int64_t chunk, int nth, int64_t *end) {
+    int64_t b = __atomic_load_n(counter, __ATOMIC_RELAXED), e;
+    do {
+        if (b >= total) return b;
+        const int64_t share = (total - b) / (2 * nth);
+        e = b + (share > chunk ? share : chunk);
+        if (e > total) e = total;
+    } while (!__atomic_compare_exchange_n(counter, &b, e, 1, __ATOMIC_RELAXED, __ATOMIC_RELAXED));
+    *end = e;
+    return b;
+}
+#define CHUNKS(counter, total, chunk, b, e) \
+    for (int64_t b, e; (b = claim(counter, total, chunk, nth, &e)) < (total);)
 
 /* Rows of a product per chunk: about 64 KiB of the weight as stored, at least 8 rows. Counted in
  * float32 rows, a Q4_1 chunk was 10 KiB and SmolLM2's step took ~8,000 of them; by the bytes
@@ -472,7 +503,7 @@ static void barrier(step_t *s, int nth) {
 
 /* h (n, hidden) += x W^T, W (hidden, in) a weight's table (quant.c): each chunk's outputs added
  * by the thread that made them. buf: this thread's row of dequantized weights. */
-static void add_product(step_t *s, const int64_t *w, const float *x, int64_t in, int64_t *counter, float *buf) {
+static void add_product(step_t *s, int nth, const int64_t *w, const float *x, int64_t in, int64_t *counter, float *buf) {
     const int64_t n = s->dims[D_N], hidden = s->dims[D_HIDDEN];
     float *h = s->ptrs[P_H];
     CHUNKS(counter, hidden, chunk_rows(w), o0, o1) {
@@ -504,27 +535,27 @@ static void decode_body(step_t *s, int nth) {
         const float *cos = s->ptrs[local ? P_COS_LOCAL : P_COS], *sin = s->ptrs[local ? P_SIN_LOCAL : P_SIN];
         const int64_t *first = s->ptrs[local ? P_FIRST_LOCAL : P_FIRST];
 
-        /* ---- q, k, v: a head at a time, rotated and stored by the thread that made it */
+        /* ---- q, k, v: heads claimed in turn, each rotated and stored by the thread that made it */
         token_lab_rms_norm(h, (const float *)(intptr_t)t[L_ATTN_NORM], x, n, hidden, s->eps);
         CHUNKS(&s->counters[stage], units, 1, u0, u1) {
             weight_range(wqkv, x, s->qkv, n, hidden, u0 * d, u1 * d, buf);
-            for (int64_t r = 0; r < n; ++r) {
-                float *row = s->qkv + r * width + u0 * d;
-                if (bqkv)
-                    for (int64_t i = 0; i < d; ++i) row[i] = row[i] + bqkv[u0 * d + i];
-                const float *c = cos + r * d, *sn = sin + r * d;
-                if (u0 < heads) rotate(row, c, sn, s->q + (r * heads + u0) * d, d);
-                else if (u0 < heads + kv_heads) rotate(row, c, sn, k_pool + slots[r] * kv_width + (u0 - heads) * d, d);
-                else memcpy(v_pool + slots[r] * kv_width + (u0 - heads - kv_heads) * d, row, sizeof(float) * d);
-            }
+            for (int64_t r = 0; r < n; ++r)
+                for (int64_t u = u0; u < u1; ++u) {
+                    float *row = s->qkv + r * width + u * d;
+                    if (bqkv)
+                        for (int64_t i = 0; i < d; ++i) row[i] = row[i] + bqkv[u * d + i];
+                    const float *c = cos + r * d, *sn = sin + r * d;
+                    if (u < heads) rotate(row, c, sn, s->q + (r * heads + u) * d, d);
+                    else if (u < heads + kv_heads) rotate(row, c, sn, k_pool + slots[r] * kv_width + (u - heads) * d, d);
+                    else memcpy(v_pool + slots[r] * kv_width + (u - heads - kv_heads) * d, row, sizeof(float) * d);
+                }
         }
         ++stage;
         barrier(s, nth);
 
-        /* ---- attention: a (row, head) at a time */
+        /* ---- attention: (row, head) pairs claimed in turn */
         const int64_t offset = dm[D_CTX_OFFSET] * kv_width;
-        CHUNKS(&s->counters[stage], n * heads, 1, rh, rh_end) {
-            (void)rh_end;
+        CHUNKS(&s->counters[stage], n * heads, 1, rh0, rh1) for (int64_t rh = rh0; rh < rh1; ++rh) {
             const int64_t r = rh / heads, g = rh % heads / (heads / kv_heads);
             attend_head(s->q + rh * d, k_pool + offset + g * d, v_pool + offset + g * d, s->att + rh * d, p,
                         blocks ? blocks + r * dm[D_N_BLOCKS] : NULL, dm[D_BLOCK_SIZE], first[r], lengths[r],
@@ -534,7 +565,7 @@ static void decode_body(step_t *s, int nth) {
         barrier(s, nth);
 
         /* ---- h += att Wo^T */
-        add_product(s, (const int64_t *)(intptr_t)t[L_WO], s->att, heads * d, &s->counters[stage++], buf);
+        add_product(s, nth, (const int64_t *)(intptr_t)t[L_WO], s->att, heads * d, &s->counters[stage++], buf);
         barrier(s, nth);
 
         /* ---- g = act(gate) * up: gate row i and up row i by the same thread */
@@ -553,7 +584,7 @@ static void decode_body(step_t *s, int nth) {
         barrier(s, nth);
 
         /* ---- h += g Wdown^T */
-        add_product(s, (const int64_t *)(intptr_t)t[L_W2], s->g, ffn, &s->counters[stage++], buf);
+        add_product(s, nth, (const int64_t *)(intptr_t)t[L_W2], s->g, ffn, &s->counters[stage++], buf);
         barrier(s, nth);
     }
 

@@ -418,11 +418,9 @@ static qdot_fn fused(int64_t type) { (void)type; return NULL; }
  * rows_range, each row of a float32 part read in place, each of a quantized one first
  * dequantized into buf (in floats).
  *
- * Each row asks for the bytes AHEAD past its start. A weight read once a step comes from DRAM
- * (SmolLM2's 96 MiB do not stay in a 2-core VM's share of the cache), and the hardware's
- * prefetcher alone kept a thread's product at about half its speed from the cache: on an Intel
- * Xeon (2 vCPUs) the one-call step went from 13.2 to 10.0 ms (bench/measured/cpu-quant-*). */
-enum { AHEAD = 4096 };
+ * A quantized row asks at its start for the bytes AHEAD past it (kernels.c's ahead(): a float32
+ * row asks as dot() reads it). Without it the hardware's prefetcher alone kept SmolLM2's one-call
+ * step at 13.2 ms against 10.0 on an Intel Xeon (2 vCPUs; bench/measured/cpu-quant-*). */
 typedef struct { const int64_t *w; const float *x; float *y; int64_t rows, x_stride; } qrows_t;
 
 static void weight_range(const int64_t *w, const float *x, float *y, int64_t rows, int64_t x_stride,
@@ -432,7 +430,8 @@ static void weight_range(const int64_t *w, const float *x, float *y, int64_t row
         int64_t row;
         const int64_t *p = part_of(w, o, &row);
         const uint8_t *br = (const uint8_t *)(intptr_t)p[P_DATA] + row * p[P_ROW_BYTES];
-        for (int64_t c = 0; c < p[P_ROW_BYTES]; c += 64) __builtin_prefetch(br + AHEAD + c);
+        if (p[P_TYPE] != GGML_F32)
+            for (int64_t c = 0; c < p[P_ROW_BYTES]; c += 64) __builtin_prefetch(br + AHEAD + c);
         const float *wr;
         const qdot_fn fn = in % 32 == 0 ? fused(p[P_TYPE]) : NULL;  /* whole chunks of 32 (bfloat16 rows need not be) */
         if (fn) {
