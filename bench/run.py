@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import prompts  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
+from inference.model.arena import Arena  # noqa: E402
 from inference.model.anatomy import decode_cost  # noqa: E402
 from inference.factory import add_model_args  # noqa: E402
 from inference.loading.gguf_import import gguf_source  # noqa: E402
@@ -51,8 +52,14 @@ def copy_bandwidth_gbs(device: torch.device, mib: int = 256) -> float:
 
 def read_bandwidth_gbs(device: torch.device, mib: int = 1024) -> float:
     """Bytes read per second by summing a tensor larger than the CPU's last-level cache: what a
-    decode step, which reads every weight once, can at best stream its weights at."""
-    a = torch.ones(mib * 2**20 // 4, device=device)
+    decode step, which reads every weight once, can at best stream its weights at. On a CPU the
+    tensor lies in memory as the weights do (an arena of 2 MiB pages, inference/model/arena.py),
+    which two threads read ~1.6x faster than 4 KiB pages here."""
+    n = mib * 2**20 // 4
+    if device.type == "cpu":
+        a = Arena(n * 4).empty((n,), torch.float32).fill_(1.0)
+    else:
+        a = torch.ones(n, device=device)
     a.sum()
     _sync(device)
     t = time.perf_counter()

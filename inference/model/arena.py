@@ -52,12 +52,15 @@ class Arena:
     def address(self) -> int:
         return self._buf.data_ptr() + self._start
 
-    def put(self, t: torch.Tensor) -> torch.Tensor:
-        """A copy of t in the arena: same shape and dtype, contiguous; it keeps the arena alive."""
-        n = t.numel() * t.element_size()
+    def empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """The arena's next bytes as an uninitialized contiguous tensor; it keeps the arena alive."""
+        n = dtype.itemsize * torch.Size(shape).numel()
         if self._next + n > self._end:
             raise ValueError(f"the arena has {self._end - self._next} bytes left, not {n}")
-        view = self._buf[self._next:self._next + n].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        self._next += stored_size(t)
+        view = self._buf[self._next:self._next + n].view(dtype).view(shape)
+        self._next += stored_size(view)
         return view
+
+    def put(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of t in the arena: same shape and dtype, contiguous."""
+        return self.empty(t.shape, t.dtype).copy_(t)
