@@ -167,11 +167,13 @@ class Attention(nn.Module):
         layer's (slots, n_kv_heads, head_dim)."""
         _, N, _ = x.shape
         q = None
-        if N <= DECODE_ROWS and self.q_norm is None and x.dtype == torch.float32 and x.device.type == "cpu" \
+        if N <= DECODE_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" \
                 and kernels.available():  # a decode step's rows on a CPU
             qkv = self.wqkv(x)[0]  # (N, q_dim + 2 kv_dim)
             if self.bqkv is not None:
                 qkv = qkv + self.bqkv
+            if self.q_norm is not None:
+                qkv = self._norm_heads(qkv)
             # q (N, heads, head_dim) rotated; k rotated and v written to their slots, in one call
             q = kernels.rope_store(qkv, cos.reshape(N, -1), sin.reshape(N, -1), k_pool, v_pool,
                                    batch.write_slots, self.n_heads)
@@ -194,6 +196,15 @@ class Attention(nn.Module):
                                                 scale=self.scale, enable_gqa=self.gqa)
             out[row:row + n] = op[0].transpose(0, 1)  # (n, n_heads, head_dim)
         return self.wo(out.reshape(1, N, self.q_dim))
+
+    def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
+        """qkv (N, q_dim + 2 kv_dim) with each q and k head normed on its own by the kernels'
+        RMSNorm, row by row (the one-call step's numbers, whatever N)."""
+        N, n_qk, d = qkv.shape[0], self.n_heads + self.n_kv_heads, self.head_dim
+        heads = qkv.view(N, n_qk + self.n_kv_heads, d)  # (N, heads + 2 kv_heads, head_dim)
+        q = kernels.rms_norm(heads[:, :self.n_heads].contiguous(), self.q_norm.weight, self.q_norm.eps)
+        k = kernels.rms_norm(heads[:, self.n_heads:n_qk].contiguous(), self.k_norm.weight, self.k_norm.eps)
+        return torch.cat([q, k, heads[:, n_qk:]], dim=1).view(N, -1)  # (N, q_dim + 2 kv_dim)
 
     def _decode(self, q: torch.Tensor, k_pool, v_pool, batch: PagedBatch) -> torch.Tensor:
         """Attention of B decode rows q (B, n_heads, head_dim), each over its own run's context

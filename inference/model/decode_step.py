@@ -4,9 +4,9 @@ kernels.c's token_lab_decode runs the step the model's layer-by-layer path runs 
 kernels (the same functions in the same order, so the same bits) without the ~1,000 small
 operators and ~120 thread-team starts around them. Its products read each weight as its table
 says (kernels/quant.c): float32, or a GGUF file's quantized blocks. It serves CPU models with
-float32 activations of the plain
-LLaMA shape (q/k/v biases and sliding windows included; not per-head q/k norms or Gemma's extra
-norms) for steps of at most KERNEL_ROWS decoding runs; the model's own path serves the rest.
+float32 activations of every family's shape (q/k/v biases, per-head q/k norms, norms after each
+branch, sliding windows) for steps of at most KERNEL_ROWS decoding runs; the model's own path
+serves the rest.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class DecodeStep:
         linears = [m for m in model.modules() if isinstance(m, Linear)]
         copies = all(m.decode_weight is None or isinstance(m.decode_weight, QuantWeight) for m in linears)
         if (model.device.type != "cpu" or model.dtype != torch.float32 or not copies
-                or cfg.qk_norm or cfg.sandwich_norms or not kernels.available()
+                or not kernels.available()
                 or not all(m.qweight is not None or m.weight.is_contiguous() for m in linears)):
             return None
         return cls(model)
@@ -76,7 +76,7 @@ class DecodeStep:
         return logits if ran else None
 
     def _table(self, k_pool, v_pool) -> torch.Tensor:
-        """(layers, 10) int64: each layer's weights, its pool's keys and values, whether it slides."""
+        """(layers, 14) int64: each layer's weights, its pool's keys and values, whether it slides."""
         pools = tuple(t.data_ptr() for layer in zip(k_pool, v_pool) for t in layer)
         table = self._tables.get(pools)
         if table is None:
@@ -87,12 +87,17 @@ class DecodeStep:
 
 
     def _weights(self, layer) -> list[int]:
-        """A layer's weights' addresses, in kernels.c's L_* order (0: no q/k/v bias); the
+        """A layer's weights' addresses, in kernels.c's L_* order (0: no such bias or norm); the
         products' as their weight tables (quant.c)."""
         a, f, d = layer.attention, layer.feed_forward, self._descs
-        return [layer.attention_norm.weight.data_ptr(), d[a.wqkv].data_ptr(),
-                0 if a.bqkv is None else a.bqkv.data_ptr(), d[a.wo].data_ptr(),
-                layer.ffn_norm.weight.data_ptr(), d[f.w13].data_ptr(), d[f.w2].data_ptr()]
+
+        def at(t) -> int:
+            return 0 if t is None else t.data_ptr()
+        return [at(layer.attention_norm.weight), at(d[a.wqkv]), at(a.bqkv),
+                at(a.q_norm and a.q_norm.weight), at(a.k_norm and a.k_norm.weight), at(d[a.wo]),
+                at(layer.post_attention_norm and layer.post_attention_norm.weight),
+                at(layer.ffn_norm.weight), at(d[f.w13]), at(d[f.w2]),
+                at(layer.post_ffn_norm and layer.post_ffn_norm.weight)]
 
 
 def _desc(linear: Linear) -> torch.Tensor:

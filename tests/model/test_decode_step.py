@@ -14,7 +14,7 @@ from inference.serving.static_step import StaticDecode
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler here: torch's operators serve")
 
-FAMILIES = ["gqa_tied", "linear_headdim", "qwen2", "qwen2_window", "mistral"]  # biases, windows, head dims
+FAMILIES = ["gqa_tied", "linear_headdim", "qwen2", "qwen2_window", "mistral", "qwen3", "gemma3_text"]  # biases, windows, head dims, q/k norms, norms after each branch
 
 
 def model_dir(name, tiny_dirs, tmp_path, sp_model_bytes):
@@ -83,7 +83,7 @@ def test_the_step_is_the_layer_paths_bits_for_every_row(tiny_dirs, tmp_path, sp_
         assert {1, 4, 8} == {rows for rows, _ in calls} and not any(in_place for _, in_place in calls)
 
 
-@pytest.mark.parametrize("name", ["gqa_tied", "qwen2_window", "mistral"])
+@pytest.mark.parametrize("name", ["gqa_tied", "qwen2_window", "mistral", "qwen3", "gemma3_text"])
 def test_a_lone_run_read_in_place_matches_transformers_and_the_layers(tiny_dirs, tmp_path, sp_model_bytes,
                                                                       monkeypatch, name):
     """A lone run reads its consecutive blocks in place: 24 greedy tokens past the window through
@@ -118,15 +118,12 @@ def test_a_lone_run_read_in_place_matches_transformers_and_the_layers(tiny_dirs,
         assert max(abs(p[c.id].item() - c.raw_prob) for c in event.top) <= 1e-4
 
 
-@pytest.mark.parametrize("name", ["qwen3", "gemma3_text"])
-def test_families_it_does_not_run_keep_the_layer_path(tiny_dirs, tmp_path, sp_model_bytes, name):
-    """Per-head q/k norms (Qwen3) and Gemma's extra norms are not in the one call: the model goes
-    through its layers (their reference tests stand); a model with bfloat16 decode copies runs
-    the one call on them (the kernels read them as a GGUF file's blocks: kernels/quant.c)."""
+@pytest.mark.parametrize("name", FAMILIES)
+def test_every_family_runs_the_one_call(tiny_dirs, tmp_path, sp_model_bytes, name):
+    """Every family's float32 model, and one with bfloat16 decode copies (the kernels read them as
+    a GGUF file's blocks: kernels/quant.c), decodes in the one call."""
     directory = model_dir(name, tiny_dirs, tmp_path, sp_model_bytes)
     with Engine.from_hf_dir(directory, "cpu", "float32") as engine:
-        assert engine.model.decode_step is None
-    with Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32", decode_dtype="bfloat16") as engine:
         assert isinstance(engine.model.decode_step, DecodeStep)
-    with Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32") as engine:
+    with Engine.from_hf_dir(directory, "cpu", "float32", decode_dtype="bfloat16") as engine:
         assert isinstance(engine.model.decode_step, DecodeStep)

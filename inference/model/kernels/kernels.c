@@ -409,10 +409,13 @@ void token_lab_row_sums(const float *x, const float *e, int64_t rows, int64_t V,
 /* ---------------------------------------------------------------- a whole decode step
  * Every layer and the LM head for n rows, each one decoding run's new token, in one call:
  *
- *   per layer: x = RMSNorm(h) -> qkv = x Wqkv^T (+ bias) -> q, k rotated; k, v into the pool
- *              -> attention of each row over its run's keys -> h += att Wo^T
- *              -> x = RMSNorm(h) -> g = act(x Wgate^T) * (x Wup^T) -> h += g Wdown^T
+ *   per layer: x = RMSNorm(h) -> qkv = x Wqkv^T (+ bias) -> [each q and k head RMSNormed]
+ *              -> q, k rotated; k, v into the pool -> attention of each row over its run's keys
+ *              -> h += [RMSNorm](att Wo^T)
+ *              -> x = RMSNorm(h) -> g = act(x Wgate^T) * (x Wup^T) -> h += [RMSNorm](g Wdown^T)
  *   then: logits = RMSNorm(h) Whead^T
+ * ([...]: where the layer has that norm: Qwen3's q/k norms, Gemma 3's; Gemma's norms after each
+ * branch.)
  *
  * The same functions, in the same order for every output, as the calls above (rows_range, dot,
  * attend_head, token_lab_rms_norm, rotate, act), so its numbers are the same bits as the
@@ -420,10 +423,11 @@ void token_lab_row_sums(const float *x, const float *e, int64_t rows, int64_t V,
  * the rest of that path: ~1,000 small operators and ~120 thread-team starts a step. The team
  * starts once; each stage's work is handed out in chunks from a counter (a thread that gets
  * less of the CPU takes fewer) and the threads meet at a barrier where a stage reads what
- * another wrote: five a layer. Whether the step runs on one thread or all is chosen as for a
+ * another wrote: five a layer, and one more after each branch a layer norms. Whether the step runs on one thread or all is chosen as for a
  * product (split()), by the step's recent cost per byte. */
 
-enum { L_ATTN_NORM, L_WQKV, L_BQKV, L_WO, L_FFN_NORM, L_W13, L_W2, L_K_POOL, L_V_POOL, L_SLIDING, L_FIELDS };
+enum { L_ATTN_NORM, L_WQKV, L_BQKV, L_Q_NORM, L_K_NORM, L_WO, L_POST_ATTN_NORM, L_FFN_NORM, L_W13, L_W2,
+       L_POST_FFN_NORM, L_K_POOL, L_V_POOL, L_SLIDING, L_FIELDS };
 enum { D_N, D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_FFN, D_VOCAB, D_LAYERS, D_GELU, D_N_BLOCKS,
        D_BLOCK_SIZE, D_CTX_OFFSET, D_MAX_L, D_FIELDS };
 enum { P_H, P_COS, P_SIN, P_COS_LOCAL, P_SIN_LOCAL, P_SLOTS, P_BLOCKS, P_FIRST, P_FIRST_LOCAL, P_LENGTHS,
@@ -502,14 +506,24 @@ static void barrier(step_t *s, int nth) {
 }
 
 /* h (n, hidden) += x W^T, W (hidden, in) a weight's table (quant.c): each chunk's outputs added
- * by the thread that made them. buf: this thread's row of dequantized weights. */
-static void add_product(step_t *s, int nth, const int64_t *w, const float *x, int64_t in, int64_t *counter, float *buf) {
+ * by the thread that made them. With `norm` (a norm after the branch) the product's rows are
+ * whole first: then each row is normed and added by one thread, counters[1] handing them out.
+ * buf: this thread's row of dequantized weights. */
+static void add_product(step_t *s, int nth, const int64_t *w, const float *x, int64_t in, int64_t *counters,
+                        const float *norm, float *buf) {
     const int64_t n = s->dims[D_N], hidden = s->dims[D_HIDDEN];
     float *h = s->ptrs[P_H];
-    CHUNKS(counter, hidden, chunk_rows(w), o0, o1) {
+    CHUNKS(&counters[0], hidden, chunk_rows(w), o0, o1) {
         weight_range(w, x, s->y, n, in, o0, o1, buf);
-        for (int64_t r = 0; r < n; ++r)
-            for (int64_t o = o0; o < o1; ++o) h[r * hidden + o] = h[r * hidden + o] + s->y[r * hidden + o];
+        if (!norm)
+            for (int64_t r = 0; r < n; ++r)
+                for (int64_t o = o0; o < o1; ++o) h[r * hidden + o] = h[r * hidden + o] + s->y[r * hidden + o];
+    }
+    if (!norm) return;
+    barrier(s, nth);
+    CHUNKS(&counters[1], n, 1, r0, r1) {
+        token_lab_rms_norm(s->y + r0 * hidden, norm, s->y + r0 * hidden, r1 - r0, hidden, s->eps);
+        for (int64_t i = r0 * hidden; i < r1 * hidden; ++i) h[i] = h[i] + s->y[i];
     }
 }
 
@@ -531,6 +545,7 @@ static void decode_body(step_t *s, int nth) {
         const int64_t *wqkv = (const int64_t *)(intptr_t)t[L_WQKV];
         const float *bqkv = (const float *)(intptr_t)t[L_BQKV];
         float *k_pool = (float *)(intptr_t)t[L_K_POOL], *v_pool = (float *)(intptr_t)t[L_V_POOL];
+        const float *q_norm = (const float *)(intptr_t)t[L_Q_NORM], *k_norm = (const float *)(intptr_t)t[L_K_NORM];
         const int local = (int)t[L_SLIDING];
         const float *cos = s->ptrs[local ? P_COS_LOCAL : P_COS], *sin = s->ptrs[local ? P_SIN_LOCAL : P_SIN];
         const int64_t *first = s->ptrs[local ? P_FIRST_LOCAL : P_FIRST];
@@ -544,6 +559,8 @@ static void decode_body(step_t *s, int nth) {
                     float *row = s->qkv + r * width + u * d;
                     if (bqkv)
                         for (int64_t i = 0; i < d; ++i) row[i] = row[i] + bqkv[u * d + i];
+                    if (q_norm && u < heads + kv_heads)
+                        token_lab_rms_norm(row, u < heads ? q_norm : k_norm, row, 1, d, s->eps);
                     const float *c = cos + r * d, *sn = sin + r * d;
                     if (u < heads) rotate(row, c, sn, s->q + (r * heads + u) * d, d);
                     else if (u < heads + kv_heads) rotate(row, c, sn, k_pool + slots[r] * kv_width + (u - heads) * d, d);
@@ -565,7 +582,9 @@ static void decode_body(step_t *s, int nth) {
         barrier(s, nth);
 
         /* ---- h += att Wo^T */
-        add_product(s, nth, (const int64_t *)(intptr_t)t[L_WO], s->att, heads * d, &s->counters[stage++], buf);
+        add_product(s, nth, (const int64_t *)(intptr_t)t[L_WO], s->att, heads * d, &s->counters[stage],
+                    (const float *)(intptr_t)t[L_POST_ATTN_NORM], buf);
+        stage += 2;
         barrier(s, nth);
 
         /* ---- g = act(gate) * up: gate row i and up row i by the same thread */
@@ -584,7 +603,9 @@ static void decode_body(step_t *s, int nth) {
         barrier(s, nth);
 
         /* ---- h += g Wdown^T */
-        add_product(s, nth, (const int64_t *)(intptr_t)t[L_W2], s->g, ffn, &s->counters[stage++], buf);
+        add_product(s, nth, (const int64_t *)(intptr_t)t[L_W2], s->g, ffn, &s->counters[stage],
+                    (const float *)(intptr_t)t[L_POST_FFN_NORM], buf);
+        stage += 2;
         barrier(s, nth);
     }
 
@@ -610,7 +631,7 @@ void token_lab_decode(const int64_t *dims, const int64_t *layers, void *const *p
                   ffn = dims[D_FFN], width = (heads + 2 * dims[D_KV_HEADS]) * d;
     step_t s = {.dims = dims, .layers = layers, .ptrs = ptrs, .eps = eps, .scale = scale};
     float *scratch = malloc(sizeof(float) * n * (width + 2 * heads * d + hidden + 3 * ffn));
-    s.counters = calloc(dims[D_LAYERS] * 5 + 1, sizeof(int64_t));
+    s.counters = calloc(dims[D_LAYERS] * 7 + 1, sizeof(int64_t));  /* a layer's stages, two for each product added */
     if (!scratch || !s.counters) abort();
     s.qkv = scratch;
     s.q = s.qkv + n * width;
