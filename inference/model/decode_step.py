@@ -36,11 +36,9 @@ class DecodeStep:
 
     @classmethod
     def for_model(cls, model) -> "DecodeStep | None":
-        cfg = model.cfg
         linears = [m for m in model.modules() if isinstance(m, Linear)]
         copies = all(m.decode_weight is None or isinstance(m.decode_weight, QuantWeight) for m in linears)
-        if (model.device.type != "cpu" or model.dtype != torch.float32 or not copies
-                or not kernels.available()
+        if (model.device.type != "cpu" or model.dtype != torch.float32 or not copies or not kernels.available()
                 or not all(m.qweight is not None or m.weight.is_contiguous() for m in linears)):
             return None
         return cls(model)
