@@ -67,12 +67,12 @@ def test_blocks_dequantize_as_gguf_does(name, rows, n_blocks):
 @pytest.mark.parametrize("rows, n_blocks", SHAPES)
 def test_products_equal_float32_products_of_the_dequantized_matrix(name, rows, n_blocks):
     w, ref = weight(name, rows, n_blocks, seed=1)
-    x = torch.randn(5, w.in_features, generator=torch.Generator().manual_seed(2))
-    for n in (1, 2, 5):  # a decode step's rows: on the blocks
+    x = torch.randn(8, w.in_features, generator=torch.Generator().manual_seed(2))
+    for n in (1, 2, 5, 8):  # a decode step's rows: on the blocks (in fours, pairs and alone)
         assert_product(w.matmul(x[:n], kernel_rows=16), x[:n], ref)
     # each row the same bits alone as beside others
     together = w.matmul(x, kernel_rows=16)
-    for i in range(5):
+    for i in range(8):
         assert torch.equal(w.matmul(x[i:i + 1], kernel_rows=16)[0], together[i])
 
 

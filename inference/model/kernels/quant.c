@@ -387,6 +387,43 @@ QDOT16(qdot16_q8_0, 34, dec16_q8_0)
 QDOT16(qdot16_q4_0, 18, dec16_q4_0)
 QDOT16(qdot16_q4_1, 20, dec16_q4_1)
 QDOT16(qdot16_q5_0, 22, dec16_q5_0)
+
+/* Four rows of activations (x_stride floats apart) against one quantized row, each block
+ * decoded once for the four (a step of several runs decodes it half as often as in pairs): each
+ * row's sums as QDOT16's, so the same bits as alone. y: the four sums, y_stride apart. */
+typedef void (*qdot4_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
+#define QDOT16X4(NAME, BLOCK_BYTES, DECODE)                                                         \
+    static void NAME(const uint8_t *row, const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride) { \
+        __m512 acc[8];                                                                                 \
+        for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();                                      \
+        const uint8_t *blk = row;                                                                      \
+        for (int64_t i = 0; i < n; i += 32, blk += BLOCK_BYTES) {                                      \
+            __m512 w[2];                                                                               \
+            DECODE(blk, w);                                                                            \
+            for (int r = 0; r < 4; ++r) {                                                              \
+                acc[2 * r] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x + r * x_stride + i), acc[2 * r]); \
+                acc[2 * r + 1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x + r * x_stride + i + 16), acc[2 * r + 1]); \
+            }                                                                                          \
+        }                                                                                              \
+        for (int r = 0; r < 4; ++r) y[r * y_stride] = halves_sum(acc[2 * r], acc[2 * r + 1]);         \
+    }
+QDOT16X4(qdot4_q8_0, 34, dec16_q8_0)
+QDOT16X4(qdot4_q4_0, 18, dec16_q4_0)
+QDOT16X4(qdot4_q4_1, 20, dec16_q4_1)
+QDOT16X4(qdot4_q5_0, 22, dec16_q5_0)
+
+static qdot4_fn fused4(int64_t type) {
+    switch (type) {
+    case GGML_Q8_0: return qdot4_q8_0;
+    case GGML_Q4_0: return qdot4_q4_0;
+    case GGML_Q4_1: return qdot4_q4_1;
+    case GGML_Q5_0: return qdot4_q5_0;
+    default: return NULL;
+    }
+}
+#else
+typedef void (*qdot4_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
+static qdot4_fn fused4(int64_t type) { (void)type; return NULL; }
 #endif
 
 static qdot_fn fused(int64_t type) {
@@ -411,6 +448,8 @@ static qdot_fn fused(int64_t type) {
 #else
 typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
 static qdot_fn fused(int64_t type) { (void)type; return NULL; }
+typedef void (*qdot4_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
+static qdot4_fn fused4(int64_t type) { (void)type; return NULL; }
 #endif
 
 /* ---------------------------------------------------------------- products on the blocks
@@ -436,6 +475,9 @@ static void weight_range(const int64_t *w, const float *x, float *y, int64_t row
         const qdot_fn fn = in % 32 == 0 ? fused(p[P_TYPE]) : NULL;  /* whole chunks of 32 (bfloat16 rows need not be) */
         if (fn) {
             int64_t r = 0;
+            const qdot4_fn fn4 = rows >= 4 ? fused4(p[P_TYPE]) : NULL;
+            if (fn4)
+                for (; r + 4 <= rows; r += 4) fn4(br, x + r * x_stride, x_stride, in, y + r * out + o, out);
             for (; r + 2 <= rows; r += 2)
                 fn(br, x + r * x_stride, x + (r + 1) * x_stride, in, y + r * out + o, y + (r + 1) * out + o);
             if (r < rows) fn(br, x + r * x_stride, NULL, in, y + r * out + o, NULL);
