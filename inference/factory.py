@@ -41,7 +41,7 @@ def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same", many:
     p.add_argument("--decode-dtype", default=decode_dtype,
                    help="weights for the bandwidth-bound decode step: same (the model's dtype: on a "
                         "CPU the float32 model, exact), auto (bfloat16 copies for a float32 model on "
-                        "a CPU: 1.7-2.1x float32's decoding speed measured on SmolLM2, approximate "
+                        "a CPU: 1.4-1.6x float32's decoding speed measured on SmolLM2, approximate "
                         "probabilities; prefill stays "
                         f"float32), or a dtype (default: {decode_dtype})")
     p.add_argument("--kv-pool-mib", type=mib, default=None,

@@ -175,10 +175,11 @@ class Transformer(nn.Module):
         same = decode_dtype is None or decode_dtype == self.dtype
         in_kernels = (decode_dtype == torch.bfloat16 and self.device.type == "cpu" and self.dtype == torch.float32
                       and kernels.available())
-        for module in self.modules():
-            if isinstance(module, Linear) and module.weight is not None:
-                module.decode_weight = None if same else QuantWeight.bfloat16(module.weight) if in_kernels \
-                    else module.weight.to(decode_dtype)
+        linears = [m for m in self.modules() if isinstance(m, Linear) and m.weight is not None]
+        arena = Arena(sum(stored_size(m.weight.to("meta", torch.bfloat16)) for m in linears)) if in_kernels else None
+        for module in linears:  # the copies in an arena of their own (2 MiB pages, as the weights)
+            module.decode_weight = None if same else QuantWeight.bfloat16(module.weight).moved(arena.put) \
+                if in_kernels else module.weight.to(decode_dtype)
         self.decode_dtype = self.dtype if same else decode_dtype
         self.decode_step = DecodeStep.for_model(self)  # a whole decode step in one call, where it applies
 

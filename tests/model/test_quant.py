@@ -166,8 +166,12 @@ def test_bfloat16_decode_copies_are_read_as_their_float32_values(cols):
     q, ref = QuantWeight.bfloat16(w), w.to(torch.bfloat16).float()
     assert q.types() == ["BF16"] and q.nbytes == 33 * cols * 2
     torch.testing.assert_close(q.dequantize(), ref, rtol=0, atol=0)  # widening bfloat16 is exact
-    x = torch.randn(3, cols, generator=torch.Generator().manual_seed(12))
-    assert_product(q.matmul(x, kernel_rows=16), x, ref)
+    x = torch.randn(8, cols, generator=torch.Generator().manual_seed(12))
+    together = q.matmul(x, kernel_rows=16)  # in fours, then pairs
+    assert_product(q.matmul(x[:3], kernel_rows=16), x[:3], ref)
+    assert_product(together, x, ref)
+    for i in range(8):  # each row the same bits alone as beside others
+        assert torch.equal(q.matmul(x[i:i + 1], kernel_rows=16)[0], together[i])
 
 
 def test_a_decode_steps_bytes_are_the_blocks_it_reads(tiny_dirs, tmp_path):

@@ -359,6 +359,11 @@ static inline void dec16_q5_0(const uint8_t *b, __m512 *w) {
     }
 }
 
+static inline void dec16_bf16(const uint8_t *b, __m512 *w) {
+    for (int k = 0; k < 2; ++k)
+        w[k] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 32 * k))), 16));
+}
+
 static inline float halves_sum(__m512 ab, __m512 cd) {
     const v8 a = to_v8(_mm512_castps512_ps256(ab)), c = to_v8(_mm512_castps512_ps256(cd));
     const v8 b = to_v8(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(ab), 1)));
@@ -387,6 +392,7 @@ QDOT16(qdot16_q8_0, 34, dec16_q8_0)
 QDOT16(qdot16_q4_0, 18, dec16_q4_0)
 QDOT16(qdot16_q4_1, 20, dec16_q4_1)
 QDOT16(qdot16_q5_0, 22, dec16_q5_0)
+QDOT16(qdot16_bf16, 64, dec16_bf16)
 
 /* Four rows of activations (x_stride floats apart) against one quantized row, each block
  * decoded once for the four (a step of several runs decodes it half as often as in pairs): each
@@ -411,6 +417,7 @@ QDOT16X4(qdot4_q8_0, 34, dec16_q8_0)
 QDOT16X4(qdot4_q4_0, 18, dec16_q4_0)
 QDOT16X4(qdot4_q4_1, 20, dec16_q4_1)
 QDOT16X4(qdot4_q5_0, 22, dec16_q5_0)
+QDOT16X4(qdot4_bf16, 64, dec16_bf16)
 
 static qdot4_fn fused4(int64_t type) {
     switch (type) {
@@ -418,6 +425,7 @@ static qdot4_fn fused4(int64_t type) {
     case GGML_Q4_0: return qdot4_q4_0;
     case GGML_Q4_1: return qdot4_q4_1;
     case GGML_Q5_0: return qdot4_q5_0;
+    case GGML_BF16: return qdot4_bf16;
     default: return NULL;
     }
 }
@@ -433,15 +441,16 @@ static qdot_fn fused(int64_t type) {
     case GGML_Q4_0: return qdot16_q4_0;
     case GGML_Q4_1: return qdot16_q4_1;
     case GGML_Q5_0: return qdot16_q5_0;
+    case GGML_BF16: return qdot16_bf16;
 #else
     case GGML_Q8_0: return qdot_q8_0;
     case GGML_Q4_0: return qdot_q4_0;
     case GGML_Q4_1: return qdot_q4_1;
     case GGML_Q5_0: return qdot_q5_0;
+    case GGML_BF16: return qdot_bf16;
 #endif
     case GGML_Q4_K: return qdot_q4_k;
     case GGML_Q6_K: return qdot_q6_k;
-    case GGML_BF16: return qdot_bf16;
     default: return NULL;
     }
 }
