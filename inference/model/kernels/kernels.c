@@ -112,7 +112,7 @@ static inline float sum8(v8 v) {
     return s;
 }
 
-/* Ask for the 128 bytes AHEAD past p: a weight row read once a step comes from DRAM, and the
+/* Ask for the two cache lines AHEAD bytes past p: a weight row read once a step comes from DRAM, and the
  * hardware's prefetcher alone kept a thread's product at about half its speed from the cache.
  * Asked as the row is read (not all at its start), two threads summed float32 rows in 2 MiB pages
  * at 33-34 GB/s against 28-29 (bench/measured/cpu-quant-smollm2-135m.md). */
@@ -423,8 +423,9 @@ void token_lab_row_sums(const float *x, const float *e, int64_t rows, int64_t V,
  * the rest of that path: ~1,000 small operators and ~120 thread-team starts a step. The team
  * starts once; each stage's work is handed out in chunks from a counter (a thread that gets
  * less of the CPU takes fewer) and the threads meet at a barrier where a stage reads what
- * another wrote: five a layer, and one more after each branch a layer norms. Whether the step runs on one thread or all is chosen as for a
- * product (split()), by the step's recent cost per byte. */
+ * another wrote: five a layer, and one more after each branch a layer norms. Whether the step
+ * runs on one thread or all is chosen as for a product (split()), by the step's recent cost per
+ * byte. */
 
 enum { L_ATTN_NORM, L_WQKV, L_BQKV, L_Q_NORM, L_K_NORM, L_WO, L_POST_ATTN_NORM, L_FFN_NORM, L_W13, L_W2,
        L_POST_FFN_NORM, L_K_POOL, L_V_POOL, L_SLIDING, L_FIELDS };
@@ -581,7 +582,7 @@ static void decode_body(step_t *s, int nth) {
         ++stage;
         barrier(s, nth);
 
-        /* ---- h += att Wo^T */
+        /* ---- h += [RMSNorm](att Wo^T) */
         add_product(s, nth, (const int64_t *)(intptr_t)t[L_WO], s->att, heads * d, &s->counters[stage],
                     (const float *)(intptr_t)t[L_POST_ATTN_NORM], buf);
         stage += 2;
@@ -602,7 +603,7 @@ static void decode_body(step_t *s, int nth) {
         ++stage;
         barrier(s, nth);
 
-        /* ---- h += g Wdown^T */
+        /* ---- h += [RMSNorm](g Wdown^T) */
         add_product(s, nth, (const int64_t *)(intptr_t)t[L_W2], s->g, ffn, &s->counters[stage],
                     (const float *)(intptr_t)t[L_POST_FFN_NORM], buf);
         stage += 2;
