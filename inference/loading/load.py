@@ -42,8 +42,9 @@ def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto"
     form = "float32" if blocks is None else "the GGUF file's quantized blocks"
     say(f"reading its weights ({form}) and laying them out for the matmuls")
     hf = read_hf_weights(model_dir, cfg) if blocks is None else read_blocks(blocks, cfg)
-    model = Transformer.from_state_dict(cfg, to_model_names(cfg, hf, dt), dev, dt,
-                                        resolve_decode_dtype(decode_dtype, dev, dt))
+    state = to_model_names(cfg, hf, dt)
+    del hf  # `state` alone holds the tensors, and from_state_dict empties it
+    model = Transformer.from_state_dict(cfg, state, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
     say("reading its tokenizer")
     tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
     return Loaded(model, tokenizer, model_dir.name, generation_defaults(model_dir))

@@ -73,7 +73,10 @@ class Transformer(nn.Module):
                         decode_dtype: torch.dtype | None = None) -> "Transformer":
         """Build the model around already-loaded weights (our names; see checkpoint.py). A
         QuantWeight (a GGUF file's blocks) becomes its module's `qweight`, the module holding no
-        float32 weight: the model computes on the blocks (CPU, float32 activations)."""
+        float32 weight: the model computes on the blocks (CPU, float32 activations). `state` is
+        emptied: the model alone holds each tensor, so each is freed as it is copied into the
+        model's own memory (store_weights), and a load peaks at the weights and one tensor more."""
+        given = state
         with torch.device("meta"):  # no random init: every parameter comes from `state`
             model = cls(cfg)
         if cfg.tie_word_embeddings:
@@ -81,17 +84,19 @@ class Transformer(nn.Module):
         quant = {k: state[k] for k in state if isinstance(state[k], QuantWeight)}
         if quant and (device.type != "cpu" or dtype != torch.float32):
             raise ValueError("quantized blocks run on the CPU with float32 activations")
-        for name, w in quant.items():
+        for name in quant:
             module = model.get_submodule(name.removesuffix(".weight"))
-            module.weight, module.qweight = None, w
+            module.weight, module.qweight = None, quant[name]
         loaded = model.load_state_dict({k: v for k, v in state.items() if k not in quant}, strict=False, assign=True)
         if loaded.missing_keys or loaded.unexpected_keys:  # strict, but for the blocks' names
             raise ValueError(f"weights do not match the model: missing {loaded.missing_keys}, "
                              f"unexpected {loaded.unexpected_keys}")
-        del state  # the model holds the weights now: a re-laid-out one frees its first copy
+        given.clear()
+        blocks = bool(quant)
+        del state, quant  # the model holds the weights now: a re-laid-out one frees its first copy
         model.requires_grad_(False)
         model.to(device=device, dtype=dtype)
-        if cfg.tie_word_embeddings and not quant:
+        if cfg.tie_word_embeddings and not blocks:
             model.output.weight = model.tok_embeddings.weight
         if model.device.type == "cpu":
             model.store_weights()

@@ -98,3 +98,23 @@ def test_a_loaded_models_weights_lie_in_one_arena_in_the_steps_order(tiny_dirs, 
                 cache = model.new_cache(16)
                 got = model(ids, cache, 0)[0]
             assert torch.allclose(got, want, atol=1e-4, rtol=0)
+
+
+def test_a_load_frees_each_tensor_it_was_given(tiny_dirs):
+    """from_state_dict empties the dict it is given and keeps none of its tensors: each is freed
+    once copied into the arena (a load holds the weights once, and one tensor more)."""
+    import gc
+    import weakref
+
+    from inference.loading.checkpoint import read_hf_weights, to_model_names
+    from inference.model.config import ModelConfig
+    from inference.model.transformer import Transformer
+
+    cfg = ModelConfig.from_json(tiny_dirs["mha"] / "config.json")
+    state = to_model_names(cfg, read_hf_weights(tiny_dirs["mha"], cfg), torch.float32)
+    given = [weakref.ref(t) for t in state.values()]
+    model = Transformer.from_state_dict(cfg, state, torch.device("cpu"), torch.float32)
+    gc.collect()
+    assert state == {} and all(ref() is None for ref in given)
+    assert model.layers[0].attention.wqkv.weight.untyped_storage().data_ptr() == \
+        model.output.weight.untyped_storage().data_ptr()  # in the arena
