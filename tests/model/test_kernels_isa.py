@@ -61,3 +61,35 @@ def test_the_kernel_and_faithfulness_tests_pass_with_the_kernels_built_for_x86_6
     # The kernel tests ran (they skip themselves where no kernels are built).
     assert "test_kernels.py" not in "".join(ln for ln in run.stdout.splitlines() if ln.startswith("SKIPPED")), report
     assert " passed" in run.stdout.splitlines()[-1], report
+
+
+PRODUCTS = """
+import sys, torch
+sys.path[:0] = ["tests", "tests/model"]
+from test_quant import weight
+out = {}
+for name in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q6_K"]:
+    w, _ = weight(name, 37, 2, seed=5)
+    x = torch.randn(8, w.in_features, generator=torch.Generator().manual_seed(6))
+    out[name] = [w.matmul(x[:n], kernel_rows=16) for n in (1, 2, 5, 8)]  # alone, a pair, fours
+from inference.model.quant import QuantWeight
+w = torch.randn(37, 96, generator=torch.Generator().manual_seed(7))
+out["BF16"] = [QuantWeight.bfloat16(w).matmul(x[:n, :96].contiguous(), kernel_rows=16) for n in (1, 2, 5, 8)]
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_products_on_the_blocks_are_the_same_bits_with_avx2_and_with_this_cpus_vectors(tmp_path):
+    """Each block type's fused products (8-lane AVX2 forms, and 16-lane AVX-512 ones where this
+    CPU has them) give the same bits: lanes 0-15 of a 16-lane form hold what two 8-lane
+    accumulators hold, each lane the same multiply-adds."""
+    import torch
+    if "avx2" not in Path("/proc/cpuinfo").read_text():
+        pytest.skip("this CPU has no AVX2")
+    got = {}
+    for march in ("native", "x86-64-v3"):
+        subprocess.run([sys.executable, "-c", PRODUCTS, str(tmp_path / march)], cwd=ROOT, env=env_for(march),
+                       check=True, timeout=300)
+        got[march] = torch.load(tmp_path / march)
+    for name, products in got["native"].items():
+        assert all(torch.equal(a, b) for a, b in zip(products, got["x86-64-v3"][name])), name

@@ -262,17 +262,22 @@ static inline void dec_q4_k(const uint8_t *b, int c, v8 *w) {
         w[k] = ds * ints(_mm256_and_si256(_mm256_srli_epi32(u8x8(qs + 8 * k), 4 * (c % 2)), f)) - dm;
 }
 
-static inline void dec_q6_k(const uint8_t *b, int c, v8 *w) {
+/* Where chunk c (of 32 weights) of a Q6_K block keeps its bits: as row_q6_k reads them. */
+typedef struct { const uint8_t *ql, *qh; int lo_shift, hi_shift; const int8_t *scales; float d; } q6k_chunk_t;
+static inline q6k_chunk_t q6k_chunk(const uint8_t *b, int c) {
     const int h = c / 4, k4 = c % 4;
-    const uint8_t *ql = b + h * 64 + (k4 % 2) * 32, *qh = b + 128 + h * 32;
-    const int8_t *scales = (const int8_t *)(b + 192);
-    const float d = f16(b + 208);
+    return (q6k_chunk_t){b + h * 64 + (k4 % 2) * 32, b + 128 + h * 32, 4 * (k4 / 2), 2 * k4,
+                         (const int8_t *)(b + 192) + c * 2, f16(b + 208)};
+}
+
+static inline void dec_q6_k(const uint8_t *b, int c, v8 *w) {
+    const q6k_chunk_t q6 = q6k_chunk(b, c);
     const __m256i f = _mm256_set1_epi32(0xf), three = _mm256_set1_epi32(3);
     for (int k = 0; k < 4; ++k) {
-        const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8(ql + 8 * k), 4 * (k4 / 2)), f);
-        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(u8x8(qh + 8 * k), 2 * k4), three);
+        const __m256i lo = _mm256_and_si256(_mm256_srli_epi32(u8x8(q6.ql + 8 * k), q6.lo_shift), f);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi32(u8x8(q6.qh + 8 * k), q6.hi_shift), three);
         const __m256i q = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
-        w[k] = (d * (float)scales[c * 2 + k / 2]) * ints(q);
+        w[k] = (q6.d * (float)q6.scales[k / 2]) * ints(q);
     }
 }
 
@@ -321,7 +326,8 @@ static inline __m512 splat(float v) { return _mm512_set1_ps(v); }
 static inline __m512 ints16(__m512i q) { return _mm512_cvtepi32_ps(q); }
 static inline __m512i u8x16(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
 
-static inline void dec16_q8_0(const uint8_t *b, __m512 *w) {
+static inline void dec16_q8_0(const uint8_t *b, int c, __m512 *w) {
+    (void)c;
     const __m512 d = splat(f16(b));
     for (int k = 0; k < 2; ++k)
         w[k] = _mm512_mul_ps(ints16(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * k)))), d);
@@ -339,13 +345,16 @@ static inline void pick16(__m512 t, const uint8_t *q, __m512 *w) {
     w[0] = _mm512_permutexvar_ps(n, t);
     w[1] = _mm512_permutexvar_ps(_mm512_srli_epi32(n, 4), t);
 }
-static inline void dec16_q4_0(const uint8_t *b, __m512 *w) {
+static inline void dec16_q4_0(const uint8_t *b, int c, __m512 *w) {
+    (void)c;
     pick16(_mm512_mul_ps(splat(f16(b)), _mm512_sub_ps(nibble_values(), splat(8.0f))), b + 2, w);
 }
-static inline void dec16_q4_1(const uint8_t *b, __m512 *w) {
+static inline void dec16_q4_1(const uint8_t *b, int c, __m512 *w) {
+    (void)c;
     pick16(_mm512_add_ps(_mm512_mul_ps(splat(f16(b)), nibble_values()), splat(f16(b + 2))), b + 4, w);
 }
-static inline void dec16_q5_0(const uint8_t *b, __m512 *w) {
+static inline void dec16_q5_0(const uint8_t *b, int c, __m512 *w) {
+    (void)c;
     const __m512 d = splat(f16(b));
     uint32_t qh;
     memcpy(&qh, b + 2, 4);
@@ -359,9 +368,32 @@ static inline void dec16_q5_0(const uint8_t *b, __m512 *w) {
     }
 }
 
-static inline void dec16_bf16(const uint8_t *b, __m512 *w) {
+static inline void dec16_bf16(const uint8_t *b, int c, __m512 *w) {
+    (void)c;
     for (int k = 0; k < 2; ++k)
         w[k] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(b + 32 * k))), 16));
+}
+
+/* A K-quant's chunk c (of 32 weights) of its 256-weight block: as dec_q4_k and dec_q6_k, 16 lanes
+ * at a time (Q6_K's scale changes every 16 weights: one a register). */
+static inline void dec16_q4_k(const uint8_t *b, int c, __m512 *w) {
+    uint8_t sc, m;
+    scale_min_k4(b + 4, c, &sc, &m);
+    const __m512 ds = splat(f16(b) * (float)sc), dm = splat(f16(b + 2) * (float)m);
+    const uint8_t *qs = b + 16 + (c / 2) * 32;
+    const __m512i f = _mm512_set1_epi32(0xf);
+    for (int k = 0; k < 2; ++k)
+        w[k] = _mm512_sub_ps(_mm512_mul_ps(ds, ints16(_mm512_and_si512(_mm512_srli_epi32(u8x16(qs + 16 * k), 4 * (c % 2)), f))), dm);
+}
+static inline void dec16_q6_k(const uint8_t *b, int c, __m512 *w) {
+    const q6k_chunk_t q6 = q6k_chunk(b, c);
+    const __m512i f = _mm512_set1_epi32(0xf), three = _mm512_set1_epi32(3);
+    for (int k = 0; k < 2; ++k) {
+        const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(u8x16(q6.ql + 16 * k), q6.lo_shift), f);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(u8x16(q6.qh + 16 * k), q6.hi_shift), three);
+        const __m512i q = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+        w[k] = _mm512_mul_ps(splat(q6.d * (float)q6.scales[k]), ints16(q));
+    }
 }
 
 static inline float halves_sum(__m512 ab, __m512 cd) {
@@ -371,53 +403,60 @@ static inline float halves_sum(__m512 ab, __m512 cd) {
     return sum8((a + b) + (c + d));
 }
 
-#define QDOT16(NAME, BLOCK_BYTES, DECODE)                                                           \
+/* A block of BLOCK_BYTES holds CHUNKS chunks of 32 weights (one, or a K-quant's eight). */
+#define QDOT16(NAME, BLOCK_BYTES, CHUNKS, DECODE)                                                   \
     static __attribute__((unused)) void NAME(const uint8_t *row, const float *x0, const float *x1, int64_t n, float *s0, float *s1) { \
         __m512 ab = _mm512_setzero_ps(), cd = ab, ef = ab, gh = ab;                                    \
-        const uint8_t *blk = row;                                                                      \
-        for (int64_t i = 0; i < n; i += 32, blk += BLOCK_BYTES) {                                      \
-            __m512 w[2];                                                                               \
-            DECODE(blk, w);                                                                            \
-            ab = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x0 + i), ab);                                   \
-            cd = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x0 + i + 16), cd);                              \
-            if (x1) {                                                                                  \
-                ef = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x1 + i), ef);                               \
-                gh = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x1 + i + 16), gh);                          \
+        int64_t i = 0;                                                                                 \
+        for (const uint8_t *blk = row; i < n; blk += BLOCK_BYTES)                                      \
+            for (int ch = 0; ch < CHUNKS; ++ch, i += 32) {                                             \
+                __m512 w[2];                                                                           \
+                DECODE(blk, ch, w);                                                                    \
+                ab = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x0 + i), ab);                               \
+                cd = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x0 + i + 16), cd);                          \
+                if (x1) {                                                                              \
+                    ef = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x1 + i), ef);                           \
+                    gh = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x1 + i + 16), gh);                      \
+                }                                                                                      \
             }                                                                                          \
-        }                                                                                              \
         *s0 = halves_sum(ab, cd);                                                                      \
         if (x1) *s1 = halves_sum(ef, gh);                                                              \
     }
-QDOT16(qdot16_q8_0, 34, dec16_q8_0)
-QDOT16(qdot16_q4_0, 18, dec16_q4_0)
-QDOT16(qdot16_q4_1, 20, dec16_q4_1)
-QDOT16(qdot16_q5_0, 22, dec16_q5_0)
-QDOT16(qdot16_bf16, 64, dec16_bf16)
+QDOT16(qdot16_q8_0, 34, 1, dec16_q8_0)
+QDOT16(qdot16_q4_0, 18, 1, dec16_q4_0)
+QDOT16(qdot16_q4_1, 20, 1, dec16_q4_1)
+QDOT16(qdot16_q5_0, 22, 1, dec16_q5_0)
+QDOT16(qdot16_bf16, 64, 1, dec16_bf16)
+QDOT16(qdot16_q4_k, 144, 8, dec16_q4_k)
+QDOT16(qdot16_q6_k, 210, 8, dec16_q6_k)
 
 /* Four rows of activations (x_stride floats apart) against one quantized row, each block
  * decoded once for the four (a step of several runs decodes it half as often as in pairs): each
  * row's sums as QDOT16's, so the same bits as alone. y: the four sums, y_stride apart. */
 typedef void (*qdot4_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
-#define QDOT16X4(NAME, BLOCK_BYTES, DECODE)                                                         \
+#define QDOT16X4(NAME, BLOCK_BYTES, CHUNKS, DECODE)                                                 \
     static void NAME(const uint8_t *row, const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride) { \
         __m512 acc[8];                                                                                 \
         for (int k = 0; k < 8; ++k) acc[k] = _mm512_setzero_ps();                                      \
-        const uint8_t *blk = row;                                                                      \
-        for (int64_t i = 0; i < n; i += 32, blk += BLOCK_BYTES) {                                      \
-            __m512 w[2];                                                                               \
-            DECODE(blk, w);                                                                            \
-            for (int r = 0; r < 4; ++r) {                                                              \
-                acc[2 * r] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x + r * x_stride + i), acc[2 * r]); \
-                acc[2 * r + 1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x + r * x_stride + i + 16), acc[2 * r + 1]); \
+        int64_t i = 0;                                                                                 \
+        for (const uint8_t *blk = row; i < n; blk += BLOCK_BYTES)                                      \
+            for (int ch = 0; ch < CHUNKS; ++ch, i += 32) {                                             \
+                __m512 w[2];                                                                           \
+                DECODE(blk, ch, w);                                                                    \
+                for (int r = 0; r < 4; ++r) {                                                          \
+                    acc[2 * r] = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x + r * x_stride + i), acc[2 * r]); \
+                    acc[2 * r + 1] = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x + r * x_stride + i + 16), acc[2 * r + 1]); \
+                }                                                                                      \
             }                                                                                          \
-        }                                                                                              \
         for (int r = 0; r < 4; ++r) y[r * y_stride] = halves_sum(acc[2 * r], acc[2 * r + 1]);         \
     }
-QDOT16X4(qdot4_q8_0, 34, dec16_q8_0)
-QDOT16X4(qdot4_q4_0, 18, dec16_q4_0)
-QDOT16X4(qdot4_q4_1, 20, dec16_q4_1)
-QDOT16X4(qdot4_q5_0, 22, dec16_q5_0)
-QDOT16X4(qdot4_bf16, 64, dec16_bf16)
+QDOT16X4(qdot4_q8_0, 34, 1, dec16_q8_0)
+QDOT16X4(qdot4_q4_0, 18, 1, dec16_q4_0)
+QDOT16X4(qdot4_q4_1, 20, 1, dec16_q4_1)
+QDOT16X4(qdot4_q5_0, 22, 1, dec16_q5_0)
+QDOT16X4(qdot4_bf16, 64, 1, dec16_bf16)
+QDOT16X4(qdot4_q4_k, 144, 8, dec16_q4_k)
+QDOT16X4(qdot4_q6_k, 210, 8, dec16_q6_k)
 
 static qdot4_fn fused4(int64_t type) {
     switch (type) {
@@ -426,6 +465,8 @@ static qdot4_fn fused4(int64_t type) {
     case GGML_Q4_1: return qdot4_q4_1;
     case GGML_Q5_0: return qdot4_q5_0;
     case GGML_BF16: return qdot4_bf16;
+    case GGML_Q4_K: return qdot4_q4_k;
+    case GGML_Q6_K: return qdot4_q6_k;
     default: return NULL;
     }
 }
@@ -442,15 +483,17 @@ static qdot_fn fused(int64_t type) {
     case GGML_Q4_1: return qdot16_q4_1;
     case GGML_Q5_0: return qdot16_q5_0;
     case GGML_BF16: return qdot16_bf16;
+    case GGML_Q4_K: return qdot16_q4_k;
+    case GGML_Q6_K: return qdot16_q6_k;
 #else
     case GGML_Q8_0: return qdot_q8_0;
     case GGML_Q4_0: return qdot_q4_0;
     case GGML_Q4_1: return qdot_q4_1;
     case GGML_Q5_0: return qdot_q5_0;
     case GGML_BF16: return qdot_bf16;
-#endif
     case GGML_Q4_K: return qdot_q4_k;
     case GGML_Q6_K: return qdot_q6_k;
+#endif
     default: return NULL;
     }
 }
