@@ -76,11 +76,10 @@ class Transformer(nn.Module):
         float32 weight: the model computes on the blocks (CPU, float32 activations). `state` is
         emptied: the model alone holds each tensor, so each is freed as it is copied into the
         model's own memory (store_weights), and a load peaks at the weights and one tensor more."""
-        given = state
         with torch.device("meta"):  # no random init: every parameter comes from `state`
             model = cls(cfg)
         if cfg.tie_word_embeddings:
-            state = {**state, "output.weight": state["tok_embeddings.weight"]}
+            state["output.weight"] = state["tok_embeddings.weight"]
         quant = {k: state[k] for k in state if isinstance(state[k], QuantWeight)}
         if quant and (device.type != "cpu" or dtype != torch.float32):
             raise ValueError("quantized blocks run on the CPU with float32 activations")
@@ -91,9 +90,9 @@ class Transformer(nn.Module):
         if loaded.missing_keys or loaded.unexpected_keys:  # strict, but for the blocks' names
             raise ValueError(f"weights do not match the model: missing {loaded.missing_keys}, "
                              f"unexpected {loaded.unexpected_keys}")
-        given.clear()
         blocks = bool(quant)
-        del state, quant  # the model holds the weights now: a re-laid-out one frees its first copy
+        state.clear()  # the model holds the weights now: a re-laid-out one frees its first copy
+        quant.clear()
         model.requires_grad_(False)
         model.to(device=device, dtype=dtype)
         if cfg.tie_word_embeddings and not blocks:

@@ -112,8 +112,8 @@ static inline float sum8(v8 v) {
     return s;
 }
 
-/* Ask for the two cache lines AHEAD bytes past p: a weight row read once a step comes from DRAM, and the
- * hardware's prefetcher alone kept a thread's product at about half its speed from the cache.
+/* Ask for the two cache lines AHEAD bytes past p: a weight row read once a step comes from DRAM,
+ * and the hardware's prefetcher alone kept a thread's product at about half its speed from the cache.
  * Asked as the row is read (not all at its start), two threads summed float32 rows in 2 MiB pages
  * at 33-34 GB/s against 28-29 (bench/measured/cpu-quant-smollm2-135m.md). */
 enum { AHEAD = 4096 };
@@ -460,13 +460,14 @@ static inline int64_t claim(int64_t *counter, int64_t total, int64_t chunk, int 
     *end = e;
     return b;
 }
-#define CHUNKS(counter, total, chunk, b, e) \
+#define CHUNKS(counter, total, chunk, nth, b, e) \
     for (int64_t b, e; (b = claim(counter, total, chunk, nth, &e)) < (total);)
 
-/* Rows of a product per chunk: about 64 KiB of the weight as stored, at least 8 rows. Counted in
- * float32 rows, a Q4_1 chunk was 10 KiB and SmolLM2's step took ~8,000 of them; by the bytes
- * stored the step is 8-12% faster (32 KiB the same, 256 KiB 10% slower: the last chunks of a
- * stage leave a thread waiting at its barrier). */
+/* The fewest rows of a product a chunk takes: about 64 KiB of the weight as stored, at least 8
+ * rows (a stage's first chunks are larger: claim()). Counted in float32 rows, a Q4_1 chunk was
+ * 10 KiB and SmolLM2's step took ~8,000 of them; by the bytes stored the step is 8-12% faster
+ * (32 KiB the same, 256 KiB 10% slower: the last chunks of a stage leave a thread waiting at its
+ * barrier; measured with chunks all of this size). */
 static inline int64_t chunk_rows(const int64_t *w) {
     const int64_t r = 65536 / (weight_bytes(w) / w[W_OUT]);
     return r < 8 ? 8 : r;
@@ -514,7 +515,7 @@ static void add_product(step_t *s, int nth, const int64_t *w, const float *x, in
                         const float *norm, float *buf) {
     const int64_t n = s->dims[D_N], hidden = s->dims[D_HIDDEN];
     float *h = s->ptrs[P_H];
-    CHUNKS(&counters[0], hidden, chunk_rows(w), o0, o1) {
+    CHUNKS(&counters[0], hidden, chunk_rows(w), nth, o0, o1) {
         weight_range(w, x, s->y, n, in, o0, o1, buf);
         if (!norm)
             for (int64_t r = 0; r < n; ++r)
@@ -522,7 +523,7 @@ static void add_product(step_t *s, int nth, const int64_t *w, const float *x, in
     }
     if (!norm) return;
     barrier(s, nth);
-    CHUNKS(&counters[1], n, 1, r0, r1) {
+    CHUNKS(&counters[1], n, 1, nth, r0, r1) {
         token_lab_rms_norm(s->y + r0 * hidden, norm, s->y + r0 * hidden, r1 - r0, hidden, s->eps);
         for (int64_t i = r0 * hidden; i < r1 * hidden; ++i) h[i] = h[i] + s->y[i];
     }
@@ -553,7 +554,7 @@ static void decode_body(step_t *s, int nth) {
 
         /* ---- q, k, v: heads claimed in turn, each rotated and stored by the thread that made it */
         token_lab_rms_norm(h, (const float *)(intptr_t)t[L_ATTN_NORM], x, n, hidden, s->eps);
-        CHUNKS(&s->counters[stage], units, 1, u0, u1) {
+        CHUNKS(&s->counters[stage], units, 1, nth, u0, u1) {
             weight_range(wqkv, x, s->qkv, n, hidden, u0 * d, u1 * d, buf);
             for (int64_t r = 0; r < n; ++r)
                 for (int64_t u = u0; u < u1; ++u) {
@@ -573,7 +574,7 @@ static void decode_body(step_t *s, int nth) {
 
         /* ---- attention: (row, head) pairs claimed in turn */
         const int64_t offset = dm[D_CTX_OFFSET] * kv_width;
-        CHUNKS(&s->counters[stage], n * heads, 1, rh0, rh1) for (int64_t rh = rh0; rh < rh1; ++rh) {
+        CHUNKS(&s->counters[stage], n * heads, 1, nth, rh0, rh1) for (int64_t rh = rh0; rh < rh1; ++rh) {
             const int64_t r = rh / heads, g = rh % heads / (heads / kv_heads);
             attend_head(s->q + rh * d, k_pool + offset + g * d, v_pool + offset + g * d, s->att + rh * d, p,
                         blocks ? blocks + r * dm[D_N_BLOCKS] : NULL, dm[D_BLOCK_SIZE], first[r], lengths[r],
@@ -592,7 +593,7 @@ static void decode_body(step_t *s, int nth) {
         token_lab_rms_norm(h, (const float *)(intptr_t)t[L_FFN_NORM], x, n, hidden, s->eps);
         const int gelu = (int)dm[D_GELU];
         const int64_t *w13 = (const int64_t *)(intptr_t)t[L_W13];
-        CHUNKS(&s->counters[stage], ffn, chunk_rows(w13) / 2, i0, i1) {
+        CHUNKS(&s->counters[stage], ffn, chunk_rows(w13) / 2, nth, i0, i1) {
             weight_range(w13, x, s->gu, n, hidden, i0, i1, buf);
             weight_range(w13, x, s->gu, n, hidden, ffn + i0, ffn + i1, buf);
             for (int64_t r = 0; r < n; ++r) {
@@ -612,7 +613,7 @@ static void decode_body(step_t *s, int nth) {
 
     /* ---- logits = RMSNorm(h) Whead^T */
     token_lab_rms_norm(h, s->ptrs[P_NORM], x, n, hidden, s->eps);
-    CHUNKS(&s->counters[stage], vocab, chunk_rows(s->ptrs[P_HEAD]), o0, o1) {
+    CHUNKS(&s->counters[stage], vocab, chunk_rows(s->ptrs[P_HEAD]), nth, o0, o1) {
         weight_range(s->ptrs[P_HEAD], x, s->ptrs[P_LOGITS], n, hidden, o0, o1, buf);
     }
     free(x);

@@ -194,6 +194,10 @@ void token_lab_gather(const int64_t *w, const int64_t *ids, int64_t n, float *y)
  * order (four accumulators over chunks of 32, added as (a + b) + (c + d) and across lanes):
  * quantized rows are whole chunks of 32, so that is all of dot()'s order there is. Elsewhere
  * the row goes through a buffer (dequant_row, then dot): the same numbers. */
+/* One quantized row against one or two rows of activations; against four (x_stride floats apart,
+ * sums y_stride apart). */
+typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
+typedef void (*qdot4_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
 #if defined(__AVX2__)
 #include <immintrin.h>
 
@@ -316,7 +320,6 @@ QDOT(qdot_q4_k, 144, 8, dec_q4_k)
 QDOT(qdot_q6_k, 210, 8, dec_q6_k)
 QDOT(qdot_bf16, 64, 1, dec_bf16)
 
-typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
 
 #if defined(__AVX512F__)
 /* With AVX-512 the 32-weight blocks take two 16-lane registers: lanes 0-15 hold what dot()'s a and
@@ -433,7 +436,6 @@ QDOT16(qdot16_q6_k, 210, 8, dec16_q6_k)
 /* Four rows of activations (x_stride floats apart) against one quantized row, each block
  * decoded once for the four (a step of several runs decodes it half as often as in pairs): each
  * row's sums as QDOT16's, so the same bits as alone. y: the four sums, y_stride apart. */
-typedef void (*qdot4_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
 #define QDOT16X4(NAME, BLOCK_BYTES, CHUNKS, DECODE)                                                 \
     static void NAME(const uint8_t *row, const float *x, int64_t x_stride, int64_t n, float *y, int64_t y_stride) { \
         __m512 acc[8];                                                                                 \
@@ -471,7 +473,6 @@ static qdot4_fn fused4(int64_t type) {
     }
 }
 #else
-typedef void (*qdot4_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
 static qdot4_fn fused4(int64_t type) { (void)type; return NULL; }
 #endif
 
@@ -498,9 +499,7 @@ static qdot_fn fused(int64_t type) {
     }
 }
 #else
-typedef void (*qdot_fn)(const uint8_t *, const float *, const float *, int64_t, float *, float *);
 static qdot_fn fused(int64_t type) { (void)type; return NULL; }
-typedef void (*qdot4_fn)(const uint8_t *, const float *, int64_t, int64_t, float *, int64_t);
 static qdot4_fn fused4(int64_t type) { (void)type; return NULL; }
 #endif
 
