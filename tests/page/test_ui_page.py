@@ -361,6 +361,9 @@ def test_a_long_session_gets_no_5xx_and_every_refusal_names_its_field(live_app, 
     page.focus("#step input[type=range]")
     page.keyboard.press("ArrowLeft")
     page.click("#replay")
+    # Edit its controls once the click's replay is shown: on a busy machine its answer came after
+    # the edit and the panel kept the run's settings' stages (1 failure in 3-4 beside a CPU burner)
+    wait_text(page, "#replay-stages", "every token of the vocabulary through each stage")
     set_number(page, "#replay-top-k input", "-1")
     wait_text(page, "#replay-stages", "Top-k must be in")  # named by its label
     set_number(page, "#replay-top-k input", "3")
