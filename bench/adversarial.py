@@ -223,7 +223,7 @@ def serve(args) -> None:
     from server.limits import Limits
 
     engine = (random_engine(args.random, args.device, args.dtype) if args.random else
-              Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib))
+              Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products))
     if args.step_ms:  # a sleep holds no core: a tiny model's runs last as long as a real one's
         for name in ("forward", "forward_paged"):
             forward = getattr(engine.model, name)

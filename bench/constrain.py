@@ -45,7 +45,7 @@ def main() -> None:
     add_model_args(ap)
     ap.add_argument("--steps", type=int, default=48)
     args = ap.parse_args()
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products)
     text = json.dumps(SCHEMA)
     with engine:
         vocab, tok = engine.cfg.vocab_size, engine.tokenizer

@@ -345,7 +345,7 @@ def main(argv=None) -> int:
     from inference.loading.default_model import resolve_model
     model_dir = None if args.random else resolve_model(args.model)
     engine = random_engine(args.random, args.device, args.dtype) if args.random else \
-        Engine.from_hf_dir(model_dir, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+        Engine.from_hf_dir(model_dir, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products)
     info = engine.describe()
     device = engine.device
     copy_gbs, read_gbs = copy_bandwidth_gbs(device), read_bandwidth_gbs(device)

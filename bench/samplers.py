@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--context", type=int, default=512, help="tokens of context DRY searches")
     args = ap.parse_args()
-    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+    engine = Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products)
     with engine:
         vocab = engine.cfg.vocab_size
         ids = engine.tokenizer.encode("The cat sat on the mat. " * 200)[:args.context]

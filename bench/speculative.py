@@ -66,7 +66,7 @@ def main() -> None:
     ap.add_argument("--draft-tokens", type=int, default=4)
     ap.add_argument("--early-exit", type=int, nargs="+", default=[8, 16])
     args = ap.parse_args()
-    with Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib) as engine:
+    with Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products) as engine:
         engine.eos_ids = set()  # every run makes --tokens tokens: the rates compare like with like
         info = engine.describe()
         drafters = ["none", "prompt-lookup", *(f"early-exit:{n}" for n in args.early_exit), "model:self"]

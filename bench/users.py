@@ -244,7 +244,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = p.parse_args(argv)
     engine = (random_engine(args.random, args.device, args.dtype) if args.random else
-              Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib))
+              Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products))
     systems = {"engine": lambda n: engine_users(engine, n, args.tokens)}
     if not args.no_page:
         systems["page"] = lambda n: page_users(engine, n, args.tokens, args.gradio_client)

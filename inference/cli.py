@@ -268,7 +268,7 @@ def _speculative(args, engine, request, cancel: threading.Event, model: str | No
         raise InputError("speculative decoding needs the local engine (the model's own forward passes)")
     with ExitStack() as drafts:
         def load(name):
-            return drafts.enter_context(Engine.load(name, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib))
+            return drafts.enter_context(Engine.load(name, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products))
         capacity = len(request.ids) + request.max_new + args.draft_tokens + 1
         drafter = make_drafter(args.speculative, engine, capacity, load)
         printed, tokens, first = [], [], None

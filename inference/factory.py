@@ -44,6 +44,11 @@ def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same", many:
                         "a CPU: 1.4-1.6x float32's decoding speed measured on SmolLM2, approximate "
                         "probabilities; prefill stays "
                         f"float32), or a dtype (default: {decode_dtype})")
+    p.add_argument("--products", default="auto", choices=("auto", "integer", "float32"),
+                   help="a quantized model's products on a CPU: integer (the activations in three int8 "
+                        "slices, exact integer sums; within a stated bound of float32: docs/design.md), "
+                        "float32 (each weight dequantized: the reference), or auto (integer where the CPU "
+                        "has AVX-512 VNNI) (default: auto)")
     p.add_argument("--kv-pool-mib", type=mib, default=None,
                    help="size of the paged KV cache shared by all runs, in MiB (default: a quarter of "
                         "the memory available; on a GPU half of what is free after the weights)")
@@ -78,7 +83,8 @@ def open_engine(args):
         if given:
             raise InputError(f"{', '.join(given)} only apply with --engine-url")
         from inference.serving.engine import Engine
-        return Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib)
+        return Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib,
+                           products=getattr(args, "products", "auto"))
     local = [flag for flag, given in (("--model", args.model is not None),
                                       ("--kv-pool-mib", args.kv_pool_mib is not None)) if given]
     if local:
@@ -116,7 +122,8 @@ def open_models(args):
 
     def open_one(spec, pool_mib):
         return Engine.load(spec, args.device, args.dtype, args.decode_dtype,
-                           args.kv_pool_mib if args.kv_pool_mib is not None else pool_mib)
+                           args.kv_pool_mib if args.kv_pool_mib is not None else pool_mib,
+                           products=getattr(args, "products", "auto"))
 
     def needs(spec):
         return weights_bytes(resolve_model(spec), args.device, args.dtype, args.decode_dtype)

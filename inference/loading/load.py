@@ -14,6 +14,7 @@ from inference.model import kernels
 from inference.model.config import ModelConfig
 from inference.device import resolve_decode_dtype, resolve_device, resolve_dtype
 from inference.errors import ModelError
+from inference.model.products import resolve_products
 from inference.model.transformer import Transformer
 from inference.sampling.settings import from_generation_config
 from inference.loading.tokenizer import Tokenizer, load_tokenizer
@@ -30,12 +31,14 @@ class Loaded:
 
 
 def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto",
-                decode_dtype: str = "same") -> Loaded:
-    """decode_dtype: weights for few-row matmuls ('same', 'auto' or a dtype; see model.Linear)."""
+                decode_dtype: str = "same", products: str = "auto") -> Loaded:
+    """decode_dtype: weights for few-row matmuls ('same', 'auto' or a dtype; see model.Linear);
+    products: a quantized model's on a CPU ('auto', 'integer', 'float32': model/products.py)."""
     model_dir = Path(model_dir)
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     cfg = ModelConfig.from_json(model_dir / "config.json")
+    how = resolve_products(products, dev)
     blocks = quantized_source(model_dir, dev, dtype, decode_dtype)
     # The weights go straight in: held by the model alone, each read tensor is freed as soon as
     # the model has laid it out anew (Transformer.store_weights).
@@ -44,7 +47,7 @@ def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto"
     hf = read_hf_weights(model_dir, cfg) if blocks is None else read_blocks(blocks, cfg)
     state = to_model_names(cfg, hf, dt)
     del hf  # `state` alone holds the tensors, and from_state_dict empties it
-    model = Transformer.from_state_dict(cfg, state, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
+    model = Transformer.from_state_dict(cfg, state, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt), how)
     say("reading its tokenizer")
     tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
     return Loaded(model, tokenizer, model_dir.name, generation_defaults(model_dir))

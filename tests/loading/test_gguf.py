@@ -74,9 +74,18 @@ def test_k_quants_dequantize_through_gguf(sp_model_bytes, tmp_path, kquant):
     src = make_tiny_model(tmp_path, "mha", sp_model=sp_model_bytes, hidden_size=256,
                           num_attention_heads=4, num_key_value_heads=2, intermediate_size=256)
     held = write_gguf(src, tmp_path / "k.gguf", "F32", kquant=kquant)
-    imported = Engine.from_hf_dir(import_gguf(tmp_path / "k.gguf", tmp_path / "imported", progress=False))
+    out = import_gguf(tmp_path / "k.gguf", tmp_path / "imported", progress=False)
+    # The float32 products on the blocks sum as the float32 model does: its logits within 1e-4.
+    imported = Engine.from_hf_dir(out, products="float32")
     ref = Engine.from_hf_dir(reference_dir(src, held, tmp_path / "ref"))
     assert (logits(imported) - logits(ref)).abs().max().item() <= 1e-4
+    # The integer products read the same numbers: each weight repacked from the file dequantizes
+    # to the same bits (their sums are within the bound of tests/model/test_islices.py).
+    integer = Engine.from_hf_dir(out, products="integer")
+    pairs = [(a.qweight, b.qweight) for a, b in zip(integer.model.modules(), imported.model.modules())
+             if getattr(a, "qweight", None) is not None]
+    assert pairs and any(q.integer for q, _ in pairs)
+    assert all(torch.equal(q.dequantize(), f.dequantize()) for q, f in pairs)
 
 
 def test_default_cli_path_imports_gguf_files(tiny_dirs, tmp_path, monkeypatch):

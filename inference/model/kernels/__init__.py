@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("kernels.c")
-INCLUDED = [Path(__file__).with_name("quant.c")]  # #included by kernels.c: part of its cache key
+# #included by kernels.c: part of its cache key
+INCLUDED = [Path(__file__).with_name(f) for f in ("stats.c", "quant.c", "quant_simd.c", "ipack.c", "islices.c", "products.c", "step.c")]
 _lock = threading.Lock()
 
 
@@ -117,10 +118,14 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_qrows": [ptr, ptr, ptr, i64, i64, ctypes.c_int],
         "token_lab_dequant": [ptr, i64, i64, ptr],
         "token_lab_gather": [ptr, ptr, i64, ptr],
+        "token_lab_int_repack": [i64, ptr, i64, i64, i64, ptr],
+        "token_lab_set_slices": [ctypes.c_int],
     }
     for name, args in signatures.items():
         getattr(lib, name).argtypes = args
         getattr(lib, name).restype = None
+    lib.token_lab_int_bytes.argtypes, lib.token_lab_int_bytes.restype = [i64, i64, i64], i64
+    lib.token_lab_int_simd.argtypes, lib.token_lab_int_simd.restype = [], ctypes.c_char_p
     return lib
 
 
@@ -291,6 +296,30 @@ def qrows(desc: torch.Tensor, x: torch.Tensor, out_features: int) -> torch.Tenso
     y = torch.empty(x.shape[0], out_features, dtype=torch.float32)
     lib.token_lab_qrows(desc.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], x.stride(0), torch.get_num_threads())
     return y
+
+
+def int_products() -> str | None:
+    """The integer products' kernels this build has ("avx512-vnni", or "portable C": the same bits,
+    slower), or None where there are no kernels."""
+    lib = _library()
+    return None if lib is None else lib.token_lab_int_simd().decode()
+
+
+def int_bytes(gguf_type: int, rows: int, in_features: int) -> int:
+    """The bytes `rows` rows of a GGUF type take repacked for the integer products (islices.c)."""
+    return _library().token_lab_int_bytes(gguf_type, rows, in_features)
+
+
+def int_repack(gguf_type: int, src: torch.Tensor, rows: int, in_features: int, row_bytes: int,
+               dst: torch.Tensor) -> None:
+    """A file part's rows (rows, row_bytes) uint8 into dst (int_bytes of them, uint8), repacked."""
+    assert src.is_contiguous() and dst.is_contiguous() and dst.numel() == int_bytes(gguf_type, rows, in_features)
+    _library().token_lab_int_repack(gguf_type, src.data_ptr(), rows, in_features, row_bytes, dst.data_ptr())
+
+
+def set_slices(n: int) -> None:
+    """Tests only: the activations' slices the integer products keep (3; 2 drops the last)."""
+    _library().token_lab_set_slices(n)
 
 
 def dequant(desc: torch.Tensor, begin: int, end: int, in_features: int) -> torch.Tensor | None:

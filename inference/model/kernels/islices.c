@@ -1,0 +1,315 @@
+/* Integer products on a GGUF file's blocks (included by kernels.c, after ipack.c).
+ *
+ * A quantized weight is integers q with scales per block: w = d (q - offset), d q + m, or a
+ * K-quant's d sc q - dmin mn. The activations are float32; each block of 32 of them is split here
+ * into four int8 slices with one shared power-of-two scale s (the Ozaki scheme):
+ *
+ *     x = s (a1 + a2 2^-7 + a3 2^-14 + a4 2^-21) + r,   |a1| <= 127, |a2..a4| <= 64, |r| <= s 2^-22,
+ *
+ * every step exact in float32 (s is a power of two; each remainder is a float's exact
+ * difference), and |r| at most 2^-28 of the block's largest |x|: below a float32's own rounding.
+ * Each slice's sum with the weights' integers, sum(q a_k), is exact (AVX-512 VNNI's vpdpbusd
+ * adds 64 byte products a cycle into int32 lanes); two slices at a time are combined exactly,
+ * hi = T1 2^7 + T2 and lo = T3 2^7 + T4 (under 2^24 for weights of up to 6 bits, so exact as
+ * floats too), and the block's scales are applied once, in float32:
+ *
+ *     y = fma(d s 2^-21, fma(float(hi), 2^14, float(lo)), y)     (and the min's term after it).
+ *
+ * So the only differences from the float32 product of the dequantized weights are the slices'
+ * remainder and float32 roundings, a few a block instead of one a weight: model/products.py's
+ * BOUND, derived in docs/design.md and tested on random and real rows (tests/model/test_islices.py).
+ *
+ * The weights are repacked at load (ipack.c): 16 rows at a time, byte 4r + k of register J
+ * holding row r's weight for input 4J + k, so a vpdpbusd adds four products into each row's own
+ * lane and the 16 lanes are 16 outputs: no sum across lanes, and each output is the same sequence
+ * of operations whatever else the weight or the step holds (the same bits alone or in a batch of
+ * any size, on one thread or two). Per group of 16 rows and block, the layouts (bytes):
+ *
+ *   I4_0  q4 256, d 32                       I4_K  per 256 inputs: d 32, dmin 32, sc 8x16,
+ *   I4_1  q4 256, d 32, m 32                       mn 8x16, then 8 x q4 256
+ *   I5_0  q4 256, q5 64, d 32                I5_K  as I4_K, each 32 inputs q4 256 + q5 64
+ *   I8_0  q8 512, d 32                       I6_K  d 32, sc 16x16 (int8), then 8 x (q4 256 + q2 128)
+ *
+ * q4: register J' (0-3) of 64 bytes holds register J' in its low nibbles and J' + 4 in its high
+ * ones; q5: register J's fifth bits as 64 bits; q2: Q6_K's top two bits, register 4p + m's in
+ * bits 2m-2m+1 of plane p; q8: Q8_0's q + 128 (an unsigned byte). The file's bytes, but for
+ * K-quants' unpacked scales (+2.3-2.8%).
+ *
+ * Without AVX-512 VNNI the same integers and the same float32 operations in the same order run in
+ * plain C (the same bits: tests/model/test_kernels_isa.py). */
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+enum { SLICES = 4 };
+
+/* ---------------------------------------------------------------- the activations' slices */
+typedef struct {
+    int8_t a[SLICES][32];
+    float unit;     /* s 2^-21: the value of 1 in lo (and of 2^14 in hi) */
+    int32_t hi[2];  /* each half's (16 values) a1 2^7 + a2 sums */
+    int32_t lo[2];  /* and a3 2^7 + a4 */
+    float sx;       /* the block's sum as its slices carry it: unit (2^14 hi + lo) */
+    int32_t pad[2];
+} xblk_t;  /* 160 bytes */
+
+static int slices_kept = SLICES;  /* tests only (token_lab_set_slices): fewer drops the last ones */
+void token_lab_set_slices(int n) { slices_kept = n; }
+
+/* The exponent e of s = 2^e, the least with 127 s >= mx, clamped so that s 2^-21 stays normal. */
+static inline int slice_exponent(float mx) {
+    if (!(mx > 0.0f) || !isfinite(mx)) return -100;
+    int e;
+    frexpf(mx / 127.0f, &e);
+    while (e > -100 && ldexpf(127.0f, e - 1) >= mx) --e;
+    while (ldexpf(127.0f, e) < mx) ++e;
+    return e < -100 ? -100 : e;
+}
+
+/* The sums of each half's slices, sums[half][k], into the block's hi, lo and sx. */
+static void slice_sums(xblk_t *o, int e, int finite, const int32_t sums[2][SLICES]) {
+    for (int h = 0; h < 2; ++h) {
+        o->hi[h] = sums[h][0] * 128 + sums[h][1];
+        o->lo[h] = sums[h][2] * 128 + sums[h][3];
+    }
+    o->unit = finite ? ldexpf(1.0f, e - 21) : NAN;  /* an infinite or NaN activation: NaN out */
+    o->sx = o->unit * fmaf((float)(o->hi[0] + o->hi[1]), 16384.0f, (float)(o->lo[0] + o->lo[1]));
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+static void slice_block(const float *x, xblk_t *o) {
+    __m512 r[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+    const __m512 inf = _mm512_set1_ps(INFINITY);  /* not below infinity: an infinity or a NaN */
+    const int finite = !(_mm512_cmp_ps_mask(_mm512_abs_ps(r[0]), inf, _CMP_NLT_UQ)
+                         | _mm512_cmp_ps_mask(_mm512_abs_ps(r[1]), inf, _CMP_NLT_UQ));
+    const int e = slice_exponent(finite ? _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(r[0]), _mm512_abs_ps(r[1]))) : NAN);
+    int32_t sums[2][SLICES];
+    for (int k = 0; k < SLICES; ++k) {
+        const __m512 inv = _mm512_set1_ps(ldexpf(1.0f, 7 * k - e)), step = _mm512_set1_ps(ldexpf(1.0f, e - 7 * k));
+        for (int h = 0; h < 2; ++h) {
+            __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(r[h], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+            if (!finite || k >= slices_kept) a = _mm512_setzero_ps();
+            r[h] = _mm512_fnmadd_ps(a, step, r[h]);
+            const __m512i ai = _mm512_cvtps_epi32(a);
+            sums[h][k] = _mm512_reduce_add_epi32(ai);
+            _mm_storeu_si128((__m128i *)(o->a[k] + 16 * h), _mm512_cvtepi32_epi8(ai));
+        }
+    }
+    slice_sums(o, e, finite, sums);
+}
+#else
+static void slice_block(const float *x, xblk_t *o) {
+    float mx = 0.0f, r[32];
+    int finite = 1;
+    for (int i = 0; i < 32; ++i) {
+        r[i] = x[i];
+        finite &= isfinite(x[i]) != 0;
+        mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx;
+    }
+    const int e = slice_exponent(finite ? mx : NAN);
+    int32_t sums[2][SLICES] = {{0}};
+    for (int k = 0; k < SLICES; ++k) {
+        const float inv = ldexpf(1.0f, 7 * k - e), step = ldexpf(1.0f, e - 7 * k);
+        for (int i = 0; i < 32; ++i) {
+            float a = nearbyintf(r[i] * inv);
+            if (!finite || k >= slices_kept) a = 0.0f;
+            r[i] = fmaf(-a, step, r[i]);
+            o->a[k][i] = (int8_t)a;
+            sums[i / 16][k] += (int32_t)a;
+        }
+    }
+    slice_sums(o, e, finite, sums);
+}
+#endif
+
+/* rows of x (in floats each, x_stride apart) -> xs (rows, in / 32) */
+static void slice_rows(const float *x, int64_t rows, int64_t in, int64_t x_stride, xblk_t *xs) {
+    const int64_t nb = in / 32;
+    for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < nb; ++b) slice_block(x + r * x_stride + 32 * b, xs + r * nb + b);
+}
+
+/* ---------------------------------------------------------------- the products
+ * Per block (or K-quant sub-block) of a group: the slices' exact sums, then the float32 terms, in
+ * one order: for each block in turn, y = fma(scale, value, y) (and a min's term after it). */
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define INT_SIMD "avx512-vnni"
+typedef __m512i ivec;
+typedef __m512 fvec;
+typedef __m512i wvec;  /* a register of weight bytes */
+static inline void planes(int64_t t, const uint8_t *g, wvec *w) {
+    if (t == I8_0) {
+        for (int J = 0; J < 8; ++J) w[J] = _mm512_loadu_si512(g + 64 * J);
+        return;
+    }
+    const __m512i f = _mm512_set1_epi8(0xf);
+    for (int J = 0; J < 4; ++J) {
+        const __m512i v = _mm512_loadu_si512(g + 64 * J);
+        w[J] = _mm512_and_si512(v, f);
+        w[J + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);
+    }
+    if (t == I5_0 || t == I5_K) {
+        const __m512i sixteen = _mm512_set1_epi8(16);
+        for (int J = 0; J < 8; ++J) {
+            uint64_t bits;
+            memcpy(&bits, g + 256 + 8 * J, 8);
+            w[J] = _mm512_mask_add_epi8(w[J], _cvtu64_mask64(bits), w[J], sixteen);
+        }
+    } else if (t == I6_K) {
+        const __m512i three = _mm512_set1_epi8(3);
+        for (int p = 0; p < 2; ++p) {
+            const __m512i v = _mm512_loadu_si512(g + 256 + 64 * p);
+            for (int m = 0; m < 4; ++m)
+                w[4 * p + m] = _mm512_or_si512(w[4 * p + m],
+                    _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(v, 2 * m), three), 4));
+        }
+    }
+}
+/* Each slice's sums over inputs 0-15 (u) and 16-31 (v), exact. */
+static inline void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
+    for (int k = 0; k < SLICES; ++k) {
+        int32_t a[8];
+        memcpy(a, xb->a[k], 32);
+        __m512i s = _mm512_setzero_si512(), t = s;
+        for (int J = 0; J < 4; ++J) {
+            s = _mm512_dpbusd_epi32(s, w[J], _mm512_set1_epi32(a[J]));
+            t = _mm512_dpbusd_epi32(t, w[J + 4], _mm512_set1_epi32(a[J + 4]));
+        }
+        u[k] = s;
+        v[k] = t;
+    }
+}
+#define IADD _mm512_add_epi32
+#define ISUB _mm512_sub_epi32
+#define ISET _mm512_set1_epi32
+#define FSET _mm512_set1_ps
+#define FMUL _mm512_mul_ps
+#define FMA _mm512_fmadd_ps
+#define FNMA _mm512_fnmadd_ps
+#define TOF _mm512_cvtepi32_ps
+static inline ivec IPAIR(ivec a, ivec b) { return _mm512_add_epi32(_mm512_slli_epi32(a, 7), b); }
+static inline fvec f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline fvec u8x16f(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+static inline fvec s8x16f(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+#else
+/* Plain C: 16 lanes in arrays, the same integers, the same float32 operations lane by lane. */
+#define INT_SIMD "portable C"
+typedef struct { int32_t l[16]; } ivec;
+typedef struct { float l[16]; } fvec;
+typedef struct { uint8_t b[64]; } wvec;
+static inline ivec IADD(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] += b.l[i]; return a; }
+static inline ivec ISUB(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] -= b.l[i]; return a; }
+static inline ivec ISET(int32_t v) { ivec a; for (int i = 0; i < 16; ++i) a.l[i] = v; return a; }
+static inline ivec IPAIR(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] = a.l[i] * 128 + b.l[i]; return a; }
+static inline fvec FSET(float v) { fvec a; for (int i = 0; i < 16; ++i) a.l[i] = v; return a; }
+static inline fvec FMUL(fvec a, fvec b) { for (int i = 0; i < 16; ++i) a.l[i] *= b.l[i]; return a; }
+static inline fvec FMA(fvec a, fvec b, fvec c) { for (int i = 0; i < 16; ++i) c.l[i] = fmaf(a.l[i], b.l[i], c.l[i]); return c; }
+static inline fvec FNMA(fvec a, fvec b, fvec c) { for (int i = 0; i < 16; ++i) c.l[i] = fmaf(-a.l[i], b.l[i], c.l[i]); return c; }
+static inline fvec TOF(ivec a) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (float)a.l[i]; return f; }
+static inline fvec f16x16(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = f16(p + 2 * i); return f; }
+static inline fvec u8x16f(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (float)p[i]; return f; }
+static inline fvec s8x16f(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (float)(int8_t)p[i]; return f; }
+static inline void planes(int64_t t, const uint8_t *g, wvec *w) {
+    for (int J = 0; J < 8; ++J)
+        for (int r = 0; r < 16; ++r)
+            for (int k = 0; k < 4; ++k) w[J].b[4 * r + k] = (uint8_t)plane_q(t, g, r, 4 * J + k);
+}
+static inline void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
+    for (int k = 0; k < SLICES; ++k)
+        for (int r = 0; r < 16; ++r) {
+            int32_t s = 0, t = 0;
+            for (int J = 0; J < 4; ++J)
+                for (int c = 0; c < 4; ++c) {
+                    s += w[J].b[4 * r + c] * xb->a[k][4 * J + c];
+                    t += w[J + 4].b[4 * r + c] * xb->a[k][16 + 4 * J + c];
+                }
+            u[k].l[r] = s;
+            v[k].l[r] = t;
+        }
+}
+#endif
+
+/* The block's value in units of s 2^-21 from its slices' sums (less `off` times the activations'
+ * own where the weights are stored as q + off): 2^14 hi + lo, rounded once. */
+static inline fvec value(const ivec *s, int32_t off_hi, int32_t off_lo) {
+    const ivec hi = ISUB(IPAIR(s[0], s[1]), ISET(off_hi)), lo = ISUB(IPAIR(s[2], s[3]), ISET(off_lo));
+    return FMA(TOF(hi), FSET(16384.0f), TOF(lo));
+}
+
+/* Block b's terms for one activation row, added to y: the types' formulas. */
+static inline fvec legacy_terms(int64_t t, const wvec *w, const uint8_t *sc, const xblk_t *xb, fvec y) {
+    ivec u[SLICES], v[SLICES], s[SLICES];
+    slice_dots(w, xb, u, v);
+    for (int k = 0; k < SLICES; ++k) s[k] = IADD(u[k], v[k]);
+    const int off = t == I4_0 ? 8 : t == I5_0 ? 16 : t == I8_0 ? 128 : 0;
+    y = FMA(FMUL(f16x16(sc), FSET(xb->unit)), value(s, off * (xb->hi[0] + xb->hi[1]), off * (xb->lo[0] + xb->lo[1])), y);
+    return t == I4_1 ? FMA(f16x16(sc + 32), FSET(xb->sx), y) : y;
+}
+
+/* Sub-block s (32 inputs) of a K-quant's 256 for one activation row. */
+static inline fvec k_terms(int64_t t, const wvec *w, const uint8_t *g, int s, const xblk_t *xb, fvec y) {
+    ivec u[SLICES], v[SLICES];
+    slice_dots(w, xb, u, v);
+    const fvec d = f16x16(g), unit = FSET(xb->unit);
+    if (t == I6_K) {  /* a scale for each half (16 inputs), q - 32 in each */
+        y = FMA(FMUL(FMUL(d, s8x16f(g + 32 + 16 * (2 * s))), unit), value(u, 32 * xb->hi[0], 32 * xb->lo[0]), y);
+        return FMA(FMUL(FMUL(d, s8x16f(g + 32 + 16 * (2 * s + 1))), unit), value(v, 32 * xb->hi[1], 32 * xb->lo[1]), y);
+    }
+    ivec q[SLICES];
+    for (int k = 0; k < SLICES; ++k) q[k] = IADD(u[k], v[k]);
+    y = FMA(FMUL(FMUL(d, u8x16f(g + 64 + 16 * s)), unit), value(q, 0, 0), y);
+    return FNMA(FMUL(f16x16(g + 32), u8x16f(g + 192 + 16 * s)), FSET(xb->sx), y);
+}
+
+/* One group (16 rows) of a repacked part against R activation rows (xs: their blocks, in / 32 a
+ * row); lanes l0 .. l1 - 1 stored, row r's at y[r * y_stride + lane - l0]. Rows four at a time,
+ * each block's planes unpacked once for the four. */
+enum { TILE = 4 };
+static void int_group(int64_t t, const uint8_t *grp, int64_t in, const xblk_t *xs, int64_t R, float *y,
+                      int64_t y_stride, int l0, int l1) {
+    const int64_t nb = in / 32, bb = int_block_bytes(t);
+    for (int64_t r0 = 0; r0 < R; r0 += TILE) {
+        const int n = R - r0 < TILE ? (int)(R - r0) : TILE;
+        fvec acc[TILE];
+        for (int r = 0; r < n; ++r) acc[r] = FSET(0.0f);
+        if (t < I4_K) {
+            for (int64_t b = 0; b < nb; ++b) {
+                const uint8_t *g = grp + b * bb;
+                wvec w[8];
+                planes(t, g, w);
+                const uint8_t *sc = g + bb - (t == I4_1 ? 64 : 32);
+                for (int r = 0; r < n; ++r) acc[r] = legacy_terms(t, w, sc, xs + (r0 + r) * nb + b, acc[r]);
+            }
+        } else {
+            const int head = t == I6_K ? 288 : 320, plane = t == I4_K ? 256 : t == I5_K ? 320 : 384;
+            for (int64_t b = 0; b < nb / 8; ++b) {
+                const uint8_t *g = grp + b * bb;
+                for (int s = 0; s < 8; ++s) {
+                    wvec w[8];
+                    planes(t, g + head + s * plane, w);
+                    for (int r = 0; r < n; ++r) acc[r] = k_terms(t, w, g, s, xs + (r0 + r) * nb + 8 * b + s, acc[r]);
+                }
+            }
+        }
+        for (int r = 0; r < n; ++r) {
+            float out[16];
+            memcpy(out, &acc[r], sizeof out);
+            memcpy(y + (r0 + r) * y_stride, out + l0, sizeof(float) * (l1 - l0));
+        }
+    }
+}
+
+/* Rows [o0, o1) of a repacked part (its own numbering) for R activation rows: Y[r, o] at
+ * y[r * y_stride + o - o0]. A range that cuts a group computes the group and keeps its rows. */
+static void int_rows(int64_t t, const uint8_t *data, int64_t group_bytes, int64_t in, const xblk_t *xs,
+                     int64_t R, float *y, int64_t y_stride, int64_t o0, int64_t o1) {
+    for (int64_t g0 = o0 / GROUP * GROUP; g0 < o1; g0 += GROUP) {
+        const uint8_t *grp = data + (g0 / GROUP) * group_bytes;
+        for (int64_t c = 0; c < group_bytes; c += 64) __builtin_prefetch(grp + group_bytes + c);
+        const int l0 = o0 > g0 ? (int)(o0 - g0) : 0, l1 = o1 - g0 < GROUP ? (int)(o1 - g0) : GROUP;
+        int_group(t, grp, in, xs, R, y + (g0 + l0 - o0), y_stride, l0, l1);
+    }
+}
+
+/* Which integer kernels this build has: "avx512-vnni", or "portable C" (the same bits, slower). */
+const char *token_lab_int_simd(void) { return INT_SIMD; }

@@ -1,0 +1,48 @@
+"""Which products a quantized model's weights run on a CPU, and what they promise.
+
+integer: each block of 32 activations is split into three int8 slices with one power-of-two
+scale, multiplied with the weights' own integers exactly (kernels/islices.c: AVX-512 VNNI where
+the CPU has it), and each block's scales applied once in float32. Every output is within BOUND of
+the float32 product of the dequantized weights, and a row's result is the same bits alone or in
+a batch of any size. float32: each weight dequantized and multiplied in float32 (kernels/quant.c),
+the reference the integer products are tested against.
+"""
+
+from __future__ import annotations
+
+from inference.errors import InputError
+from inference.model import kernels
+
+CHOICES = ("auto", "integer", "float32")
+# |y - y_float32| for one output y = sum_i w_i x_i of a weight row w (as gguf dequantizes it) and
+# activations x, where s_b is block b's slice scale (the least power of two with 127 s_b >= the
+# block's largest |x|, so s_b 2^-15 <= 2^-21 of it), m_i the block's min term where the type has
+# one (Q4_1, Q4_K, Q5_K), n the inputs and k the blocks of 32 (docs/design.md derives it).
+BOUND = ("|y - y_f32| <= 2^-15 sum_b s_b sum_{i in b} |w_i| "
+         "+ (2k + n/32 + 16) 2^-24 sum_i (|w_i| + |m_i|) |x_i|")
+
+
+def resolve_products(name: str, device) -> str:
+    """"integer" or "float32" for --products NAME on this device: auto is integer where the CPU
+    has AVX-512 VNNI (the integer products' fast kernels), float32 elsewhere."""
+    if name not in CHOICES:
+        raise InputError(f"unknown products {name!r} (use {', '.join(CHOICES)})")
+    if device.type != "cpu" or name == "float32":
+        return "float32"
+    simd = kernels.int_products()
+    if name == "integer" and simd is None:
+        raise InputError("integer products need the compiled CPU kernels (a C compiler; TOKEN_LAB_KERNELS=0 "
+                         "turns them off)")
+    return "integer" if name == "integer" or simd == "avx512-vnni" else "float32"
+
+
+def describe(products: str, quantized: bool) -> dict:
+    """What a model's card, the API's model information and the CLI's JSON say of its products."""
+    if not quantized:
+        return {"path": "float32", "kernels": None, "bound": None}
+    if products == "integer":
+        return {"path": "integer", "kernels": kernels.int_products(), "bound": BOUND}
+    simd = kernels.int_products()
+    why = None if simd is None else ("--products float32" if simd == "avx512-vnni"
+                                    else "this CPU has no AVX-512 VNNI (--products integer runs them in plain C)")
+    return {"path": "float32", "kernels": "float32 dequantized", "bound": None, "why": why}
