@@ -8,6 +8,9 @@ reads the logits, the run's settings and its RunState (state.py), and changes no
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import torch
 
 from inference.sampling import constrain, cutoffs, dynamic, penalties  # noqa: F401 - they register the stages
@@ -48,6 +51,60 @@ def final_logits_removing(logits: torch.Tensor, params: SamplingParams, state: R
             removed.masked_fill_((removed < 0) & ~torch.isfinite(out[ids]), k)
         logits = out
     return logits, removed
+
+
+# The stages that read which token each logit is (a bias, the penalties, DRY, the constraint); the
+# others read only the values, and keep or remove a logit by its value and the others'. Once a
+# cutoff has left at most COMPACT logits finite, the rest of a run's stages run on those alone
+# (their ids kept beside them, in vocabulary order): the same tokens kept, a few dozen numbers
+# read instead of the vocabulary, and a step's cost no longer grows with the vocabulary per row.
+READS_IDS = frozenset({"logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty",
+                       "dry_multiplier", "constraint"})
+CUTS = frozenset({"top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "top_n_sigma",
+                  "xtc_probability", "mirostat_tau", "constraint"})
+COMPACT = 2048
+
+
+@dataclass
+class Candidates:
+    """A run's final logits: `values` over the whole vocabulary (ids None), or over `ids` alone
+    (every other logit -inf); `removed`: for each tracked id, the position in the run's stage
+    order of the stage that removed it (-1: still in); `unchanged`: no stage moved anything."""
+    values: torch.Tensor
+    ids: torch.Tensor | None
+    removed: torch.Tensor
+    unchanged: bool
+
+    def at(self, token_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(positions in values, present) of token_ids: present False where the id was cut."""
+        if self.ids is None:
+            return token_ids, torch.ones_like(token_ids, dtype=torch.bool)
+        pos = torch.searchsorted(self.ids, token_ids).clamp(max=self.ids.numel() - 1)
+        return pos, self.ids[pos] == token_ids
+
+
+def final_candidates(logits: torch.Tensor, params: SamplingParams, state: RunState | None,
+                     track: torch.Tensor) -> Candidates:
+    """final_logits_removing for a run's step, compacting once a cutoff leaves at most COMPACT
+    logits finite; a stage that reads the ids after that runs on the whole vocabulary again."""
+    removed = torch.full(track.shape, -1, dtype=torch.long, device=logits.device)  # (k,)
+    c = Candidates(logits, None, removed, True)
+    for k, (name, _, fn) in enumerate(stages(params, state)):
+        if c.ids is not None and name in READS_IDS:  # the whole vocabulary again, for this stage
+            c.values = torch.full_like(logits, -math.inf).index_copy_(0, c.ids, c.values)
+            c.ids = None
+        out = fn(c.values)
+        if out is c.values:
+            continue
+        c.unchanged = False
+        pos, present = c.at(track)
+        removed.masked_fill_((removed < 0) & ~(present & torch.isfinite(out[pos])), k)
+        c.values = out
+        if c.ids is None and name in CUTS:
+            finite = torch.isfinite(out).nonzero().flatten()  # (n,), in vocabulary order
+            if 0 < finite.numel() <= COMPACT:  # none left: the run ends there (step_stats)
+                c.values, c.ids = out[finite], finite
+    return c
 
 
 def final_probs(logits: torch.Tensor, params: SamplingParams, state: RunState | None) -> torch.Tensor:

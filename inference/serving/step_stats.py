@@ -14,7 +14,7 @@ from inference.events import Candidate
 from inference.model import kernels
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import order
-from inference.sampling.stages import final_logits, final_logits_removing, greedy_logits, sample
+from inference.sampling.stages import Candidates, final_candidates, greedy_logits, sample
 from inference.sampling.state import RunState
 
 
@@ -41,8 +41,8 @@ class StepInfo:
 
 
 class _Packed:
-    """Named segments for one device-to-host copy (concatenated as float64), read back by name.
-    On the CPU they are there already: no copy."""
+    """Named segments for one device-to-host copy (concatenated as float64), read back by name as
+    Python numbers (lists of the segment's shape). On the CPU they are there already: no copy."""
 
     def __init__(self):
         self.parts: dict[str, torch.Tensor] = {}
@@ -50,14 +50,13 @@ class _Packed:
     def add(self, name: str, t: torch.Tensor) -> None:
         self.parts[name] = t
 
-    def to_host(self, rows: int) -> dict[str, torch.Tensor]:
-        """Each segment as (rows, its width)."""
+    def to_host(self) -> dict[str, list]:
         if all(t.device.type == "cpu" for t in self.parts.values()):
-            return {name: t.reshape(rows, -1) for name, t in self.parts.items()}
+            return {name: t.tolist() for name, t in self.parts.items()}
         flat = torch.cat([t.to(torch.float64).reshape(-1) for t in self.parts.values()]).cpu()  # (total,)
         out, n = {}, 0
         for name, t in self.parts.items():
-            out[name] = flat[n:n + t.numel()].view(rows, -1)
+            out[name] = flat[n:n + t.numel()].view(t.shape).tolist()
             n += t.numel()
         return out
 
@@ -80,150 +79,169 @@ def pick(logits: torch.Tensor, params: SamplingParams, state: RunState | None,
     return torch.tensor([[info.token_id]], device=logits.device), info
 
 
+def _final_p(final: tuple[Candidates, torch.Tensor], token: int) -> float:
+    """A drawn row's final probability of `token` (Mirostat's μ moves by it)."""
+    pos, present = final[0].at(torch.tensor([token]))
+    return float(final[1][pos[0]]) if bool(present[0]) else 0.0
+
+
+def raw_stats(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """Each row's k largest logits (values, ids: (R, k), sorted, equal ones by id so the first is
+    argmax's choice) and, with e = exp(logits - max), z = sum(e) and m = sum(e * logits) (R,)
+    summed in float64. On a CPU one kernel call for every row, each row alone (kernels.row_stats);
+    elsewhere, or with a NaN, torch's operators row by row."""
+    stats = kernels.row_stats(logits, k)
+    if stats is not None:
+        return stats
+    vals, ids = logits.topk(k, dim=-1)  # (R, k)
+    z, m = [], []
+    for r in range(logits.shape[0]):  # one row at a time: its sums in one order whatever the batch
+        e = (logits[r] - vals[r, :1]).exp()  # (V,)
+        z.append(e.sum(dtype=torch.float64))
+        m.append((e * logits[r]).nan_to_num(nan=0.0).sum(dtype=torch.float64))
+    return vals, ids, torch.stack(z), torch.stack(m)
+
+
 def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
-    """Sample each row of logits (R, vocab) with its own settings and generator, and gather
-    what each step reports: the statistics of all rows at once, in one host transfer."""
+    """Sample each row of logits (R, vocab) with its own settings and generator, and gather what
+    each step reports. The statistics of every row come from one pass (raw_stats) and leave the
+    device in one transfer; each row's numbers are computed alone, the same alone or in a batch."""
     if not rows:  # a step of prompt chunks only
         return []
-    top_n = min(max(row.top_n for row in rows), logits.shape[-1])
-    # The largest logits of every row first (one pass on a CPU; None elsewhere or with a NaN): a
-    # greedy row no stage changed takes the first of them, argmax's choice, without a pass of its own.
-    top = kernels.top_k(logits, max(top_n, 1))  # (values, ids), each (R, max(top_n, 1))
-    greedy = [i for i, row in enumerate(rows) if row.params.greedy]
-    next_id = torch.empty(len(rows), dtype=torch.long, device=logits.device)  # (R,)
-    if greedy:
-        at = torch.tensor(greedy, device=logits.device)
-        raw = [logits[i] for i in greedy]
-        penalized = [greedy_logits(x, rows[i].params, rows[i].state) for x, i in zip(raw, greedy)]
-        if top is not None and all(p is x for p, x in zip(penalized, raw)):
-            next_id[at] = top[1][at, 0]
-        else:  # their argmaxes together, in one pass; a greedy row's one-hot is never made, nor a draw
-            next_id[at] = torch.stack(penalized).argmax(dim=-1)  # (greedy rows, vocab) -> ids
-    finals = {}  # the distributions of the rows that draw, by row
+    R, V = logits.shape
+    top_n = min(max(row.top_n for row in rows), V)
+    vals, ids, z, m = raw_stats(logits, max(top_n, 1))  # (R, k) each, and (R,)
+    dev = logits.device
+    # ---- the token of every row, decided here: greedy's argmax (the top-k's first unless a stage
+    # before temperature changed the row), a draw from the run's final distribution, or a given one
+    next_id = ids[:, 0].clone()  # (R,)
+    finals: dict[int, tuple[Candidates, torch.Tensor]] = {}  # the rows that draw: final logits, probabilities
     # Rows whose stages all left the logits as they were: their final distribution is the raw
     # one, and reports the raw numbers (a float32 softmax differs from them in the last digit).
-    unchanged = torch.zeros(len(rows), dtype=torch.bool)  # (R,)
-    if top_n:
-        top = top if top is not None else logits.topk(top_n, dim=-1)  # (values, ids), each (R, top_n), sorted
+    unchanged = torch.zeros(R, dtype=torch.bool)  # (R,)
     # Per candidate, the position in its run's stage order of the stage that removed it (-1: none).
-    removed = torch.full((len(rows), top_n), -1, dtype=torch.long, device=logits.device)  # (R, top_n)
+    removed = torch.full((R, top_n), -1, dtype=torch.long, device=dev)  # (R, top_n)
+    penalized = {}  # a greedy row's logits after the stages before temperature, where they moved
     for i, row in enumerate(rows):
-        if not row.params.greedy:
-            row_logits = logits[i]
-            if top_n:
-                shaped, removed[i] = final_logits_removing(row_logits, row.params, row.state, top[1][i, :top_n])
-            else:
-                shaped = final_logits(row_logits, row.params, row.state)
-            unchanged[i] = shaped is row_logits
-            finals[i] = shaped.softmax(dim=-1)
-            next_id[i] = sample(finals[i].unsqueeze(0), row.generator)[0, 0]
+        raw = logits[i]  # (V,): one view, which an unchanged row's stages hand back
+        if row.params.greedy:
+            pen = greedy_logits(raw, row.params, row.state)
+            if pen is not raw:
+                penalized[i] = pen
+                next_id[i] = pen.argmax()
+            continue
+        final = final_candidates(raw, row.params, row.state, ids[i, :top_n])
+        removed[i], unchanged[i] = final.removed, final.unchanged
+        probs = final.values.softmax(dim=-1)  # (V,) or (n,): over the candidates left, in vocabulary order
+        finals[i] = (final, probs)
+        drawn = sample(probs.unsqueeze(0), row.generator)[0, 0]
+        next_id[i] = drawn if final.ids is None else final.ids[drawn.clamp(max=final.ids.numel() - 1)]
     for i, row in enumerate(rows):  # a forced row's numbers are its distribution's; its token is given
         if row.forced is not None:
             next_id[i] = row.forced
     constrained = [i for i, row in enumerate(rows) if row.state is not None and row.state.constraint is not None]
-    if constrained:
+    empty = torch.zeros(R, dtype=torch.bool, device=dev)  # (R,)
+    for i in constrained:
         # A constraint can forbid every token the stages before it kept: an empty distribution
         # (its draw runs past the vocabulary), or greedy's argmax of -inf everywhere.
-        empty = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)  # (R,)
-        for i in constrained:
-            empty[i] = ~(finals[i].sum() > 0) if i in finals else ~torch.isfinite(penalized[greedy.index(i)].max())
-        next_id.clamp_(max=logits.shape[-1] - 1)
+        empty[i] = ~(finals[i][1].sum() > 0) if i in finals else ~torch.isfinite(penalized.get(i, logits[i]).max())
+    next_id.clamp_(max=V - 1)
     if top_n == 0:
         nan = float("nan")
         # Mirostat's μ moves by the chosen token's final probability: read for its rows only.
-        return [StepInfo(t, (float(finals[i][t]) if i in finals else 1.0) if row.params.mirostat_tau > 0 else nan,
-                         nan, [], nan, 0, nan, nothing_left=bool(empty[i]) if constrained else False)
+        return [StepInfo(t, _final_p(finals[i], t) if i in finals else 1.0 if row.params.mirostat_tau > 0 else nan,
+                         nan, [], nan, 0, nan, nothing_left=bool(empty[i]))
                 for i, (t, row) in enumerate(zip(next_id.tolist(), rows))]
 
-    # From e = exp(logits - max): Z = sum(e) gives the log-sum-exp, sum(e * logits) / Z the mean
-    # logit, hence the entropy log Z - E[logit]; sums in float64, so a tail of 1e-13 counts.
-    top_logits, top_ids = top[0][:, :top_n], top[1][:, :top_n]  # (R, top_n), sorted
-    e = (logits - top_logits[:, :1]).exp()  # (R, vocab)
+    # ---- the chosen token's logit and rank: its place among the top-k where it is there (every
+    # larger logit is there too), else a count over its row
+    top_ids, top_vals = ids[:, :top_n], vals[:, :top_n]  # (R, top_n)
     chosen_logit = logits.gather(1, next_id[:, None])  # (R, 1)
-    # Products in float32 (a relative error of ~1e-9 in the sum), summed in float64; multiplying
-    # two float64 copies cost 3 ms a step for 8 rows. On a CPU one pass over each row.
-    sums = kernels.row_sums(logits, e, next_id)
-    if sums is None:
-        sums = (e.sum(dim=-1, dtype=torch.float64), (e * logits).sum(dim=-1, dtype=torch.float64),
-                (logits > chosen_logit).sum(dim=-1))
-    packed = _Packed()
-    # The final probabilities of the chosen token and the candidates: a greedy row's are its one-hot.
-    final_chosen = torch.ones(len(rows), 1, dtype=logits.dtype, device=logits.device)  # (R, 1)
+    listed = (ids == next_id[:, None]).any(dim=1)  # (R,)
+    above = (vals > chosen_logit).sum(dim=1)  # (R,): right where listed
+    for i in (~listed).nonzero().flatten().tolist():
+        above[i] = (logits[i] > chosen_logit[i]).sum()
+    # ---- the final probabilities of the chosen token and the candidates: a greedy row's are its
+    # one-hot; a drawn row's from its distribution, and the rest of it summed in float64
+    final_chosen = torch.ones(R, 1, dtype=logits.dtype, device=dev)  # (R, 1)
     final_top = (top_ids == next_id[:, None]).to(logits.dtype)  # (R, top_n)
-    unlisted = torch.zeros(len(rows), 1, dtype=torch.float64, device=logits.device)  # (R, 1); greedy's: 0
-    if finals:
-        drawn = torch.tensor(list(finals), device=logits.device)
-        final = torch.stack(list(finals.values()))  # (drawn rows, vocab)
-        final_chosen[drawn] = final.gather(1, next_id[drawn, None])
-        final_top[drawn] = final.gather(1, top_ids[drawn])
-        # Every token but the candidates and the chosen one (listed too): one pass a drawn row.
-        rest = final.scatter(1, top_ids[drawn], 0.0).scatter_(1, next_id[drawn, None], 0.0)  # (drawn rows, vocab)
-        unlisted[drawn] = rest.sum(dim=-1, keepdim=True, dtype=torch.float64)
+    unlisted = torch.zeros(R, 1, dtype=torch.float64, device=dev)  # (R, 1); greedy's: 0
+    for i, (final, probs) in finals.items():
+        pos, present = final.at(torch.cat([ids[i], next_id[i:i + 1]]))  # the candidates, then the chosen
+        listed = probs[pos] * present  # (k + 1,): 0 where cut
+        final_chosen[i, 0], final_top[i] = listed[-1], listed[:top_n]
+        rest = probs.index_fill(0, pos[present], 0.0)  # every token not listed
+        unlisted[i, 0] = rest.sum(dtype=torch.float64)
+    packed = _Packed()
     packed.add("token", next_id)
     packed.add("final_chosen", final_chosen)
     packed.add("logit_chosen", chosen_logit)
-    packed.add("z", sums[0])
-    packed.add("z_mean", sums[1])
-    packed.add("rank", sums[2] + 1)
-    packed.add("top_logits", top_logits)
-    packed.add("top_ids", top_ids)
+    packed.add("z", z)
+    packed.add("z_mean", m)
+    packed.add("rank", above + 1)
+    packed.add("top_logits", vals)
+    packed.add("top_ids", ids)
     packed.add("final_top", final_top)
-    packed.add("unchanged", unchanged.to(logits.device))
+    packed.add("unchanged", unchanged.to(dev))
     packed.add("removed", removed)
     packed.add("unlisted", unlisted)
     if constrained:  # the raw mass of the forbidden tokens, and which candidates they are
-        forbidden = torch.zeros_like(logits, dtype=torch.bool)  # (R, vocab)
+        forbidden_z = torch.zeros(R, dtype=torch.float64, device=dev)  # (R,)
+        top_forbidden = torch.zeros(R, ids.shape[1], dtype=torch.bool, device=dev)  # (R, k)
         for i in constrained:
-            forbidden[i] = ~rows[i].state.constraint.allowed.to(logits.device)
-        packed.add("forbidden_z", e.masked_fill(~forbidden, 0).sum(dim=-1, dtype=torch.float64))
-        packed.add("top_forbidden", forbidden.gather(1, top_ids))
+            forbidden = ~rows[i].state.constraint.allowed.to(dev)  # (V,)
+            # The same exponentials as the row's z (raw_stats), so that the masked mass is at most 1.
+            fz = kernels.masked_exp_sum(logits[i], float(vals[i, 0]), forbidden)
+            forbidden_z[i] = fz if fz is not None else \
+                (logits[i] - vals[i, :1]).exp().masked_fill(~forbidden, 0).sum(dtype=torch.float64)
+            top_forbidden[i] = forbidden[ids[i]]
+        packed.add("forbidden_z", forbidden_z)
+        packed.add("top_forbidden", top_forbidden)
         packed.add("empty", empty)
-    host = packed.to_host(len(rows))
+    host = packed.to_host()  # Python numbers, once
     return [_info(host, r, row.top_n, row.params) for r, row in enumerate(rows)]
 
 
-def _removed_by(host: dict[str, torch.Tensor], r: int, top_n: int, params: SamplingParams,
-                token_id: int) -> dict[int, str]:
+def _removed_by(host: dict, r: int, top_n: int, params: SamplingParams, token_id: int) -> dict[int, str]:
     """Which stage removed each candidate of row r: by its setting name."""
-    ids = host["top_ids"][r, :top_n].tolist()
+    ids = host["top_ids"][r][:top_n]
     if params.greedy:  # temperature 0 keeps the one token (a forbidden one is the constraint's)
         return {int(i): "temperature" for i in ids if int(i) != token_id}
     names = order(params.sampler_order)
-    return {int(i): names[int(k)] for i, k in zip(ids, host["removed"][r, :top_n].tolist()) if k >= 0}
+    return {int(i): names[int(k)] for i, k in zip(ids, host["removed"][r][:top_n]) if k >= 0}
 
 
-def _info(host: dict[str, torch.Tensor], r: int, top_n: int, params: SamplingParams) -> StepInfo:
-    """Row r's numbers from the host copy, with its own number of candidates."""
-    token_id = int(host["token"][r, 0])
+def _info(host: dict, r: int, top_n: int, params: SamplingParams) -> StepInfo:
+    """Row r's numbers from the host copy (Python lists), with its own number of candidates."""
+    token_id = int(host["token"][r])
     if top_n == 0:
         nan = float("nan")
         return StepInfo(token_id, nan, nan, [], nan, 0)
-    z, m = float(host["z"][r, 0]), float(host["top_logits"][r, 0])
+    z, m = host["z"][r], host["top_logits"][r][0]
     lse = m + math.log(z)
-    entropy = lse - float(host["z_mean"][r, 0]) / z
+    entropy = lse - host["z_mean"][r] / z
     # exp(logit - lse) for the chosen token and the candidates alike: one number for one thing.
-    prob, raw_prob = float(host["final_chosen"][r, 0]), math.exp(float(host["logit_chosen"][r, 0]) - lse)
+    prob, raw_prob = host["final_chosen"][r][0], math.exp(host["logit_chosen"][r][0] - lse)
     top = [(int(i), p, math.exp(v - lse)) for i, p, v in zip(
-        host["top_ids"][r, :top_n].tolist(), host["final_top"][r, :top_n].tolist(),
-        host["top_logits"][r, :top_n].tolist())]
-    if host["unchanged"][r, 0]:  # no stage moved the distribution: the final one is the raw one
+        host["top_ids"][r][:top_n], host["final_top"][r][:top_n], host["top_logits"][r][:top_n])]
+    if host["unchanged"][r]:  # no stage moved the distribution: the final one is the raw one
         prob, top = raw_prob, [(i, raw, raw) for i, _, raw in top]
     if token_id not in {i for i, _, _ in top}:  # the chosen token is always listed
         top.append((token_id, prob, raw_prob))
     masked, forbidden, empty = 0.0, frozenset(), False
     if "forbidden_z" in host:
-        masked = float(host["forbidden_z"][r, 0]) / z
-        forbidden = frozenset(i for (i, _, _), f in zip(top, host["top_forbidden"][r, :top_n].tolist()) if f)
-        empty = bool(host["empty"][r, 0])
-    return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r, 0]), masked, forbidden, empty,
+        masked = host["forbidden_z"][r] / z
+        forbidden = frozenset(i for (i, _, _), f in zip(top, host["top_forbidden"][r][:top_n]) if f)
+        empty = bool(host["empty"][r])
+    return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r]), masked, forbidden, empty,
                     _removed_by(host, r, top_n, params, token_id), _unlisted(host, r, top_n, token_id))
 
 
-def _unlisted(host: dict[str, torch.Tensor], r: int, top_n: int, token_id: int) -> float:
+def _unlisted(host: dict, r: int, top_n: int, token_id: int) -> float:
     """Row r's final probability outside its own top_n candidates and its token: the batch's
     sum, plus the candidates the batch gathered beyond this row's top_n."""
-    beyond = zip(host["top_ids"][r, top_n:].tolist(), host["final_top"][r, top_n:].tolist())
-    return float(host["unlisted"][r, 0]) + sum(p for i, p in beyond if int(i) != token_id)
+    beyond = zip(host["top_ids"][r][top_n:], host["final_top"][r][top_n:])
+    return host["unlisted"][r][0] + sum(p for i, p in beyond if int(i) != token_id)
 
 
 def candidates(info: StepInfo, piece) -> list[Candidate]:

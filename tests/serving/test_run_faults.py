@@ -114,7 +114,7 @@ def test_a_fault_in_a_sampler_stage_ends_that_run_alone(engine, monkeypatch):
                 raise Injected("a stage failed")
             return real(logits, params, state, *ids)
         return stages
-    for name in ("final_logits", "final_logits_removing"):
+    for name in ("final_candidates",):
         monkeypatch.setattr(step_stats, name, failing(getattr(step_stats, name)))
     check_isolated(engine, run_together(engine, requests(engine, {"temperature": 0.9})), expected)
 

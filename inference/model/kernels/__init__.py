@@ -115,6 +115,8 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_decode": [ptr, ptr, ptr, f32, f32, i64, ctypes.c_int],
         "token_lab_top_k": [ptr, i64, i64, i64, ptr, ptr, ptr],
         "token_lab_row_sums": [ptr, ptr, i64, i64, ptr, ptr, ptr, ptr],
+        "token_lab_row_stats": [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int],
+        "token_lab_masked_exp_sum": [ptr, i64, f32, ptr, ptr],
         "token_lab_qrows": [ptr, ptr, ptr, i64, i64, ctypes.c_int],
         "token_lab_dequant": [ptr, i64, i64, ptr],
         "token_lab_gather": [ptr, ptr, i64, ptr],
@@ -253,6 +255,37 @@ def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor] | None:
     found = torch.empty(x.shape[0], dtype=torch.int64)  # (rows,)
     lib.token_lab_top_k(x.data_ptr(), x.shape[0], x.shape[1], k, ids.data_ptr(), vals.data_ptr(), found.data_ptr())
     return (vals, ids) if bool((found == k).all()) else None
+
+
+def row_stats(x: torch.Tensor, k: int) -> tuple[torch.Tensor, ...] | None:
+    """Every row of x (rows, V) at once, each row alone (the same numbers in a batch of any size):
+    its k largest (values, ids) as top_k gives them, and with e = exp(x - max) in float32,
+    z = sum(e) and m = sum(e * x) summed in float64. None where the kernel does not apply or a
+    row has a NaN."""
+    lib = _library()
+    if lib is None or not _f32_cpu(x) or x.dim() != 2 or not x.is_contiguous() or not 0 < k <= x.shape[1]:
+        return None
+    rows = x.shape[0]
+    vals = torch.empty(rows, k, dtype=torch.float32)  # (rows, k)
+    ids = torch.empty(rows, k, dtype=torch.int64)  # (rows, k)
+    found = torch.empty(rows, dtype=torch.int64)  # (rows,)
+    z = torch.empty(rows, dtype=torch.float64)  # (rows,)
+    m = torch.empty(rows, dtype=torch.float64)  # (rows,)
+    lib.token_lab_row_stats(x.data_ptr(), rows, x.shape[1], k, ids.data_ptr(), vals.data_ptr(), found.data_ptr(),
+                            z.data_ptr(), m.data_ptr(), torch.get_num_threads())
+    return (vals, ids, z, m) if bool((found == k).all()) else None
+
+
+def masked_exp_sum(x: torch.Tensor, top: float, where: torch.Tensor) -> float | None:
+    """sum(exp(x - top)) over a row x (V,) where `where` (V,) bool: row_stats' z over those
+    entries alone (never more than z). None where the kernel does not apply."""
+    lib = _library()
+    if lib is None or not _f32_cpu(x) or x.dim() != 1 or not x.is_contiguous() or where.shape != x.shape:
+        return None
+    mask = where.to(torch.uint8).contiguous()
+    out = ctypes.c_double()
+    lib.token_lab_masked_exp_sum(x.data_ptr(), x.shape[0], top, mask.data_ptr(), ctypes.byref(out))
+    return out.value
 
 
 def row_sums(x: torch.Tensor, e: torch.Tensor, chosen: torch.Tensor) -> tuple[torch.Tensor, ...] | None:

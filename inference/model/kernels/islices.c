@@ -166,10 +166,10 @@ static inline void planes(int64_t t, const uint8_t *g, wvec *w) {
     }
 }
 /* Each slice's sums over inputs 0-15 (u) and 16-31 (v), exact. */
+typedef int32_t __attribute__((may_alias, aligned(4))) slice4_t;  /* four slice bytes, read as one */
 static inline void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
     for (int k = 0; k < SLICES; ++k) {
-        int32_t a[8];
-        memcpy(a, xb->a[k], 32);
+        const slice4_t *a = (const slice4_t *)xb->a[k];  /* each broadcast to 16 lanes, in the vpdpbusd */
         __m512i s = _mm512_setzero_si512(), t = s;
         for (int J = 0; J < 4; ++J) {
             s = _mm512_dpbusd_epi32(s, w[J], _mm512_set1_epi32(a[J]));
@@ -261,41 +261,67 @@ static inline fvec k_terms(int64_t t, const wvec *w, const uint8_t *g, int s, co
     return FNMA(FMUL(f16x16(g + 32), u8x16f(g + 192 + 16 * s)), FSET(xb->sx), y);
 }
 
-/* One group (16 rows) of a repacked part against R activation rows (xs: their blocks, in / 32 a
- * row); lanes l0 .. l1 - 1 stored, row r's at y[r * y_stride + lane - l0]. Rows four at a time,
- * each block's planes unpacked once for the four. */
+/* Activation rows r0 .. r0 + n - 1 (n <= TILE) against one group (16 rows) of a repacked part,
+ * each block's planes unpacked once for the n; lanes l0 .. l1 - 1 stored, row r's at
+ * y[r * y_stride + lane - l0]. Inlined with t and n constant: one loop per type and count. */
 enum { TILE = 4 };
+static inline __attribute__((always_inline)) void tile_of(const int64_t t, const int n, const uint8_t *grp,
+                                                          int64_t in, const xblk_t *xs, float *y, int64_t y_stride,
+                                                          int l0, int l1) {
+    const int64_t nb = in / 32, bb = int_block_bytes(t);
+    fvec acc[TILE];
+    for (int r = 0; r < n; ++r) acc[r] = FSET(0.0f);
+    if (t < I4_K) {
+        for (int64_t b = 0; b < nb; ++b) {
+            const uint8_t *g = grp + b * bb;
+            wvec w[8];
+            planes(t, g, w);
+            const uint8_t *sc = g + bb - (t == I4_1 ? 64 : 32);
+            for (int r = 0; r < n; ++r) acc[r] = legacy_terms(t, w, sc, xs + r * nb + b, acc[r]);
+        }
+    } else {
+        const int head = t == I6_K ? 288 : 320, plane = t == I4_K ? 256 : t == I5_K ? 320 : 384;
+        for (int64_t b = 0; b < nb / 8; ++b) {
+            const uint8_t *g = grp + b * bb;
+            for (int s = 0; s < 8; ++s) {
+                wvec w[8];
+                planes(t, g + head + s * plane, w);
+                for (int r = 0; r < n; ++r) acc[r] = k_terms(t, w, g, s, xs + r * nb + 8 * b + s, acc[r]);
+            }
+        }
+    }
+    for (int r = 0; r < n; ++r) {
+        float out[16];
+        memcpy(out, &acc[r], sizeof out);
+        memcpy(y + r * y_stride, out + l0, sizeof(float) * (l1 - l0));
+    }
+}
+
+/* One group against R activation rows (xs: their blocks, in / 32 a row): tiles of TILE rows. */
+static inline __attribute__((always_inline)) void group_of(const int64_t t, const uint8_t *grp, int64_t in,
+                                                           const xblk_t *xs, int64_t R, float *y,
+                                                           int64_t y_stride, int l0, int l1) {
+    const int64_t nb = in / 32;
+    for (int64_t r0 = 0; r0 < R; r0 += TILE) {
+        const xblk_t *x = xs + r0 * nb;
+        float *yr = y + r0 * y_stride;
+        switch (R - r0 < TILE ? R - r0 : TILE) {
+        case 1: tile_of(t, 1, grp, in, x, yr, y_stride, l0, l1); break;
+        case 2: tile_of(t, 2, grp, in, x, yr, y_stride, l0, l1); break;
+        case 3: tile_of(t, 3, grp, in, x, yr, y_stride, l0, l1); break;
+        default: tile_of(t, TILE, grp, in, x, yr, y_stride, l0, l1); break;
+        }
+    }
+}
+
+/* group_of for each type apart: the compiler makes each its own loop, with no test of the type in it. */
 static void int_group(int64_t t, const uint8_t *grp, int64_t in, const xblk_t *xs, int64_t R, float *y,
                       int64_t y_stride, int l0, int l1) {
-    const int64_t nb = in / 32, bb = int_block_bytes(t);
-    for (int64_t r0 = 0; r0 < R; r0 += TILE) {
-        const int n = R - r0 < TILE ? (int)(R - r0) : TILE;
-        fvec acc[TILE];
-        for (int r = 0; r < n; ++r) acc[r] = FSET(0.0f);
-        if (t < I4_K) {
-            for (int64_t b = 0; b < nb; ++b) {
-                const uint8_t *g = grp + b * bb;
-                wvec w[8];
-                planes(t, g, w);
-                const uint8_t *sc = g + bb - (t == I4_1 ? 64 : 32);
-                for (int r = 0; r < n; ++r) acc[r] = legacy_terms(t, w, sc, xs + (r0 + r) * nb + b, acc[r]);
-            }
-        } else {
-            const int head = t == I6_K ? 288 : 320, plane = t == I4_K ? 256 : t == I5_K ? 320 : 384;
-            for (int64_t b = 0; b < nb / 8; ++b) {
-                const uint8_t *g = grp + b * bb;
-                for (int s = 0; s < 8; ++s) {
-                    wvec w[8];
-                    planes(t, g + head + s * plane, w);
-                    for (int r = 0; r < n; ++r) acc[r] = k_terms(t, w, g, s, xs + (r0 + r) * nb + 8 * b + s, acc[r]);
-                }
-            }
-        }
-        for (int r = 0; r < n; ++r) {
-            float out[16];
-            memcpy(out, &acc[r], sizeof out);
-            memcpy(y + (r0 + r) * y_stride, out + l0, sizeof(float) * (l1 - l0));
-        }
+    switch (t) {
+#define ONE(T) case T: group_of(T, grp, in, xs, R, y, y_stride, l0, l1); break;
+    ONE(I4_0) ONE(I4_1) ONE(I5_0) ONE(I8_0) ONE(I4_K) ONE(I5_K) ONE(I6_K)
+#undef ONE
+    default: abort();
     }
 }
 

@@ -18,12 +18,10 @@ static inline int64_t keep_top(float *val, int64_t *id, int64_t n, int64_t k, fl
     return n;
 }
 
-void token_lab_top_k(const float *x, int64_t rows, int64_t V, int64_t k, int64_t *ids, float *vals,
-                     int64_t *found) {
-    for (int64_t r = 0; r < rows; ++r) {
-        const float *xr = x + r * V;
-        int64_t *id = ids + r * k, n = 0, j = 0, nan = 0;
-        float *val = vals + r * k;
+/* Row xr's k largest into val/id (sorted, ties by index); how many, or 0 where it has a NaN. */
+static int64_t row_top_k(const float *xr, int64_t V, int64_t k, int64_t *id, float *val) {
+    {
+        int64_t n = 0, j = 0, nan = 0;
         for (; j < V && n < k; ++j) {
             if (xr[j] != xr[j]) nan = 1;
             else n = keep_top(val, id, n, k, xr[j], j);
@@ -48,8 +46,13 @@ void token_lab_top_k(const float *x, int64_t rows, int64_t V, int64_t k, int64_t
             if (xr[j] != xr[j]) nan = 1;
             else if (xr[j] > val[k - 1]) n = keep_top(val, id, n, k, xr[j], j);
         }
-        found[r] = nan ? 0 : n;  /* torch.topk ranks a NaN first */
+        return nan ? 0 : n;  /* torch.topk ranks a NaN first */
     }
+}
+
+void token_lab_top_k(const float *x, int64_t rows, int64_t V, int64_t k, int64_t *ids, float *vals,
+                     int64_t *found) {
+    for (int64_t r = 0; r < rows; ++r) found[r] = row_top_k(x + r * V, V, k, ids + r * k, vals + r * k);
 }
 
 static inline v4 load4(const float *p) { v4 v; memcpy(&v, p, sizeof v); return v; }
@@ -77,4 +80,121 @@ void token_lab_row_sums(const float *x, const float *e, int64_t rows, int64_t V,
         m[r] = ms;
         above[r] = count;
     }
+}
+
+/* ---------------------------------------------------------------- every row's numbers at once
+ * exp(x) for x <= 0 in float32, 16 lanes at a time (GCC's vectors: AVX-512 where the CPU has it),
+ * each lane the same operations (so the same bits on any vector width): x = n ln2 + r with
+ * |r| <= ln2 / 2, e^r by Cephes' degree-6 polynomial (within 2 ulp), times 2^n. Below -87.3 (a
+ * float32 subnormal or 0: at most 1e-38 of the sum, which holds 1 for the largest) it is 0. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16 exp16(v16 x) {
+    v16 n, r, p, y;
+    for (int l = 0; l < 16; ++l) n[l] = nearbyintf(x[l] * 1.44269504088896341f);
+    for (int l = 0; l < 16; ++l) r[l] = fmaf(n[l], -0.693359375f, x[l]);
+    for (int l = 0; l < 16; ++l) r[l] = fmaf(n[l], 2.12194440e-4f, r[l]);
+    for (int l = 0; l < 16; ++l) {
+        p[l] = fmaf(1.9875691500e-4f, r[l], 1.3981999507e-3f);
+        p[l] = fmaf(p[l], r[l], 8.3334519073e-3f);
+        p[l] = fmaf(p[l], r[l], 4.1665795894e-2f);
+        p[l] = fmaf(p[l], r[l], 1.6666665459e-1f);
+        p[l] = fmaf(p[l], r[l], 5.0000001201e-1f);
+        y[l] = fmaf(p[l] * r[l], r[l], r[l]) + 1.0f;
+    }
+    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+    v16 scale;
+    memcpy(&scale, &bits, sizeof scale);
+    y *= scale;
+    const v16i keep = ~(x < -87.3f);  /* all ones where x >= -87.3 */
+    v16i ybits;
+    memcpy(&ybits, &y, sizeof y);
+    ybits &= keep;
+    memcpy(&y, &ybits, sizeof y);
+    return y;
+}
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef double v8d __attribute__((vector_size(64)));
+
+/* One row's numbers: its k largest (as row_top_k), then with e = exp(x - max), z = sum(e) and
+ * m = sum(e * x) (the products in float32, the sums in float64: eight lanes for each half of 16,
+ * added in order at the end). */
+static void row_stats(const float *xr, int64_t V, int64_t k, int64_t *id, float *val, int64_t *found,
+                      double *z, double *m) {
+    *found = row_top_k(xr, V, k, id, val);
+    if (*found < k) return;
+    const float top = val[0];
+    v8d za = {0}, zb = {0}, ma = {0}, mb = {0};
+    for (int64_t j = 0; j < V; j += 16) {
+        v16 xs;
+        if (j + 16 <= V) {
+            xs = load16(xr + j);
+        } else {  /* the tail: padded with -inf, whose e is 0 */
+            for (int l = 0; l < 16; ++l) xs[l] = j + l < V ? xr[j + l] : -INFINITY;
+        }
+        const v16 e = exp16(xs - top);
+        v16 ex = e * xs;
+        v16i exbits;  /* where e is 0, e * x is 0 (x may be -inf: 0 * -inf is NaN) */
+        memcpy(&exbits, &ex, sizeof ex);
+        exbits &= ~(e == 0.0f);
+        memcpy(&ex, &exbits, sizeof ex);
+        v8f lo, hi, xlo, xhi;
+        memcpy(&lo, &e, 32);
+        memcpy(&hi, (const char *)&e + 32, 32);
+        memcpy(&xlo, &ex, 32);
+        memcpy(&xhi, (const char *)&ex + 32, 32);
+        za += __builtin_convertvector(lo, v8d);
+        zb += __builtin_convertvector(hi, v8d);
+        ma += __builtin_convertvector(xlo, v8d);
+        mb += __builtin_convertvector(xhi, v8d);
+    }
+    double zt = 0.0, mt = 0.0;
+    for (int l = 0; l < 8; ++l) { zt += za[l] + zb[l]; mt += ma[l] + mb[l]; }
+    *z = zt;
+    *m = mt;
+}
+
+/* sum(exp(x - top)) over the entries where `forbidden` is nonzero: row_stats' z over those alone,
+ * the same exponentials added in the same lanes and order (with the others 0), so it is never
+ * more than z: a constraint's masked mass is at most 1. */
+void token_lab_masked_exp_sum(const float *xr, int64_t V, float top, const uint8_t *forbidden, double *out) {
+    v8d za = {0}, zb = {0};
+    for (int64_t j = 0; j < V; j += 16) {
+        v16 xs;
+        for (int l = 0; l < 16; ++l) xs[l] = j + l < V && forbidden[j + l] ? xr[j + l] : -INFINITY;
+        const v16 e = exp16(xs - top);
+        v8f lo, hi;
+        memcpy(&lo, &e, 32);
+        memcpy(&hi, (const char *)&e + 32, 32);
+        za += __builtin_convertvector(lo, v8d);
+        zb += __builtin_convertvector(hi, v8d);
+    }
+    double zt = 0.0;
+    for (int l = 0; l < 8; ++l) zt += za[l] + zb[l];
+    *out = zt;
+}
+
+typedef struct {
+    const float *x;
+    int64_t V, k, *ids, *found;
+    float *vals;
+    double *z, *m;
+} stats_t;
+
+static void stats_range(void *ctx, int64_t begin, int64_t end) {
+    const stats_t *a = ctx;
+    for (int64_t r = begin; r < end; ++r)
+        row_stats(a->x + r * a->V, a->V, a->k, a->ids + r * a->k, a->vals + r * a->k, a->found + r, a->z + r, a->m + r);
+}
+
+static costs_t stats_costs[48];
+
+/* x (rows, V): each row's k largest (ids, vals), found (k, or less where a row has a NaN: then its
+ * z and m are not written), z and m; rows shared between threads, each row computed alone. */
+void token_lab_row_stats(const float *x, int64_t rows, int64_t V, int64_t k, int64_t *ids, float *vals,
+                         int64_t *found, double *z, double *m, int threads) {
+    stats_t a = {x, V, k, ids, found, vals, z, m};
+    split(stats_range, &a, rows, rows * V * (int64_t)sizeof(float), threads, by_size(stats_costs, rows * V * 4));
 }
