@@ -208,9 +208,14 @@ class API:
             raise from_engine(next(d for d in down if d))
         return JSONResponse({"object": "list", "data": [
             {"id": name, "object": "model", "created": 0, "owned_by": "token-lab",
-             **({"max_model_len": self.offered.engine(name).describe().max_seq_len}
-                if self.offered.loaded(name) else {})}
+             **(self._loaded_info(name) if self.offered.loaded(name) else {})}
             for name in self.offered.labels]})
+
+    def _loaded_info(self, name: str) -> dict:
+        """A loaded model's context window and, for a quantized one on a CPU, its products (the
+        path, the kernels and the bound: model/products.py)."""
+        info = self.offered.engine(name).describe()
+        return {"max_model_len": info.max_seq_len, **({"products": info.products} if info.products else {})}
 
     def _room(self, ids: list[int]) -> int:
         return self.context - len(ids)

@@ -203,7 +203,7 @@ def _cmd_generate(args) -> int:
         seed = first_seed(args.seed, args.n) if args.n != 1 else args.seed
         request = prepare_run(engine, _settings(args), prompt=args.prompt, chat=args.chat, system=args.system,
                               given=given, seed=seed, stop=args.stop, top_n=args.top)
-        name = engine.describe().name
+        name = _made_by(engine.describe())
         if args.speculative is not None:
             if args.n != 1 or given:
                 raise InputError("--speculative runs one sample of a prompt: not with --n or --prefix-ids")
@@ -222,7 +222,7 @@ def _tokens(n: int) -> str:
     return f"{n} token" + ("" if n == 1 else "s")
 
 
-def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model: str | None = None,
+def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model: dict | None = None,
                prefix_ids=()) -> int:
     """Print a run's steps and its summary; 130 if Ctrl-C ended it ("interrupted"), else 0."""
     from inference.events import DoneEvent, StepEvent
@@ -253,7 +253,7 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
     return 0
 
 
-def _speculative(args, engine, request, cancel: threading.Event, model: str | None) -> int:
+def _speculative(args, engine, request, cancel: threading.Event, model: dict | None) -> int:
     """A speculative run: with --jsonl a line per token (proposed? accepted? p, q, the coin) and
     the summary; else the text, and on stderr the acceptance and the target passes."""
     from contextlib import ExitStack
@@ -286,7 +286,7 @@ def _speculative(args, engine, request, cancel: threading.Event, model: str | No
                 speed = {"tokens_per_s": rate, "plain_tokens_per_s": plain_rate,
                          "speed_up": rate / plain_rate if rate and plain_rate else None, "same_as_plain": same}
             if args.jsonl:
-                line = {**ev.to_json(), "reason": reason, **speed, **({"model": model} if model else {})} if done \
+                line = {**ev.to_json(), "reason": reason, **speed, **(model or {})} if done \
                     else ev.to_json()
                 print(json.dumps(line, ensure_ascii=False), flush=True)
             elif not done:
@@ -310,7 +310,7 @@ def _speculative(args, engine, request, cancel: threading.Event, model: str | No
     return 0
 
 
-def _print_beams(events, jsonl: bool, cancel: threading.Event, model: str | None) -> int:
+def _print_beams(events, jsonl: bool, cancel: threading.Event, model: dict | None) -> int:
     """A beam search: with --jsonl a line per step (every hypothesis, its cumulative log-probability
     and status) and the summary with every finished beam; else the best beam's text with its
     score, then the other finished beams, best first. 130 after Ctrl-C."""
@@ -323,7 +323,7 @@ def _print_beams(events, jsonl: bool, cancel: threading.Event, model: str | None
             continue
         reason = "interrupted" if ev.reason == "cancelled" and cancel.is_set() else ev.reason
         if jsonl:
-            print(json.dumps({**ev.to_json(), "reason": reason, **({"model": model} if model else {})},
+            print(json.dumps({**ev.to_json(), "reason": reason, **(model or {})},
                              ensure_ascii=False), flush=True)
         else:
             for i, (beam, text) in enumerate(zip(ev.beams, ev.texts)):
@@ -337,16 +337,22 @@ def _print_beams(events, jsonl: bool, cancel: threading.Event, model: str | None
     return 0
 
 
-def _summary(ev, params, model: str | None, cancel: threading.Event, prefix_ids=()) -> dict:
+def _made_by(info) -> dict:
+    """What made a run, for its summary line: the model, and (a quantized model on a CPU) the
+    products its matrices ran ("integer" with the stated bound, or "float32")."""
+    return {"model": info.name, **({"products": info.products} if info.products else {})}
+
+
+def _summary(ev, params, model: dict | None, cancel: threading.Event, prefix_ids=()) -> dict:
     """A run's last JSONL line: its DoneEvent ("interrupted" after Ctrl-C), how it was made (with
     --prefix-ids, those ids among its settings: the run continued after them), the model."""
     if ev.reason == "cancelled" and cancel.is_set():
         ev = dataclasses.replace(ev, reason="interrupted")
     made = how_made(params, prefix_ids) if params is not None else {}
-    return {**ev.to_json(), **made, **({"model": model} if model else {})}
+    return {**ev.to_json(), **made, **(model or {})}
 
 
-def _print_samples(samples, jsonl: bool, cancel: threading.Event, params, model: str | None) -> int:
+def _print_samples(samples, jsonl: bool, cancel: threading.Event, params, model: dict | None) -> int:
     """Print n samples: with --jsonl every step and summary as it comes, each with "sample" (k)
     and its "seed"; else each sample's text when it ends, its summary on stderr. 130 after Ctrl-C."""
     from inference.events import DoneEvent, StepEvent

@@ -64,6 +64,9 @@ class EngineInfo:
     # A model on a GGUF file's quantized blocks: its matrices' bytes as stored (anatomy.stages'
     # `stored`); None where the weights are read at `decode_dtype`.
     stored_bytes: dict | None = None
+    # A quantized model's products on a CPU (model/products.py's describe: path, kernels, bound);
+    # None where the weights are float (or a server runs the model).
+    products: dict | None = None
     # In front of a server: which distribution its log-probabilities are, how that was found
     # out, and where the model's config.json was read.
     logprobs_source: str = ""

@@ -1,6 +1,6 @@
 """Which products a quantized model's weights run on a CPU, and what they promise.
 
-integer: each block of 32 activations is split into three int8 slices with one power-of-two
+integer: each block of 32 activations is split into four int8 slices with one power-of-two
 scale, multiplied with the weights' own integers exactly (kernels/islices.c: AVX-512 VNNI where
 the CPU has it), and each block's scales applied once in float32. Every output is within BOUND of
 the float32 product of the dequantized weights, and a row's result is the same bits alone or in
@@ -14,12 +14,12 @@ from inference.errors import InputError
 from inference.model import kernels
 
 CHOICES = ("auto", "integer", "float32")
-# |y - y_float32| for one output y = sum_i w_i x_i of a weight row w (as gguf dequantizes it) and
+# |y - y_f32| for one output y = sum_i w_i x_i of a weight row w (as gguf dequantizes it) and
 # activations x, where s_b is block b's slice scale (the least power of two with 127 s_b >= the
-# block's largest |x|, so s_b 2^-15 <= 2^-21 of it), m_i the block's min term where the type has
-# one (Q4_1, Q4_K, Q5_K), n the inputs and k the blocks of 32 (docs/design.md derives it).
-BOUND = ("|y - y_f32| <= 2^-15 sum_b s_b sum_{i in b} |w_i| "
-         "+ (2k + n/32 + 16) 2^-24 sum_i (|w_i| + |m_i|) |x_i|")
+# block's largest |x|: s_b 2^-22 is at most 2^-28 of it), m_i the block's min term where the type
+# has one (Q4_1, Q4_K, Q5_K) and n the inputs (docs/design.md derives it; tests/model/test_islices.py).
+BOUND = ("|y - y_f32| <= 2^-22 sum_b s_b sum_{i in b} |w_i| "
+         "+ 1.01 (3n/32 + 16) 2^-24 sum_i (|w_i| + |m_i|) |x_i|")
 
 
 def resolve_products(name: str, device) -> str:
@@ -36,13 +36,12 @@ def resolve_products(name: str, device) -> str:
     return "integer" if name == "integer" or simd == "avx512-vnni" else "float32"
 
 
-def describe(products: str, quantized: bool) -> dict:
-    """What a model's card, the API's model information and the CLI's JSON say of its products."""
-    if not quantized:
-        return {"path": "float32", "kernels": None, "bound": None}
-    if products == "integer":
-        return {"path": "integer", "kernels": kernels.int_products(), "bound": BOUND}
+def describe(products: str) -> dict:
+    """What a quantized model's card, the API's model information and the CLI's JSON say of its
+    products: the path, the kernels that run it and, for integer products, the bound."""
     simd = kernels.int_products()
-    why = None if simd is None else ("--products float32" if simd == "avx512-vnni"
-                                    else "this CPU has no AVX-512 VNNI (--products integer runs them in plain C)")
-    return {"path": "float32", "kernels": "float32 dequantized", "bound": None, "why": why}
+    if products == "integer":
+        return {"path": "integer", "kernels": simd, "bound": BOUND}
+    why = ("--products float32" if simd == "avx512-vnni" else
+           "this CPU has no AVX-512 VNNI (--products integer runs them in plain C)" if simd else "no compiled kernels")
+    return {"path": "float32", "kernels": "float32 on the dequantized weights", "bound": None, "why": why}

@@ -19,6 +19,7 @@ from inference.errors import EngineClosed, EngineDown, InputError, ModelError, N
 from inference.events import BeamDoneEvent, DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent, token_scores
 from inference.request import RunRequest, check_ids, prepare_run
 from inference.samples import Tagged, first_seed, merged
+from inference.model.products import describe as describe_products
 from inference.serving.kv_pool import KVPool, default_pool_blocks
 from inference.model.transformer import Transformer
 from inference.serving.precision import PrecisionReport, measure_decode_error
@@ -176,7 +177,8 @@ class Engine:
                           b, f"{b} bytes per value at {str(self.dtype).removeprefix('torch.')}",
                           self.dtype, self.model.decode_dtype, self.scheduler.pool.n_blocks,
                           self._decode_error, chat=bool(self.tokenizer.chat_template),
-                          stored_bytes=self.model.stored_bytes())
+                          stored_bytes=self.model.stored_bytes(),
+                          products=describe_products(self.model.products) if self.model.quantized else None)
 
     def server_load(self):
         """A server's whole load: the local engine's is its pool, in every step's event."""

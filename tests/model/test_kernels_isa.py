@@ -93,3 +93,34 @@ def test_products_on_the_blocks_are_the_same_bits_with_avx2_and_with_this_cpus_v
         got[march] = torch.load(tmp_path / march)
     for name, products in got["native"].items():
         assert all(torch.equal(a, b) for a, b in zip(products, got["x86-64-v3"][name])), name
+
+
+INT_PRODUCTS = """
+import sys, torch
+sys.path[:0] = ["tests", "tests/model"]
+from test_quant import weight
+from inference.model import kernels
+out = {"simd": kernels.int_products()}
+for name in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]:
+    w, _ = weight(name, 37, 2, seed=5)
+    x = torch.randn(9, w.in_features, generator=torch.Generator().manual_seed(6)) * 3
+    r = w.repacked()
+    out[name] = [r.matmul(x[:n], kernel_rows=16) for n in (1, 2, 5, 9)] + [r.dequantize()]
+torch.save(out, sys.argv[1])
+"""
+
+
+def test_integer_products_are_the_same_bits_in_plain_c_and_with_avx512_vnni(tmp_path):
+    """The integer products' plain C form (a CPU without AVX-512 VNNI) and this CPU's: the same
+    integers and the same float32 operations, lane by lane, so the same bits."""
+    import torch
+    if kernels.int_products() != "avx512-vnni":
+        pytest.skip("this CPU has no AVX-512 VNNI: only the plain C form is built here")
+    got = {}
+    for march in ("native", "x86-64-v3"):
+        subprocess.run([sys.executable, "-c", INT_PRODUCTS, str(tmp_path / march)], cwd=ROOT, env=env_for(march),
+                       check=True, timeout=300)
+        got[march] = torch.load(tmp_path / march)
+    assert (got["native"].pop("simd"), got["x86-64-v3"].pop("simd")) == ("avx512-vnni", "portable C")
+    for name, products in got["native"].items():
+        assert all(torch.equal(a, b) for a, b in zip(products, got["x86-64-v3"][name])), name

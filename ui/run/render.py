@@ -316,7 +316,11 @@ def blocks_text(info) -> str:
     if not stored:
         return ""
     size = sum(v for k, v in stored.items() if k != "embed_row")
-    return f" (matrices read in the GGUF file's quantized blocks, {binary_size(size)}; activations and sums float32)"
+    products = getattr(info, "products", None) or {}
+    how = ("products in integers: each block of 32 activations in four int8 slices, exact integer sums, "
+           "the scales applied in float32, within a stated bound of the float32 product"
+           if products.get("path") == "integer" else "activations and sums float32")
+    return f" (matrices read in the GGUF file's quantized blocks, {binary_size(size)}; {how})"
 
 
 def sliding_text(cfg) -> str:
