@@ -8,7 +8,7 @@ import math
 import threading
 import time
 
-from inference.serving.scheduler import prefill_shares
+from inference.serving.run import prefill_shares
 
 TIMEOUT_S = 60.0  # only a broken test waits this long
 

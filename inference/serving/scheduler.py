@@ -18,86 +18,31 @@ scheduler refuses new runs (`down`) instead of leaving them to hang.
 from __future__ import annotations
 
 import os
-import queue
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 
 import torch
 
 from inference.errors import EngineClosed, EngineDown, ResourceError
 from inference.decoding.beams import BeamSearch
-from inference.events import BeamDoneEvent, BeamStepEvent, DoneEvent, PrefillEvent, StepEvent, WaitEvent
+from inference.events import PrefillEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
-from inference.model.transformer import PagedBatch, Transformer
+from inference.model.transformer import Transformer
 from inference.sampling.params import SamplingParams
 from inference.sampling.state import RunState
-from inference.serving.step_stats import RowSampling, StepInfo, candidates, pick_rows
+from inference.serving.beam_rows import beam_rows, beam_step
+from inference.serving.run import Run, prefill_shares, tables_of
+from inference.serving.run_events import ending, step_event
+from inference.serving.step_batch import eager_batch, static_rows
+from inference.serving.step_stats import RowSampling, StepInfo, pick_rows
 from inference.serving.static_step import StaticDecode, bucket_for
 from inference.serving.stop import StopMatcher
-
-
-@dataclass(eq=False)
-class Run:
-    """One request's state while the scheduler owns it. Its events go to `events`."""
-    ids: list[int]
-    params: SamplingParams
-    top_n: int
-    cancel: threading.Event
-    max_new: int
-    capped: bool
-    seed: int
-    blocks_needed: int
-    # Where its events go: its own queue, or a batch of samples' shared one (engine.Tagged).
-    events: queue.Queue = field(default_factory=queue.Queue)
-    keep_prefix: bool = True  # its whole blocks go to the prefix cache when it ends (not cancelled)
-    released: threading.Event = field(default_factory=threading.Event)
-    table: BlockTable | None = None
-    generator: torch.Generator | None = None
-    state: RunState | None = None  # what its sampling stages read; advanced after each token
-    stream: object = None
-    stops: StopMatcher | None = None
-    prefilled: int = 0  # prompt positions in the cache
-    reused: int = 0  # of those, positions found in the prefix cache (not computed by this run)
-    generated: list[int] = field(default_factory=list)  # sampled tokens, in order
-    next_token: int | None = None  # sampled, not yet fed back
-    parts: list[str] = field(default_factory=list)
-    step_ms: list[float] = field(default_factory=list)
-    submitted: float = field(default_factory=time.perf_counter)
-    admitted: float | None = None
-    last_step_end: float | None = None
-    wait_position: int | None = None
-    given: int = 0  # of `ids`, the last ones already generated (a branch's): its stages count them
-    beams: BeamSearch | None = None  # a beam search: a decode row per live beam, each its own table
-    copied: int = 0  # a beam search's blocks copied on write this step
-    forced: tuple[int, ...] = ()  # the tokens it makes, in order (RunRequest.forced), else sampled
-
-    @property
-    def n_prompt(self) -> int:
-        return len(self.ids)
-
-
-def fair_shares(unread: dict, budget: int) -> dict:
-    """Prompt tokens each run still reading its prompt reads this step ({run: tokens unread} ->
-    {run: tokens}): the budget split evenly, a run that needs less than its part taking only what
-    it needs and leaving the rest to the others. So a short prompt is read at once beside a long
-    one (given the whole budget in turn, it waited for every chunk of the long one)."""
-    shares, left = {}, len(unread)
-    for run, need in sorted(unread.items(), key=lambda kv: kv[1]):  # the smallest first: leftovers go on
-        shares[run] = min(need, max(budget // left, 1 if budget else 0))
-        budget, left = budget - shares[run], left - 1
-    return shares
 
 
 def _one_line(error: BaseException) -> str:
     text = str(error).strip().split("\n")[0]
     return text if len(text) <= 200 else text[:200] + "…"
-
-
-def prefill_shares(runs, budget: int) -> dict:
-    """fair_shares of the runs (by id()) still reading their prompt."""
-    return fair_shares({id(r): r.n_prompt - r.prefilled for r in runs if r.prefilled < r.n_prompt}, budget)
 
 
 class Scheduler:
@@ -237,7 +182,7 @@ class Scheduler:
                 if run.released.is_set():
                     continue
                 try:
-                    for table in _tables(run):
+                    for table in tables_of(run):
                         table.release()
                 except Exception:  # noqa: BLE001 - its blocks are lost; its answer is not
                     pass
@@ -263,7 +208,7 @@ class Scheduler:
     def _drop_cancelled_waiting(self) -> None:
         for run in [r for r in self._waiting if r.cancel.is_set()]:
             self._waiting.remove(run)
-            run.events.put(self._ending(run, "cancelled"))
+            run.events.put(ending(run, "cancelled", self.tokenizer, self.eos_ids))
             run.released.set()
 
     def _admit(self) -> None:
@@ -314,7 +259,10 @@ class Scheduler:
         shares = prefill_shares(active, self.prefill_chunk)
         for run in active:
             if run.beams is not None and run.prefilled == run.n_prompt:
-                self._beam_rows(run, tokens, positions, slots, decode, sampling)
+                try:  # a beam the pool cannot grow ends the search
+                    beam_rows(run, tokens, positions, slots, decode, sampling)
+                except Exception as e:  # noqa: BLE001
+                    self._fail(run, e)
                 continue
             if run.prefilled == run.n_prompt:  # generating: feed back the last token
                 start, new = run.table.length, [run.next_token]
@@ -348,9 +296,11 @@ class Scheduler:
         try:
             with torch.inference_mode():
                 if self.static is not None and not prefills and bucket_for(len(decode)):
-                    logits = self.static(tokens, positions, *self._static_rows(decode))
-                else:
-                    logits = self._forward(tokens, positions, slots, decode, prefills, sampling)
+                    logits = self.static(tokens, positions, *static_rows(decode))
+                else:  # the eager step: any mix of decode rows and prompt chunks
+                    batch = eager_batch(positions, slots, decode, prefills, sampling, dev)
+                    logits = self.model.forward_paged(torch.tensor(tokens, device=dev), batch,
+                                                      self.pool.k_layers, self.pool.v_layers)
         except torch.OutOfMemoryError:
             if dev.type == "cuda":
                 torch.cuda.empty_cache()
@@ -367,7 +317,14 @@ class Scheduler:
         beam_runs = list(dict.fromkeys(r for r in order if r.beams is not None))
         if beam_runs:  # each beam search's rows go to its own step; the others are sampled as ever
             for run in beam_runs:
-                self._beam_step(run, logits[[i for i, r in enumerate(order) if r is run]])
+                try:
+                    beam_step(run, logits[[i for i, r in enumerate(order) if r is run]], self._cv, self._stats,
+                              self.tokenizer)
+                except Exception as e:  # noqa: BLE001 - this search's alone
+                    self._fail(run, e)
+                    continue
+                if run.beams.done:
+                    self._finish(run, run.beams.ended)
             plain = [i for i, r in enumerate(order) if r.beams is None]
             logits, order = logits[plain], [order[i] for i in plain]
         for run, info in self._sample(logits, order) if order else ():
@@ -402,101 +359,6 @@ class Scheduler:
                     out.append((run, e))
             return out
 
-    def _forward(self, tokens, positions, slots, decode, prefills, sampling) -> torch.Tensor:
-        """The eager step: any mix of decode rows and prompt chunks."""
-        dev = self.model.device
-        batch = PagedBatch(
-            positions=torch.tensor(positions, device=dev), write_slots=torch.cat(slots),
-            decode_rows=None, decode_blocks=None, decode_mask=None, prefills=prefills,
-            logit_rows=torch.tensor([row for row, _ in sampling], dtype=torch.long, device=dev))
-        if decode:
-            batch.decode_rows = torch.tensor([row for row, _, _ in decode], device=dev)
-            batch.decode_blocks, batch.decode_mask = self._decode_context(decode, dev)
-        return self.model.forward_paged(torch.tensor(tokens, device=dev), batch, self.pool.k_layers, self.pool.v_layers)
-
-    @staticmethod
-    def _static_rows(decode: list[tuple[int, BlockTable, int]]) -> tuple[list[int], list[list[int]]]:
-        """Each decode row's write slot and blocks, from the host's block tables (no read of
-        a device tensor: the fixed-shape step makes no host sync)."""
-        slots, blocks = [], []
-        for _, table, n in decode:
-            held = table.blocks[:blocks_for(n)]
-            slots.append(held[(n - 1) // BLOCK_SIZE] * BLOCK_SIZE + (n - 1) % BLOCK_SIZE)
-            blocks.append(held)
-        return slots, blocks
-
-    @staticmethod
-    def _decode_context(decode: list[tuple[int, BlockTable, int]], dev) -> tuple[torch.Tensor | slice, torch.Tensor | None]:
-        """Each decode row's blocks (B, nb), padded, and the mask of its positions.
-
-        One run whose blocks are consecutive in the pool is read in place, as a slice of slots,
-        without a mask (SDPA then takes its fastest kernel)."""
-        if len(decode) == 1:
-            _, table, n = decode[0]
-            blocks = table.blocks
-            if blocks == list(range(blocks[0], blocks[0] + len(blocks))):
-                return slice(blocks[0] * BLOCK_SIZE, blocks[0] * BLOCK_SIZE + n), None
-        nb = max(blocks_for(n) for _, _, n in decode)
-        ctx = torch.empty(len(decode), nb, dtype=torch.long)  # (B, nb)
-        mask = torch.zeros(len(decode), 1, 1, nb * BLOCK_SIZE, dtype=torch.bool)  # (B, 1, 1, nb * BLOCK_SIZE)
-        for b, (_, table, n) in enumerate(decode):
-            held = table.blocks[:blocks_for(n)]
-            ctx[b] = torch.tensor(held + [held[0]] * (nb - len(held)))  # padding: any block, masked out
-            mask[b, ..., :n] = True
-        return ctx.to(dev), mask.to(dev)
-
-    def _beam_rows(self, run: Run, tokens, positions, slots, decode, sampling) -> None:
-        """A decode row per live beam of a beam search, each into its own table (a block it
-        shares with another beam is copied first). A beam the pool cannot grow ends the search."""
-        live = run.beams.live
-        try:
-            run.copied = 0
-            for beam in live:
-                run.copied += beam.table.own_from(beam.table.length)
-                beam.table.grow_to(beam.table.length + 1)
-        except Exception as e:  # noqa: BLE001
-            self._fail(run, e)
-            return
-        for beam in live:
-            start, row = beam.table.length, len(tokens)
-            tokens.append(beam.last)
-            positions.append(start)
-            slots.append(beam.table.slots(start, start + 1))
-            decode.append((row, beam.table, start + 1))
-            beam.table.length = start + 1
-            sampling.append((row, run))
-
-    def _beam_step(self, run: Run, logits: torch.Tensor) -> None:
-        """A beam search's step from its rows of logits: the continuations kept fork their
-        parents' tables (sharing every block), the parents' are let go, and the step's event."""
-        search = run.beams
-        try:
-            parents = [b.table for b in search.live] if search.live else [run.table]
-            with torch.inference_mode():
-                hyps = [h for h, _ in search.step(logits)]
-            with self._cv:
-                for beam, h in zip(search.live, sorted((h for h in hyps if h.status == "kept"), key=lambda h: h.beam)):
-                    beam.table = parents[h.parent].fork()
-                for table in parents:
-                    table.release()
-                run.table = None
-            now = time.perf_counter()
-            ms = (now - run.last_step_end) * 1000
-            run.last_step_end = now
-            run.step_ms.append(ms)
-            held = [t.blocks for t in _tables(run)]
-            with self._cv:
-                pool = self._stats()
-            run.events.put(BeamStepEvent(
-                search.steps - 1, hyps, [self.tokenizer.piece(h.token_id) for h in hyps], ms,
-                len({b for blocks in held for b in blocks}), sum(len(blocks) for blocks in held), run.copied, pool))
-            run.copied = 0
-        except Exception as e:  # noqa: BLE001 - this search's alone
-            self._fail(run, e)
-            return
-        if search.done:
-            self._finish(run, search.ended)
-
     def _emit(self, run: Run, info: StepInfo) -> None:
         """The run's new token: its event, and the end of the run if it ends here."""
         token_id = info.token_id
@@ -516,21 +378,9 @@ class Scheduler:
         ms = (now - run.last_step_end) * 1000
         run.last_step_end = now
         run.step_ms.append(ms)
-        first = len(run.step_ms) == 1
-        tok, per_position = self.tokenizer, self.pool.bytes_per_block // BLOCK_SIZE
         with self._cv:
             pool = self._stats()
-        run.events.put(StepEvent(
-            step=len(run.step_ms) - 1, token_id=token_id, piece=tok.piece(token_id), text=delta,
-            prob=info.prob, raw_prob=info.raw_prob, top=candidates(info, tok.piece),
-            entropy=info.entropy, rank=info.rank,
-            kv_cache_bytes=run.table.length * per_position,
-            kv_cache_capacity_bytes=len(run.table.blocks) * self.pool.bytes_per_block,
-            ms=ms, prefill_ms=ms if first else None, prompt_tokens=run.n_prompt if first else None,
-            wait_ms=(run.admitted - run.submitted) * 1000 if first else None,
-            prompt_tokens_reused=run.reused if first else None,
-            kv_blocks=len(run.table.blocks), pool=pool, sampler_state=recorded, masked_mass=info.masked_mass,
-            unlisted_prob=info.unlisted_prob))
+        run.events.put(step_event(run, info, delta, ms, self.tokenizer, self.pool.bytes_per_block, pool, recorded))
         if is_eos:
             self._finish(run, "eos")
         elif constraint is not None and constraint.terminated:
@@ -547,7 +397,7 @@ class Scheduler:
                 held = (run.ids + run.generated)[:run.table.length]  # every token but the last sampled
                 self.prefix_cache.keep(held, run.table.blocks)
                 run.table.blocks = []
-            for table in _tables(run):
+            for table in tables_of(run):
                 table.release()
             self._reserved -= run.blocks_needed
             self._active.remove(run)
@@ -556,7 +406,7 @@ class Scheduler:
 
     def _finish(self, run: Run, reason: str) -> None:
         try:  # its last text (the tokenizer's and the stop strings' tail) before its blocks go
-            done = self._ending(run, reason)
+            done = ending(run, reason, self.tokenizer, self.eos_ids)
         except Exception as e:  # noqa: BLE001 - the run ends with its error instead
             self._fail(run, e)
             return
@@ -569,30 +419,3 @@ class Scheduler:
             self._release(run)
             run.events.put(error)
 
-    def _ending(self, run: Run, reason: str) -> DoneEvent | BeamDoneEvent:
-        """The run's last event: a beam search's finished beams, or a run's DoneEvent."""
-        if run.beams is None:
-            return self._done(run, reason)
-        b = run.beams
-        texts = [self.tokenizer.decode([t for t in f.tokens if t not in self.eos_ids]) for f in b.finished]
-        return BeamDoneEvent(reason, list(b.finished), texts, run.n_prompt, b.steps, b.width,
-                             b.length_penalty, run.max_new, run.capped)
-
-    @staticmethod
-    def _done(run: Run, reason: str) -> DoneEvent:
-        tail = "" if reason == "stop" or run.stream is None else run.stops.push(run.stream.flush()) + run.stops.flush()
-        decode_s = sum(run.step_ms[1:]) / 1000
-        n = len(run.step_ms)
-        return DoneEvent(
-            reason=reason, text="".join(run.parts) + tail, tail=tail, prompt_tokens=run.n_prompt,
-            generated_tokens=n, ttft_ms=run.step_ms[0] if n else 0.0,
-            decode_tokens_per_s=(n - 1) / decode_s if decode_s > 0 else 0.0,
-            seed=run.seed, max_new_tokens=run.max_new, capped=run.capped,
-            stop_string=run.stops.matched if reason == "stop" else None,
-            constraint_complete=None if run.state is None or run.state.constraint is None else run.state.constraint.complete)
-
-
-def _tables(run: Run) -> list[BlockTable]:
-    """Every block table a run holds: its own, and a beam search's live beams'."""
-    beams = [b.table for b in run.beams.live if b.table is not None] if run.beams is not None else []
-    return ([run.table] if run.table is not None else []) + beams

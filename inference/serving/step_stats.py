@@ -155,7 +155,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
 
     # ---- the chosen token's logit and rank: its place among the top-k where it is there (every
     # larger logit is there too), else a count over its row
-    top_ids, top_vals = ids[:, :top_n], vals[:, :top_n]  # (R, top_n)
+    top_ids = ids[:, :top_n]  # (R, top_n)
     chosen_logit = logits.gather(1, next_id[:, None])  # (R, 1)
     listed = (ids == next_id[:, None]).any(dim=1)  # (R,)
     above = (vals > chosen_logit).sum(dim=1)  # (R,): right where listed

@@ -189,13 +189,14 @@ def test_a_fault_in_a_stop_string_ends_that_run_alone(engine, monkeypatch):
 
 def test_a_fault_at_a_runs_end_ends_that_run_alone(engine, monkeypatch):
     expected = alone(engine, requests(engine))
-    real = scheduler_module.Scheduler._done
+    from inference.serving import run_events
+    real = run_events.done_event
 
     def done(run, reason):
         if run.seed == BAD_SEED:
             raise Injected("its end failed")
         return real(run, reason)
-    monkeypatch.setattr(scheduler_module.Scheduler, "_done", staticmethod(done))
+    monkeypatch.setattr(run_events, "done_event", done)
     check_isolated(engine, run_together(engine, requests(engine, {"temperature": 0.9})), expected)
 
 

@@ -12,7 +12,7 @@ from inference.serving.engine import Engine
 from inference.errors import ResourceError
 from inference.events import DoneEvent, PrefillEvent, StepEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE
-from inference.serving.scheduler import fair_shares
+from inference.serving.run import fair_shares
 from inference.sampling.params import SamplingParams
 from ui.controls import Controls
 from ui.handlers import Handlers
@@ -71,14 +71,15 @@ def test_a_lone_run_on_scattered_blocks_equals_one_on_consecutive_blocks(tiny_di
     tiny_engine = Engine.from_hf_dir(tiny_dirs["gqa_tied"], "cpu", "float32")  # a pool no run has used
     params = SamplingParams(temperature=1.0, seed=3, max_new_tokens=40)
     ids = tiny_engine.tokenizer.encode(PROMPTS[0])
+    from inference.serving import step_batch
     scheduler, read_in_place = tiny_engine.scheduler, []
-    context = scheduler._decode_context
+    context = step_batch.decode_context
 
     def spy(decode, dev):
         ctx, mask = context(decode, dev)
         read_in_place.append(isinstance(ctx, slice))
         return ctx, mask
-    monkeypatch.setattr(scheduler, "_decode_context", spy)
+    monkeypatch.setattr(step_batch, "decode_context", spy)
     consecutive = list(tiny_engine.generate_ids(ids, params, top_n=5))
     assert read_in_place and all(read_in_place)
     pool, read_in_place[:] = scheduler.pool, []
