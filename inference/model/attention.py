@@ -13,7 +13,7 @@ from torch import nn
 from inference.model import kernels
 from inference.model.config import ModelConfig
 from inference.model.kv_cache import BLOCK_SIZE
-from inference.model.layers import DECODE_ROWS, Linear, RMSNorm
+from inference.model.layers import Linear, RMSNorm
 from inference.model.rope import apply_rope
 
 
@@ -167,8 +167,7 @@ class Attention(nn.Module):
         layer's (slots, n_kv_heads, head_dim)."""
         _, N, _ = x.shape
         q = None
-        if N <= DECODE_ROWS and x.dtype == torch.float32 and x.device.type == "cpu" \
-                and kernels.available():  # a decode step's rows on a CPU
+        if x.dtype == torch.float32 and x.device.type == "cpu" and kernels.available():  # every row alone
             qkv = self.wqkv(x)[0]  # (N, q_dim + 2 kv_dim)
             if self.bqkv is not None:
                 qkv = qkv + self.bqkv
@@ -188,6 +187,16 @@ class Attention(nn.Module):
         if batch.decode_rows is not None:
             out[batch.decode_rows] = self._decode(q[batch.decode_rows], k_pool, v_pool, batch)
         for row, n, slots, start in batch.prefills:
+            # Each prompt row's attention as a decode row's, by the same kernel over the same keys:
+            # its numbers do not depend on how the prompt was cut into chunks, nor on a prefix
+            # read back from the cache, nor on the other rows of the step.
+            first = torch.arange(start + 1, start + n + 1)  # (n,): each row's keys held, its own included
+            op = kernels.attend(q[row:row + n], k_pool, v_pool, self.softmax_scale,
+                                (first - self.window).clamp_(min=0) if self.window is not None else torch.zeros_like(first),
+                                first, slots, 1, max_length=start + n)
+            if op is not None:
+                out[row:row + n] = op
+                continue
             qp = q[row:row + n].transpose(0, 1).unsqueeze(0)  # (1, n_heads, n, head_dim)
             kp = k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # (1, n_kv_heads, start + n, head_dim)
             vp = v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)

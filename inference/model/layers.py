@@ -77,11 +77,10 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:
-            if x.numel() <= DECODE_ROWS * x.shape[-1]:  # a decode step's rows: one call, not five ops
-                y = kernels.rms_norm(x, self.weight, self.eps)
-                if y is not None:
-                    return y
-            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            # Our kernel for any number of rows: one call, not five ops, and each row's numbers
+            # the same whatever rows it comes with (a decode row's alone, in a batch or a prompt).
+            y = kernels.rms_norm(x, self.weight, self.eps)
+            return y if y is not None else F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         # Normalize in float32 whatever the weight dtype, then scale in the model dtype.
         return self.weight * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
@@ -101,7 +100,7 @@ class FeedForward(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.w13(x)  # (bsz, T, 2 ffn_dim): [gate | up]
-        y = kernels.glu(h, self.gelu) if h.numel() <= DECODE_ROWS * h.shape[-1] else None  # a decode step's rows
+        y = kernels.glu(h, self.gelu)  # each row alone, whatever rows it comes with
         if y is None:
             gate, up = h.split(self.ffn_dim, dim=-1)  # each (bsz, T, ffn_dim)
             y = self.act(gate).mul_(up)

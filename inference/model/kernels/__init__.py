@@ -177,22 +177,24 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, firs
            max_length: int | None = None) -> torch.Tensor | None:
     """One query per row: q (B, heads, d) -> (B, heads, d), softmax(q k^T * scale) v with row b
     seeing its keys first[b] .. lengths[b] - 1 (int64 (B,) each). Keys and values: with `blocks`
-    (B, nb) int64, each row's blocks of the pool k, v (slots, kv_heads, d) in position order;
-    without, one row's keys (L, kv_heads, d) read in place (any strides but unit over d). A row's
-    output is the same bits either way. max_length: lengths.max(), if the caller knows it. None
-    where the kernel does not apply."""
+    (B, nb) int64, each row's blocks of the pool k, v (slots, kv_heads, d) in position order (a
+    1-D (nb,) table: one for every row, as a prompt's rows share their run's); without, one row's
+    keys (L, kv_heads, d) read in place (any strides but unit over d). A row's output is the same
+    bits either way. max_length: lengths.max(), if the caller knows it. None where the kernel
+    does not apply."""
     lib = _library()
     if lib is None or not _f32_cpu(q, k, v) or k.stride(-1) != 1 or v.stride(-1) != 1:
         return None
     if blocks is not None and blocks.dtype != torch.int64:
         return None
+    shared = blocks is not None and blocks.dim() == 1  # every row reads the same table: its stride 0
     q, first, lengths = q.contiguous(), first.contiguous(), lengths.contiguous()
     blocks = None if blocks is None else blocks.contiguous()
     rows, heads, d = q.shape
     out = torch.empty_like(q)
     lib.token_lab_attend(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), rows,
                          None if blocks is None else blocks.data_ptr(),
-                         0 if blocks is None else blocks.shape[1], block_size,
+                         0 if blocks is None or shared else blocks.shape[1], block_size,
                          first.data_ptr(), lengths.data_ptr(), int(lengths.max()) if max_length is None else max_length,
                          k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads, k.shape[1], d,
                          scale, torch.get_num_threads())

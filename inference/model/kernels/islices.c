@@ -137,7 +137,7 @@ static void slice_rows(const float *x, int64_t rows, int64_t in, int64_t x_strid
 typedef __m512i ivec;
 typedef __m512 fvec;
 typedef __m512i wvec;  /* a register of weight bytes */
-static inline void planes(int64_t t, const uint8_t *g, wvec *w) {
+static inline __attribute__((always_inline)) void planes(int64_t t, const uint8_t *g, wvec *w) {
     if (t == I8_0) {
         for (int J = 0; J < 8; ++J) w[J] = _mm512_loadu_si512(g + 64 * J);
         return;
@@ -167,7 +167,7 @@ static inline void planes(int64_t t, const uint8_t *g, wvec *w) {
 }
 /* Each slice's sums over inputs 0-15 (u) and 16-31 (v), exact. */
 typedef int32_t __attribute__((may_alias, aligned(4))) slice4_t;  /* four slice bytes, read as one */
-static inline void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
+static inline __attribute__((always_inline)) void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
     for (int k = 0; k < SLICES; ++k) {
         const slice4_t *a = (const slice4_t *)xb->a[k];  /* each broadcast to 16 lanes, in the vpdpbusd */
         __m512i s = _mm512_setzero_si512(), t = s;
@@ -209,12 +209,12 @@ static inline fvec TOF(ivec a) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (
 static inline fvec f16x16(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = f16(p + 2 * i); return f; }
 static inline fvec u8x16f(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (float)p[i]; return f; }
 static inline fvec s8x16f(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (float)(int8_t)p[i]; return f; }
-static inline void planes(int64_t t, const uint8_t *g, wvec *w) {
+static inline __attribute__((always_inline)) void planes(int64_t t, const uint8_t *g, wvec *w) {
     for (int J = 0; J < 8; ++J)
         for (int r = 0; r < 16; ++r)
             for (int k = 0; k < 4; ++k) w[J].b[4 * r + k] = (uint8_t)plane_q(t, g, r, 4 * J + k);
 }
-static inline void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
+static inline __attribute__((always_inline)) void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
     for (int k = 0; k < SLICES; ++k)
         for (int r = 0; r < 16; ++r) {
             int32_t s = 0, t = 0;
@@ -231,13 +231,13 @@ static inline void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v)
 
 /* The block's value in units of s 2^-21 from its slices' sums (less `off` times the activations'
  * own where the weights are stored as q + off): 2^14 hi + lo, rounded once. */
-static inline fvec value(const ivec *s, int32_t off_hi, int32_t off_lo) {
+static inline __attribute__((always_inline)) fvec value(const ivec *s, int32_t off_hi, int32_t off_lo) {
     const ivec hi = ISUB(IPAIR(s[0], s[1]), ISET(off_hi)), lo = ISUB(IPAIR(s[2], s[3]), ISET(off_lo));
     return FMA(TOF(hi), FSET(16384.0f), TOF(lo));
 }
 
 /* Block b's terms for one activation row, added to y: the types' formulas. */
-static inline fvec legacy_terms(int64_t t, const wvec *w, const uint8_t *sc, const xblk_t *xb, fvec y) {
+static inline __attribute__((always_inline)) fvec legacy_terms(int64_t t, const wvec *w, const uint8_t *sc, const xblk_t *xb, fvec y) {
     ivec u[SLICES], v[SLICES], s[SLICES];
     slice_dots(w, xb, u, v);
     for (int k = 0; k < SLICES; ++k) s[k] = IADD(u[k], v[k]);
@@ -247,7 +247,7 @@ static inline fvec legacy_terms(int64_t t, const wvec *w, const uint8_t *sc, con
 }
 
 /* Sub-block s (32 inputs) of a K-quant's 256 for one activation row. */
-static inline fvec k_terms(int64_t t, const wvec *w, const uint8_t *g, int s, const xblk_t *xb, fvec y) {
+static inline __attribute__((always_inline)) fvec k_terms(int64_t t, const wvec *w, const uint8_t *g, int s, const xblk_t *xb, fvec y) {
     ivec u[SLICES], v[SLICES];
     slice_dots(w, xb, u, v);
     const fvec d = f16x16(g), unit = FSET(xb->unit);

@@ -82,37 +82,7 @@ void token_lab_row_sums(const float *x, const float *e, int64_t rows, int64_t V,
     }
 }
 
-/* ---------------------------------------------------------------- every row's numbers at once
- * exp(x) for x <= 0 in float32, 16 lanes at a time (GCC's vectors: AVX-512 where the CPU has it),
- * each lane the same operations (so the same bits on any vector width): x = n ln2 + r with
- * |r| <= ln2 / 2, e^r by Cephes' degree-6 polynomial (within 2 ulp), times 2^n. Below -87.3 (a
- * float32 subnormal or 0: at most 1e-38 of the sum, which holds 1 for the largest) it is 0. */
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t v16i __attribute__((vector_size(64)));
-static inline v16 exp16(v16 x) {
-    v16 n, r, p, y;
-    for (int l = 0; l < 16; ++l) n[l] = nearbyintf(x[l] * 1.44269504088896341f);
-    for (int l = 0; l < 16; ++l) r[l] = fmaf(n[l], -0.693359375f, x[l]);
-    for (int l = 0; l < 16; ++l) r[l] = fmaf(n[l], 2.12194440e-4f, r[l]);
-    for (int l = 0; l < 16; ++l) {
-        p[l] = fmaf(1.9875691500e-4f, r[l], 1.3981999507e-3f);
-        p[l] = fmaf(p[l], r[l], 8.3334519073e-3f);
-        p[l] = fmaf(p[l], r[l], 4.1665795894e-2f);
-        p[l] = fmaf(p[l], r[l], 1.6666665459e-1f);
-        p[l] = fmaf(p[l], r[l], 5.0000001201e-1f);
-        y[l] = fmaf(p[l] * r[l], r[l], r[l]) + 1.0f;
-    }
-    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
-    v16 scale;
-    memcpy(&scale, &bits, sizeof scale);
-    y *= scale;
-    const v16i keep = ~(x < -87.3f);  /* all ones where x >= -87.3 */
-    v16i ybits;
-    memcpy(&ybits, &y, sizeof y);
-    ybits &= keep;
-    memcpy(&y, &ybits, sizeof y);
-    return y;
-}
+/* ---------------------------------------------------------------- every row's numbers at once */
 static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 
 typedef float v8f __attribute__((vector_size(32)));
