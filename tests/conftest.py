@@ -50,11 +50,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 # The files that take longest (seconds on the 2-core machine, pytest --durations=0, whole file).
-HEAVIEST = ["tests/page/test_ui_page.py", "tests/page/test_edit_work_browser.py", "tests/page/test_layout_browser.py",
-            "tests/model/test_kernels_isa.py", "tests/page/test_session_console_browser.py",
-            "tests/page/test_run_view_browser.py", "tests/shared_page/test_session_memory.py",
-            "tests/page/test_reload_mid_run_browser.py", "tests/tools/test_bench.py",
-            "tests/decoding/test_speculative.py"]
+HEAVIEST = ["tests/page/test_ui_page.py", "tests/tools/test_tokenlab_clone.py", "tests/page/test_edit_work_browser.py",
+            "tests/page/test_layout_browser.py", "tests/model/test_kernels_isa.py",
+            "tests/page/test_session_console_browser.py", "tests/page/test_run_view_browser.py",
+            "tests/shared_page/test_session_memory.py", "tests/page/test_reload_mid_run_browser.py",
+            "tests/tools/test_bench.py", "tests/decoding/test_speculative.py"]
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,6 @@
-"""The README and docs/ say what the code does: the README's size, its install order, every
-relative link and every file named, the CLI's subcommands and flags, the app's flags, the environment variables, and the
-figures the docs state in more than one place.
+"""The README and docs/ say what the code does: the README's size, its first two commands, its install
+order, every relative link and every file named, the CLI's subcommands and flags, the app's flags, the
+environment variables, and the figures the docs state in more than one place.
 
 Each check is a function returning what is wrong (empty: nothing), run on the real files and, in the
 tests at the end, on a text made to be wrong, so that every check is seen to fail."""
@@ -25,7 +25,7 @@ ENV_NAME = re.compile(r"\b(?:TOKEN_LAB|TOKENLAB)_[A-Z0-9_]*[A-Z0-9]\b")
 # Code that reads environment variables: the packages, the app, the scripts, the benchmark, CI, and
 # the tests (some variables are the tests' own, documented for whoever runs them).
 CODE_GLOBS = ("inference/**/*.py", "ui/**/*.py", "api/**/*.py", "bench/**/*.py", "bench/**/*.sh",
-              "scripts/*.sh", "app.py", ".ci/run", "tests/**/*.py")
+              "scripts/*.sh", "scripts/*.py", "app.py", "tokenlab", ".ci/run", "tests/**/*.py")
 NOT_TESTS = tuple(g for g in CODE_GLOBS if not g.startswith("tests/"))
 
 
@@ -46,6 +46,18 @@ def size_problems(text: str) -> list[str]:
     problems = [f"{len(lines)} lines, more than {MAX_README_LINES}"] if len(lines) > MAX_README_LINES else []
     return problems + [f"line {n}: {len(line)} characters" for n, line in enumerate(lines, 1)
                        if len(line) > MAX_LINE]
+
+
+FIRST_COMMANDS = ["./tokenlab", "./tokenlab test"]  # the page and the tests, each one command on a fresh clone
+
+
+def first_commands_problems(text: str) -> list[str]:
+    """The README opens with the two commands: its first code block, before any section, is them."""
+    block = re.search(r"^```\w*\n(.*?)^```", text, flags=re.S | re.M)
+    if block is None or re.search(r"^## ", text[:block.start()], flags=re.M):
+        return ["no code block before the first section"]
+    commands = [line.split("#")[0].strip() for line in block.group(1).splitlines() if line.split("#")[0].strip()]
+    return [] if commands == FIRST_COMMANDS else [f"the first commands are {commands}, not {FIRST_COMMANDS}"]
 
 
 def install_problems(text: str) -> list[str]:
@@ -217,8 +229,12 @@ def test_the_readme_is_short_and_narrow():
     assert size_problems(read(README)) == []
 
 
-def test_the_install_reads_the_cpu_build_before_requirements():
-    assert install_problems(section(read(README), "Install (Python 3.10+)") or read(README)) == []
+def test_the_readme_opens_with_the_command_that_starts_the_page_and_the_one_that_tests():
+    assert first_commands_problems(read(README)) == []
+
+
+def test_the_install_by_hand_reads_the_cpu_build_before_requirements():
+    assert install_problems(section(read(README), "Other ways to install")) == []
 
 
 @pytest.mark.parametrize("path", [README, *DOCS], ids=lambda p: p.name)
@@ -264,6 +280,11 @@ def test_the_checks_fail_on_texts_made_wrong(tmp_path):
     assert install_problems(REQUIREMENTS + "\n" + good + "\nGPU machine")  # requirements first
     assert install_problems(good.replace("python3 -m venv .venv\n", "") + "\nGPU machine")  # no venv
     assert install_problems("GPU machine\n" + good)  # the GPU machine's first
+    opening = "# T\nintro\n```bash\n./tokenlab          # the page\n./tokenlab test     # the tests\n```\n## Install\n"
+    assert not first_commands_problems(opening)
+    assert first_commands_problems(opening.replace("./tokenlab test ", "bash scripts/test.sh"))
+    assert first_commands_problems("# T\n## Install\n" + opening)  # after a section
+    assert first_commands_problems("# T\nno code\n")
 
     (tmp_path / "there.md").write_text("# A heading\n")
     doc = tmp_path / "doc.md"

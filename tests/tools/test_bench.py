@@ -145,3 +145,35 @@ def test_a_peer_that_dies_before_it_is_ready_is_named_with_its_exit_status():
     with pytest.raises(RuntimeError) as raised:
         PeerProcess(cmd, "llama.cpp")
     assert str(raised.value) == f"the llama.cpp peer did not start (it exited with status -11: run {' '.join(cmd)} to see why)"
+
+
+def test_start_bench_alternates_the_two_commands_and_times_the_launchers_check(tmp_path):
+    """bench.start on a stand-in clone: its `tokenlab` and its `.venv/bin/python app.py` each serve
+    200 on --port until SIGTERM; every round times both, each going first in turn, and `./tokenlab
+    install` is timed alone. The numbers are this machine's (none asserted); what is measured is."""
+    import os
+    import sys
+    from bench import start
+    clone = tmp_path / "clone"
+    (clone / ".venv" / "bin").mkdir(parents=True)
+    (clone / ".venv" / "bin" / "python").symlink_to(sys.executable)
+    (clone / "app.py").write_text(
+        "import http.server, os, signal, sys\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))  # as the page stops\n"
+        "class H(http.server.BaseHTTPRequestHandler):\n"
+        "    def do_GET(self):\n"
+        "        self.send_response(200); self.end_headers(); self.wfile.write(b'ok')\n"
+        "    def log_message(self, *a): pass\n"
+        "with open(sys.argv[0] + '.calls', 'a') as f: f.write(os.environ.get('VIA', 'python') + '\\n')\n"
+        "http.server.HTTPServer(('127.0.0.1', int(sys.argv[sys.argv.index('--port') + 1])), H).serve_forever()\n")
+    (clone / "tokenlab").write_text(
+        '#!/bin/sh\nif [ "$1" = install ]; then echo "tokenlab: nothing to install" >&2; exit 0; fi\n'
+        f'echo "tokenlab: nothing to install" >&2\nVIA=tokenlab exec {sys.executable} "$(dirname "$0")/app.py" "$@"\n')
+    os.chmod(clone / "tokenlab", 0o755)
+    result = start.measure(clone, 2, tmp_path)
+    assert [len(s["seconds"]) for s in result["systems"].values()] == [2, 2] and len(result["check_s"]) == 8
+    assert result["ratio_median"] == pytest.approx(result["systems"]["./tokenlab"]["median_s"]
+                                                   / result["systems"]["python app.py"]["median_s"])
+    # the warm-up start (python app.py), then both commands in every round, each first in turn
+    assert (clone / "app.py.calls").read_text().split() == ["python", "tokenlab", "python", "python", "tokenlab"]
+    assert "| `./tokenlab` |" in start.to_markdown(result) and "median" in start.to_markdown(result)
