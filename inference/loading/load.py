@@ -81,7 +81,7 @@ def weights_bytes(model_dir: str | Path, device: str = "auto", dtype: str = "aut
     decode = resolve_decode_dtype(decode_dtype, dev, dt)
     if decode is not None and decode != dt:
         size += matmuls * decode.itemsize
-    elif dev.type == "cpu" and dt == torch.float32:
+    elif dev.type == "cpu" and dt == torch.float32 and not kernels.available():  # oneDNN's copy
         size += matmuls * dt.itemsize
     return size
 

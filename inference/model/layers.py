@@ -35,9 +35,10 @@ class Linear(nn.Linear):
     A few rows times every weight matrix (decode steps, the LM head) are bound by the bytes of
     weight read; many rows (a prefill) by arithmetic, which is fastest in float32 on CPUs
     without bf16 units. With `decode_weight` set, inputs of at most DECODE_ROWS rows use it.
-    Otherwise up to KERNEL_ROWS rows read `weight` through our kernels where they are built
-    (kernels/), and, with `rows_weight` set (oneDNN's layout, Transformer.keep_rows_copies),
-    more rows (or two or more without our kernels) use that copy; one row always reads `weight`.
+    Otherwise every row reads `weight` through our kernels where they are built (kernels/:
+    gemv, gemm_rows, and gemm_tiles for more than KERNEL_ROWS, each row the same bits), and
+    without them, with `rows_weight` set (oneDNN's layout, Transformer.keep_rows_copies), two or
+    more rows use that copy.
     With `qweight` (a GGUF file's quantized blocks, model/quant.py) it holds no float32 weight.
     """
 
@@ -47,22 +48,24 @@ class Linear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // x.shape[-1]
-        if self.qweight is not None:  # a decode step's rows on the blocks; a prefill on float32 tiles
-            return self.qweight.matmul(x, DECODE_ROWS)
-        if rows <= DECODE_ROWS:
-            w = self.decode_weight
+        if self.qweight is not None:  # on the blocks, every row through the kernels
+            return self.qweight.matmul(x)
+        w = self.decode_weight
+        if rows <= DECODE_ROWS and w is not None:  # a decode step's rows on the decode copy
             if isinstance(w, QuantWeight):  # a bfloat16 copy the kernels read
                 return w.matmul(x, DECODE_ROWS)
-            if w is not None:
-                return F.linear(x.to(w.dtype), w).to(x.dtype)
-            if rows == 1:  # one token: a matrix-vector product, read at the memory's pace
-                y = kernels.gemv(self.weight, x.reshape(-1))  # (out_features,); None: no kernel here
-                if y is None:
-                    y = torch.mv(self.weight, x.reshape(-1))
-                return y.view(*x.shape[:-1], -1)  # (..., out_features)
-            y = kernels.gemm_rows(self.weight, x.reshape(rows, x.shape[-1])) if 0 < rows <= KERNEL_ROWS else None
-            if y is not None:  # (rows, out_features), each row the same bits as alone: whoever else runs
-                return y.view(*x.shape[:-1], -1)
+            return F.linear(x.to(w.dtype), w).to(x.dtype)
+        if rows == 1:  # one token: a matrix-vector product, read at the memory's pace
+            y = kernels.gemv(self.weight, x.reshape(-1))  # (out_features,); None: no kernel here
+            if y is None:
+                y = torch.mv(self.weight, x.reshape(-1))
+            return y.view(*x.shape[:-1], -1)  # (..., out_features)
+        # Every row through our kernels, a prompt's too (gemm_tiles: the same bits as gemm_rows):
+        # a row's numbers do not depend on how many rows share its step.
+        x2 = x.reshape(rows, x.shape[-1])  # (rows, in)
+        y = kernels.gemm_rows(self.weight, x2) if rows <= KERNEL_ROWS else kernels.gemm_tiles(self.weight, x2)
+        if y is not None:  # (rows, out_features)
+            return y.view(*x.shape[:-1], -1)
         if self.rows_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.rows_weight, None, "none", [], "")
         return F.linear(x, self.weight)

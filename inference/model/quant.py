@@ -194,14 +194,14 @@ class QuantWeight:
                 else torch.empty(0, self.in_features)
         return y.view(*ids.shape, self.in_features)
 
-    def matmul(self, x: torch.Tensor, kernel_rows: int) -> torch.Tensor:
-        """x (..., in) float32 -> (..., out) = x @ W^T. Up to kernel_rows rows on the blocks (each
-        row the same bits as alone); more (a prefill) as float32 tiles of dequantized rows times
-        torch's matmul: the tiles cost a dequantization of the weight per call, and the product
-        runs at float32 matmul speed."""
+    def matmul(self, x: torch.Tensor, kernel_rows: int | None = None) -> torch.Tensor:
+        """x (..., in) float32 -> (..., out) = x @ W^T. On the blocks through the kernels, each row
+        the same bits as alone (kernel_rows: at most that many rows there); more rows, or no
+        kernels, as float32 tiles of dequantized rows times torch's matmul: the tiles cost a
+        dequantization of the weight per call, and the product runs at float32 matmul speed."""
         x2 = x.reshape(-1, self.in_features)  # (rows, in)
-        # Integer products take any number of rows, each row's the same bits: a prompt's too.
-        y = kernels.qrows(self.desc, x2, self.out_features) if self.integer or x2.shape[0] <= kernel_rows else None
+        through = self.integer or kernel_rows is None or x2.shape[0] <= kernel_rows
+        y = kernels.qrows(self.desc, x2, self.out_features) if through else None
         if y is None:
             y = torch.empty(x2.shape[0], self.out_features, dtype=torch.float32)
             step = max(1, TILE_BYTES // (4 * self.in_features))

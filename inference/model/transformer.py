@@ -163,11 +163,13 @@ class Transformer(nn.Module):
         weights; 16 rows 43.5 against 56.6; 512 rows the same (629 and 624 ms); one row is
         slower on it (33 ms against 21 ms for the matrix-vector product, which keeps the
         first copy). The copy costs the weights' bytes again, so it is kept only on a float32
-        CPU model with oneDNN, when it takes at most a quarter of `available_bytes`."""
+        CPU model with oneDNN, when it takes at most a quarter of `available_bytes`, and only
+        without our kernels: with them every row goes through them (Linear), so that a row's
+        numbers do not depend on the rows beside it, and no second copy is kept."""
         linears = [m for m in self.modules() if isinstance(m, Linear) and m.weight is not None]
         size = sum(m.weight.numel() * m.weight.element_size() for m in linears)
         if (self.device.type != "cpu" or self.dtype != torch.float32 or size > available_bytes / 4
-                or not torch.backends.mkldnn.is_available()):
+                or not torch.backends.mkldnn.is_available() or kernels.available()):
             return False
         # Read once, at oneDNN's first use in the process (a user's own setting is kept).
         os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHED_SHAPES))

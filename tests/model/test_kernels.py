@@ -44,22 +44,24 @@ def test_a_rows_product_gives_each_row_the_bits_it_has_alone():
         assert ((together.double() - exact).abs() <= bound).all()
 
 
-def test_linear_layers_route_few_rows_through_the_kernels(tiny_dirs):
-    """1 to KERNEL_ROWS rows read the weight through our kernels; more, oneDNN's copy."""
+def test_linear_layers_route_every_row_through_the_kernels(tiny_dirs):
+    """Any number of rows reads the weight through our kernels (gemm_rows up to KERNEL_ROWS,
+    gemm_tiles beyond: a prompt's rows), each row the same bits as gemv gives it alone, so a row's
+    numbers do not depend on the rows beside it; no oneDNN copy is kept beside the weights."""
     from inference.model.layers import KERNEL_ROWS
     from inference.model.transformer import Linear
     from inference.serving.engine import Engine
     model = Engine.from_hf_dir(tiny_dirs["gqa_tied"], device="cpu", dtype="float32").model
-    head = next(m for m in model.modules() if isinstance(m, Linear))
-    if head.rows_weight is None:
-        pytest.skip("no oneDNN copy in this build of torch")
-    head.rows_weight = torch.ops.mkldnn._reorder_linear_weight(2 * head.weight.detach(), 8)  # marks oneDNN's path
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert all(m.rows_weight is None for m in linears)
     gen = torch.Generator().manual_seed(5)
     with torch.inference_mode():
-        for rows in (1, 2, KERNEL_ROWS, KERNEL_ROWS + 1, 40):
-            x = torch.randn(1, rows, head.in_features, generator=gen)
-            expected = (x @ head.weight.t()) * (1 if rows <= KERNEL_ROWS else 2)
-            assert torch.allclose(head(x), expected, rtol=1e-5, atol=1e-5)
+        for m in linears[:3] + linears[-1:]:
+            for rows in (1, 2, KERNEL_ROWS, KERNEL_ROWS + 1, 40, 129):
+                x = torch.randn(1, rows, m.in_features, generator=gen)
+                y = m(x)[0]  # (rows, out)
+                assert all(torch.equal(y[r], kernels.gemv(m.weight, x[0, r])) for r in range(rows)), rows
+                assert torch.allclose(y, x[0] @ m.weight.t(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("heads, kv_heads, L", [(9, 3, 1), (9, 3, 37), (4, 4, 200), (8, 1, 17)])

@@ -107,6 +107,7 @@ def _library() -> ctypes.CDLL | None:
     signatures = {
         "token_lab_gemv": [ptr, ptr, ptr, i64, i64, i64, ctypes.c_int],
         "token_lab_gemm_rows": [ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int],
+        "token_lab_gemm_tiles": [ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int],
         "token_lab_attend": [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64,
                              i64, i64, i64, i64, i64, i64, i64, f32, ctypes.c_int],
         "token_lab_rms_norm": [ptr, ptr, ptr, i64, i64, f32],
@@ -169,6 +170,20 @@ def gemm_rows(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
     y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
     lib.token_lab_gemm_rows(weight.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], weight.shape[0],
                             weight.shape[1], weight.stride(0), x.stride(0), torch.get_num_threads())
+    return y
+
+
+def gemm_tiles(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+    """weight (out, in), x (rows, in) -> (rows, out) = x @ weight^T for any number of rows, each
+    output the same bits as gemm_rows gives it (dot()'s order): a prompt's rows through the same
+    sums as a decode row's. None where the kernel does not apply."""
+    lib = _library()
+    if (lib is None or not _f32_cpu(weight, x) or weight.dim() != 2 or weight.stride(1) != 1
+            or x.dim() != 2 or x.stride(1) != 1):
+        return None
+    y = torch.empty(x.shape[0], weight.shape[0], dtype=torch.float32)
+    lib.token_lab_gemm_tiles(weight.data_ptr(), x.data_ptr(), y.data_ptr(), x.shape[0], weight.shape[0],
+                             weight.shape[1], weight.stride(0), x.stride(0), torch.get_num_threads())
     return y
 
 

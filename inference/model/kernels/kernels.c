@@ -195,6 +195,78 @@ void token_lab_gemm_rows(const float *w, const float *x, float *y, int64_t rows,
           by_size(rows_costs, out * stride * (int64_t)sizeof(float)));
 }
 
+/* ---------------------------------------------------------------- many rows, each as dot()
+ * Y = X W^T for any number of rows of X (a prompt's), each output the same sum in dot()'s order
+ * as token_lab_gemm_rows gives it, so a row's numbers do not depend on the rows beside it. Tiles
+ * of four weight rows by two rows of X: each weight chunk of 32 is loaded once for two rows, each
+ * X chunk once for four weight rows; an output's accumulators (dot()'s a, b, c, d) are two
+ * 16-lane registers, lanes 0-7 and 8-15 holding a and b, then c and d (the same lanes). */
+typedef float f16v __attribute__((vector_size(64)));
+static inline f16v load16f(const float *p) { f16v v; memcpy(&v, p, sizeof v); return v; }
+static inline f16v fma16(f16v a, f16v b, f16v c) {
+    f16v r;
+    for (int l = 0; l < 16; ++l) r[l] = fmaf(a[l], b[l], c[l]);
+    return r;
+}
+/* dot()'s ending from its accumulators ab (a | b) and cd (c | d) at input i: the chunks of 8
+ * into a, (a + b) + (c + d) across lanes, then the tail. */
+static inline float dot_end(f16v ab, f16v cd, const float *r, const float *x, int64_t i, int64_t n) {
+    v8 a, b, c, d;
+    memcpy(&a, &ab, 32); memcpy(&b, (const char *)&ab + 32, 32);
+    memcpy(&c, &cd, 32); memcpy(&d, (const char *)&cd + 32, 32);
+    for (; i + 8 <= n; i += 8) a = fma8(load8(r + i), load8(x + i), a);
+    float s = sum8((a + b) + (c + d));
+    for (; i < n; ++i) s = fmaf(r[i], x[i], s);
+    return s;
+}
+
+typedef struct { const float *w, *x; float *y; int64_t rows, out, in, stride, x_stride; } tiles_t;
+
+static void tiles_range(void *ctx, int64_t begin, int64_t end) {
+    const tiles_t *a = ctx;
+    const int64_t n = a->in, full = n / 32 * 32;
+    for (int64_t o0 = 4 * begin; o0 < 4 * end && o0 < a->out; o0 += 4) {
+        const int nw = a->out - o0 < 4 ? (int)(a->out - o0) : 4;
+        const float *w[4];
+        for (int k = 0; k < 4; ++k) w[k] = a->w + (o0 + (k < nw ? k : 0)) * a->stride;
+        for (int64_t r0 = 0; r0 < a->rows; r0 += 2) {
+            const int nx = a->rows - r0 < 2 ? 1 : 2;
+            const float *x0 = a->x + r0 * a->x_stride, *x1 = a->x + (r0 + nx - 1) * a->x_stride;
+            /* sixteen accumulators in registers: weight row k, X row j's ab and cd */
+            f16v a00 = {0}, c00 = {0}, a01 = {0}, c01 = {0}, a10 = {0}, c10 = {0}, a11 = {0}, c11 = {0};
+            f16v a20 = {0}, c20 = {0}, a21 = {0}, c21 = {0}, a30 = {0}, c30 = {0}, a31 = {0}, c31 = {0};
+            const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+            for (int64_t i = 0; i < full; i += 32) {
+                const f16v xa0 = load16f(x0 + i), xc0 = load16f(x0 + i + 16);
+                const f16v xa1 = load16f(x1 + i), xc1 = load16f(x1 + i + 16);
+                f16v wa = load16f(w0 + i), wc = load16f(w0 + i + 16);
+                a00 = fma16(wa, xa0, a00); c00 = fma16(wc, xc0, c00); a01 = fma16(wa, xa1, a01); c01 = fma16(wc, xc1, c01);
+                wa = load16f(w1 + i); wc = load16f(w1 + i + 16);
+                a10 = fma16(wa, xa0, a10); c10 = fma16(wc, xc0, c10); a11 = fma16(wa, xa1, a11); c11 = fma16(wc, xc1, c11);
+                wa = load16f(w2 + i); wc = load16f(w2 + i + 16);
+                a20 = fma16(wa, xa0, a20); c20 = fma16(wc, xc0, c20); a21 = fma16(wa, xa1, a21); c21 = fma16(wc, xc1, c21);
+                wa = load16f(w3 + i); wc = load16f(w3 + i + 16);
+                a30 = fma16(wa, xa0, a30); c30 = fma16(wc, xc0, c30); a31 = fma16(wa, xa1, a31); c31 = fma16(wc, xc1, c31);
+            }
+            const f16v ab[4][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}};
+            const f16v cd[4][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}};
+            for (int k = 0; k < nw; ++k)
+                for (int j = 0; j < nx; ++j)
+                    a->y[(r0 + j) * a->out + o0 + k] = dot_end(ab[k][j], cd[k][j], w[k], j ? x1 : x0, full, n);
+        }
+    }
+}
+
+static costs_t tiles_costs[48];
+
+/* Y (rows, out) = X W^T, W (out, in) row-major rows `stride` floats apart, X rows x_stride apart. */
+void token_lab_gemm_tiles(const float *w, const float *x, float *y, int64_t rows, int64_t out,
+                          int64_t in, int64_t stride, int64_t x_stride, int threads) {
+    tiles_t a = {w, x, y, rows, out, in, stride, x_stride};
+    const int64_t work = out * in * rows * (int64_t)sizeof(float);
+    split(tiles_range, &a, (out + 3) / 4, work, threads, by_size(tiles_costs, work));
+}
+
 /* y = W x for one row of activations: a decode step of one run. */
 void token_lab_gemv(const float *w, const float *x, float *y, int64_t out, int64_t in,
                     int64_t stride, int threads) {
