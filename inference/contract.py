@@ -64,6 +64,8 @@ class EngineInfo:
     # A model on a GGUF file's quantized blocks: its matrices' bytes as stored (anatomy.stages'
     # `stored`); None where the weights are read at `decode_dtype`.
     stored_bytes: dict | None = None
+    # A model read from a GGUF file: the file's bytes by tensor type ({"Q4_K": ..., "F32": ...}).
+    file_types: dict | None = None
     # In front of a server: which distribution its log-probabilities are, how that was found
     # out, and where the model's config.json was read.
     logprobs_source: str = ""

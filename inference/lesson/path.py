@@ -73,6 +73,7 @@ def rope(model, ids: list[int]) -> dict:
     return {"theta": cfg.local_rope_theta if local else cfg.rope_theta, "other_distances": others,
             "layer0_sliding": local, "full_theta": cfg.rope_theta, "head_dim": cfg.head_dim,
             "scaling": cfg.rope_scaling.rope_type, "layer": 0, "pairs": angles, "positions": list(range(n)),
+            "layers_without_rope": list(cfg.nope_layers),
             "scores": scores, "scale": cfg.attn_scale}
 
 
@@ -114,7 +115,10 @@ def layers(cfg: ModelConfig, n: int, bytes_per_value: int, pattern: torch.Tensor
          f"{cfg.n_kv_heads} KV heads" + (f", each shared by {cfg.n_rep} query heads (grouped-query attention)"
                                          if cfg.n_rep > 1 else " (one per query head)")),
         ("RoPE", "Q, K rotated by position", "chapter 3"),
-        ("scores = QKᵀ/√d + mask", f"[{cfg.n_heads}, {n}, {n}]", f"scaled by {cfg.attn_scale:.4g}; the causal mask sets future positions to -∞"),
+        ("scores = QKᵀ/√d + mask", f"[{cfg.n_heads}, {n}, {n}]", f"scaled by {cfg.attn_scale:.4g}"
+         + (f", soft-capped to ±{cfg.attn_logit_softcap:g} ({cfg.attn_logit_softcap:g} · tanh(s / {cfg.attn_logit_softcap:g}))"
+            if cfg.attn_logit_softcap else "") + "; the causal mask sets future positions to -∞"
+         + (f" and, on sliding layers, positions more than {cfg.sliding_window:,} back" if cfg.layer_types else "")),
         ("softmax", f"[{cfg.n_heads}, {n}, {n}]", "each row sums to 1"),
         ("× V", f"[{cfg.n_heads}, {n}, {d}] → [{n}, {cfg.q_dim}]", "a weighted average of the values"),
         ("output projection", f"[{n}, {cfg.q_dim}] × [{cfg.q_dim}, {h}] → [{n}, {h}]", ""),

@@ -11,7 +11,7 @@ import torch
 from inference.loading.chat import turn_end_ids
 from inference.loading.checkpoint import read_hf_weights, to_model_names
 from inference.loading.gguf_import import gguf_source
-from inference.loading.gguf_weights import read_gguf_weights, stored_bytes
+from inference.loading.gguf_weights import read_gguf_weights, stored_bytes, types_held
 from inference.model import kernels
 from inference.model.config import ModelConfig
 from inference.device import resolve_decode_dtype, resolve_device, resolve_dtype
@@ -47,6 +47,7 @@ def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto"
     state = to_model_names(cfg, hf, dt)
     del hf  # `state` alone holds the tensors, and from_state_dict empties it
     model = Transformer.from_state_dict(cfg, state, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
+    model.file_types = None if source is None else types_held(source)
     say("reading its tokenizer")
     tokenizer = load_tokenizer(model_dir, cfg.bos_token_id, cfg.eos_token_ids)
     # A chat stops where its template ends a turn, whatever token the config calls eos.

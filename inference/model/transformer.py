@@ -69,6 +69,7 @@ class Block(nn.Module):
 # ---------------------------------------------------------------- the whole model
 class Transformer(nn.Module):
     decode_step: DecodeStep | None = None
+    file_types: dict[str, int] | None = None  # a GGUF file's bytes by tensor type (the card's)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()

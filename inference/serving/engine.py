@@ -175,7 +175,7 @@ class Engine:
                           b, f"{b} bytes per value at {str(self.dtype).removeprefix('torch.')}",
                           self.dtype, self.model.decode_dtype, self.scheduler.pool.n_blocks,
                           self._decode_error, chat=bool(self.tokenizer.chat_template),
-                          stored_bytes=self.model.stored_bytes())
+                          stored_bytes=self.model.stored_bytes(), file_types=self.model.file_types)
 
     def server_load(self):
         """A server's whole load: the local engine's is its pool, in every step's event."""

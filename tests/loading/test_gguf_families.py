@@ -210,3 +210,35 @@ def test_a_split_gguf_file_loads_from_its_first_part(tmp_path, sp_model_bytes):
     from inference.errors import ModelError
     with pytest.raises(ModelError, match="part .* is missing"):
         import_gguf(first, tmp_path / "again", progress=False)
+
+
+@pytest.mark.parametrize("case, words", [
+    ("gemma2", ["family gemma2", "attention scores soft-capped", "logits soft-capped", "some layers see only the last W"]),
+    ("smollm3", ["family smollm3", "some layers apply no RoPE at all"]),
+    ("olmo2", ["family olmo2", "no norm before attention", "RMSNorm over the whole q"]),
+    ("granite", ["family granite", "multiplied by a constant before the residual add", "logits divided by a constant"]),
+])
+def test_the_card_and_the_lesson_say_the_familys_turns_and_the_files_types(tmp_path, sp_model_bytes, case, words):
+    """The model card names the family, each turn of its path and the file's bytes by type; the
+    lesson's chapters show the turns (a layer without RoPE, soft-capped scores)."""
+    from inference.lesson.path import layers, rope
+    from ui.run.card import model_card
+
+    _, _, path = build(tmp_path, sp_model_bytes, case)
+    with Engine.from_hf_dir(import_gguf(path, tmp_path / "imported", progress=False)) as engine:
+        info = engine.describe()
+        card = model_card(info)
+        ids = engine.tokenizer.encode("the cat sat on the mat")
+        pattern = engine.attention_pattern(ids, 0)
+        chapter = layers(engine.cfg, len(ids), 4, pattern)
+        rotation = rope(engine.model, ids)
+    for w in words:
+        assert w in card, w
+    qtype, kquant = CASES[case][1:3]
+    assert f"{qtype} " in card and f"{kquant} " in card and "GGUF file" in card
+    assert sum(info.file_types.values()) < path.stat().st_size  # the tensors' bytes, as stored
+    assert set(info.file_types) == {qtype, kquant, "F32"}
+    if case == "gemma2":
+        assert "soft-capped to ±2" in next(s["note"] for s in chapter["steps"] if s["step"].startswith("scores"))
+    if case == "smollm3":
+        assert rotation["layers_without_rope"] == [3]
