@@ -15,7 +15,7 @@ from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, or
 from inference.loading.byte_pieces import byte_hint, completed_label
 from ui.format import (BUCKETS, REASONS, binary_size, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
                        approx_note, ordinal, prob_html, shown_prob, si, token_html, token_label, visible)
-from ui.run.card import LOGPROBS, model_card  # noqa: F401 (model_card: the page's, in its own file)
+from ui.run.card import LOGPROBS, NO_CONFIG, model_card  # noqa: F401 (the card: its own file, read here by others)
 from ui.run_state import RunRecord
 
 
