@@ -134,12 +134,9 @@ def measure(out_dir: Path, tokens: int) -> None:
 
     q4 = out_dir / "llama-3.1-8b-random-Q4_K_M.gguf"
     said = []
-    progress.say = lambda text: said.append((round(time.perf_counter() - t0, 1), text))  # noqa: E731
-    import inference.loading.gguf_weights as gw
-    import inference.loading.load as ld
-    gw.say = ld.say = progress.say
     t0 = time.perf_counter()
-    engine = Engine.load(str(q4), kv_pool_mib=256)
+    with progress.listening(lambda text: said.append((round(time.perf_counter() - t0, 1), text))):
+        engine = Engine.load(str(q4), kv_pool_mib=256)
     loaded_s = time.perf_counter() - t0
     rss, peak = _status("VmRSS"), _status("VmHWM")
     pool = engine.scheduler.pool

@@ -10,6 +10,7 @@ reading, naming the tensor and its type (gguf_reader.check_type).
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from inference.loading.checkpoint import expected_hf_shapes, layer_tensors
 from inference.loading.gguf_config import ROPE_FREQS
 from inference.loading.gguf_index import TensorInfo, read_tensors
 from inference.loading.progress import say
+from inference.model.arena import release_pages
 from inference.model.config import ModelConfig
 from inference.model.family_spec import GGUF_ROLES, SPECS
 from inference.model.quant import BLOCK_TYPES, Part, QuantWeight
@@ -100,11 +102,16 @@ def read_gguf_weights(path: Path, cfg: ModelConfig, blocks: bool) -> dict[str, "
             if spec.gguf_permutes_qk else None
         if blocks and len(t.shape) == 2 and int(t.qtype) in BLOCK_TYPES:
             w = np.asarray(t.data).reshape(t.shape[0], -1)  # (rows, bytes per row): a row's blocks stay together
+            # The file's pages leave resident memory once the model has copied them (the mapping is
+            # private and never written: a later read maps them again).
+            release = partial(release_pages, w.ctypes.data, w.nbytes)
             if n_heads:
                 w = unpermute_rope(w, n_heads)  # a copy, in blocks
-            out[name] = QuantWeight([Part(int(t.qtype), torch.from_numpy(w))], t.shape[1])
+                release()
+            out[name] = QuantWeight([Part(int(t.qtype), torch.from_numpy(w), None if n_heads else release)], t.shape[1])
             continue
         w = _float32(t)
+        release_pages(t.data.ctypes.data, t.data.nbytes)  # read: its pages go back
         if n_heads:
             w = unpermute_rope(w, n_heads)
         if cfg.norm_unit_offset and name.endswith("norm.weight"):

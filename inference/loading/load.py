@@ -46,6 +46,7 @@ def load_hf_dir(model_dir: str | Path, device: str = "auto", dtype: str = "auto"
     hf = read_hf_weights(model_dir, cfg) if source is None else read_gguf_weights(source, cfg, blocks)
     state = to_model_names(cfg, hf, dt)
     del hf  # `state` alone holds the tensors, and from_state_dict empties it
+    say(f"laying out its {len(state):,} weights in memory, in the order a step reads them")
     model = Transformer.from_state_dict(cfg, state, dev, dt, resolve_decode_dtype(decode_dtype, dev, dt))
     model.file_types = None if source is None else types_held(source)
     say("reading its tokenizer")

@@ -10,6 +10,7 @@ float32 rounding).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -27,9 +28,16 @@ TILE_BYTES = 8 << 20  # float32 rows dequantized at a time for a product of many
 
 @dataclass
 class Part:
-    """Consecutive rows of a weight in one type: (rows, row_bytes) uint8 blocks, or (rows, in) float32."""
+    """Consecutive rows of a weight in one type: (rows, row_bytes) uint8 blocks, or (rows, in) float32.
+    `release`, where the data lies in a mapped file, gives its pages back once they are copied."""
     type: int
     data: torch.Tensor
+    release: Callable[[], object] | None = None
+
+    def copied(self) -> None:
+        """The data has been copied elsewhere: a mapped file's pages go back to the system."""
+        if self.release is not None:
+            self.release()
 
     @property
     def rows(self) -> int:
@@ -84,7 +92,11 @@ class QuantWeight:
 
     def moved(self, put) -> "QuantWeight":
         """The same weight with each part's data replaced by put(data) (a copy elsewhere)."""
-        return QuantWeight([Part(p.type, put(p.data)) for p in self.parts], self.in_features)
+        parts = []
+        for p in self.parts:
+            parts.append(Part(p.type, put(p.data)))
+            p.copied()
+        return QuantWeight(parts, self.in_features)
 
     @classmethod
     def cat(cls, weights: list["QuantWeight"]) -> "QuantWeight":
@@ -93,7 +105,9 @@ class QuantWeight:
         for w in weights:
             for p in w.parts:
                 if parts and parts[-1].type == p.type:
-                    parts[-1] = Part(p.type, torch.cat([parts[-1].data, p.data]))
+                    parts[-1], first = Part(p.type, torch.cat([parts[-1].data, p.data])), parts[-1]
+                    first.copied()
+                    p.copied()
                 else:
                     parts.append(p)
         return cls(parts, weights[0].in_features)

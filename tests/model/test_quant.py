@@ -246,3 +246,17 @@ def test_types_not_computed_are_refused_naming_the_tensor(tiny_dirs, tmp_path):
     (tmp_path / "iq.gguf").write_bytes(data)
     with pytest.raises(ModelError, match=r"tensor blk\.0\.attn_q\.weight has type IQ4_NL"):
         import_gguf(tmp_path / "iq.gguf", tmp_path / "iq", progress=False)
+
+
+def test_a_mapped_files_pages_given_back_read_the_same_bytes(tmp_path):
+    """arena.release_pages on a private mapping never written: its pages leave resident memory,
+    and a later read maps the file's bytes again (what gguf_weights relies on)."""
+    from inference.model.arena import release_pages
+
+    data = np.random.default_rng(0).integers(0, 256, 3 * 4096 + 100, dtype=np.uint8)
+    (tmp_path / "f").write_bytes(data.tobytes())
+    mapped = np.memmap(tmp_path / "f", dtype=np.uint8, mode="c")
+    view = mapped[50:]
+    assert np.array_equal(view, data[50:])  # touched
+    assert release_pages(view.ctypes.data, view.nbytes) == (__import__("sys").platform == "linux")
+    assert np.array_equal(view, data[50:]) and np.array_equal(mapped, data)
