@@ -251,6 +251,8 @@ def test_types_not_computed_are_refused_naming_the_tensor(tiny_dirs, tmp_path):
 def test_a_mapped_files_pages_given_back_read_the_same_bytes(tmp_path):
     """arena.release_pages on a private mapping never written: its pages leave resident memory,
     and a later read maps the file's bytes again (what gguf_weights relies on)."""
+    import sys
+
     from inference.model.arena import release_pages
 
     data = np.random.default_rng(0).integers(0, 256, 3 * 4096 + 100, dtype=np.uint8)
@@ -258,5 +260,5 @@ def test_a_mapped_files_pages_given_back_read_the_same_bytes(tmp_path):
     mapped = np.memmap(tmp_path / "f", dtype=np.uint8, mode="c")
     view = mapped[50:]
     assert np.array_equal(view, data[50:])  # touched
-    assert release_pages(view.ctypes.data, view.nbytes) == (__import__("sys").platform == "linux")
+    assert release_pages(view.ctypes.data, view.nbytes) == sys.platform.startswith("linux")
     assert np.array_equal(view, data[50:]) and np.array_equal(mapped, data)
