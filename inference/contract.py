@@ -67,6 +67,8 @@ class EngineInfo:
     # A quantized model's products on a CPU (model/products.py's describe: path, kernels, bound);
     # None where the weights are float (or a server runs the model).
     products: dict | None = None
+    # A model read from a GGUF file: the file's bytes by tensor type ({"Q4_K": ..., "F32": ...}).
+    file_types: dict | None = None
     # In front of a server: which distribution its log-probabilities are, how that was found
     # out, and where the model's config.json was read.
     logprobs_source: str = ""

@@ -21,16 +21,42 @@ BLOCK = {"input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
 
 GEMMA_BLOCK = {**BLOCK, "post_attention_layernorm": "post_attention_norm",
                "pre_feedforward_layernorm": "ffn_norm", "post_feedforward_layernorm": "post_ffw_norm"}
-EXTRA = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm"}
-ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}  # HF model_type -> GGUF architecture
+OLMO2_BLOCK = {**BLOCK, "post_attention_layernorm": "post_attention_norm", "post_feedforward_layernorm": "post_ffw_norm"}
+EXTRA = {"self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
+         "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}  # Phi-3's fused, as llama.cpp names them
+# HF model_type -> GGUF architecture, as llama.cpp's converter writes them (Mistral: llama)
+ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3", "gemma2": "gemma2", "phi3": "phi3",
+        "smollm3": "smollm3", "olmo2": "olmo2", "granite": "granite"}
+PERMUTED = ("llama", "granite", "smollm3")  # LlamaModel's converters interleave Q/K rows
+GEMMAS = ("gemma2", "gemma3")  # llama.cpp stores their norms as 1 + w
 
 
 def gguf_name(hf: str, arch: str = "llama") -> str:
     if hf in HF_TO_GGUF:
         return HF_TO_GGUF[hf]
     _, _, i, *rest = hf.split(".")
-    block = {**(GEMMA_BLOCK if arch == "gemma3" else BLOCK), **EXTRA}
+    block = {**(GEMMA_BLOCK if arch in GEMMAS else OLMO2_BLOCK if arch == "olmo2" else BLOCK), **EXTRA}
     return f"blk.{i}.{block['.'.join(rest[:-1])]}.{rest[-1]}"
+
+
+def llama3_rope_factors(cfg: dict) -> np.ndarray:
+    """llama.cpp's converter's rope_freqs.weight for a llama3 rope_scaling (LlamaModel)."""
+    import math
+    rs = cfg.get("rope_scaling") or cfg["rope_parameters"]
+    base, dim = cfg.get("rope_theta") or rs["rope_theta"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / (base ** (np.arange(0, dim, 2, dtype=np.float32) / dim))
+    factor, low, high, old = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"], rs["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -52,20 +78,38 @@ def random_kquant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
 
 
 def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", tokenizer: str = "llama",
-               kquant: str | None = None, rng_seed: int = 0) -> dict[str, np.ndarray]:
-    """Convert hf_dir to a GGUF file; return the float32 weights the file really holds (HF names)."""
+               kquant: str | None = None, rng_seed: int = 0, pre: str = "gpt2", specials: dict | None = None,
+               split_max_tensors: int = 0) -> dict[str, np.ndarray]:
+    """Convert hf_dir to a GGUF file; return the float32 weights the file really holds (HF names).
+    pre: tokenizer.ggml.pre; specials: {"bos"|"eos"|"eot"|"eom": token text} for a BPE vocabulary;
+    split_max_tensors: write -0000i-of-0000N.gguf parts of at most that many tensors."""
     cfg = json.loads((hf_dir / "config.json").read_text())
     weights = load_file(str(hf_dir / "model.safetensors"))
     rng = np.random.default_rng(rng_seed)
     arch = ARCH.get(cfg.get("model_type"), "llama")
-    w = gguf.GGUFWriter(str(out), arch)
+    w = gguf.GGUFWriter(str(out), arch, split_max_tensors=split_max_tensors)
     rope = cfg.get("rope_parameters") or {}
     rope = rope.get("full_attention", rope)
     if cfg.get("head_dim"):
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
-    if arch == "gemma3":
+    if arch in GEMMAS:
         w.add_sliding_window(cfg["sliding_window"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg["attn_logit_softcapping"])
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+    if arch == "granite":
+        w.add_attention_scale(cfg["attention_multiplier"])
+        w.add_embedding_scale(cfg["embedding_multiplier"])
+        w.add_residual_scale(cfg["residual_multiplier"])
+        w.add_logit_scale(cfg["logits_scaling"])
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    if rs.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rs["factor"])
+        w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
+    elif rs.get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
@@ -75,15 +119,15 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", tokenizer: str = "ll
     w.add_rope_freq_base(cfg.get("rope_theta") or rope["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     w.add_vocab_size(cfg["vocab_size"])
-    _add_tokenizer(w, hf_dir, tokenizer)
+    _add_tokenizer(w, hf_dir, tokenizer, pre, specials)
     held = {}
     for name, t in weights.items():
         t = t.astype(np.float32)
-        if arch == "llama" and name.endswith("q_proj.weight"):  # llama.cpp permutes llama's only
+        if arch in PERMUTED and name.endswith("q_proj.weight"):  # llama.cpp permutes LlamaModel's only
             t = permute(t, cfg["num_attention_heads"])
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif arch in PERMUTED and name.endswith("k_proj.weight"):
             t = permute(t, cfg["num_key_value_heads"])
-        elif arch == "gemma3" and name.endswith("norm.weight"):
+        elif arch in GEMMAS and name.endswith("norm.weight"):
             t = t + 1  # llama.cpp stores Gemma's (1 + w)
         kind = qtype if t.ndim == 2 else "F32"
         if kquant and t.ndim == 2 and t.shape[1] % 256 == 0:
@@ -98,11 +142,11 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", tokenizer: str = "ll
         w.add_tensor(gguf_name(name, arch), data, raw_dtype=None if kind == "F32" else q)
         real = gguf.quants.dequantize(data, q).reshape(t.shape) if kind != "F32" else t
         # Undo the permutation so `held` is in Hugging Face layout, as the importer must produce.
-        if arch == "llama" and name.endswith("q_proj.weight"):
+        if arch in PERMUTED and name.endswith("q_proj.weight"):
             real = _unpermute(real, cfg["num_attention_heads"])
-        elif arch == "llama" and name.endswith("k_proj.weight"):
+        elif arch in PERMUTED and name.endswith("k_proj.weight"):
             real = _unpermute(real, cfg["num_key_value_heads"])
-        elif arch == "gemma3" and name.endswith("norm.weight"):
+        elif arch in GEMMAS and name.endswith("norm.weight"):
             real = real - 1
         held[name] = real.astype(np.float32)
     w.write_header_to_file()
@@ -116,7 +160,7 @@ def _unpermute(w, n_head):
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def _add_tokenizer(w: gguf.GGUFWriter, hf_dir: Path, kind: str) -> None:
+def _add_tokenizer(w: gguf.GGUFWriter, hf_dir: Path, kind: str, pre: str = "gpt2", specials: dict | None = None) -> None:
     tok_cfg = json.loads((hf_dir / "tokenizer_config.json").read_text())
     if kind == "llama":
         sp = spm.SentencePieceProcessor(model_file=str(hf_dir / "tokenizer.model"))
@@ -140,24 +184,38 @@ def _add_tokenizer(w: gguf.GGUFWriter, hf_dir: Path, kind: str) -> None:
         merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
         special = {a["id"] for a in spec["added_tokens"] if a["special"]}
         w.add_tokenizer_model("gpt2")
-        w.add_tokenizer_pre("gpt2")
+        w.add_tokenizer_pre(pre)
         w.add_token_list(tokens)
         w.add_token_types([3 if i in special else 1 for i in range(len(tokens))])
         w.add_token_merges(merges)
-        w.add_bos_token_id(vocab["<|im_start|>"])
-        w.add_eos_token_id(vocab["<|im_end|>"])
-        w.add_add_bos_token(False)
+        ids = {k: vocab[t] for k, t in (specials or {"bos": "<|im_start|>", "eos": "<|im_end|>"}).items()}
+        for key, tid in ids.items():
+            getattr(w, f"add_{key}_token_id")(tid)
+        w.add_add_bos_token("bos" in ids and bool(tok_cfg.get("add_bos_token")))
     if tok_cfg.get("chat_template"):
         w.add_chat_template(tok_cfg["chat_template"])
 
 
-def train_bpe_tokenizer_json(texts: list[str], vocab_size: int) -> str:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def train_bpe_tokenizer_json(texts: list[str], vocab_size: int, pre: str = "gpt2",
+                             special_tokens: list[str] | None = None) -> str:
+    """A byte-level BPE trained with the split of the family whose GGUF files name `pre`: the regex
+    transformers' own GGUF loading uses for that name (not ours), or GPT-2's, or digits apart."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok = Tokenizer(models.BPE(ignore_merges=pre in ("llama-bpe", "tekken")))
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if pre in GGUF_PRE_TOKENIZER_SPLITS:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(GGUF_PRE_TOKENIZER_SPLITS[pre]), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    elif pre in ("smollm", "refact"):  # SmolLM's and StarCoder's tokenizer.json: each digit alone
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+    else:
+        tok.pre_tokenizer = byte_level
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size,
+                                  special_tokens=special_tokens or ["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator(texts, trainer)
     return tok.to_str()

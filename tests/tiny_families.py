@@ -15,6 +15,7 @@ COMMON = dict(vocab_size=384, hidden_size=64, intermediate_size=160, num_hidden_
 
 # family -> (transformers config class name, model class name, config overrides)
 FAMILIES = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
     "qwen2_window": ("Qwen2Config", "Qwen2ForCausalLM", dict(
         use_sliding_window=True, sliding_window=8, max_window_layers=1)),
@@ -26,6 +27,20 @@ FAMILIES = {
         rope_parameters={"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1_000_000.0},
                          "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0}},
         final_logit_softcapping=5.0)),
+    # Soft-capped scores (a cap of 2 bites on these scores), even layers sliding.
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM", dict(
+        head_dim=32, query_pre_attn_scalar=24, sliding_window=8, attn_logit_softcapping=2.0,
+        final_logit_softcapping=5.0)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(sliding_window=8)),  # fused q/k/v and gate/up
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", dict(no_rope_layer_interval=2)),  # layer 1: no RoPE
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", {}),  # norms after each branch, over whole q and k
+    "granite": ("GraniteConfig", "GraniteForCausalLM", dict(
+        embedding_multiplier=3.0, attention_multiplier=0.2, residual_multiplier=0.5, logits_scaling=2.5)),
+    "llama3_rope": ("LlamaConfig", "LlamaForCausalLM", dict(rope_scaling={
+        "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 32}, rope_theta=10_000.0)),
+    "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_scaling={
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, rope_theta=10_000.0)),
 }
 
 

@@ -40,7 +40,7 @@ def forward_layers(model, tokens: list[int], cache: KVCache, start: int, layers:
     h = model.embed(x)  # (1, T, hidden)
     ropes = model._ropes(slice(start, start + len(tokens)))
     for i in range(layers):
-        cos, sin = ropes[model.cfg.is_sliding(i)]
+        cos, sin = ropes[model.cfg.rope_kind(i)]
         h = model.layers[i](h, cos, sin, cache.k[i], cache.v[i], start, None, i)
     cache.length = start + len(tokens)
     return model.head(h[:, -1])[0]  # from (1, hidden)

@@ -73,6 +73,7 @@ def rope(model, ids: list[int]) -> dict:
     return {"theta": cfg.local_rope_theta if local else cfg.rope_theta, "other_distances": others,
             "layer0_sliding": local, "full_theta": cfg.rope_theta, "head_dim": cfg.head_dim,
             "scaling": cfg.rope_scaling.rope_type, "layer": 0, "pairs": angles, "positions": list(range(n)),
+            "layers_without_rope": list(cfg.nope_layers),
             "scores": scores, "scale": cfg.attn_scale}
 
 
@@ -81,14 +82,16 @@ def _layer0_qk(model, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     float32 on the CPU: the projection as Attention.project makes it, before RoPE."""
     cfg = model.cfg
     layer = model.layers[0]
-    x = layer.attention_norm(model.embed(torch.tensor([ids], device=model.device)))  # (1, T, hidden)
+    x = layer._norm(layer.attention_norm, model.embed(torch.tensor([ids], device=model.device)))  # (1, T, hidden)
     attn = layer.attention
     qkv = attn.wqkv(x)  # (1, T, q_dim + 2 kv_dim)
     if attn.bqkv is not None:
         qkv = qkv + attn.bqkv
+    if attn.full_norms:  # OLMo 2: the whole q and k normed before they are cut into heads
+        qkv = attn._norm_full(qkv)
     qkv = qkv.view(1, len(ids), cfg.n_heads + 2 * cfg.n_kv_heads, cfg.head_dim)
     q, k = qkv[0, -1, 0], qkv[0, 0, cfg.n_heads]  # (head_dim,) each
-    if attn.q_norm is not None:
+    if attn.q_norm is not None and not attn.full_norms:
         q, k = attn.q_norm(q), attn.k_norm(k)
     return q.float().cpu(), k.float().cpu()
 
@@ -112,11 +115,15 @@ def layers(cfg: ModelConfig, n: int, bytes_per_value: int, pattern: torch.Tensor
          f"{cfg.n_kv_heads} KV heads" + (f", each shared by {cfg.n_rep} query heads (grouped-query attention)"
                                          if cfg.n_rep > 1 else " (one per query head)")),
         ("RoPE", "Q, K rotated by position", "chapter 3"),
-        ("scores = QKᵀ/√d + mask", f"[{cfg.n_heads}, {n}, {n}]", f"scaled by {cfg.attn_scale:.4g}; the causal mask sets future positions to -∞"),
+        ("scores = QKᵀ/√d + mask", f"[{cfg.n_heads}, {n}, {n}]", f"scaled by {cfg.attn_scale:.4g}"
+         + (f", soft-capped to ±{cfg.attn_logit_softcap:g} ({cfg.attn_logit_softcap:g} · tanh(s / {cfg.attn_logit_softcap:g}))"
+            if cfg.attn_logit_softcap else "") + "; the causal mask sets future positions to -∞"
+         + (f" and, on sliding layers, positions more than {cfg.sliding_window:,} back" if cfg.layer_types else "")),
         ("softmax", f"[{cfg.n_heads}, {n}, {n}]", "each row sums to 1"),
         ("× V", f"[{cfg.n_heads}, {n}, {d}] → [{n}, {cfg.q_dim}]", "a weighted average of the values"),
         ("output projection", f"[{n}, {cfg.q_dim}] × [{cfg.q_dim}, {h}] → [{n}, {h}]", ""),
-        ("residual add", f"[{n}, {h}]", "x + attention(x)" + (" (normed first: Gemma's sandwich norms)" if cfg.sandwich_norms else "")),
+        ("residual add", f"[{n}, {h}]", "x + attention(x)" + (" (normed first: the family's norms after each branch)" if cfg.post_norms else "")
+         + (f", × {cfg.residual_multiplier:g} first" if cfg.residual_multiplier != 1 else "")),
         ("RMSNorm (pre-norm)", f"[{n}, {h}]", "before the MLP"),
         ("gate, up projections", f"[{n}, {h}] × [{h}, {cfg.intermediate_size}] → [{n}, {cfg.intermediate_size}] each", glu + " of gate × up"),
         ("down projection", f"[{n}, {cfg.intermediate_size}] × [{cfg.intermediate_size}, {h}] → [{n}, {h}]", ""),
@@ -126,7 +133,7 @@ def layers(cfg: ModelConfig, n: int, bytes_per_value: int, pattern: torch.Tensor
     return {"n_positions": n, "hidden": h, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": d,
             "group_size": cfg.n_rep, "intermediate": cfg.intermediate_size,
             "expansion": cfg.intermediate_size / h, "mlp_matrices": 3, "activation": glu,
-            "norm": "RMSNorm, pre-norm" + (" plus sandwich norms" if cfg.sandwich_norms else ""),
+            "norm": ("RMSNorm, pre-norm" if cfg.pre_norms else "RMSNorm after each branch only") + (" plus sandwich norms" if cfg.post_norms and cfg.pre_norms else ""),
             "n_layers": cfg.n_layers, "steps": [{"step": s, "shape": sh, "note": note} for s, sh, note in steps],
             "mask": mask, "attention_layer0_head0": [[round(v, 4) for v in r] for r in weights.tolist()],
             "matrix_positions": shown, "sliding_window": window,

@@ -82,3 +82,23 @@ def default_system_prompt(template: str | None, **kwargs) -> str:
     if without == before + after or not (without.startswith(before) and without.endswith(after)):
         return ""
     return without[len(before):len(without) - len(after)].strip()
+
+
+def turn_end_ids(tokenizer) -> tuple[int, ...]:
+    """The control token a chat template writes right after an assistant's message, where it ends
+    the turn (<|im_end|>, <|eot_id|>, <end_of_turn>, <|end|>): a chat run stops there, as the
+    model's own serving does. () where the template writes none or cannot be rendered so."""
+    template, marker = tokenizer.chat_template, "\ue000"
+    if not template:
+        return ()
+    turn = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}]
+    try:
+        text = render_chat(template, turn, add_generation_prompt=False, bos_token=tokenizer.bos_token,
+                           eos_token=tokenizer.eos_token)
+    except InputError:
+        return ()
+    if text.count(marker) != 1:
+        return ()
+    after = text.split(marker)[1]
+    ends = [(s, i) for s, i in tokenizer.special_tokens.items() if s and after.startswith(s)]
+    return (max(ends, key=lambda e: len(e[0]))[1],) if ends else ()

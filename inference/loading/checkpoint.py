@@ -9,39 +9,41 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from inference.model.config import ModelConfig
+from inference.model.family_spec import HF_MATRICES, SPECS
 from inference.errors import ModelError
 from inference.model.quant import QuantWeight
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
+def layer_tensors(cfg: ModelConfig) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """A layer's tensors in a Hugging Face checkpoint of cfg's family (family_spec.py): role ->
+    (suffix after model.layers.N., shape)."""
+    spec = SPECS[cfg.family]
+    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    shapes = {"q_proj": (cfg.q_dim, h), "k_proj": (cfg.kv_dim, h), "v_proj": (cfg.kv_dim, h),
+              "qkv_proj": (cfg.q_dim + 2 * cfg.kv_dim, h), "o_proj": (h, cfg.q_dim),
+              "gate_proj": (f, h), "up_proj": (f, h), "gate_up_proj": (2 * f, h), "down_proj": (h, f)}
+    out = {role: (suffix + ".weight", (h,)) for role, suffix in spec.norms.items()}
+    out.update({role: (HF_MATRICES[role] + ".weight", shapes[role]) for role in spec.matrices()})
+    if cfg.qkv_bias:
+        out.update({f"{n}_bias": (f"self_attn.{n}_proj.bias", (dim,)) for n, dim in
+                    (("q", cfg.q_dim), ("k", cfg.kv_dim), ("v", cfg.kv_dim))})
+    if cfg.qk_norm or cfg.qk_norm_full:
+        full = cfg.qk_norm_full
+        out["q_norm"] = ("self_attn.q_norm.weight", (cfg.q_dim if full else d,))
+        out["k_norm"] = ("self_attn.k_norm.weight", (cfg.kv_dim if full else d,))
+    return out
+
+
 def expected_hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor a Hugging Face checkpoint of cfg's family must hold, with its shape."""
-    h, f, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
-    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, h), "model.norm.weight": (h,)}
+    shapes = {"model.embed_tokens.weight": (cfg.vocab_size, cfg.hidden_size), "model.norm.weight": (cfg.hidden_size,)}
+    per_layer = layer_tensors(cfg)
     for i in range(cfg.n_layers):
-        p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (h,),
-            p + "self_attn.q_proj.weight": (cfg.q_dim, h),
-            p + "self_attn.k_proj.weight": (cfg.kv_dim, h),
-            p + "self_attn.v_proj.weight": (cfg.kv_dim, h),
-            p + "self_attn.o_proj.weight": (h, cfg.q_dim),
-            p + "post_attention_layernorm.weight": (h,),
-            p + "mlp.gate_proj.weight": (f, h),
-            p + "mlp.up_proj.weight": (f, h),
-            p + "mlp.down_proj.weight": (h, f),
-        })
-        if cfg.qkv_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (cfg.q_dim,), p + "self_attn.k_proj.bias": (cfg.kv_dim,),
-                           p + "self_attn.v_proj.bias": (cfg.kv_dim,)})
-        if cfg.qk_norm:
-            shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
-        if cfg.sandwich_norms:
-            shapes.update({p + "pre_feedforward_layernorm.weight": (h,),
-                           p + "post_feedforward_layernorm.weight": (h,)})
+        shapes.update({f"model.layers.{i}.{name}": shape for name, shape in per_layer.values()})
     if not cfg.tie_word_embeddings:
-        shapes["lm_head.weight"] = (cfg.vocab_size, h)
+        shapes["lm_head.weight"] = (cfg.vocab_size, cfg.hidden_size)
     return shapes
 
 
@@ -139,8 +141,7 @@ def to_model_names(cfg: ModelConfig, hf: dict[str, torch.Tensor | QuantWeight],
     file's blocks stay blocks: read_gguf_weights).
 
     Gemma's RMSNorm scales by (1 + w): the 1 is added here, once, so every norm runs as LLaMA's.
-    Its post_attention_layernorm norms the attention output; the MLP's input norm is
-    pre_feedforward_layernorm (LLaMA calls that one post_attention_layernorm)."""
+    Which Hugging Face norm is which of ours is the family's (family_spec.FamilySpec.norms)."""
     def norm(name: str) -> torch.Tensor:
         w = hf[name].to(torch.float32)
         return (w + 1 if cfg.norm_unit_offset else w).to(dtype)
@@ -156,22 +157,22 @@ def to_model_names(cfg: ModelConfig, hf: dict[str, torch.Tensor | QuantWeight],
            "norm.weight": norm("model.norm.weight")}
     if not cfg.tie_word_embeddings:
         out["output.weight"] = mat("lm_head.weight")
+    per_layer = layer_tensors(cfg)
     for i in range(cfg.n_layers):
         p, q = f"model.layers.{i}.", f"layers.{i}."
-        out[q + "attention_norm.weight"] = norm(p + "input_layernorm.weight")
-        if cfg.sandwich_norms:
-            out[q + "post_attention_norm.weight"] = norm(p + "post_attention_layernorm.weight")
-            out[q + "ffn_norm.weight"] = norm(p + "pre_feedforward_layernorm.weight")
-            out[q + "post_ffn_norm.weight"] = norm(p + "post_feedforward_layernorm.weight")
-        else:
-            out[q + "ffn_norm.weight"] = norm(p + "post_attention_layernorm.weight")
-        out[q + "attention.wqkv.weight"] = mat(*(p + f"self_attn.{n}_proj.weight" for n in "qkv"))  # (q_dim + 2*kv_dim, hidden)
+        name = {role: p + suffix for role, (suffix, _) in per_layer.items()}
+        for role in SPECS[cfg.family].norms:  # attention_norm, ffn_norm, post_attention_norm, post_ffn_norm
+            out[q + role + ".weight"] = norm(name[role])
+        fused = "qkv_proj" in name  # Phi-3 stores Q/K/V and gate/up fused, as our modules hold them
+        out[q + "attention.wqkv.weight"] = mat(name["qkv_proj"]) if fused else \
+            mat(name["q_proj"], name["k_proj"], name["v_proj"])  # (q_dim + 2*kv_dim, hidden)
         if cfg.qkv_bias:
-            out[q + "attention.bqkv"] = torch.cat([hf[p + f"self_attn.{n}_proj.bias"] for n in "qkv"]).to(dtype)
-        if cfg.qk_norm:
-            out[q + "attention.q_norm.weight"] = norm(p + "self_attn.q_norm.weight")
-            out[q + "attention.k_norm.weight"] = norm(p + "self_attn.k_norm.weight")
-        out[q + "attention.wo.weight"] = mat(p + "self_attn.o_proj.weight")
-        out[q + "feed_forward.w13.weight"] = mat(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")  # (2*ffn, hidden)
-        out[q + "feed_forward.w2.weight"] = mat(p + "mlp.down_proj.weight")
+            out[q + "attention.bqkv"] = torch.cat([hf[name[f"{n}_bias"]] for n in "qkv"]).to(dtype)
+        if "q_norm" in name:
+            out[q + "attention.q_norm.weight"] = norm(name["q_norm"])
+            out[q + "attention.k_norm.weight"] = norm(name["k_norm"])
+        out[q + "attention.wo.weight"] = mat(name["o_proj"])
+        out[q + "feed_forward.w13.weight"] = mat(name["gate_up_proj"]) if fused else \
+            mat(name["gate_proj"], name["up_proj"])  # (2*ffn, hidden): [gate; up]
+        out[q + "feed_forward.w2.weight"] = mat(name["down_proj"])
     return out

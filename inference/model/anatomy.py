@@ -44,7 +44,7 @@ def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int,
     glu = "SwiGLU" if cfg.activation == "silu" else "GeGLU"
     ffn = Stage(f"{glu} feed-forward (per layer)", f"gate, up [{T}, {cfg.intermediate_size}] → [{T}, {h}]",
                 2 * T * 3 * h * cfg.intermediate_size, mats["ffn"] // L)
-    n = 4 if cfg.sandwich_norms else 2  # Gemma 3 norms each branch's input and output
+    n = 2 * cfg.pre_norms + 2 * cfg.post_norms  # Gemma norms each branch's input and output, OLMo 2 its output
     norms = Stage(f"{n} × RMSNorm + residuals (per layer)", f"[{T}, {h}]", n * 4 * T * h, n * h * b)
     layer = [qkv, scores, out, ffn, norms]
     attn_layer = Stage("attention, one layer", "", qkv.flops + scores.flops + out.flops,
@@ -63,34 +63,46 @@ def stages(cfg: ModelConfig, T: int, T_ctx: int, bytes_per_value: int,
 
 def family_path(cfg: ModelConfig) -> list[str]:
     """The turns this model's family takes on the one path, in the order a token meets them."""
-    turns = [f"{cfg.family}: embedding lookup" + (f" × {cfg.embed_scale:.4g} (√hidden)" if cfg.embed_scale != 1 else "")]
+    scale = f" × {cfg.embed_scale:.4g}" + (" (√hidden)" if cfg.norm_unit_offset else "") if cfg.embed_scale != 1 else ""
+    turns = [f"{cfg.family}: embedding lookup{scale}"]
     norm = "RMSNorm (1 + w)" if cfg.norm_unit_offset else "RMSNorm"
-    turns.append(f"per layer: {norm} before attention and before the MLP"
-                 + (", and after each (four a layer)" if cfg.sandwich_norms else ""))
+    if cfg.pre_norms:
+        turns.append(f"per layer: {norm} before attention and before the MLP"
+                     + (", and after each (four a layer)" if cfg.post_norms else ""))
+    else:
+        turns.append(f"per layer: no norm before attention or the MLP; {norm} after each, before its residual add")
     attn = "Q, K, V projections" + (" with biases" if cfg.qkv_bias else "")
     if cfg.qk_norm:
         attn += ", an RMSNorm over each head's q and k"
+    if cfg.qk_norm_full:
+        attn += ", an RMSNorm over the whole q and the whole k"
     attn += f", RoPE θ {cfg.rope_theta:g}"
     if cfg.local_rope_theta:
         attn += f" (sliding layers θ {cfg.local_rope_theta:g})"
     if cfg.rope_scaling.rope_type != "default":
-        attn += f", {cfg.rope_scaling.rope_type} scaling"
+        kind = cfg.rope_scaling.rope_type
+        attn += ", the file's per-frequency RoPE factors" if kind == "factors" else f", {kind} scaling"
+    if cfg.nope_layers:
+        attn += f" (layers {_ranges(list(cfg.nope_layers))} apply no RoPE)"
     attn += (f"; {cfg.n_heads} query heads share {cfg.n_kv_heads} KV heads" if cfg.n_rep > 1 else "")
-    scale = cfg.query_pre_attn_scalar or cfg.head_dim
-    attn += f"; scores scaled by {scale:g}^-0.5"
+    attn += (f"; scores scaled by {cfg.attention_multiplier:g}" if cfg.attention_multiplier is not None
+             else f"; scores scaled by {cfg.query_pre_attn_scalar or cfg.head_dim:g}^-0.5")
+    if cfg.attn_logit_softcap:
+        attn += f", then soft-capped: {cfg.attn_logit_softcap:g} · tanh(scores / {cfg.attn_logit_softcap:g})"
     turns.append(attn)
     sliding = [i for i, t in enumerate(cfg.layer_types) if t == "sliding"] if cfg.sliding_window else []
     if sliding:
         full = [i for i in range(cfg.n_layers) if i not in sliding]
         turns.append(f"causal mask; layers {_ranges(sliding)} see only the last {cfg.sliding_window:,} "
                      f"positions (a sliding window), layers {_ranges(full) or 'none'} see all")
-    elif cfg.sliding_window:
-        turns.append(f"causal mask; every layer sees only the last {cfg.sliding_window:,} positions")
     else:
         turns.append("causal mask; every layer sees every earlier position")
     turns.append(("SwiGLU: silu(gate) × up" if cfg.activation == "silu" else "GeGLU: gelu_tanh(gate) × up")
                  + " → down projection")
+    if cfg.residual_multiplier != 1:
+        turns.append(f"each branch's output × {cfg.residual_multiplier:g} before the residual add")
     turns.append("final RMSNorm → LM head" + (" (tied to the embedding)" if cfg.tie_word_embeddings else "")
+                 + (f" → logits / {cfg.logit_scale:g}" if cfg.logit_scale != 1 else "")
                  + (f" → {cfg.final_logit_softcap:g} · tanh(logits / {cfg.final_logit_softcap:g})"
                     if cfg.final_logit_softcap else ""))
     return turns

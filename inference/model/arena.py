@@ -17,7 +17,8 @@ import torch
 
 HUGE_PAGE = 2 << 20
 ALIGN = 64  # each tensor starts on a cache line (and a float's or an int64's boundary)
-MADV_HUGEPAGE = 14  # Linux's <sys/mman.h>
+MADV_DONTNEED, MADV_HUGEPAGE = 4, 14  # Linux's <sys/mman.h>
+PAGE = 4096
 
 
 def advise_huge_pages(address: int, nbytes: int) -> bool:
@@ -28,6 +29,20 @@ def advise_huge_pages(address: int, nbytes: int) -> bool:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         return libc.madvise(ctypes.c_void_p(address), ctypes.c_size_t(nbytes), MADV_HUGEPAGE) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def release_pages(address: int, nbytes: int) -> bool:
+    """Give back the pages wholly inside [address, address + nbytes) of a private mapping of a
+    file never written to: they leave the process's resident memory, and a later read maps them
+    from the file again (the same bytes). False where it cannot (not Linux)."""
+    start, end = -(-address // PAGE) * PAGE, (address + nbytes) // PAGE * PAGE
+    if not sys.platform.startswith("linux") or end <= start:
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) == 0
     except (OSError, AttributeError):
         return False
 

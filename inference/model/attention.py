@@ -1,6 +1,7 @@
 """Grouped-query attention over a static cache or the paged pool, with the turns of each family:
-q/k/v biases (Qwen2), per-head q/k norms (Qwen3, Gemma 3), a scale of its own (Gemma 3) and a
-sliding window (Mistral, Gemma 3's local layers, Qwen's upper layers)."""
+q/k/v biases (Qwen2), q/k norms per head (Qwen3, Gemma 3) or over the whole vector (OLMo 2), a
+scale of its own (Gemma, Granite), soft-capped scores (Gemma 2) and a sliding window (Mistral,
+Phi-3, Gemma's local layers, Qwen's upper layers)."""
 
 from __future__ import annotations
 
@@ -85,9 +86,10 @@ def window_decode_mask(positions: torch.Tensor, context: int, window: int) -> to
 
 
 def attention_weights(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor | None = None,
-                      scale: float | None = None) -> torch.Tensor:
-    """softmax(q k^T * scale) in float32 (scale: 1/sqrt(d) unless given), for queries that see
-    every key given or, with `visible` (Tq, T_ctx) bool, only the keys marked True.
+                      scale: float | None = None, softcap: float | None = None) -> torch.Tensor:
+    """softmax(q k^T * scale) in float32 (scale: 1/sqrt(d) unless given; scores soft-capped
+    where `softcap` is given), for queries that see every key given or, with `visible`
+    (Tq, T_ctx) bool, only the keys marked True.
 
     q: (bsz, n_heads, Tq, head_dim); keys: (bsz, n_kv_heads, T_ctx, head_dim).
     """
@@ -95,6 +97,8 @@ def attention_weights(q: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor
     keys = keys.repeat_interleave(n_rep, dim=1)  # (bsz, n_heads, T_ctx, head_dim)
     scale = q.shape[-1] ** -0.5 if scale is None else scale
     scores = q.float() @ keys.float().transpose(-1, -2) * scale  # (bsz, n_heads, Tq, T_ctx)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     if visible is not None:
         scores = scores.masked_fill(~visible, float("-inf"))
     return scores.softmax(dim=-1)
@@ -108,14 +112,18 @@ class Attention(nn.Module):
         self.q_dim, self.kv_dim = cfg.q_dim, cfg.kv_dim
         self.window = cfg.sliding_window if cfg.is_sliding(layer) else None
         # None: SDPA's own 1/sqrt(head_dim), so families without a scale of their own run as before.
-        self.scale = cfg.attn_scale if cfg.query_pre_attn_scalar is not None else None
+        self.scale = cfg.attn_scale if "attn_scale" in cfg.features() else None
+        self.softcap = cfg.attn_logit_softcap  # Gemma 2: the kernel caps scores; no SDPA (by hand there)
         self.softmax_scale = self.head_dim ** -0.5 if self.scale is None else self.scale  # the kernels'
         self.gqa = cfg.n_heads != cfg.n_kv_heads
         # Q, K and V projections fused into one matmul: rows are [q; k; v].
         self.wqkv = Linear(cfg.hidden_size, cfg.q_dim + 2 * cfg.kv_dim, bias=False)
         self.bqkv = nn.Parameter(torch.zeros(cfg.q_dim + 2 * cfg.kv_dim)) if cfg.qkv_bias else None
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.full_norms = cfg.qk_norm_full  # OLMo 2: over q_dim and kv_dim, not per head
+        self.q_norm = RMSNorm(cfg.q_dim if cfg.qk_norm_full else cfg.head_dim, cfg.rms_norm_eps) \
+            if cfg.qk_norm or cfg.qk_norm_full else None
+        self.k_norm = RMSNorm(cfg.kv_dim if cfg.qk_norm_full else cfg.head_dim, cfg.rms_norm_eps) \
+            if cfg.qk_norm or cfg.qk_norm_full else None
         self.wo = Linear(cfg.q_dim, cfg.hidden_size, bias=False)
 
     def project(self, x: torch.Tensor, cos, sin) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -126,9 +134,11 @@ class Attention(nn.Module):
         qkv = self.wqkv(x)  # (bsz, T, q_dim + 2 kv_dim)
         if self.bqkv is not None:
             qkv = qkv + self.bqkv
+        if self.full_norms:
+            qkv = self._norm_full(qkv)
         qkv = qkv.view(bsz, T, n_qk + self.n_kv_heads, self.head_dim)  # (bsz, T, heads + 2 kv_heads, head_dim)
         qk = qkv[:, :, :n_qk]
-        if self.q_norm is not None:  # each head's vector normed on its own, before RoPE
+        if self.q_norm is not None and not self.full_norms:  # each head's vector normed on its own, before RoPE
             qk = torch.cat([self.q_norm(qk[:, :, :self.n_heads]), self.k_norm(qk[:, :, self.n_heads:])], dim=2)
         qk = apply_rope(qk, cos, sin)  # Q and K rotated together: half the ops
         return qk[:, :, :self.n_heads], qk[:, :, self.n_heads:], qkv[:, :, n_qk:]
@@ -143,11 +153,10 @@ class Attention(nn.Module):
         keys, values = k_cache[:, :, :end], v_cache[:, :, :end]  # (bsz, n_kv_heads, end, head_dim)
         mask, causal = visible_keys(start_pos, T, end, self.window, x.device)
         out = None
-        if bsz == 1 and T == 1 and mask is None:  # one query that sees every key
+        if bsz == 1 and T == 1 and mask is None and self.softcap is None:  # one query that sees every key
             out = kernels.attend_one(q[0, :, 0], keys[0].transpose(0, 1), values[0].transpose(0, 1), self.softmax_scale)
         if out is None:
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, is_causal=causal,
-                                                 scale=self.scale, enable_gqa=self.gqa)
+            out = self._sdpa(q, keys, values, mask, causal)
         else:
             out = out.view(1, self.n_heads, 1, self.head_dim)  # (heads, head_dim) -> (bsz, heads, T, head_dim)
         if probe is not None and (layer in probe.attention_layers or layer in probe.pattern_layers):
@@ -155,9 +164,10 @@ class Attention(nn.Module):
             visible = mask if mask is not None else torch.ones(
                 T, end, dtype=torch.bool, device=x.device).tril(diagonal=start_pos)  # (T, end)
             if layer in probe.attention_layers:  # the last query's row only
-                probe.attention[layer] = attention_weights(q[:, :, -1:], keys, visible[-1:], self.scale)[0, :, 0]  # (n_heads, end)
+                probe.attention[layer] = attention_weights(q[:, :, -1:], keys, visible[-1:], self.scale,
+                                                           self.softcap)[0, :, 0]  # (n_heads, end)
             if layer in probe.pattern_layers:
-                probe.patterns[layer] = attention_weights(q, keys, visible, self.scale)[0]  # (n_heads, T, end)
+                probe.patterns[layer] = attention_weights(q, keys, visible, self.scale, self.softcap)[0]  # (n_heads, T, end)
         out = out.transpose(1, 2).reshape(bsz, T, self.q_dim)  # (bsz, T, n_heads * head_dim)
         return self.wo(out)
 
@@ -171,7 +181,9 @@ class Attention(nn.Module):
             qkv = self.wqkv(x)[0]  # (N, q_dim + 2 kv_dim)
             if self.bqkv is not None:
                 qkv = qkv + self.bqkv
-            if self.q_norm is not None:
+            if self.full_norms:
+                qkv = self._norm_full(qkv)
+            elif self.q_norm is not None:
                 qkv = self._norm_heads(qkv)
             # q (N, heads, head_dim) rotated; k rotated and v written to their slots, in one call
             q = kernels.rope_store(qkv, cos.reshape(N, -1), sin.reshape(N, -1), k_pool, v_pool,
@@ -193,7 +205,7 @@ class Attention(nn.Module):
             first = torch.arange(start + 1, start + n + 1)  # (n,): each row's keys held, its own included
             op = kernels.attend(q[row:row + n], k_pool, v_pool, self.softmax_scale,
                                 (first - self.window).clamp_(min=0) if self.window is not None else torch.zeros_like(first),
-                                first, slots, 1, max_length=start + n)
+                                first, slots, 1, max_length=start + n, softcap=self.softcap)
             if op is not None:
                 out[row:row + n] = op
                 continue
@@ -201,10 +213,26 @@ class Attention(nn.Module):
             kp = k_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)  # (1, n_kv_heads, start + n, head_dim)
             vp = v_pool.index_select(0, slots).transpose(0, 1).unsqueeze(0)
             mask, causal = visible_keys(start, n, start + n, self.window, x.device)
-            op = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, is_causal=causal,
-                                                scale=self.scale, enable_gqa=self.gqa)
+            op = self._sdpa(qp, kp, vp, mask, causal)
             out[row:row + n] = op[0].transpose(0, 1)  # (n, n_heads, head_dim)
         return self.wo(out.reshape(1, N, self.q_dim))
+
+    def _sdpa(self, q, k, v, mask, causal: bool) -> torch.Tensor:
+        """softmax(q k^T * scale + mask) v: q (bsz, heads, Tq, d), k and v (bsz, kv_heads, Tk, d);
+        by SDPA, or by hand where the scores are soft-capped (Gemma 2), as transformers' eager
+        attention does: scale, cap, mask, softmax in float32."""
+        if self.softcap is None:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                                  scale=self.scale, enable_gqa=self.gqa)
+        if causal:
+            mask = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool, device=q.device).tril(k.shape[-2] - q.shape[-2])
+        weights = attention_weights(q, k, mask, self.scale, self.softcap).to(v.dtype)  # (bsz, heads, Tq, Tk)
+        return weights @ v.repeat_interleave(q.shape[1] // k.shape[1], dim=1)  # (bsz, heads, Tq, d)
+
+    def _norm_full(self, qkv: torch.Tensor) -> torch.Tensor:
+        """(..., q_dim + 2 kv_dim) with the whole q and the whole k normed (OLMo 2's norms)."""
+        q, k, v = qkv.split([self.q_dim, self.kv_dim, self.kv_dim], dim=-1)
+        return torch.cat([self.q_norm(q.contiguous()), self.k_norm(k.contiguous()), v], dim=-1)
 
     def _norm_heads(self, qkv: torch.Tensor) -> torch.Tensor:
         """qkv (N, q_dim + 2 kv_dim) with each q and k head normed on its own by the kernels'
@@ -223,10 +251,10 @@ class Attention(nn.Module):
         lengths, first = batch.decode_lengths, batch.decode_first[self.window is not None]
         if isinstance(ctx, slice):  # one run's keys read in place
             od = kernels.attend(q, k_pool[ctx], v_pool[ctx], self.softmax_scale, first, lengths,
-                                max_length=ctx.stop - ctx.start)
+                                max_length=ctx.stop - ctx.start, softcap=self.softcap)
         else:  # each run's keys through its blocks, none gathered
             od = kernels.attend(q, k_pool, v_pool, self.softmax_scale, first, lengths, ctx, BLOCK_SIZE,
-                                max_length=ctx.shape[1] * BLOCK_SIZE)  # a bound: its table's positions
+                                max_length=ctx.shape[1] * BLOCK_SIZE, softcap=self.softcap)  # a bound: its table's positions
         if od is not None:  # (B, n_heads, head_dim)
             return od
         if isinstance(ctx, slice):
@@ -238,6 +266,5 @@ class Attention(nn.Module):
             kd = k_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
             vd = v_pool.view(-1, BLOCK_SIZE, self.n_kv_heads, self.head_dim).index_select(0, blocks).view(B, -1, self.n_kv_heads, self.head_dim)
         mask = batch.window_mask if self.window is not None and batch.window_mask is not None else batch.decode_mask
-        od = F.scaled_dot_product_attention(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2),
-                                            attn_mask=mask, scale=self.scale, enable_gqa=self.gqa)
+        od = self._sdpa(q.unsqueeze(2), kd.transpose(1, 2), vd.transpose(1, 2), mask, False)
         return od.squeeze(2)  # (B, n_heads, head_dim)

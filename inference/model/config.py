@@ -34,12 +34,19 @@ class ModelConfig:
     family: str = "llama"  # the Hugging Face model_type the config named
     qkv_bias: bool = False  # Qwen2: biases on the Q, K and V projections
     qk_norm: bool = False  # Qwen3, Gemma 3: an RMSNorm over each head's q and k, before RoPE
-    sandwich_norms: bool = False  # Gemma 3: norms after attention and after the MLP as well
+    qk_norm_full: bool = False  # OLMo 2: an RMSNorm over the whole q (q_dim) and k (kv_dim)
+    pre_norms: bool = True  # an RMSNorm before attention and before the MLP (not OLMo 2)
+    post_norms: bool = False  # Gemma, OLMo 2: norms after attention and after the MLP
     norm_unit_offset: bool = False  # Gemma: RMSNorm scales by (1 + w), folded into w at load
     activation: str = "silu"  # the gate's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU)
     embed_scale: float = 1.0  # Gemma: embeddings are multiplied by sqrt(hidden_size)
     query_pre_attn_scalar: float | None = None  # Gemma: scores scaled by its ** -0.5, not head_dim's
+    attention_multiplier: float | None = None  # Granite: the scores' scale itself
+    attn_logit_softcap: float | None = None  # Gemma 2: scores -> cap * tanh(scores / cap)
     final_logit_softcap: float | None = None  # logits -> cap * tanh(logits / cap)
+    logit_scale: float = 1.0  # Granite: logits divided by it
+    residual_multiplier: float = 1.0  # Granite: each branch's output times it
+    nope_layers: tuple[int, ...] = ()  # SmolLM3: layers that apply no RoPE
     sliding_window: int | None = None  # keys a sliding layer's query sees, itself included
     layer_types: tuple[str, ...] = ()  # per layer "full" or "sliding"; () means all full
     local_rope_theta: float | None = None  # Gemma 3: sliding layers' own RoPE base (unscaled)
@@ -74,6 +81,35 @@ class ModelConfig:
             raise ModelError(f"config: layer types must be full or sliding, got {self.layer_types}")
         if "sliding" in self.layer_types and not (self.sliding_window and self.sliding_window > 0):
             raise ModelError("config: sliding layers need a positive sliding_window")
+        if any(not 0 <= i < self.n_layers for i in self.nope_layers):
+            raise ModelError(f"config: layers without RoPE {self.nope_layers} out of range")
+        if self.qk_norm and self.qk_norm_full:
+            raise ModelError("config: q/k norms are per head or over the whole vector, not both")
+        if self.local_rope_theta is not None and self.nope_layers:
+            raise ModelError("config: layers without RoPE beside sliding layers' own base are not supported")
+
+    def features(self) -> frozenset[str]:
+        """The features (family_spec.FEATURES) this model's path needs: what a forward path must
+        compute to give its numbers."""
+        checks = {
+            "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm, "qk_norm_full": self.qk_norm_full,
+            "no_pre_norms": not self.pre_norms, "post_norms": self.post_norms,
+            "norm_unit_offset": self.norm_unit_offset, "gelu": self.activation != "silu",
+            "embed_scale": self.embed_scale != 1.0,
+            "attn_scale": self.query_pre_attn_scalar is not None or self.attention_multiplier is not None,
+            "attn_softcap": self.attn_logit_softcap is not None,
+            "final_softcap": self.final_logit_softcap is not None, "logit_scale": self.logit_scale != 1.0,
+            "residual_scale": self.residual_multiplier != 1.0, "sliding_window": "sliding" in self.layer_types,
+            "local_rope_theta": self.local_rope_theta is not None, "nope_layers": bool(self.nope_layers),
+            "rope_scaled": self.rope_scaling.rope_type != "default",
+        }
+        return frozenset(k for k, on in checks.items() if on)
+
+    def rope_kind(self, layer: int) -> str:
+        """Which RoPE table `layer` reads: "full", "local" (sliding layers' own base) or "none"."""
+        if layer in self.nope_layers:
+            return "none"
+        return "local" if self.local_rope_theta is not None and self.is_sliding(layer) else "full"
 
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer`'s queries see only the last sliding_window positions."""
@@ -81,7 +117,10 @@ class ModelConfig:
 
     @property
     def attn_scale(self) -> float:
-        """The factor on q.k: 1/sqrt(head_dim), or Gemma's 1/sqrt(query_pre_attn_scalar)."""
+        """The factor on q.k: 1/sqrt(head_dim), Gemma's 1/sqrt(query_pre_attn_scalar), or Granite's
+        attention_multiplier."""
+        if self.attention_multiplier is not None:
+            return self.attention_multiplier
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @property
@@ -123,7 +162,8 @@ class ModelConfig:
         attn = L * (h * self.q_dim + 2 * h * self.kv_dim + self.q_dim * h)
         attn += L * (self.q_dim + 2 * self.kv_dim) * self.qkv_bias
         ffn = L * 3 * h * self.intermediate_size
-        norms = L * (4 if self.sandwich_norms else 2) * h + h + L * 2 * self.head_dim * self.qk_norm
+        norms = L * (2 * self.pre_norms + 2 * self.post_norms) * h + h + L * 2 * self.head_dim * self.qk_norm
+        norms += L * (self.q_dim + self.kv_dim) * self.qk_norm_full
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
         return {"embedding": embed, "attention": attn, "ffn": ffn, "norms": norms,
                 "lm_head": head, "total": embed + attn + ffn + norms + head}

@@ -4,9 +4,11 @@ kernels.c's token_lab_decode runs the step the model's layer-by-layer path runs 
 kernels (the same functions in the same order, so the same bits) without the ~1,000 small
 operators and ~120 thread-team starts around them. Its products read each weight as its table
 says (kernels/quant.c): float32, or a GGUF file's quantized blocks. It serves CPU models with
-float32 activations of every family's shape (q/k/v biases, per-head q/k norms, norms after each
-branch, sliding windows) for steps of at most KERNEL_ROWS decoding runs; the model's own path
-serves the rest.
+float32 activations for steps of at most KERNEL_ROWS decoding runs, of every family whose features
+it computes (family_spec.PATHS["DecodeStep"]: q/k/v biases, per-head q/k norms, norms around each
+branch, sliding windows, any RoPE tables); a model needing another feature (soft-capped scores,
+layers without RoPE, OLMo 2's norms, Granite's residual multiplier) never takes it, and the
+model's own path serves it and the rest.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import torch
 
 from inference.model import kernels
 from inference.model.attention import PagedBatch
+from inference.model.family_spec import missing
 from inference.model.kv_cache import BLOCK_SIZE
 from inference.model.layers import KERNEL_ROWS, Linear
 from inference.model.quant import F32, QuantWeight
@@ -39,7 +42,8 @@ class DecodeStep:
         linears = [m for m in model.modules() if isinstance(m, Linear)]
         copies = all(m.decode_weight is None or isinstance(m.decode_weight, QuantWeight) for m in linears)
         if (model.device.type != "cpu" or model.dtype != torch.float32 or not copies or not kernels.available()
-                or not all(m.qweight is not None or m.weight.is_contiguous() for m in linears)):
+                or not all(m.qweight is not None or m.weight.is_contiguous() for m in linears)
+                or missing("DecodeStep", model.cfg.features())):
             return None
         return cls(model)
 
@@ -58,7 +62,7 @@ class DecodeStep:
             blocks, n_blocks, offset, max_length = None, 0, ctx.start, ctx.stop - ctx.start
         else:
             blocks, n_blocks, offset, max_length = ctx.contiguous(), ctx.shape[1], 0, ctx.shape[1] * BLOCK_SIZE
-        (cos, sin), (cos_l, sin_l) = ropes[False], ropes[True]  # each (N, 1, head_dim)
+        (cos, sin), (cos_l, sin_l) = ropes["full"], ropes["local"]  # each (N, 1, head_dim)
         cos, sin, cos_l, sin_l = (t.reshape(N, -1).contiguous() for t in (cos, sin, cos_l, sin_l))  # (N, head_dim)
         first, first_l = (batch.decode_first[w].contiguous() for w in (False, True))
         lengths, slots = batch.decode_lengths.contiguous(), batch.write_slots.contiguous()

@@ -1,8 +1,7 @@
-"""The families Token Lab computes, as the turns each takes on one LLaMA-style path.
+"""Reading a Hugging Face config.json into ModelConfig's fields, as its family (family_spec.py) says,
+and writing one back that transformers reads as the same family.
 
-A Hugging Face config.json names its family (model_type); config_fields reads it into
-ModelConfig's flags, and hf_config writes a config.json transformers reads as the same family.
-Anything a family's config sets that the path cannot compute exactly is refused here.
+Anything a family's config sets that the path cannot compute exactly is refused here, in one line.
 """
 
 from __future__ import annotations
@@ -11,21 +10,25 @@ import math
 from dataclasses import dataclass
 
 from inference.errors import ModelError
+from inference.model.family_spec import SPECS, spec_for_hf
 
-LLAMA_NAMES = ("llama", "smollm", "smollm2")
-FAMILIES = LLAMA_NAMES + ("mistral", "qwen2", "qwen3", "gemma3_text", "gemma3")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "factors")
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    """A config's RoPE scaling (rope_scaling, or rope_parameters in transformers >= 5)."""
+    """A config's RoPE scaling (rope_scaling, or rope_parameters in transformers >= 5); "factors":
+    a GGUF file's per-frequency divisors (llama.cpp's rope_freqs.weight)."""
     rope_type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    beta_fast: float = 32.0  # YaRN's ramp
+    beta_slow: float = 1.0
+    attention_factor: float | None = None  # YaRN: cos and sin times this (None: 0.1 ln(factor) + 1)
+    factors: tuple[float, ...] = ()  # "factors": one per frequency
 
 
 def config_fields(cfg: dict) -> dict:
@@ -40,26 +43,26 @@ def config_fields(cfg: dict) -> dict:
                              "(transformers' multimodal class ignores it); refusing it")
         cfg = {"bos_token_id": cfg.get("bos_token_id"), "eos_token_id": cfg.get("eos_token_id"),
                "tie_word_embeddings": cfg.get("tie_word_embeddings", True), **text}
-        arch = "gemma3_text"
-    if arch not in FAMILIES:
-        raise ModelError(f"config: model_type {arch!r} is not supported "
-                         f"(supported: {', '.join(FAMILIES)})")
-    gemma = arch == "gemma3_text"
-    if cfg.get("attention_bias") or cfg.get("mlp_bias"):
+    spec = spec_for_hf(arch)
+    gemma = spec.norm_unit_offset
+    if cfg.get("mlp_bias") or (cfg.get("attention_bias") and not spec.qkv_bias):
         raise ModelError("config: attention_bias / mlp_bias are not supported")
-    if cfg.get("attn_logit_softcapping") or cfg.get("use_bidirectional_attention"):
+    if cfg.get("attn_logit_softcapping") and spec.name != "gemma2" or cfg.get("use_bidirectional_attention"):
         raise ModelError("config: attention soft-capping and bidirectional attention are not supported")
-    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or ("gelu_pytorch_tanh" if gemma else "silu")
-    if act not in ("silu", "gelu_pytorch_tanh"):
+    if float((cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise ModelError("config: partial rotary embeddings (partial_rotary_factor) are not supported")
+    act = cfg.get("hidden_activation") or cfg.get("hidden_act") or spec.activation
+    if act not in ("silu", "gelu_pytorch_tanh", "gelu_tanh"):
         raise ModelError(f"config: hidden_act {act!r} is not supported (silu or gelu_pytorch_tanh)")
     try:
         eos = cfg.get("eos_token_id")
         n_heads = int(cfg["num_attention_heads"])
         n_layers = int(cfg["num_hidden_layers"])
         hidden = int(cfg["hidden_size"])
-        window, layer_types = _sliding(cfg, arch, n_layers)
-        theta, scaling, local_theta = _rope(cfg, gemma)
-        cap = cfg.get("final_logit_softcapping")
+        window, layer_types = _sliding(cfg, spec.name, n_layers)
+        theta, scaling, local_theta = _rope(cfg, spec.name == "gemma3_text")
+        cap, attn_cap = cfg.get("final_logit_softcapping"), cfg.get("attn_logit_softcapping")
+        granite = spec.name == "granite"
         return dict(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,
@@ -75,18 +78,25 @@ def config_fields(cfg: dict) -> dict:
             explicit_head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else (256 if gemma else None),
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
-            family=arch if arch not in LLAMA_NAMES else "llama",
-            qkv_bias=arch == "qwen2",
-            qk_norm=arch in ("qwen3", "gemma3_text"),
-            sandwich_norms=gemma,
-            norm_unit_offset=gemma,
-            activation="gelu_tanh" if act == "gelu_pytorch_tanh" else "silu",
-            embed_scale=hidden ** 0.5 if gemma else 1.0,
+            family=spec.name,
+            qkv_bias=spec.qkv_bias,
+            qk_norm=spec.qk_norm == "head",
+            qk_norm_full=spec.qk_norm == "full",
+            pre_norms="attention_norm" in spec.norms,
+            post_norms="post_attention_norm" in spec.norms,
+            norm_unit_offset=spec.norm_unit_offset,
+            activation="silu" if act == "silu" else "gelu_tanh",
+            embed_scale=hidden ** 0.5 if gemma else float(cfg.get("embedding_multiplier", 1.0)) if granite else 1.0,
             query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar", 256)) if gemma else None,
+            attention_multiplier=float(cfg.get("attention_multiplier", 1.0)) if granite else None,
+            attn_logit_softcap=float(attn_cap) if attn_cap and spec.name == "gemma2" else None,
             final_logit_softcap=float(cap) if cap else None,
+            logit_scale=float(cfg.get("logits_scaling", 1.0)) if granite else 1.0,
+            residual_multiplier=float(cfg.get("residual_multiplier", 1.0)) if granite else 1.0,
             sliding_window=window,
             layer_types=layer_types,
             local_rope_theta=local_theta,
+            nope_layers=_nope(cfg, n_layers) if spec.name == "smollm3" else (),
         )
     except KeyError as e:
         raise ModelError(f"config: missing required field {e.args[0]!r}") from None
@@ -94,22 +104,38 @@ def config_fields(cfg: dict) -> dict:
         raise ModelError(f"config: bad value ({e})") from None
 
 
-def _sliding(cfg: dict, arch: str, n_layers: int) -> tuple[int | None, tuple[str, ...]]:
+def _nope(cfg: dict, n_layers: int) -> tuple[int, ...]:
+    """SmolLM3's layers without RoPE: no_rope_layers[i] == 0 (1: the layer rotates), or every
+    no_rope_layer_interval-th layer."""
+    flags = cfg.get("no_rope_layers")
+    if flags is None:
+        every = int(cfg.get("no_rope_layer_interval", 4))
+        flags = [int((i + 1) % every != 0) for i in range(n_layers)]
+    if len(flags) != n_layers:
+        raise ModelError(f"config: no_rope_layers has {len(flags)} entries for {n_layers} layers")
+    return tuple(i for i, rotates in enumerate(flags) if not rotates)
+
+
+def _sliding(cfg: dict, family: str, n_layers: int) -> tuple[int | None, tuple[str, ...]]:
     """(window, per-layer types) as transformers sets them for the family; () when all are full."""
-    if arch in LLAMA_NAMES:
+    if family in ("llama", "olmo2", "granite"):
         return None, ()
-    window = cfg.get("sliding_window", 4096 if arch == "gemma3_text" else None)
-    if arch in ("qwen2", "qwen3") and not cfg.get("use_sliding_window", False):
+    window = cfg.get("sliding_window", 4096 if family.startswith("gemma") else None)
+    if family in ("qwen2", "qwen3", "smollm3") and not cfg.get("use_sliding_window", False):
         window = None
     if window is None:
         return None, ()
-    if arch == "mistral":  # every layer slides (Mistral's layer_types, if any, are not read)
+    if family in ("mistral", "phi3"):  # every layer slides (their layer_types, if any, are not read)
         types = ["sliding_attention"] * n_layers
     elif cfg.get("layer_types"):
         types = list(cfg["layer_types"])
-    elif arch == "gemma3_text":  # every sliding_window_pattern-th layer is global
+    elif family == "gemma3_text":  # every sliding_window_pattern-th layer is global
         pattern = int(cfg.get("sliding_window_pattern", 6))
         types = ["sliding_attention" if (i + 1) % pattern else "full_attention" for i in range(n_layers)]
+    elif family == "gemma2":  # even layers slide
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n_layers)]
+    elif family == "smollm3":
+        raise ModelError("config: a SmolLM3 sliding window without layer_types is not supported")
     else:  # Qwen: the layers from max_window_layers on
         first = int(cfg.get("max_window_layers", 28))
         types = ["sliding_attention" if i >= first else "full_attention" for i in range(n_layers)]
@@ -120,9 +146,9 @@ def _sliding(cfg: dict, arch: str, n_layers: int) -> tuple[int | None, tuple[str
     return (int(window), ours) if "sliding" in ours else (None, ())
 
 
-def _rope(cfg: dict, gemma: bool):
+def _rope(cfg: dict, gemma3: bool):
     """(global theta, global scaling, sliding layers' theta or None)."""
-    if not gemma:
+    if not gemma3:
         return _rope_theta(cfg, 10000.0), _rope_scaling(cfg), None
     params = cfg.get("rope_parameters") or {}
     if "full_attention" in params:  # transformers >= 5: one set per layer type
@@ -141,7 +167,7 @@ def _rope_theta(cfg: dict, default: float) -> float:
     return params.get("rope_theta", cfg.get("rope_theta", default))
 
 
-def _rope_scaling(cfg: dict):
+def _rope_scaling(cfg: dict) -> RopeScaling:
     # Older configs say rope_scaling; transformers >= 5 writes rope_parameters.
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if not isinstance(rs, dict):
@@ -152,35 +178,54 @@ def _rope_scaling(cfg: dict):
                          f"(supported: {', '.join(ROPE_TYPES)})")
     if rope_type == "default":
         return RopeScaling()
+    if rope_type == "factors":
+        return RopeScaling(rope_type="factors", factors=tuple(float(f) for f in rs["factors"]))
     factor = float(rs.get("factor", 1.0))
     if not math.isfinite(factor) or factor <= 0:
         raise ModelError(f"config: rope scaling factor must be positive, got {factor}")
+    if rope_type == "yarn" and (rs.get("mscale") or rs.get("mscale_all_dim")):
+        raise ModelError("config: YaRN with mscale / mscale_all_dim is not supported")
+    if rope_type == "yarn" and rs.get("truncate") is False:
+        raise ModelError("config: YaRN without truncation is not supported")
+    attention_factor = rs.get("attention_factor")
     return RopeScaling(
         rope_type=rope_type,
         factor=factor,
         low_freq_factor=float(rs.get("low_freq_factor", 1.0)),
         high_freq_factor=float(rs.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(rs.get("original_max_position_embeddings", 8192)),
+        beta_fast=float(rs.get("beta_fast") or 32.0),
+        beta_slow=float(rs.get("beta_slow") or 1.0),
+        attention_factor=None if attention_factor is None else float(attention_factor),
     )
 
 
 # ---------------------------------------------------------------- writing a config.json
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
-                 "qwen3": "Qwen3ForCausalLM", "gemma3_text": "Gemma3ForCausalLM"}
+def _scaling_dict(rs: RopeScaling) -> dict | None:
+    if rs.rope_type == "default":
+        return None
+    if rs.rope_type == "factors":
+        return {"rope_type": "factors", "factors": list(rs.factors)}
+    out = {"rope_type": rs.rope_type, "factor": rs.factor}
+    if rs.rope_type == "llama3":
+        out.update(low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor,
+                   original_max_position_embeddings=rs.original_max_position_embeddings)
+    if rs.rope_type == "yarn":
+        out.update(original_max_position_embeddings=rs.original_max_position_embeddings,
+                   beta_fast=rs.beta_fast, beta_slow=rs.beta_slow)
+        if rs.attention_factor is not None:
+            out["attention_factor"] = rs.attention_factor
+    return out
 
 
 def hf_config(c) -> dict:
-    """A config.json for ModelConfig c that transformers reads as c's family."""
-    rs = c.rope_scaling
-    scaling = None
-    if rs.rope_type != "default":
-        scaling = {"rope_type": rs.rope_type, "factor": rs.factor}
-        if rs.rope_type == "llama3":
-            scaling.update(low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor,
-                           original_max_position_embeddings=rs.original_max_position_embeddings)
+    """A config.json for ModelConfig c that reads back as c (and that transformers reads as c's
+    family, but for a GGUF file's RoPE factors, which only Token Lab reads)."""
+    spec = SPECS[c.family]
+    scaling = _scaling_dict(c.rope_scaling)
     out = {
-        "architectures": [ARCHITECTURES[c.family]],
+        "architectures": [spec.hf_class],
         "model_type": c.family,
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
@@ -200,11 +245,22 @@ def hf_config(c) -> dict:
     if scaling:
         out["rope_scaling"] = scaling
     types = [{"full": "full_attention", "sliding": "sliding_attention"}[t] for t in c.layer_types]
-    if c.family == "mistral":
+    if c.family in ("mistral", "phi3"):
         out["sliding_window"] = c.sliding_window
     elif c.family in ("qwen2", "qwen3"):
         out.update(use_sliding_window=bool(types), sliding_window=c.sliding_window,
                    max_window_layers=c.n_layers, layer_types=types or ["full_attention"] * c.n_layers)
+    elif c.family == "smollm3":
+        out.update(no_rope_layers=[int(i not in c.nope_layers) for i in range(c.n_layers)],
+                   use_sliding_window=bool(types), sliding_window=c.sliding_window,
+                   layer_types=types or ["full_attention"] * c.n_layers)
+    elif c.family == "granite":
+        out.update(embedding_multiplier=c.embed_scale, attention_multiplier=c.attention_multiplier,
+                   residual_multiplier=c.residual_multiplier, logits_scaling=c.logit_scale)
+    elif c.family == "gemma2":
+        out.update(hidden_activation=out.pop("hidden_act"), query_pre_attn_scalar=_int_if_whole(c.query_pre_attn_scalar),
+                   sliding_window=c.sliding_window or c.max_seq_len, layer_types=types or ["full_attention"] * c.n_layers,
+                   final_logit_softcapping=c.final_logit_softcap, attn_logit_softcapping=c.attn_logit_softcap)
     elif c.family == "gemma3_text":
         del out["rope_theta"]
         out.pop("rope_scaling", None)
@@ -220,5 +276,5 @@ def hf_config(c) -> dict:
 
 
 def _int_if_whole(x: float) -> int | float:
-    """transformers' Gemma 3 config insists on an int where the value is whole."""
+    """transformers' Gemma configs insist on an int where the value is whole."""
     return int(x) if float(x).is_integer() else x

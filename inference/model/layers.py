@@ -59,13 +59,13 @@ class Linear(nn.Linear):
             y = kernels.gemv(self.weight, x.reshape(-1))  # (out_features,); None: no kernel here
             if y is None:
                 y = torch.mv(self.weight, x.reshape(-1))
-            return y.view(*x.shape[:-1], -1)  # (..., out_features)
+            return y.view(*x.shape[:-1], y.shape[-1])  # (..., out_features)
         # Every row through our kernels, a prompt's too (gemm_tiles: the same bits as gemm_rows):
         # a row's numbers do not depend on how many rows share its step.
         x2 = x.reshape(rows, x.shape[-1])  # (rows, in)
         y = kernels.gemm_rows(self.weight, x2) if rows <= KERNEL_ROWS else kernels.gemm_tiles(self.weight, x2)
         if y is not None:  # (rows, out_features)
-            return y.view(*x.shape[:-1], -1)
+            return y.view(*x.shape[:-1], y.shape[-1])
         if self.rows_weight is not None:
             return torch.ops.mkldnn._linear_pointwise(x, self.rows_weight, None, "none", [], "")
         return F.linear(x, self.weight)

@@ -10,6 +10,7 @@ float32 rounding).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
@@ -33,10 +34,17 @@ TILE_BYTES = 8 << 20  # float32 rows dequantized at a time for a product of many
 @dataclass
 class Part:
     """Consecutive rows of a weight in one type: (rows, row_bytes) uint8 blocks, (rows, in)
-    float32, or a repacked type's (groups, group_bytes) uint8 for `n_rows` rows."""
+    float32, or a repacked type's (groups, group_bytes) uint8 for `n_rows` rows. `release`, where
+    the data lies in a mapped file, gives its pages back once they are copied."""
     type: int
     data: torch.Tensor
     n_rows: int | None = None  # a repacked part's rows (its data holds whole groups of 16)
+    release: Callable[[], object] | None = None
+
+    def copied(self) -> None:
+        """The data has been copied elsewhere: a mapped file's pages go back to the system."""
+        if self.release is not None:
+            self.release()
 
     @property
     def rows(self) -> int:
@@ -119,11 +127,14 @@ class QuantWeight:
         parts = []
         for p, repack in zip(self.parts, self._repackable()):
             if not repack:
-                parts.append(Part(p.type, put(p.data) if put else p.data, p.n_rows))
+                parts.append(Part(p.type, put(p.data), p.n_rows) if put else p)
+                if put:
+                    p.copied()
                 continue
             groups = -(-p.rows // GROUP)
             data = empty((groups, kernels.int_bytes(p.type, p.rows, self.in_features) // groups), torch.uint8)
             kernels.int_repack(p.type, p.data, p.rows, self.in_features, p.stride, data)
+            p.copied()  # a mapped file's pages go back as each part is repacked
             parts.append(Part(INT_OF[p.type], data, p.rows))
         return QuantWeight(parts, self.in_features)
 
@@ -139,7 +150,11 @@ class QuantWeight:
 
     def moved(self, put) -> "QuantWeight":
         """The same weight with each part's data replaced by put(data) (a copy elsewhere)."""
-        return QuantWeight([Part(p.type, put(p.data), p.n_rows) for p in self.parts], self.in_features)
+        parts = []
+        for p in self.parts:
+            parts.append(Part(p.type, put(p.data), p.n_rows))
+            p.copied()
+        return QuantWeight(parts, self.in_features)
 
     @classmethod
     def cat(cls, weights: list["QuantWeight"]) -> "QuantWeight":
@@ -148,7 +163,9 @@ class QuantWeight:
         for w in weights:
             for p in w.parts:
                 if parts and parts[-1].type == p.type:
-                    parts[-1] = Part(p.type, torch.cat([parts[-1].data, p.data]))
+                    parts[-1], first = Part(p.type, torch.cat([parts[-1].data, p.data])), parts[-1]
+                    first.copied()
+                    p.copied()
                 else:
                     parts.append(p)
         return cls(parts, weights[0].in_features)

@@ -1,4 +1,5 @@
-"""Rotary position embedding: frequencies (with linear / llama3 scaling) and their application."""
+"""Rotary position embedding: frequencies (with linear, llama3, YaRN scaling or a GGUF file's
+factors) and their application."""
 
 from __future__ import annotations
 
@@ -29,7 +30,37 @@ def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
         blended = (1 - smooth) * scaled / rs.factor + smooth * scaled
         is_medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
         inv_freq = torch.where(is_medium, blended, scaled)
+    elif rs.rope_type == "factors":  # llama.cpp's rope_freqs.weight: each frequency divided by its factor
+        if len(rs.factors) != dim // 2:
+            raise ValueError(f"{len(rs.factors)} RoPE factors for {dim // 2} frequencies")
+        inv_freq = inv_freq.float().double() / torch.tensor(rs.factors, dtype=torch.float32).double()
+    elif rs.rope_type == "yarn":
+        return _yarn_inv_freq(theta, dim, rs)
     return inv_freq.float()
+
+
+def _yarn_inv_freq(theta: float, dim: int, rs: RopeScaling) -> torch.Tensor:
+    """YaRN (Peng et al. 2023) as transformers computes it: low frequencies interpolated by
+    `factor`, high ones kept, a linear ramp between the dims their beta bounds say."""
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(rs.original_max_position_embeddings / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+    low, high = max(math.floor(correction_dim(rs.beta_fast)), 0), min(math.ceil(correction_dim(rs.beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+    extrapolation = 1 - ramp
+    return (1.0 / (rs.factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+
+
+def rope_attention_factor(cfg: ModelConfig, local: bool = False) -> float:
+    """What the cos and sin tables are multiplied by: YaRN's attention factor, else 1."""
+    rs = cfg.rope_scaling
+    if local or rs.rope_type != "yarn":
+        return 1.0
+    if rs.attention_factor is not None:
+        return rs.attention_factor
+    return 0.1 * math.log(rs.factor) + 1.0 if rs.factor > 1 else 1.0
 
 
 def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device, dtype: torch.dtype,
@@ -45,7 +76,19 @@ def rope_tables(cfg: ModelConfig, max_len: int, device: torch.device, dtype: tor
     emb = torch.cat((freqs, freqs), dim=-1)  # (max_len, head_dim)
     sign = torch.ones(cfg.head_dim, device=device)
     sign[:cfg.head_dim // 2] = -1
-    return emb.cos().to(dtype), (emb.sin() * sign).to(dtype)
+    scale = rope_attention_factor(cfg, local)
+    cos, sin = emb.cos(), emb.sin()
+    if scale != 1.0:
+        cos, sin = cos * scale, sin * scale
+    return cos.to(dtype), (sin * sign).to(dtype)
+
+
+def identity_tables(cfg: ModelConfig, max_len: int, device: torch.device,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Tables that rotate nothing (cos 1, sin 0: x * 1 + y * 0 is x exactly), for layers
+    without RoPE (SmolLM3's), so they run every path's rotation code unchanged."""
+    return (torch.ones(max_len, cfg.head_dim, device=device, dtype=dtype),
+            torch.zeros(max_len, cfg.head_dim, device=device, dtype=dtype))
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,9 @@
 """The transformer: embedding -> N x (attention, gated feed-forward) -> norm -> LM head.
 
-One path for every family (families.py); where a family turns, the module built for it has the
-part (a bias, a q/k norm, a norm after attention, a window) and the path runs it if present.
+One path for every family (family_spec.py); where a family turns, the module built for it has
+the part (a bias, a q/k norm, a norm after attention, a window, a multiplier) and the path runs it
+if present. This torch path computes every feature a spec can name (family_spec.PATHS); the
+one-call step (decode_step.py) declares fewer, and a model needing more never takes it.
 """
 
 from __future__ import annotations
@@ -17,41 +19,50 @@ from inference.model.attention import Attention, PagedBatch, Probe, window_decod
 from inference.model.arena import ALIGN, Arena, stored_size
 from inference.model.config import ModelConfig
 from inference.model.decode_step import DecodeStep
+from inference.model.family_spec import require
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
 from inference.model.layers import ONEDNN_CACHED_SHAPES, ROWS_HINT, FeedForward, Linear, RMSNorm  # noqa: F401 (Linear: the model's API)
 from inference.model.quant import QuantWeight
-from inference.model.rope import rope_tables
+from inference.model.rope import identity_tables, rope_tables
 
 
 # ---------------------------------------------------------------- transformer block
 class Block(nn.Module):
-    """x + attn(norm(x)), then + ffn(norm(.)); Gemma 3 also norms each branch's output."""
+    """x + attn(norm(x)), then + ffn(norm(.)); Gemma also norms each branch's output, OLMo 2 only
+    its output; Granite multiplies each branch's output by a constant."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        norm = lambda on: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if on else None  # noqa: E731
+        self.attention_norm = norm(cfg.pre_norms)
         self.attention = Attention(cfg, layer)
-        self.ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.ffn_norm = norm(cfg.pre_norms)
         self.feed_forward = FeedForward(cfg)
-        self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
-        self.post_ffn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps) if cfg.sandwich_norms else None
+        self.post_attention_norm = norm(cfg.post_norms)
+        self.post_ffn_norm = norm(cfg.post_norms)
+        self.residual_multiplier = cfg.residual_multiplier
+
+    @staticmethod
+    def _norm(norm: RMSNorm | None, x: torch.Tensor) -> torch.Tensor:
+        return x if norm is None else norm(x)
+
+    def _branch(self, norm: RMSNorm | None, out: torch.Tensor) -> torch.Tensor:
+        """A branch's output as it is added to the residual stream."""
+        out = self._norm(norm, out)
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
     def _residual(self, x: torch.Tensor, attended: torch.Tensor, in_place: bool) -> torch.Tensor:
         """The attention branch's output added to x, then the feed-forward branch's."""
-        if self.post_attention_norm is not None:
-            attended = self.post_attention_norm(attended)
-        h = x + attended
-        ffn = self.feed_forward(self.ffn_norm(h))
-        if self.post_ffn_norm is not None:
-            ffn = self.post_ffn_norm(ffn)
+        h = x + self._branch(self.post_attention_norm, attended)
+        ffn = self._branch(self.post_ffn_norm, self.feed_forward(self._norm(self.ffn_norm, h)))
         return h.add_(ffn) if in_place else h + ffn
 
     def forward(self, x, cos, sin, k_cache, v_cache, start_pos, probe, layer):
-        attended = self.attention(self.attention_norm(x), cos, sin, k_cache, v_cache, start_pos, probe, layer)
+        attended = self.attention(self._norm(self.attention_norm, x), cos, sin, k_cache, v_cache, start_pos, probe, layer)
         return self._residual(x, attended, in_place=False)
 
     def forward_paged(self, x, cos, sin, k_pool, v_pool, batch: PagedBatch):
-        attended = self.attention.forward_paged(self.attention_norm(x), cos, sin, k_pool, v_pool, batch)
+        attended = self.attention.forward_paged(self._norm(self.attention_norm, x), cos, sin, k_pool, v_pool, batch)
         return self._residual(x, attended, in_place=True)  # h is this block's own: added in place
 
 
@@ -59,9 +70,11 @@ class Block(nn.Module):
 class Transformer(nn.Module):
     decode_step: DecodeStep | None = None
     products = "float32"  # a quantized model's products: "integer" (repacked blocks) or "float32"
+    file_types: dict[str, int] | None = None  # a GGUF file's bytes by tensor type (the card's)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        require("Transformer.forward", cfg.features(), cfg.family)  # and forward_paged: the same features
         self.cfg = cfg
         self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
@@ -108,6 +121,8 @@ class Transformer(nn.Module):
         model.register_buffer("rope_sin", sin, persistent=False)
         if cfg.local_rope_theta is not None:  # Gemma 3's sliding layers rotate at their own base
             cos, sin = rope_tables(cfg, cfg.max_seq_len, device, dtype, local=True)
+        elif cfg.nope_layers:  # SmolLM3's layers without RoPE: tables that rotate nothing
+            cos, sin = identity_tables(cfg, cfg.max_seq_len, device, dtype)
         model.register_buffer("rope_cos_local", cos, persistent=False)
         model.register_buffer("rope_sin_local", sin, persistent=False)
         model.set_decode_dtype(decode_dtype)
@@ -251,7 +266,7 @@ class Transformer(nn.Module):
         h = self.embed(tokens)  # (bsz, T, hidden)
         ropes = self._ropes(slice(start_pos, start_pos + T))  # each (T, 1, head_dim): broadcasts over heads
         for i, layer in enumerate(self.layers):
-            cos, sin = ropes[self.cfg.is_sliding(i)]
+            cos, sin = ropes[self.cfg.rope_kind(i)]
             h = layer(h, cos, sin, cache.k[i], cache.v[i], start_pos, probe, i)
             if probe is not None and probe.logit_lens:
                 probe.residuals.append(h[0, -1])
@@ -276,7 +291,7 @@ class Transformer(nn.Module):
             logits = step(h[0], ropes, batch, k_pool, v_pool)  # (N, vocab): every row's
             if logits is not None:  # every row's: in order, as the scheduler lays them out, not copied
                 in_order = batch.logit_rows.tolist() == list(range(len(logits)))
-                return self._softcap(logits if in_order else logits[batch.logit_rows])
+                return self._finish(logits if in_order else logits[batch.logit_rows])
         if window is not None and batch.decode_rows is not None and batch.window_mask is None:
             positions = batch.positions[batch.decode_rows]  # (B,)
             if int(positions.max()) >= window:  # a run reaches past its window: sliding layers mask
@@ -284,7 +299,7 @@ class Transformer(nn.Module):
                 context = ctx.stop - ctx.start if isinstance(ctx, slice) else ctx.shape[1] * BLOCK_SIZE
                 batch.window_mask = window_decode_mask(positions, context, window)
         for i, layer in enumerate(self.layers):
-            cos, sin = ropes[self.cfg.is_sliding(i)]
+            cos, sin = ropes[self.cfg.rope_kind(i)]
             h = layer.forward_paged(h, cos, sin, k_pool[i], v_pool[i], batch)
         return self.head(h[0, batch.logit_rows])  # from (R, hidden)
 
@@ -296,20 +311,23 @@ class Transformer(nn.Module):
             h = h * torch.tensor(self.cfg.embed_scale, dtype=h.dtype)
         return h
 
-    def _ropes(self, at) -> dict[bool, tuple[torch.Tensor, torch.Tensor]]:
-        """RoPE tables at positions `at` (a slice or (N,) tensor), each (len, 1, head_dim), for
-        full layers (False) and sliding ones (True): the same tables unless a base is their own."""
+    def _ropes(self, at) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """RoPE tables at positions `at` (a slice or (N,) tensor), each (len, 1, head_dim), by the
+        kind of layer that reads them (ModelConfig.rope_kind): "full"; "local", sliding layers
+        with a base of their own; "none", layers without RoPE (tables that rotate nothing)."""
         full = self.rope_cos[at].unsqueeze(1), self.rope_sin[at].unsqueeze(1)
-        if self.cfg.local_rope_theta is None:
-            return {False: full, True: full}
-        return {False: full, True: (self.rope_cos_local[at].unsqueeze(1), self.rope_sin_local[at].unsqueeze(1))}
+        other = (self.rope_cos_local[at].unsqueeze(1), self.rope_sin_local[at].unsqueeze(1)) \
+            if self.cfg.local_rope_theta is not None or self.cfg.nope_layers else full
+        return {"full": full, "local": other, "none": other}
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head: hidden states (..., hidden) -> float32 logits (..., vocab),
-        soft-capped where the config says (cap * tanh(logits / cap))."""
-        return self._softcap(self.output(self.norm(h)).float())
+        divided (Granite) and soft-capped (cap * tanh(logits / cap)) where the config says."""
+        return self._finish(self.output(self.norm(h)).float())
 
-    def _softcap(self, logits: torch.Tensor) -> torch.Tensor:
+    def _finish(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.cfg.logit_scale != 1.0:
+            logits = logits / self.cfg.logit_scale
         cap = self.cfg.final_logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

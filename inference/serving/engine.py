@@ -16,8 +16,8 @@ from inference.loading.chat import chat_messages, default_system_prompt, render_
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
 from inference.errors import EngineClosed, EngineDown, InputError, ModelError, NotAvailable, shown
-from inference.events import BeamDoneEvent, DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent, token_scores
-from inference.request import RunRequest, check_ids, prepare_run
+from inference.events import BeamDoneEvent, DoneEvent, PrefillEvent, StepEvent, WaitEvent
+from inference.request import RunRequest, prepare_run
 from inference.samples import Tagged, first_seed, merged
 from inference.model.products import describe as describe_products
 from inference.serving.kv_pool import KVPool, default_pool_blocks
@@ -29,6 +29,7 @@ from inference.sampling.settings import CONSTRAINT_KINDS
 from inference.sampling.state import RunState, check_vocab
 from inference.sampling.params import SamplingParams
 from inference.serving.scheduler import Scheduler
+from inference.serving.scoring import Scoring
 from inference.loading.tokenizer import Tokenizer
 
 
@@ -39,10 +40,6 @@ class Request:
     chat: bool = False
     system: str | None = None
     top_n: int = 10  # candidates reported per step
-
-# Prompt positions whose logits are made at once when every position's are needed: 256 rows of
-# a 49,152-token vocabulary are 48 MiB of float32.
-PROMPT_ROWS = 256
 
 
 # The most ids a text of given ids may list: more than any context window here. Longer text is
@@ -70,7 +67,7 @@ def parse_ids(text, what: str = "prefix ids") -> list[int]:
 CAPABILITIES = Capabilities(internals=True, whole_distribution=True, measured_kv=True, server_load=False)
 
 
-class Engine:
+class Engine(Scoring):
     """A loaded model and its tokenizer. Stateless between runs: each run owns its KV cache.
     close() (or a with block) ends its runs and its thread before the program exits."""
 
@@ -177,7 +174,7 @@ class Engine:
                           b, f"{b} bytes per value at {str(self.dtype).removeprefix('torch.')}",
                           self.dtype, self.model.decode_dtype, self.scheduler.pool.n_blocks,
                           self._decode_error, chat=bool(self.tokenizer.chat_template),
-                          stored_bytes=self.model.stored_bytes(),
+                          stored_bytes=self.model.stored_bytes(), file_types=self.model.file_types,
                           products=describe_products(self.model.products) if self.model.quantized else None)
 
     def server_load(self):
@@ -268,79 +265,6 @@ class Engine:
                              f"{self.cfg.max_seq_len}; shorten it by at least "
                              f"{len(ids) - self.cfg.max_seq_len + 1} tokens")
         return text, ids
-
-    # ------------------------------------------------------------ scoring
-
-    def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]:
-        """Teacher-forced log-probabilities of continuation's tokens after context_ids, from one
-        forward pass: [(token id, piece, log p)]."""
-        if not isinstance(continuation, str):
-            raise InputError("the continuation must be text")
-        if not context_ids:
-            raise InputError("the context is empty: scoring needs at least one token before")
-        check_ids(context_ids, self.cfg.vocab_size, self.cfg.max_seq_len)
-        room = self.cfg.max_seq_len - len(context_ids)
-        self.check_fits("the continuation is", len(continuation), room,
-                        f"the context window has {max(room, 0)} of its {self.cfg.max_seq_len}")
-        cont = self.tokenizer.encode_continuation(continuation)
-        if not cont:
-            raise InputError("the continuation is empty")
-        ids = context_ids + cont
-        if len(ids) > self.cfg.max_seq_len:
-            raise InputError(f"context and continuation are {len(ids)} tokens but the context window "
-                             f"is {self.cfg.max_seq_len}")
-        scored = self.prompt_logprobs(ids)[len(context_ids) - 1:]
-        return [(t.token_id, self.tokenizer.piece(t.token_id), t.logprob) for t in scored]
-
-    def prompt_logprobs(self, ids: list[int], top_n: int = 0) -> list[PromptToken]:
-        """Every token of ids after the first, teacher-forced in one forward pass: its
-        log-probability given the tokens before it, its rank and the top_n candidates there
-        (the model's own distribution). The logits are made PROMPT_ROWS positions at a time:
-        a whole prompt's would be positions × vocabulary floats at once."""
-        check_ids(ids, self.cfg.vocab_size, self.cfg.max_seq_len)
-        top_n = max(0, min(top_n, self.cfg.vocab_size))
-        out: list[PromptToken] = []
-        with self._work(), torch.inference_mode():
-            tokens = torch.tensor([ids], device=self.device)  # (1, T)
-            h = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True, head=False)[0]  # (T, hidden)
-            for a in range(0, len(ids) - 1, PROMPT_ROWS):
-                b = min(a + PROMPT_ROWS, len(ids) - 1)
-                # The hidden state at position i predicts token i + 1.
-                logp = self.model.head(h[a:b]).log_softmax(-1)  # (b - a, vocab)
-                target = tokens[0, a + 1:b + 1, None]  # (b - a, 1)
-                picked = logp.gather(-1, target)  # (b - a, 1)
-                ranks = ((logp > picked).sum(-1) + 1).tolist()
-                top_v, top_i = logp.topk(top_n, dim=-1) if top_n else (logp[:, :0], target[:, :0])
-                for j, (lp, rank, tv, ti) in enumerate(zip(picked[:, 0].tolist(), ranks, top_v.tolist(),
-                                                           top_i.tolist())):
-                    out.append(PromptToken(ids[a + j + 1], lp, rank, list(zip(ti, tv))))
-        return out
-
-    def text_ids(self, text: str) -> tuple[list[int], int]:
-        """The ids a typed text is fed as (with the BOS token where the model adds one), and
-        how many come before the text's own tokens (1 with a BOS, else 0). A text that cannot
-        fit the context window is refused by its length before it is tokenized."""
-        if not isinstance(text, str) or not text:
-            raise InputError("the text is empty")
-        n = self.cfg.max_seq_len
-        self.check_fits("the text is", len(text), n, f"the context window is {n}")
-        ids = self.tokenizer.encode(text)
-        bos = self.tokenizer.bos_id
-        return ids, int(bos is not None and ids[:1] == [bos])
-
-    def score_ids(self, ids: list[int], top_n: int = 10) -> list[TokenScore]:
-        """Every token of ids given the tokens before it, from one forward pass: its log
-        probability in the model's own distribution, its rank there (1 = the top choice) and the
-        top_n tokens the model preferred. The first token has nothing before it: None."""
-        if not ids:
-            raise InputError("the text is empty")
-        if len(ids) > self.cfg.max_seq_len:
-            raise InputError(f"the text is {len(ids)} tokens but the context window is {self.cfg.max_seq_len}; "
-                             f"shorten it by at least {len(ids) - self.cfg.max_seq_len} tokens")
-        scored = self.prompt_logprobs(ids, top_n) if len(ids) > 1 else []
-        piece = self.tokenizer.piece
-        named = {j for p in scored for j, _ in p.top} | set(ids)
-        return token_scores(ids, scored, {j: piece(j) for j in named})
 
     # ------------------------------------------------------------ generation
 

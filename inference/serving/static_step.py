@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from inference.model.attention import PagedBatch, window_decode_mask
+from inference.model.family_spec import require
 from inference.model.kv_cache import BLOCK_SIZE
 from inference.model.transformer import Transformer
 from inference.serving.kv_pool import KVPool
@@ -47,6 +48,7 @@ class StaticDecode:
     """Decode steps of up to BUCKETS[-1] runs, each over fixed buffers (see the module)."""
 
     def __init__(self, model: Transformer, pool: KVPool, capture: bool | None = None):
+        require("StaticDecode", model.cfg.features(), model.cfg.family)
         self.model, self.pool = model, pool
         self.capture = model.device.type == "cuda" if capture is None else capture
         self.buffers: dict[tuple[int, int], Buffers] = {}  # by (rows, blocks) bucket

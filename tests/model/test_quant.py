@@ -197,17 +197,68 @@ def test_a_decode_steps_bytes_are_the_blocks_it_reads(tiny_dirs, tmp_path):
                        + cfg.vocab_size * h + h) + kv_and_norms
 
 
-def test_a_directory_imported_before_blocks_were_kept_writes_them_from_its_gguf(tiny_dirs, tmp_path):
+def test_an_imported_gguf_keeps_no_copy_of_its_weights(tiny_dirs, tmp_path):
+    """The import writes config and tokenizer only; the model computes on the file's own blocks
+    (no float32 copy of a quantized matrix, in memory or on disk); float32 is made only when asked;
+    the file gone, the directory is refused in one line."""
     from gguf_files import write_gguf
-    from inference.loading.gguf_import import BLOCKS_FILE, import_gguf
+    from inference.errors import ModelError
+    from inference.loading.gguf_import import import_gguf
+    from inference.model.layers import Linear
     from inference.serving.engine import Engine
 
     write_gguf(tiny_dirs["mha"], tmp_path / "m.gguf", "Q8_0")
     model_dir = import_gguf(tmp_path / "m.gguf", tmp_path / "imported", progress=False)
-    (model_dir / BLOCKS_FILE).unlink()
+    assert not list(model_dir.glob("*.safetensors"))
+    assert sum(f.stat().st_size for f in model_dir.iterdir()) < (tmp_path / "m.gguf").stat().st_size / 4
     with Engine.from_hf_dir(model_dir) as engine:
-        assert engine.model.quantized and (model_dir / BLOCKS_FILE).is_file()
-    (model_dir / BLOCKS_FILE).unlink()
-    (tmp_path / "m.gguf").unlink()  # nothing to take the blocks from: the float32 weights serve
-    with Engine.from_hf_dir(model_dir) as engine:
+        linears = [m for m in engine.model.modules() if isinstance(m, Linear)]
+        assert engine.model.quantized
+        assert all(m.weight is None and m.qweight.types() == ["Q8_0"] for m in linears)
+        assert all(not isinstance(getattr(m, "decode_weight", None), torch.Tensor) for m in linears)
+        blocks = engine.step_logits([1, 5, 9])
+    with Engine.from_hf_dir(model_dir, dtype="float32") as engine:  # asked for: float32, from the file
         assert not engine.model.quantized
+        assert (engine.step_logits([1, 5, 9]) - blocks).abs().max() < 1e-4
+    (tmp_path / "m.gguf").unlink()
+    with pytest.raises(ModelError, match="imported from is gone"):
+        Engine.from_hf_dir(model_dir)
+
+
+def test_types_not_computed_are_refused_naming_the_tensor(tiny_dirs, tmp_path):
+    """An IQ4_NL tensor is refused in one line naming the tensor and the type; a Q5_1 one is
+    still expanded to float32 (until the integer kernels read it)."""
+    import gguf
+    from gguf_files import write_gguf
+    from inference.errors import ModelError
+    from inference.loading.gguf_import import import_gguf
+    from inference.serving.engine import Engine
+
+    write_gguf(tiny_dirs["mha"], tmp_path / "q51.gguf", "Q5_1")
+    with Engine.from_hf_dir(import_gguf(tmp_path / "q51.gguf", tmp_path / "q51", progress=False)) as engine:
+        assert not engine.model.quantized  # expanded, as before
+    write_gguf(tiny_dirs["mha"], tmp_path / "iq.gguf", "F32")
+    data = bytearray((tmp_path / "iq.gguf").read_bytes())
+    reader = gguf.GGUFReader(tmp_path / "iq.gguf")
+    t = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
+    type_at = t.field.offset + sum(part.nbytes for part in t.field.parts[:4])  # name, dims, then the type
+    data[type_at:type_at + 4] = int(gguf.GGMLQuantizationType.IQ4_NL).to_bytes(4, "little")
+    (tmp_path / "iq.gguf").write_bytes(data)
+    with pytest.raises(ModelError, match=r"tensor blk\.0\.attn_q\.weight has type IQ4_NL"):
+        import_gguf(tmp_path / "iq.gguf", tmp_path / "iq", progress=False)
+
+
+def test_a_mapped_files_pages_given_back_read_the_same_bytes(tmp_path):
+    """arena.release_pages on a private mapping never written: its pages leave resident memory,
+    and a later read maps the file's bytes again (what gguf_weights relies on)."""
+    import sys
+
+    from inference.model.arena import release_pages
+
+    data = np.random.default_rng(0).integers(0, 256, 3 * 4096 + 100, dtype=np.uint8)
+    (tmp_path / "f").write_bytes(data.tobytes())
+    mapped = np.memmap(tmp_path / "f", dtype=np.uint8, mode="c")
+    view = mapped[50:]
+    assert np.array_equal(view, data[50:])  # touched
+    assert release_pages(view.ctypes.data, view.nbytes) == sys.platform.startswith("linux")
+    assert np.array_equal(view, data[50:]) and np.array_equal(mapped, data)

@@ -104,6 +104,11 @@ def _rope(c: dict) -> tuple[str, str]:
     if c["layer0_sliding"]:
         text += (f" (Layer 0 of this model is a sliding-window layer with its own base θ = {c['theta']:g}; its "
                  f"full-attention layers use θ = {c['full_theta']:g}.)")
+    if c.get("layers_without_rope"):
+        text += (f" This model's layers {', '.join(map(str, c['layers_without_rope']))} apply no RoPE at all: there "
+                 "query and key are compared as they are, so those layers see order only through the mask.")
+    if c.get("scaling") not in (None, "default"):
+        text += f" Its frequencies are rescaled ({c['scaling']}), to reach past the context it was trained on."
     n = len(c["positions"])
     shown = list(range(n)) if n <= 12 else [*range(6), *range(n - 6, n)]
     angle_rows = [[f"{p['pair']} ({p['dims'][0]}, {p['dims'][1]})", f"{p['radians_per_position']:.4g}",

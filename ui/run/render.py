@@ -15,16 +15,8 @@ from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, or
 from inference.loading.byte_pieces import byte_hint, completed_label
 from ui.format import (BUCKETS, REASONS, binary_size, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
                        approx_note, ordinal, prob_html, shown_prob, si, token_html, token_label, visible)
+from ui.run.card import LOGPROBS, NO_CONFIG, model_card  # noqa: F401 (the card: its own file, read here by others)
 from ui.run_state import RunRecord
-
-# Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
-LOGPROBS = {
-    "raw": "the model's own distribution (vLLM's default --logprobs-mode raw_logprobs)",
-    "processed": "the distribution after the sampling settings (--logprobs-mode processed_logprobs)",
-}
-NO_CONFIG = ("The served model's shapes are not known here: start the page with "
-             "`--engine-config PATH` (its config.json, or a local copy of the model) for them and "
-             "the KV-cache formula.")
 
 
 @dataclass
@@ -284,70 +276,6 @@ def bars_note(info, top_n: int) -> str:
         return (f"From the server's log-probabilities of its top {top_n} candidates: "
                 f"{LOGPROBS[info.capabilities.logprobs]}.")
     return approx_note(info)
-
-
-def model_card(info) -> str:
-    """The model's name, shapes, size and where it runs; in front of a server, which
-    distribution its log-probabilities are."""
-    return _local_card(info) if info.capabilities.internals else _served_card(info)
-
-
-def _local_card(info) -> str:
-    cfg = info.cfg
-    params = cfg.param_counts()
-    cost = decode_cost(cfg, 1, info.dtype.itemsize)
-    return (f"**{html.escape(info.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
-            f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
-            f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
-            f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
-            f"{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
-            f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
-            f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'}"
-            f"{blocks_text(info)} on "
-            f"{info.where} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
-            f"(2 × matmul parameters + attention) · every probability on this page is computed at "
-            f"{dtype_name(info.decode_dtype)}"
-            + (f"  \n⚠ {approx_note(info)}" if info.decode_error else ""))
-
-
-def blocks_text(info) -> str:
-    """" (matrices in the GGUF file's quantized blocks, N MiB)" for a model computing on them."""
-    stored = getattr(info, "stored_bytes", None)
-    if not stored:
-        return ""
-    size = sum(v for k, v in stored.items() if k != "embed_row")
-    products = getattr(info, "products", None) or {}
-    how = ("products in integers: each block of 32 activations in four int8 slices, exact integer sums, "
-           "the scales applied in float32, within a stated bound of the float32 product"
-           if products.get("path") == "integer" else "activations and sums float32")
-    return f" (matrices read in the GGUF file's quantized blocks, {binary_size(size)}; {how})"
-
-
-def sliding_text(cfg) -> str:
-    """" · sliding window W on k of n layers (...)" for a model whose layers see only the last W
-    positions, else "": what the card must say, since it bounds what a token attends to."""
-    sliding = [i for i in range(cfg.n_layers) if cfg.is_sliding(i)]
-    if not sliding:
-        return ""
-    full = [i for i in range(cfg.n_layers) if i not in sliding]
-    local = f"; their RoPE θ {cfg.local_rope_theta:g}" if cfg.local_rope_theta is not None else ""
-    return (f" · sliding window {cfg.sliding_window:,} on {len(sliding)} of {cfg.n_layers} layers "
-            f"(full attention: {'layer' if len(full) == 1 else 'layers'} {', '.join(map(str, full)) or 'none'}{local})")
-
-
-def _served_card(info) -> str:
-    head = (f"**{html.escape(info.name)}** served by vLLM at `{html.escape(info.where)}` · context "
-            f"{info.max_seq_len:,} tokens (the server's) · log-probabilities: {LOGPROBS[info.capabilities.logprobs]}, "
-            f"{info.logprobs_source}")
-    cfg = info.cfg
-    if cfg is None:
-        return head + "  \n" + NO_CONFIG
-    params = cfg.param_counts()
-    return (head + "  \n"
-            f"{cfg.n_layers} layers · hidden {cfg.hidden_size} · {cfg.n_heads} heads / {cfg.n_kv_heads} "
-            f"KV heads · head dim {cfg.head_dim} · FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,}{sliding_text(cfg)} · "
-            f"**{params['total'] / 1e6:.1f} M parameters** · ≈ {si(decode_cost(cfg, 1, 2).flops, 'FLOPs')} per "
-            f"token at a 1-token context (from `{html.escape(info.config_source)}`)")
 
 
 def stats_markdown(info, rec: RunRecord) -> str:

@@ -109,7 +109,7 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_gemm_rows": [ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int],
         "token_lab_gemm_tiles": [ptr, ptr, ptr, i64, i64, i64, i64, i64, ctypes.c_int],
         "token_lab_attend": [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64,
-                             i64, i64, i64, i64, i64, i64, i64, f32, ctypes.c_int],
+                             i64, i64, i64, i64, i64, i64, i64, f32, f32, ctypes.c_int],
         "token_lab_rms_norm": [ptr, ptr, ptr, i64, i64, f32],
         "token_lab_rope_store": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64],
         "token_lab_glu": [ptr, ptr, i64, i64, ctypes.c_int],
@@ -189,14 +189,14 @@ def gemm_tiles(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, first: torch.Tensor,
            lengths: torch.Tensor, blocks: torch.Tensor | None = None, block_size: int = 1,
-           max_length: int | None = None) -> torch.Tensor | None:
+           max_length: int | None = None, softcap: float | None = None) -> torch.Tensor | None:
     """One query per row: q (B, heads, d) -> (B, heads, d), softmax(q k^T * scale) v with row b
     seeing its keys first[b] .. lengths[b] - 1 (int64 (B,) each). Keys and values: with `blocks`
     (B, nb) int64, each row's blocks of the pool k, v (slots, kv_heads, d) in position order (a
     1-D (nb,) table: one for every row, as a prompt's rows share their run's); without, one row's
     keys (L, kv_heads, d) read in place (any strides but unit over d). A row's output is the same
-    bits either way. max_length: lengths.max(), if the caller knows it. None where the kernel
-    does not apply."""
+    bits either way. max_length: lengths.max(), if the caller knows it; softcap: scores capped
+    softcap tanh(s / softcap) (Gemma 2). None where the kernel does not apply."""
     lib = _library()
     if lib is None or not _f32_cpu(q, k, v) or k.stride(-1) != 1 or v.stride(-1) != 1:
         return None
@@ -212,7 +212,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, firs
                          0 if blocks is None or shared else blocks.shape[1], block_size,
                          first.data_ptr(), lengths.data_ptr(), int(lengths.max()) if max_length is None else max_length,
                          k.stride(0), k.stride(1), v.stride(0), v.stride(1), heads, k.shape[1], d,
-                         scale, torch.get_num_threads())
+                         scale, softcap or 0.0, torch.get_num_threads())
     return out
 
 

@@ -318,7 +318,8 @@ static inline int64_t key_slot(const int64_t *blocks, int64_t block_size, int64_
  * Key j of kv head g lies at k + row(j) * k_pos + g * k_head (likewise v), where row(j) = j for
  * keys read in place, or, through a block table, blocks[j / block_size] * block_size + j %
  * block_size (the paged pool's slots). Keys `first` .. L-1 are visible (a sliding window starts
- * past 0). Query head h reads kv head h / (heads / kv_heads) (grouped-query attention). Scores,
+ * past 0). Query head h reads kv head h / (heads / kv_heads) (grouped-query attention); with cap > 0
+ * each score is soft-capped, cap tanh(score / cap) (Gemma 2). Scores,
  * softmax and the weighted sum in float32 like SDPA's CPU kernel, in one order whatever the
  * layout, so a row's output is the same bits read in place or through blocks. SDPA's dispatch
  * costs ~100 us a call for one query; this is one pass over the keys and values. */
@@ -381,7 +382,7 @@ static inline void scores8(const float *q, const float *const *kr, int64_t d, fl
 
 static void attend_head(const float *qh, const float *k, const float *v, float *o, float *p,
                         const int64_t *blocks, int64_t block_size, int64_t first, int64_t L,
-                        int64_t k_pos, int64_t v_pos, int64_t d, float scale) {
+                        int64_t k_pos, int64_t v_pos, int64_t d, float scale, float cap) {
     float m = -INFINITY;
     for (int64_t j = first; j < L; j += 8) {  /* eight keys at a time; past L, key L - 1 again */
         const float *kr[8];
@@ -390,6 +391,7 @@ static void attend_head(const float *qh, const float *k, const float *v, float *
         scores8(qh, kr, d, sc);
         for (int r = 0; r < 8 && j + r < L; ++r) {
             p[j + r] = sc[r] * scale;
+            if (cap > 0.0f) p[j + r] = tanhf(p[j + r] / cap) * cap;  /* Gemma 2's soft cap, as transformers' */
             if (p[j + r] > m) m = p[j + r];
         }
     }
@@ -412,7 +414,7 @@ typedef struct {
     float *out;
     const int64_t *blocks, *first, *L;
     int64_t n_blocks, block_size, max_L, k_pos, k_head, v_pos, v_head, heads, rep, d, rows;
-    float scale;
+    float scale, cap;
 } attend_t;
 
 static void attend_range(void *ctx, int64_t begin, int64_t end) {
@@ -423,7 +425,7 @@ static void attend_range(void *ctx, int64_t begin, int64_t end) {
         const int64_t r = rh / a->heads, g = rh % a->heads / a->rep;
         attend_head(a->q + rh * a->d, a->k + g * a->k_head, a->v + g * a->v_head, a->out + rh * a->d, p,
                     a->blocks ? a->blocks + r * a->n_blocks : NULL, a->block_size, a->first[r], a->L[r],
-                    a->k_pos, a->v_pos, a->d, a->scale);
+                    a->k_pos, a->v_pos, a->d, a->scale, a->cap);
     }
     free(p);
 }
@@ -432,9 +434,9 @@ void token_lab_attend(const float *q, const float *k, const float *v, float *out
                       const int64_t *blocks, int64_t n_blocks, int64_t block_size,
                       const int64_t *first, const int64_t *L, int64_t max_L,
                       int64_t k_pos, int64_t k_head, int64_t v_pos, int64_t v_head,
-                      int64_t heads, int64_t kv_heads, int64_t d, float scale, int threads) {
+                      int64_t heads, int64_t kv_heads, int64_t d, float scale, float cap, int threads) {
     attend_t a = {q, k, v, out, blocks, first, L, n_blocks, block_size, max_L,
-                  k_pos, k_head, v_pos, v_head, heads, heads / kv_heads, d, rows, scale};
+                  k_pos, k_head, v_pos, v_head, heads, heads / kv_heads, d, rows, scale, cap};
     split(attend_range, &a, rows * heads, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float), threads,
           by_size(attend_costs, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float)));
 }

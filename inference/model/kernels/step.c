@@ -183,7 +183,7 @@ static void decode_body(step_t *s, int nth) {
             const int64_t r = rh / heads, g = rh % heads / (heads / kv_heads);
             attend_head(s->q + rh * d, k_pool + offset + g * d, v_pool + offset + g * d, s->att + rh * d, p,
                         blocks ? blocks + r * dm[D_N_BLOCKS] : NULL, dm[D_BLOCK_SIZE], first[r], lengths[r],
-                        kv_width, kv_width, d, s->scale);
+                        kv_width, kv_width, d, s->scale, 0.0f);
         }
         ++stage;
         barrier(s, nth);
