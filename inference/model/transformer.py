@@ -21,7 +21,7 @@ from inference.model.config import ModelConfig
 from inference.model.decode_step import DecodeStep
 from inference.model.family_spec import require
 from inference.model.kv_cache import BLOCK_SIZE, KVCache
-from inference.model.layers import ONEDNN_CACHED_SHAPES, ROWS_HINT, FeedForward, Linear, RMSNorm  # noqa: F401 (Linear: the model's API)
+from inference.model.layers import ONEDNN_CACHED_SHAPES, ROWS_HINT, Embedding, FeedForward, Linear, RMSNorm  # noqa: F401 (Linear: the model's API)
 from inference.model.quant import QuantWeight
 from inference.model.rope import identity_tables, rope_tables
 
@@ -76,7 +76,7 @@ class Transformer(nn.Module):
         super().__init__()
         require("Transformer.forward", cfg.features(), cfg.family)  # and forward_paged: the same features
         self.cfg = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.tok_embeddings = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.output = Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
