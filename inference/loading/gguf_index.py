@@ -52,6 +52,9 @@ class TensorInfo:
         return tuple(reversed(self.dims))
 
 
+_U64 = struct.Struct("<Q")
+
+
 class _Cursor:
     def __init__(self, buf, name: str):
         self.buf, self.pos, self.name = buf, 0, name
@@ -82,9 +85,14 @@ class _Cursor:
             raise ModelError(f"{self.name}: a metadata array at byte {self.pos} claims more items than the file can hold")
         if item in SCALAR_SIZES:
             self.take(count * SCALAR_SIZES[item])
-        elif item == 8:
+        elif item == 8:  # strings (a vocabulary's: ~10^5), skipped length by length in one tight loop
+            buf, pos, end = self.buf, self.pos, len(self.buf)
             for _ in range(count):
-                self.take(self.unpack("<Q"))
+                if pos + 8 > end:
+                    pos = end + 1  # past the end: refused below
+                    break
+                pos += 8 + _U64.unpack_from(buf, pos)[0]
+            self.take(pos - self.pos)  # refuses an array that runs past the end of the file
         else:  # arrays of arrays: walked one by one
             for _ in range(count):
                 self.value(item)
