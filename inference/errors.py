@@ -41,6 +41,16 @@ def shown(value, limit: int = 40) -> str:
     return text if len(text) <= 2 * limit else text[:limit] + "…"
 
 
+def check_unicode(text: str, what: str, field: str | None = None) -> None:
+    """InputError if `text` holds a lone UTF-16 surrogate (JSON's "\\ud800", or bytes that are not
+    UTF-8 in a command line): no tokenizer can encode it. `what` names the text ("the prompt")."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"{what} holds a lone surrogate ({text[e.start]!r} at character {e.start}): text must be "
+                         "valid Unicode, where surrogates come in pairs", field=field) from None
+
+
 # ---------------------------------------------------------------- a model server (--engine-url)
 
 class ServerError(TokenLabError):

@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 
 from inference.model.config import ModelConfig
 from inference.errors import ModelError
+from inference.loading.gguf_layout import check_layout
 from inference.loading.progress import say
 
 if TYPE_CHECKING:
@@ -358,6 +359,7 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
     gguf_path, out_dir = Path(gguf_path), Path(out_dir)
     if not gguf_path.is_file():
         raise ModelError(f"{gguf_path}: no such file")
+    check_layout(gguf_path)  # the header, tables and data ranges, before gguf parses a byte
     reader = _checked_reader(gguf_path)
     meta = _Meta(reader, gguf_path.name)
     tok_model = meta.require("tokenizer.ggml.model", str)

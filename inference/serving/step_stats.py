@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.errors import InputError
 from inference.events import Candidate
 from inference.model import kernels
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import order
-from inference.sampling.stages import final_logits, final_logits_removing, greedy_logits, sample
+from inference.sampling.stages import NO_DISTRIBUTION, final_logits, final_logits_removing, greedy_logits, sample
 from inference.sampling.state import RunState
 
 
@@ -120,6 +121,9 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     for i, row in enumerate(rows):  # a forced row's numbers are its distribution's; its token is given
         if row.forced is not None:
             next_id[i] = row.forced
+    # A distribution that is not one (a stage's numbers overflowed float32: NaN) draws past the
+    # vocabulary; the row is refused below, and the index kept in range until then.
+    overflowed = next_id >= logits.shape[-1]  # (R,)
     constrained = [i for i, row in enumerate(rows) if row.state is not None and row.state.constraint is not None]
     if constrained:
         # A constraint can forbid every token the stages before it kept: an empty distribution
@@ -127,8 +131,11 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         empty = torch.zeros(len(rows), dtype=torch.bool, device=logits.device)  # (R,)
         for i in constrained:
             empty[i] = ~(finals[i].sum() > 0) if i in finals else ~torch.isfinite(penalized[greedy.index(i)].max())
-        next_id.clamp_(max=logits.shape[-1] - 1)
+        overflowed &= ~empty
+    next_id.clamp_(max=logits.shape[-1] - 1)
     if top_n == 0:
+        if bool(overflowed.any()):
+            raise InputError(NO_DISTRIBUTION)
         nan = float("nan")
         # Mirostat's μ moves by the chosen token's final probability: read for its rows only.
         return [StepInfo(t, (float(finals[i][t]) if i in finals else 1.0) if row.params.mirostat_tau > 0 else nan,
@@ -178,7 +185,10 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         packed.add("forbidden_z", e.masked_fill(~forbidden, 0).sum(dim=-1, dtype=torch.float64))
         packed.add("top_forbidden", forbidden.gather(1, top_ids))
         packed.add("empty", empty)
+    packed.add("overflowed", overflowed)
     host = packed.to_host(len(rows))
+    if bool(host["overflowed"].any()):  # which row's: the scheduler samples each alone
+        raise InputError(NO_DISTRIBUTION)
     return [_info(host, r, row.top_n, row.params) for r, row in enumerate(rows)]
 
 
