@@ -135,7 +135,8 @@ class RouteGuard:
                  logins: bool = False):
         self.app, self.sessions, self.max_body = app, sessions or Sessions(None), max_body
         self.beside = tuple(beside)
-        self.owners, self.events, self.logins = owners or Owners(), events, logins
+        self.owners = owners if owners is not None else Owners()  # (an empty one is falsy: it has a length)
+        self.events, self.logins = events, logins
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -162,6 +163,8 @@ class RouteGuard:
             if self.logins and owner is None and path in PAGES:  # the login form only
                 send = _without_api_info(send)
             if session is not None and path.rstrip("/") == "/gradio_api/queue/data" and self.events is not None:
+                if not self.events.streams(session):  # (gradio's own 404 comes mid-stream, with a traceback)
+                    return await _reply(send, 404, "No such session: join the queue first.", path, self.beside)
                 return await _watching(self.app, scope, receive, send, lambda: self.events.gone(session))
             return await self.app(scope, receive, send)
         length = dict(scope.get("headers") or []).get(b"content-length")
@@ -262,6 +265,9 @@ class Events(Protocol):
 
     def joined(self, session: str) -> None:
         """The session asked for an event (gradio's queue/join)."""
+
+    def streams(self, session: str) -> bool:
+        """Whether gradio has a stream of messages for the session (it joined the queue)."""
 
 
 async def _watching(app, scope, receive, send, gone) -> None:

@@ -175,6 +175,9 @@ class PageEvents:
         if self.registry is not None:
             self.registry.stop(session, starting=True)
 
+    def streams(self, session: str) -> bool:
+        return session in self.demo._queue.pending_messages_per_session
+
     def joined(self, session: str) -> None:
         """The session asked for an event: a stop meant for an earlier one no longer applies."""
         if self.registry is not None:
