@@ -1,5 +1,7 @@
 """Errors a user can cause. Each carries a one-line message meant to be shown as is."""
 
+import re
+
 
 class TokenLabError(Exception):
     """Base class: the message is complete and needs no traceback."""
@@ -41,14 +43,19 @@ def shown(value, limit: int = 40) -> str:
     return text if len(text) <= 2 * limit else text[:limit] + "…"
 
 
+# A UTF-16 surrogate as a code point of its own: in a str it is always alone (a pair decodes to one
+# code point), and UTF-8 has no encoding for it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def check_unicode(text: str, what: str, field: str | None = None) -> None:
     """InputError if `text` holds a lone UTF-16 surrogate (JSON's "\\ud800", or bytes that are not
-    UTF-8 in a command line): no tokenizer can encode it. `what` names the text ("the prompt")."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise InputError(f"{what} holds a lone surrogate ({text[e.start]!r} at character {e.start}): text must be "
-                         "valid Unicode, where surrogates come in pairs", field=field) from None
+    UTF-8 in a command line): no tokenizer can encode it. `what` names the text ("the prompt").
+    Looked for without a copy of the text (an 8 MB prompt is refused by its length, cheaply)."""
+    m = _SURROGATE.search(text)
+    if m is not None:
+        raise InputError(f"{what} holds a lone surrogate ({m.group()!r} at character {m.start()}): text must be "
+                         "valid Unicode, where surrogates come in pairs", field=field)
 
 
 # ---------------------------------------------------------------- a model server (--engine-url)

@@ -18,6 +18,7 @@ import pytest
 
 from engine_hold import TIMEOUT_S, wait_until
 from ui.controls import Controls
+from served_page import page  # noqa: F401 - the fixture
 
 # A failing run waits for its client for ever (the fault this file guards); the hold lets it go
 # only when it is cancelled, so a broken fix shows as this wait running out, never as a speed.

@@ -13,6 +13,7 @@ import pytest
 
 from engine_hold import wait_until
 from page_api import call, output
+from served_page import page  # noqa: F401 - the fixture
 
 gradio_client = pytest.importorskip("gradio_client")
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from ui.controls import Controls
+from served_page import page  # noqa: F401 - the fixture
 
 DEEP_SCHEMA = '{"type":"object","properties":{"a":' * 2000 + '{"type":"string"}' + "}}" * 2000
 
@@ -136,3 +137,9 @@ def test_the_page_handlers_take_numbers_past_their_range_in_one_line(page):
     import gradio as gr
     with pytest.raises(gr.Error, match="step must be from 0 to 2"):
         list(h.branches.branch_run(rec, 10 ** 400, 5, SimpleNamespace(session_hash="big")))
+
+
+def test_a_stream_of_a_session_that_never_joined_is_a_404_not_a_logged_error(page, quiet_server):
+    r = httpx.get(page.url + "/gradio_api/queue/data", params={"session_hash": "never-joined"}, timeout=60)
+    assert r.status_code == 404
+    quiet_server()

@@ -20,6 +20,7 @@ from engine_hold import wait_until
 from page_api import call, output
 from server.guard import served
 from server.owners import VISITOR_COOKIE
+from served_page import page  # noqa: F401 - the fixture
 
 gradio_client = pytest.importorskip("gradio_client")
 

@@ -10,6 +10,7 @@ import httpx
 
 from inference.request import prepare_run
 from ui.controls import Controls
+from served_page import page  # noqa: F401 - the fixture
 
 LONG = 60  # tokens: at length 60, a log-probability of -100 times 60^5 is far below -1e9
 

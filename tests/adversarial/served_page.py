@@ -1,4 +1,5 @@
-"""What the tests of issue 59's findings share: the page and its API on a tiny model."""
+"""What the tests of issue 59's findings share: the page and its API on a tiny model (a fixture each
+test module imports; not a conftest.py, whose module name the top-level one's imports would find)."""
 
 from types import SimpleNamespace
 
