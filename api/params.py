@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, replace
 
 from api.errors import APIError, bad, request_key
-from inference.errors import InputError, shown
+from inference.errors import InputError, lone_surrogate, shown
 from inference.sampling.constrain import MAX_SCHEMA_DEPTH, check
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, CONSTRAINT_KINDS, SETTINGS
@@ -100,27 +100,10 @@ def _count(body: dict, key: str, low: int, high: int | None, default=None):
 def check_unicode_values(body: dict) -> None:
     """400 naming the field where a text or a key holds a lone UTF-16 surrogate ("\\ud800"): no
     tokenizer can encode it, and no answer could quote it back as UTF-8."""
-    stack = [(body, None, "")]
-    while stack:
-        node, field, path = stack.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, value in items:
-            where = f"{path}.{key}" if isinstance(key, str) and path else key if isinstance(key, str) else f"{path}[{key}]"
-            if isinstance(key, str) and not _encodes(key):
-                raise bad(f"a field name in {path or 'the body'} holds a lone surrogate: text must be valid Unicode, "
-                          "where surrogates come in pairs", field or "body")
-            if isinstance(value, str) and not _encodes(value):
-                raise bad(f"{where} holds a lone surrogate: text must be valid Unicode, where surrogates come in "
-                          "pairs", field or where)
-            stack.append((value, field or where, where))
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
+    found = lone_surrogate(body)
+    if found is not None:
+        where, field = found
+        raise bad(f"{where} holds a lone surrogate: text must be valid Unicode, where surrogates come in pairs", field)
 
 
 def check_fields(body, allowed: set[str], served: str | None = None) -> None:

@@ -58,6 +58,24 @@ def check_unicode(text: str, what: str, field: str | None = None) -> None:
                          "valid Unicode, where surrogates come in pairs", field=field)
 
 
+def lone_surrogate(value) -> tuple[str, str] | None:
+    """Where in parsed JSON (dicts, lists, strings) a text or a key holds a lone surrogate: (where,
+    e.g. "messages[0].content" or "a field name in the body"; the top-level key it is under, or
+    "body"), else None."""
+    stack = [(value, "", None)]
+    while stack:
+        node, path, top = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, item in items:
+            where = f"{path}.{key}" if isinstance(key, str) and path else key if isinstance(key, str) else f"{path}[{key}]"
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return f"a field name in {path or 'the body'}", top or "body"
+            if isinstance(item, str) and _SURROGATE.search(item):
+                return where, top or where
+            stack.append((item, where, top or where))
+    return None
+
+
 # ---------------------------------------------------------------- a model server (--engine-url)
 
 class ServerError(TokenLabError):

@@ -26,6 +26,7 @@ import time
 from collections import OrderedDict
 from typing import Protocol
 
+from inference.errors import lone_surrogate
 from server.limits import sessions_message
 from server.owners import Owners, login_of, new_visitor_cookie, owner_of, visitor_cookie
 
@@ -231,8 +232,9 @@ class RouteGuard:
                     parsed = json.loads(body)
                 except ValueError:
                     return None
-            where = _lone_surrogate(parsed)
-            if where is not None:
+            found = lone_surrogate(parsed)
+            if found is not None:
+                where = found[0]
                 name = self.events.input_name(fn, where) if self.events is not None and fn is not None else None
                 return 400, (f"{where}{f' ({name})' if name else ''} holds a lone surrogate: text must be valid "
                              "Unicode, where surrogates come in pairs.")
@@ -327,28 +329,6 @@ def _one_key(body: bytes, key: bytes, pattern: re.Pattern):
     if value is None:
         return None
     return int(value) if pattern is _FN else value
-
-
-def _lone_surrogate(body) -> str | None:
-    """Where in a parsed gradio body a text or a key holds a lone surrogate (data[0], ...), or None."""
-    stack = [(body, "")]
-    while stack:
-        node, path = stack.pop()
-        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
-        for key, value in items:
-            where = f"{path}.{key}" if isinstance(key, str) and path else key if isinstance(key, str) else f"{path}[{key}]"
-            if (isinstance(key, str) and not _encodes(key)) or (isinstance(value, str) and not _encodes(value)):
-                return where if _encodes(str(where)) else (path or "the body")
-            stack.append((value, where))
-    return None
-
-
-def _encodes(text: str) -> bool:
-    try:
-        text.encode("utf-8")
-        return True
-    except UnicodeEncodeError:
-        return False
 
 
 def _session_in_url(scope) -> str | None:
