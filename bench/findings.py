@@ -126,6 +126,9 @@ def findings(url: str, controls, settle_s: float = 0.2) -> dict:
     so that the page's per-visitor limits let each run start). controls(**kw): /generate's values."""
     url = url.rstrip("/")
     log = Log()
+    deadline = time.monotonic() + 120  # the API is mounted just after the page starts serving
+    while httpx.get(url + "/v1/models", timeout=60).status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.5)
     deps = httpx.get(url + "/config", timeout=120).json()["dependencies"]
     fns = {d.get("api_name"): d["id"] for d in deps}
     with httpx.Client(base_url=url, timeout=600) as http:

@@ -19,12 +19,12 @@ import pytest
 from engine_hold import wait_until
 from page_api import call, output
 from server.guard import served
-from server.owners import VISITOR_COOKIE
 from served_page import page  # noqa: F401 - the fixture
 
 gradio_client = pytest.importorskip("gradio_client")
 
 LOGINS = [("ann", "apple-pie"), ("bob", "banana-split")]
+VISITOR_COOKIE = "tokenlab-visitor"  # server.owners.VISITOR_COOKIE
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +133,8 @@ def test_without_logins_a_visitor_cancels_and_uses_only_their_own_sessions(page,
 
 
 def test_the_page_sets_a_random_private_visitor_key(page):
+    from server.owners import VISITOR_COOKIE as name
+    assert name == VISITOR_COOKIE
     keys = set()
     for _ in range(3):
         r = httpx.get(page.url + "/", timeout=60)
