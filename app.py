@@ -41,6 +41,9 @@ def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
                           "a visitor being a login, else an IP address (1)")
     lim.add_argument("--max-samples", type=count, default=None, metavar="N",
                      help="at most N samples drawn at once by \"Many samples\" (16; without a limit 64)")
+    lim.add_argument("--max-score-tokens", type=count, default=None, metavar="N",
+                     help="at most N tokens of a text scored in one pass: a prompt's log-probabilities, "
+                          "\"The probability of a text\" (2048)")
     lim.add_argument("--sessions-per-client", type=count, default=None, metavar="N",
                      help="open sessions (tabs, API clients) per visitor; one idle for 15 minutes "
                           "stops counting (8)")
@@ -55,7 +58,8 @@ def limits_for(args):
     """The limits of a --share page by default, none otherwise; the flags set each one."""
     from server.limits import Limits
     values = dict(max_new_tokens=args.max_new_tokens_cap, runs_per_client=args.runs_per_client,
-                  sessions_per_client=args.sessions_per_client, max_samples=args.max_samples)
+                  sessions_per_client=args.sessions_per_client, max_samples=args.max_samples,
+                  max_score_tokens=args.max_score_tokens)
     return Limits.shared(**values) if args.share else Limits.local(**values)
 
 

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, replace
 
 from api.errors import APIError, bad, request_key
-from inference.errors import InputError, shown
-from inference.sampling.constrain import check
+from inference.errors import InputError, lone_surrogate, shown
+from inference.sampling.constrain import MAX_SCHEMA_DEPTH, check
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, CONSTRAINT_KINDS, SETTINGS
 from inference.request import SettingErrors, choose_seed, parse_settings, tokens_message
@@ -88,12 +88,22 @@ def _count(body: dict, key: str, low: int, high: int | None, default=None):
     value = body.get(key)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
-        raise bad(f"{key} must be an integer, got {shown(value)}", key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not (math.isfinite(value) and value.is_integer())):
+        raise bad(f"{key} must be an integer, got {shown(value)}", key)  # NaN and Infinity too
     value = int(value)
     if value < low or (high is not None and value > high):
         raise bad(f"{key} must be in [{low}, {f'{high}]' if high is not None else '∞)'}, got {value}", key)
     return value
+
+
+def check_unicode_values(body: dict) -> None:
+    """400 naming the field where a text or a key holds a lone UTF-16 surrogate ("\\ud800"): no
+    tokenizer can encode it, and no answer could quote it back as UTF-8."""
+    found = lone_surrogate(body)
+    if found is not None:
+        where, field = found
+        raise bad(f"{where} holds a lone surrogate: text must be valid Unicode, where surrogates come in pairs", field)
 
 
 def check_fields(body, allowed: set[str], served: str | None = None) -> None:
@@ -125,7 +135,7 @@ def _logit_bias(value) -> str:
         raise bad('logit_bias must be an object of token ids and biases, e.g. {"50256": -100}', "logit_bias")
     items = []
     for key, b in value.items():
-        if not str(key).isdigit() or isinstance(b, bool) or not isinstance(b, (int, float)) or not math.isfinite(b):
+        if not str(key).isdigit() or isinstance(b, bool) or not isinstance(b, (int, float)) or (isinstance(b, float) and not math.isfinite(b)):
             raise bad(f"logit_bias maps token ids to finite numbers, got {shown(key)}: {shown(b)}", "logit_bias")
         if not -MAX_BIAS <= b <= MAX_BIAS:  # OpenAI's range (the page's own logit bias has none)
             raise bad(f"logit_bias values must be in [-{MAX_BIAS}, {MAX_BIAS}], got {shown(key)}: {shown(b)}", "logit_bias")
@@ -135,14 +145,21 @@ def _logit_bias(value) -> str:
 
 def _schema_text(schema, key: str) -> str:
     """A JSON schema sent as an object (or as its JSON text) as the constraint's text."""
+    deep = f"{key} nests deeper than {MAX_SCHEMA_DEPTH} levels of objects and arrays: flatten the schema"
+    field = key.split(".")[0]  # the request's field (structured_outputs, response_format)
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
-        except json.JSONDecodeError:
-            raise bad(f"{key} must be a JSON schema (an object, or its JSON text)", key) from None
+        except RecursionError:
+            raise bad(deep, field) from None
+        except ValueError:
+            raise bad(f"{key} must be a JSON schema (an object, or its JSON text)", field) from None
     if not isinstance(schema, dict):
-        raise bad(f"{key} must be a JSON schema (an object)", key)
-    return json.dumps(schema)
+        raise bad(f"{key} must be a JSON schema (an object)", field)
+    try:
+        return json.dumps(schema)
+    except RecursionError:  # (the body's parser reads deeper than its writer writes)
+        raise bad(deep, field) from None
 
 
 def constraint(body: dict) -> dict:

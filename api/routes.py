@@ -27,8 +27,10 @@ from starlette.requests import ClientDisconnect
 
 from api.answers import Writer, usage
 from api.errors import APIError, bad, error_body, from_engine
-from api.params import COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_fields, check_model, completion_ask
+from api.params import (COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_fields, check_model, check_unicode_values,
+                        completion_ask)
 from api.runs import ENDS, Runs
+from inference.decoding.beams import UNSCORED, unscored_message
 from inference.errors import InputError, TokenLabError, shown
 from inference.events import DoneEvent
 from inference.request import RunRequest, prepare_run
@@ -43,6 +45,10 @@ SERVED = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions"
 # Every path the API answers (its catch-all included): a refusal there is OpenAI's error body.
 PATHS = re.compile(r"/v1/.*|/(tokenize|detokenize|tokenizer_info)/?")
 DISCONNECT_POLL_S = 0.5  # how often a request answered at its end looks whether its client is still there
+
+
+# A JSON escape of a UTF-16 surrogate: only a body holding one can hold a lone one.
+_ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 class ClientGone(Exception):
@@ -181,13 +187,18 @@ class API:
 
     async def body(self, request: Request) -> dict:
         try:
-            body = json.loads(await request.body())
+            raw = await request.body()
+            body = json.loads(raw)
         except ClientDisconnect:  # (RouteGuard ends a body that grows past the page's limit so)
             raise APIError(413, "Request too large", code="request_too_large") from None
+        except RecursionError:  # a body of 100,000 nested lists: the parser's stack, not ours
+            raise bad("the request body nests too deep: JSON of at most a few hundred levels is read") from None
         except (ValueError, UnicodeDecodeError):
             raise bad("the request body must be JSON") from None
         if not isinstance(body, dict):
             raise bad("the request body must be a JSON object")
+        if _ESCAPED_SURROGATE.search(raw):  # a "\ud800" escape: look for a lone one
+            check_unicode_values(body)
         return body
 
     # ------------------------------------------------------------ the routes
@@ -290,6 +301,9 @@ class API:
         try:
             scored = [None] * len(prompts)
             if ask.echo or ask.prompt_logprobs is not None:
+                for ids in ids_list:  # each scored in one pass, its keys and values held: a shared page's bound
+                    if (refusal := self.limits.score_refusal(len(ids))) is not None:
+                        raise bad(refusal, "prompt")
                 top = max((ask.logprobs or 0) if ask.echo else 0, ask.prompt_logprobs or 0)
                 scored = [await run_in_threadpool(self.engine.prompt_logprobs, ids, top) for ids in ids_list]
             known = [(ids, s, text) if s is not None else None for (ids, text), s in zip(prepared, scored)]
@@ -319,6 +333,8 @@ class API:
             jobs = await run_in_threadpool(self._prepare, [(ids, ask.seeded(0, max_tokens))], 0)
             _, done = await _collect(Runs(self.engine, jobs, cancels), 1, disconnected)
             end, writer = done[0], Writer(self.model, self.engine.tokenizer, ask, kind)
+            if end.reason == UNSCORED:  # no choice to give: an error that says why, never choices []
+                raise bad(unscored_message(end.length_penalty), "length_penalty")
             choices = [writer.beam_choice(i, beam, text) for i, (beam, text) in enumerate(zip(end.beams, end.texts))]
             return JSONResponse(writer.envelope(choices, usage=usage(len(ids), sum(len(b.tokens) for b in end.beams))))
         finally:

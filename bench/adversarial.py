@@ -23,6 +23,7 @@ import json
 import multiprocessing
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
@@ -35,6 +36,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.findings import CutWatch, findings  # noqa: E402
 from bench.page_client import free_port, wait_until_served  # noqa: E402
 from ui.controls import Controls  # noqa: E402
 from ui.run.handlers import RUN_OUTPUTS  # noqa: E402
@@ -213,6 +215,10 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def serve(args) -> None:
     """The page, with a shared page's limits, on args.serve_port (the benchmark's server process)."""
     from bench.run import random_engine
@@ -229,7 +235,13 @@ def serve(args) -> None:
             forward = getattr(engine.model, name)
             setattr(engine.model, name, lambda *a, _f=forward, **k: time.sleep(args.step_ms / 1000) or _f(*a, **k))
     limits = Limits.shared(max_new_tokens=CAP_TOKENS, runs_per_client=1, sessions_per_client=SESSIONS)
-    serve(build_ui(engine, Handlers(engine, limits=limits)), engine, port=args.serve_port)
+    watch = CutWatch(engine) if args.cut_report else None  # the passes each cut run makes after its cut
+    signal.signal(signal.SIGTERM, _interrupt)  # the measurement's terminate(): ends the wait, the report written
+    try:
+        serve(build_ui(engine, Handlers(engine, limits=limits)), engine, port=args.serve_port)
+    finally:
+        if watch is not None:
+            watch.write(args.cut_report)
 
 
 # ------------------------------------------------------------------ the measurement
@@ -285,7 +297,20 @@ def measure(url: str, server_pid: int, runs: int, work: Path) -> dict:
             "visitor_requests": {k: len(v) for k, v in kinds.items()}}
 
 
+def findings_markdown(f: dict) -> list[str]:
+    """The findings' requests (bench/findings.py): what came back, and the cut runs' passes."""
+    most = f.get("most_passes_after_a_cut")
+    return [f"- issue 59's requests: {f['requests']} ({f['refused_4xx']} refused with a 4xx), **{f['server_errors']} "
+            f"server errors, {f['dropped']} dropped connections**"
+            + "".join(f"\n  - {door} {name}: {outcome}" for door, name, outcome in f["error_entries"]),
+            f"- cut runs the server saw: {f.get('cut_runs', 'unknown')}; **the most forward passes one made after its "
+            f"cut before its blocks were back: {most if most is not None else 'none cut'}**"]
+
+
 def to_markdown(r: dict) -> str:
+    if "ttft_ratio" not in r:  # --findings-only
+        return "\n".join([f"# Issue 59's findings against the page: {r['model']} on {r['device']}", "",
+                          *findings_markdown(r["findings"])]) + "\n"
     lines = [f"# A hostile visitor beside a well-behaved user: {r['model']} on {r['device']}"
              + (f", each forward pass {r['step_ms']:g} ms longer" if r["step_ms"] else ""), "",
              f"- **TTFT under attack / alone**: {r['ttft_ratio']:.2f}× ({r['ttft_attacked_ms']:.0f} ms against "
@@ -295,6 +320,8 @@ def to_markdown(r: dict) -> str:
              f"- server CPU for a refused 8 MB prompt: {r['refused_8mb_cpu_ms']:.0f} ms (a refused empty one: "
              f"{r['refused_empty_cpu_ms']:.0f} ms); the visitor's round trip {r['refused_8mb_round_trip_ms']:.0f} ms",
              "- the visitor's requests: " + ", ".join(f"{k} {v}" for k, v in r["visitor_requests"].items())]
+    if "findings" in r:
+        lines += findings_markdown(r["findings"])
     return "\n".join(lines) + "\n"
 
 
@@ -310,17 +337,21 @@ def main(argv=None) -> int:
                    help="make each forward pass this much longer (a sleep): a tiny model's runs then overlap")
     p.add_argument("--runs", type=int, default=4, help="the user's runs alone, before and after the attack")
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    p.add_argument("--findings-only", action="store_true",
+                   help="only issue 59's findings' requests and cut runs (bench/findings.py), not the measurement")
     p.add_argument("--serve-port", type=int, default=None, help=argparse.SUPPRESS)  # the page's process
+    p.add_argument("--cut-report", default=None, help=argparse.SUPPRESS)  # where the page's process writes CutWatch's
     args = p.parse_args(argv)
     if args.serve_port:
         serve(args)
         return 0
     port = free_port()
-    forwarded = list(argv if argv is not None else sys.argv[1:])
+    forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if a != "--findings-only"]
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         with open(work / "server.log", "w") as server_log:
-            proc = subprocess.Popen([sys.executable, "-m", "bench.adversarial", "--serve-port", str(port), *forwarded],
+            proc = subprocess.Popen([sys.executable, "-m", "bench.adversarial", "--serve-port", str(port),
+                                     "--cut-report", str(work / "cuts.json"), *forwarded],
                                     cwd=ROOT, stdout=server_log, stderr=subprocess.STDOUT)
         try:
             try:
@@ -328,10 +359,15 @@ def main(argv=None) -> int:
             except RuntimeError:
                 print((work / "server.log").read_text()[-3000:], file=sys.stderr)
                 raise
-            result = measure(f"http://127.0.0.1:{port}/", proc.pid, args.runs, work)
+            url = f"http://127.0.0.1:{port}/"
+            result = {} if args.findings_only else measure(url, proc.pid, args.runs, work)
+            found = findings(url, lambda **kw: Controls(**{**GOOD_SETTINGS, **kw}).values())
+            time.sleep(5)  # the last cut runs end within a step; a loaded machine's step can take seconds
         finally:
             proc.terminate()
             proc.wait(60)
+        cuts = json.loads((work / "cuts.json").read_text()) if (work / "cuts.json").exists() else {}
+        result["findings"] = {**found, **cuts}
     from inference.device import resolve_device
     from inference.loading.default_model import resolve_model
     result = {"model": f"{args.random} (random weights)" if args.random else Path(resolve_model(args.model)).name,
@@ -343,7 +379,9 @@ def main(argv=None) -> int:
     md = to_markdown(result)
     (out / f"{stem}.md").write_text(md)
     print(md)
-    return 0
+    f = result["findings"]
+    most = f.get("most_passes_after_a_cut")
+    return 1 if f["server_errors"] or f["dropped"] or not f.get("cut_runs") or most > 1 else 0
 
 
 if __name__ == "__main__":

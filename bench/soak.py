@@ -107,12 +107,12 @@ def pool_line(url: str) -> str:
                                        seed="1").values(), api_name="/generate")
     finally:
         client.close()
-    m = re.search(r"The server's pool \(all runs\): \*\*([\d,]+) of ([\d,]+) blocks\*\* in use.*? by (\d+) run",
-                  out[KV_TEXT], re.S)
+    m = re.search(r"The server's pool(?: then)? \(all runs\): \*\*([\d,]+) of ([\d,]+) blocks\*\* in use.*? by "
+                  r"(this run alone|this run and \d+ others?)", out[KV_TEXT], re.S)
     cached = re.search(r"([\d,]+) kept from finished runs", out[KV_TEXT])
     if m is None:
         return "unknown (no pool line)"
-    return (f"{m.group(1)} of {m.group(2)} blocks in use by {m.group(3)} run (the probe itself)"
+    return (f"{m.group(1)} of {m.group(2)} blocks in use by {m.group(3).replace('this run', 'the probe')}"
             + (f", {cached.group(1)} kept in the prefix cache" if cached else ""))
 
 

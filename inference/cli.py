@@ -314,6 +314,7 @@ def _print_beams(events, jsonl: bool, cancel: threading.Event, model: dict | Non
     """A beam search: with --jsonl a line per step (every hypothesis, its cumulative log-probability
     and status) and the summary with every finished beam; else the best beam's text with its
     score, then the other finished beams, best first. 130 after Ctrl-C."""
+    from inference.decoding.beams import UNSCORED, unscored_message
     from inference.events import BeamDoneEvent, BeamStepEvent
 
     for ev in events:
@@ -322,6 +323,8 @@ def _print_beams(events, jsonl: bool, cancel: threading.Event, model: dict | Non
         if not isinstance(ev, BeamDoneEvent):
             continue
         reason = "interrupted" if ev.reason == "cancelled" and cancel.is_set() else ev.reason
+        if reason == UNSCORED:  # nothing to print: the reason, exit 2 (the setting's)
+            raise InputError(unscored_message(ev.length_penalty), field="length_penalty")
         if jsonl:
             print(json.dumps({**ev.to_json(), "reason": reason, **(model or {})},
                              ensure_ascii=False), flush=True)

@@ -1,5 +1,7 @@
 """Errors a user can cause. Each carries a one-line message meant to be shown as is."""
 
+import re
+
 
 class TokenLabError(Exception):
     """Base class: the message is complete and needs no traceback."""
@@ -39,6 +41,39 @@ def shown(value, limit: int = 40) -> str:
         return f"{value[:limit]!r}… ({len(value):,} long)"
     text = repr(value)
     return text if len(text) <= 2 * limit else text[:limit] + "…"
+
+
+# A UTF-16 surrogate as a code point of its own: in a str it is always alone (a pair decodes to one
+# code point), and UTF-8 has no encoding for it.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_unicode(text: str, what: str, field: str | None = None) -> None:
+    """InputError if `text` holds a lone UTF-16 surrogate (JSON's "\\ud800", or bytes that are not
+    UTF-8 in a command line): no tokenizer can encode it. `what` names the text ("the prompt").
+    Looked for without a copy of the text (an 8 MB prompt is refused by its length, cheaply)."""
+    m = _SURROGATE.search(text)
+    if m is not None:
+        raise InputError(f"{what} holds a lone surrogate ({m.group()!r} at character {m.start()}): text must be "
+                         "valid Unicode, where surrogates come in pairs", field=field)
+
+
+def lone_surrogate(value) -> tuple[str, str] | None:
+    """Where in parsed JSON (dicts, lists, strings) a text or a key holds a lone surrogate: (where,
+    e.g. "messages[0].content" or "a field name in the body"; the top-level key it is under, or
+    "body"), else None."""
+    stack = [(value, "", None)]
+    while stack:
+        node, path, top = stack.pop()
+        items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+        for key, item in items:
+            where = f"{path}.{key}" if isinstance(key, str) and path else key if isinstance(key, str) else f"{path}[{key}]"
+            if isinstance(key, str) and _SURROGATE.search(key):
+                return f"a field name in {path or 'the body'}", top or "body"
+            if isinstance(item, str) and _SURROGATE.search(item):
+                return where, top or where
+            stack.append((item, where, top or where))
+    return None
 
 
 # ---------------------------------------------------------------- a model server (--engine-url)

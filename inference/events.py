@@ -194,7 +194,9 @@ class BeamStepEvent:
 @dataclass
 class BeamDoneEvent:
     """A beam search's end: its finished beams, best first (the first is the result)."""
-    reason: str  # "length" (the token cap), "eos" (no live beam could beat the finished), "cancelled"
+    # "length" (the token cap), "eos" (no live beam could beat the finished), "cancelled", or
+    # "unscored" (no beam finished: decoding.beams.unscored_message says why)
+    reason: str
     beams: list  # [decoding.beams.Finished]
     texts: list[str]  # each beam's text
     prompt_tokens: int

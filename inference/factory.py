@@ -25,15 +25,23 @@ def mib(text: str) -> float:
     return value
 
 
+def model_arg(text: str) -> str:
+    """--model's value: an empty one is a mistake (a variable that was not set), never the default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("is empty: name a model directory, a .gguf file or gemma3-270m, "
+                                         "or leave --model out for the default model")
+    return text
+
+
 def add_model_args(p: argparse.ArgumentParser, decode_dtype: str = "same", many: bool = False) -> None:
     """--model, --device, --dtype, --decode-dtype, --kv-pool-mib: the CLI's, app.py's and the
     benchmark's. many: --model may be given several times (the page's model picker)."""
     if many:
-        p.add_argument("--model", action="append", default=None,
+        p.add_argument("--model", action="append", default=None, type=model_arg,
                        help=MODEL_HELP + "; give it again for each model the page offers (the first is "
                             "loaded at start, each other on its first use)")
     else:
-        p.add_argument("--model", default=None, help=MODEL_HELP)
+        p.add_argument("--model", default=None, type=model_arg, help=MODEL_HELP)
     p.add_argument("--device", default="auto", help="auto (CUDA if present), cpu, cuda, cuda:N")
     p.add_argument("--dtype", default="auto",
                    help="auto (bfloat16 on CUDA, float32 on CPU: a GGUF model there on the file's own "

@@ -14,7 +14,7 @@ import secrets
 from dataclasses import dataclass, replace
 from typing import Mapping
 
-from inference.errors import InputError, shown
+from inference.errors import InputError, check_unicode, shown
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import BY_NAME, SETTINGS, defaults
 
@@ -135,6 +135,7 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
     if ids is None:
         if not isinstance(prompt, str):
             raise InputError("the prompt must be text")
+        check_texts(prompt, system if chat else None, history if chat else None)
         text, ids = engine.prompt(prompt, chat, system, list(history), controls=controls)
     given = list(given)
     check_ids(list(ids) + given, vocab, context)
@@ -158,6 +159,18 @@ def prepare_run(engine, settings: SamplingParams | Mapping[str, object], *, prom
     request = RunRequest(tuple(ids), params, tuple(given), top_n, max_new, text, tuple(forced))
     engine.check_run(request)
     return request
+
+
+def check_texts(prompt, system=None, history=None) -> None:
+    """A prompt, system prompt and earlier turns that every tokenizer can encode (no lone
+    surrogate); InputError naming which."""
+    if isinstance(prompt, str):
+        check_unicode(prompt, "the prompt")
+    if isinstance(system, str):
+        check_unicode(system, "the system prompt")
+    for i, turn in enumerate(history or ()):
+        if isinstance(turn, dict) and isinstance(turn.get("content"), str):
+            check_unicode(turn["content"], f"earlier turn {i + 1}")
 
 
 def check_forced(params: SamplingParams, forced: list[int], vocab_size: int | None, token_cap: int | None) -> None:

@@ -33,6 +33,11 @@ def samples_message(cap: int, asked) -> str:
     return f"The server allows at most {cap} samples at once; got {asked}."
 
 
+def score_message(cap: int, n: int) -> str:
+    return (f"The server scores texts of at most {cap:,} tokens (each costs its keys and values in memory); "
+            f"this one is {n:,}. Shorten it.")
+
+
 class Refused(Exception):
     """A limit said no; the message is shown as is."""
 
@@ -45,12 +50,13 @@ class Limits:
     sessions_per_client: int | None = None  # sessions a client holds (idle ones expire)
     session_capacity: int | None = None  # sessions the server keeps state for, all clients
     max_samples: int | None = None  # samples drawn at once by "Many samples" (at most samples.MAX_SAMPLES)
+    max_score_tokens: int | None = None  # tokens of a text scored in one pass (a prompt's log-probabilities)
 
     @classmethod
     def shared(cls, **overrides) -> "Limits":
         """The defaults of a --share page; overrides of None keep the default, 0 means no limit."""
         base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, session_capacity=256,
-                   max_samples=16)
+                   max_samples=16, max_score_tokens=2048)
         values = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **{k: (None if v == 0 else v) for k, v in values.items()})
 
@@ -61,7 +67,12 @@ class Limits:
     @property
     def any(self) -> bool:
         return any(v is not None for v in (self.max_new_tokens, self.runs_per_client, self.sessions_per_client,
-                                           self.max_samples))
+                                           self.max_samples, self.max_score_tokens))
+
+    def score_refusal(self, n_tokens: int) -> str | None:
+        """Why a text of n_tokens is not scored here (a shared page's bound), else None."""
+        cap = self.max_score_tokens
+        return score_message(cap, n_tokens) if cap is not None and n_tokens > cap else None
 
 
 def client_key(request) -> str:

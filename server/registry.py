@@ -16,6 +16,9 @@ class RunRegistry:
     def __init__(self):
         self._runs: dict[str, tuple[threading.Event, str]] = {}
         self._changed = threading.Condition()
+        # Sessions whose client cancelled or left while their event's job had not registered yet
+        # (gradio starts the event, then the handler its job): that job starts stopped.
+        self._stopped: set[str] = set()
 
     def start(self, session: str, client: str = "local", per_client: int | None = None) -> threading.Event:
         """Register the session's job; Refused if it has one, or its client `per_client`."""
@@ -26,14 +29,27 @@ class RunRegistry:
             if per_client is not None and n >= per_client:
                 raise Refused(runs_message(n, per_client))
             event = threading.Event()
+            if session in self._stopped:  # its event was cancelled, or its client left, as it started
+                self._stopped.discard(session)
+                event.set()
             self._runs[session] = (event, client)
         return event
 
-    def stop(self, session: str) -> None:
+    def stop(self, session: str, starting: bool = False) -> None:
+        """Stop the session's job. starting: the client cancelled its event or left, whose job
+        may not have registered yet: a job the session starts next starts stopped (until
+        `resume`: the session's next event)."""
         with self._changed:
             run = self._runs.get(session)
+            if run is None and starting:
+                self._stopped.add(session)
         if run is not None:
             run[0].set()
+
+    def resume(self, session: str) -> None:
+        """The session asked for a new event: a stop meant for the one before no longer applies."""
+        with self._changed:
+            self._stopped.discard(session)
 
     def finish(self, session: str, event: threading.Event) -> None:
         with self._changed:

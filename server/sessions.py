@@ -74,11 +74,12 @@ class SessionKeeper:
     to a launched app; until then closed() records nothing and sweep() deletes nothing."""
 
     def __init__(self, registry, sessions=None, forget=None, grace_s: float = CLOSED_GRACE_S,
-                 idle_s: float = IDLE_S, clock=time.time):
+                 idle_s: float = IDLE_S, clock=time.time, owners=None):
         """registry: the RunRegistry (a session with a job is kept); sessions: server.guard's
         Sessions of each client, pruned at each sweep; forget(session): called for each session
-        deleted, so that the page's own entries of it go with it."""
-        self.registry, self.sessions, self.forget = registry, sessions, forget
+        deleted, so that the page's own entries of it go with it; owners: server.owners' Owners,
+        whose binding of a session goes with its state (and one with no state once idle)."""
+        self.registry, self.sessions, self.forget, self.owners = registry, sessions, forget, owners
         self.grace_s, self.idle_s, self.clock = grace_s, idle_s, clock
         self._closed: dict[str, float] = {}  # session -> when its tab closed (at most the sessions kept)
         self._live: dict[str, int] = {}  # session -> its open heartbeat streams
@@ -180,6 +181,8 @@ class SessionKeeper:
         self._drop_old_marks(self._app.iterators_to_reset)
         if self.sessions is not None:
             self.sessions.prune()
+        if self.owners is not None:
+            self.owners.prune(lambda s: s in holder.session_data or s in self._live)
         self.deleted += len(gone)
         if gone and self._trim is not None and now - self._trimmed_at >= TRIM_S:
             self._trim(0)
@@ -210,6 +213,8 @@ class SessionKeeper:
             self._closed.pop(session, None)
         if self.forget is not None:
             self.forget(session)
+        if self.owners is not None:
+            self.owners.forget(session)
 
 
 class HeartbeatWatch:

@@ -16,6 +16,7 @@ from inference.errors import TokenLabError
 from inference.serving.models import Models
 from server.admission import Admission
 from server.limits import Limits, Refused, client_key
+from server.owners import Owners
 from server.registry import RunRegistry
 from server.sessions import SessionKeeper
 from ui.controls import NAMES, Controls, page_message
@@ -128,7 +129,8 @@ class PageContext:
         # What a section keeps per session (a click not yet taken by the engine), let go of when
         # the keeper deletes the session's state (server/sessions.py); launch attaches the keeper.
         self.forgetters: list[Callable[[str], None]] = []
-        self.keeper = SessionKeeper(self.registry, self.admission.sessions, forget=self.forget)
+        self.owners = Owners()  # whose each session is (server/owners.py): the route guard checks it
+        self.keeper = SessionKeeper(self.registry, self.admission.sessions, forget=self.forget, owners=self.owners)
         self.models = models or Models.of(engine)
         self.view = ModelViews(self.models, top_n, self.limits.max_new_tokens, update_interval_s)
         # The default model's: what the page is laid out with.
@@ -138,6 +140,7 @@ class PageContext:
         self.update_interval_s = first.update_interval_s
 
     def forget(self, session: str) -> None:
+        self.registry.resume(session)  # a stop it left for a job that never came
         for forget in self.forgetters:
             forget(session)
 

@@ -167,8 +167,14 @@ def page_message(e: TokenLabError, one_line: bool = False) -> str:
     """An error as the page says it: a control by its label."""
     if isinstance(e, FieldErrors):
         return e.on_page(one_line)
-    field = getattr(e, "field", None)
-    return labelled(field, str(e)) if field in LABELS else str(e)
+    field, text = getattr(e, "field", None), unquoted(e)
+    return labelled(field, text) if field in LABELS else text
+
+
+def unquoted(e: Exception) -> str:
+    """The error's message as the page says it: without any of a constraint's text quoted back
+    (inference.sampling.constrain.ConstraintError; the text is in its box, the message says where)."""
+    return getattr(e, "unquoted", None) or str(e)
 
 
 def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams:
@@ -180,7 +186,7 @@ def sampling_params(c: Controls, seed: int | None, **override) -> SamplingParams
         try:
             return parse(raw)
         except InputError as e:
-            errors.append((e.field if e.field in LABELS else name, str(e)))
+            errors.append((e.field if e.field in LABELS else name, unquoted(e)))
 
     values = {s.name: checked(s.name, s.parse, override.get(s.name, getattr(c, s.name))) for s in SETTINGS}
     checked("seed", parse_seed, c.seed)

@@ -5,18 +5,21 @@ owns its components, its handlers and its rendering; the page's styles and scrip
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
 import gradio as gr
+from fastapi import Request
 from fastapi.responses import FileResponse, PlainTextResponse
 from starlette.middleware import Middleware
 
 from inference.device import available_memory_bytes
-from server.guard import Beside, RouteGuard
-from server.limits import Limits
+from server.guard import Beside, RouteGuard, visitor_openapi
+from server.limits import ENGINE, Limits
+from server.owners import login_of
 from server.sessions import HeartbeatWatch, session_capacity
 from ui import chat, share
 from ui.branches import section as branches
@@ -142,13 +145,54 @@ def serve_downloads(app, handlers: Handlers) -> None:
     """The page's downloads (a run's steps, its settings) at /DOWNLOAD_ROUTE/<token>/<name>:
     files the page wrote itself, by a random token, outside gradio's file routes (which the
     page does not serve: server/guard.py)."""
-    async def download(token: str, name: str):
-        path = handlers.run.download_path(token, name)
+    async def download(token: str, name: str, request: Request):
+        path = handlers.run.download_path(token, name, login_of(request.scope))
         if path is None:
             return PlainTextResponse("No such download (the page keeps the latest ones).", status_code=404)
         return FileResponse(path, filename=name, media_type="application/octet-stream")
 
     app.add_api_route(f"/{DOWNLOAD_ROUTE}/{{token}}/{{name}}", download, methods=["GET"])
+
+
+class PageEvents:
+    """The page's events as the route guard checks a request against them (server.guard.Events):
+    which fn_index exist, and what the value at data[i] of one is called on the page."""
+
+    def __init__(self, demo: gr.Blocks, registry=None):
+        self.demo, self.registry = demo, registry
+        page = getattr(demo, "tokenlab_page", None)
+        self._names = {id(c): name for name, c in getattr(page, "_by_name", {}).items()}
+
+    def cancelled(self, session: str, fn_index: int) -> None:
+        """A cancelled engine job ends at its next step: gradio stops an event that streams, but
+        one that returns once (a beam search, a speculative run, a comparison) runs to its end."""
+        fn = self.demo.fns.get(fn_index)
+        if fn is not None and fn.concurrency_id == ENGINE and self.registry is not None:
+            self.registry.stop(session, starting=True)
+
+    def gone(self, session: str) -> None:
+        """The session's client went away mid-event: its engine job, if any, ends at its next step."""
+        if self.registry is not None:
+            self.registry.stop(session, starting=True)
+
+    def streams(self, session: str) -> bool:
+        return session in self.demo._queue.pending_messages_per_session
+
+    def joined(self, session: str) -> None:
+        """The session asked for an event: a stop meant for an earlier one no longer applies."""
+        if self.registry is not None:
+            self.registry.resume(session)
+
+    def indices(self) -> set:
+        return set(self.demo.fns)
+
+    def input_name(self, fn_index: int, where: str) -> str | None:
+        m = re.match(r"data\[(\d+)\]", where)
+        fn = self.demo.fns.get(fn_index)
+        if m is None or fn is None or int(m[1]) >= len(fn.inputs):
+            return None
+        component = fn.inputs[int(m[1])]
+        return self._names.get(id(component)) or getattr(component, "label", None)
 
 
 def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None = None,
@@ -162,7 +206,10 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
     h = getattr(demo, "tokenlab_handlers", None)
     limits = h.page.limits if h is not None else Limits()
     sessions = h.page.admission.sessions if h is not None else None
-    middleware = [Middleware(RouteGuard, sessions=sessions, beside=tuple(beside))]
+    owners = h.page.owners if h is not None else None
+    middleware = [Middleware(RouteGuard, sessions=sessions, beside=tuple(beside), owners=owners,
+                             events=PageEvents(demo, h.page.registry if h is not None else None),
+                             logins=bool(auth))]
     if h is not None:  # which sessions still have a tab, and their state swept once gone
         middleware.append(Middleware(HeartbeatWatch, keeper=h.page.keeper))
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
@@ -180,6 +227,8 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
         h.page.keeper.attach(served[0])
     for service in (beside if served else ()):
         service.mount(served[0])
+    if served:  # /openapi.json lists what a visitor may call, nothing more
+        served[0].openapi_schema = visitor_openapi(served[0])
     if block:
         _, local_url, share_url = served
         print(f"Token Lab is running on {local_url}"

@@ -60,6 +60,7 @@ class RunRecord:
     given_text: str = ""
     request: object = None  # the inference.request.RunRequest it runs (None: a record read back)
     opened: str = ""  # a beam opened as a run: what the page says of it (its tokens were given)
+    owner: str | None = None  # the login that ran it (with --auth): only they may fetch its downloads
 
     @property
     def answer_text(self) -> str:

@@ -22,6 +22,16 @@ from inference.errors import InputError, shown
 
 MAX_BEAMS = 8
 _NEG = -1.0e9  # transformers' "impossible" score, kept so that the comparisons are its own
+# A search that ended without a finished beam: every one that ended scored below _NEG (a length
+# penalty of -5 multiplies a log-probability by length^5) and was dropped, as transformers drops it.
+UNSCORED = "unscored"
+
+
+def unscored_message(length_penalty: float) -> str:
+    """Why a search ended with no beam, in one line (the page's, the API's and the CLI's)."""
+    return (f"the beam search finished no beam: with length penalty {length_penalty:g} every beam that ended "
+            f"scored below -1e9 (its log-probability / length^{length_penalty:g}), transformers' score of an "
+            "impossible beam; use a length penalty nearer 0")
 
 
 @dataclass
@@ -135,6 +145,8 @@ class BeamSearch:
             self.improvable = best_possible > worst
         if at_cap or not live or not self.improvable or bool(hits.all()):
             self.done, self.ended = True, "length" if at_cap else "eos"
+            if not self.finished:  # nothing to give: said, never an empty answer
+                self.ended = UNSCORED
         return [(h, h.parent) for h in hyps]
 
 

@@ -29,7 +29,7 @@ from inference.errors import InputError
 from inference.events import Candidate
 from inference.model.attention import PagedBatch
 from inference.model.kv_cache import BLOCK_SIZE
-from inference.sampling.stages import final_probs, sample
+from inference.sampling.stages import NO_DISTRIBUTION, final_probs, sample
 
 # Stages whose distribution depends on the logits alone: p and q at a proposed position are then
 # the ones a plain run would sample from there. (Penalties, DRY, XTC's coin, Mirostat's μ and a
@@ -111,11 +111,19 @@ def verify(p_rows: torch.Tensor, drafts: list[tuple[int, torch.Tensor | None]], 
         r = rule(p, q, d)
         token = int(r.argmax()) if greedy else int(sample(r[None], generator)[0, 0])
         out.append(Decision(token, i, d, False, pd, qd, coin))
-        return out
+        return _drawn(out, p_rows.shape[-1])
     last = p_rows[len(drafts)]
     token = int(last.argmax()) if greedy else int(sample(last[None], generator)[0, 0])
     out.append(Decision(token, len(drafts)))
-    return out
+    return _drawn(out, p_rows.shape[-1])
+
+
+def _drawn(decisions: list[Decision], vocab: int) -> list[Decision]:
+    """The round's decisions, unless its last draw came from a distribution that was not one (a
+    stage overflowed float32): that draw runs past the vocabulary."""
+    if decisions[-1].token >= vocab:
+        raise InputError(NO_DISTRIBUTION)
+    return decisions
 
 
 @dataclass

@@ -213,4 +213,6 @@ def resolve_model(model: str | None) -> Path:
     if path.is_file():
         raise ModelError(f"{path}: expected a model directory or a .gguf file; pickle checkpoints "
                          "(.bin/.pt/.pth) are never loaded")
+    if path.exists():  # a device (/dev/zero), a pipe, a socket: never read
+        raise ModelError(f"{path}: not a model file (expected a model directory or a .gguf file)")
     raise ModelError(f"{path}: no such model directory or file")

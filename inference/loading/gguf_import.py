@@ -29,13 +29,13 @@ def import_gguf(gguf_path: str | Path, out_dir: str | Path, progress: bool = Tru
     parts = split_parts(gguf_path)
     if parts[0] != gguf_path:
         raise ModelError(f"{gguf_path.name}: open a split GGUF file by its first part, {parts[0].name}")
+    tensors = read_tensors(gguf_path)  # every part's header, tables and data ranges, before gguf parses a byte
     reader = checked_reader(gguf_path)  # the metadata: a split file's first part holds it all
     meta = Meta(reader, gguf_path.name)
     tok_model = meta.require("tokenizer.ggml.model", str)
     tokens = meta.array("tokenizer.ggml.tokens", str)
     if not tokens:
         raise ModelError(f"{gguf_path.name}: tokenizer.ggml.tokens is missing or empty")
-    tensors = read_tensors(gguf_path)  # every part's
     cfg = config_from_gguf(meta, tensors, len(tokens))
 
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")

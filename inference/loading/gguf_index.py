@@ -61,7 +61,8 @@ class _Cursor:
 
     def take(self, n: int) -> memoryview:
         if n < 0 or self.pos + n > len(self.buf):
-            raise ModelError(f"{self.name}: the header runs past the end of the file (at byte {self.pos})")
+            raise ModelError(f"{self.name}: not a valid GGUF file: its header runs past the end of the file "
+                             f"(at byte {self.pos}): it is truncated or corrupt")
         out = self.buf[self.pos:self.pos + n]
         self.pos += n
         return out
@@ -102,13 +103,18 @@ class _Cursor:
 def read_index(path: Path) -> tuple[dict[str, object], dict[str, TensorInfo]]:
     """(scalar metadata, tensors by name) of one GGUF file; the tensors' bytes memory-mapped."""
     size = path.stat().st_size
+    if size < 24:  # the magic, version and two counts; numpy cannot map an empty file
+        raise ModelError(f"{path.name}: not a valid GGUF file: {size} bytes, shorter than a GGUF header")
     data = np.memmap(path, dtype=np.uint8, mode="c")  # copy-on-write: torch takes it, nothing is written
     cur = _Cursor(memoryview(data), path.name)
     if bytes(cur.take(4)) != b"GGUF":
-        raise ModelError(f"{path.name}: not a GGUF file")
+        raise ModelError(f"{path.name}: not a valid GGUF file (its magic is not 'GGUF')")
     version, n_tensors, n_kv = cur.unpack("<I"), cur.unpack("<Q"), cur.unpack("<Q")
-    if version not in (2, 3) or n_kv > size // 16 or n_tensors > size // 24:
-        raise ModelError(f"{path.name}: not a valid GGUF header (version {version}, {n_kv} keys, {n_tensors} tensors)")
+    if version not in (2, 3):
+        raise ModelError(f"{path.name}: not a valid GGUF file: version {version} (we read versions 2 and 3)")
+    if n_kv > size // 16 or n_tensors > size // 24:
+        raise ModelError(f"{path.name}: not a valid GGUF file: its header claims {n_kv} keys and {n_tensors} "
+                         f"tensors, more than the file's {size} bytes can hold")
     meta = {}
     for _ in range(n_kv):
         key = cur.string()

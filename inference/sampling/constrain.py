@@ -30,11 +30,33 @@ def _xgr():
     return xgrammar
 
 
-def _message(kind: str, error: Exception) -> str:
-    """xgrammar's error as one line: its source location dropped, its first line kept."""
-    text = _LOCATION.sub("", str(error).strip()).split("\n")[0].strip()
+# A message quotes at most this many characters of the text (a rule's or a type's name): the
+# text can be a file's (the CLI's --json-schema PATH), which is never echoed back. The page quotes
+# none of it (ConstraintError.unquoted): the text is in its box, the message says where.
+QUOTED = 12
+_QUOTE = re.compile(r'"([^"]*)"')
+_DUMP = re.compile(r"[\s.]*(The JSON string is:|near:).*", re.S)  # xgrammar's copy of the text itself
+# The deepest a JSON schema nests (objects and arrays): xgrammar's compile time grows with depth
+# (a schema of 1,700 nested "items" compiled for minutes), and Python's parser stops near 1,000.
+MAX_SCHEMA_DEPTH = 64
+
+
+class ConstraintError(InputError):
+    """A constraint that is not valid, in one line; `unquoted`: the same without any of the text."""
+
+    def __init__(self, message: str, unquoted: str | None = None):
+        super().__init__(message, field="constraint_text")
+        self.unquoted = unquoted or message
+
+
+def _message(kind: str, error: Exception) -> ConstraintError:
+    """xgrammar's error as one line: its source location and its copy of the text dropped, its
+    first line kept, each quoted name cut to QUOTED characters."""
+    text = _DUMP.sub("", _LOCATION.sub("", str(error).strip()).split("\n")[0].strip())
     text = text if len(text) <= 200 else text[:200] + "…"
-    return f"constraint_text is not a valid {KINDS[kind][0]}: {text}"
+    head = f"constraint_text is not a valid {KINDS[kind][0]}: "
+    short = _QUOTE.sub(lambda m: '"' + (m[1] if len(m[1]) <= QUOTED else m[1][:QUOTED] + "…") + '"', text)
+    return ConstraintError(head + short, head + _QUOTE.sub('"…"', text))
 
 
 @lru_cache(maxsize=64)
@@ -47,13 +69,13 @@ def check(kind: str, text: str) -> None:
     if len(text) > MAX_CONSTRAINT_CHARS:
         raise InputError(f"the {KINDS[kind][0]} is {len(text):,} characters; at most {MAX_CONSTRAINT_CHARS:,}")
     if kind == "json_schema":
-        _check_keywords(text)
+        _check_keywords(_schema(text))
     c = _bytes_compiler()
     compile_ = {"json_schema": c.compile_json_schema, "regex": c.compile_regex, "grammar": c.compile_grammar}[kind]
     try:
         compiled = compile_(text)
     except Exception as e:  # xgrammar raises RuntimeError or ValueError with its parser's message
-        raise InputError(_message(kind, e)) from None
+        raise _message(kind, e) from None
     # Over single bytes every text can be spelled: nothing allowed at the start means no text.
     start = Matcher(compiled, BYTES + 1)
     if not start.allowed[:BYTES].any():
@@ -83,13 +105,31 @@ UNENFORCED = ("not", "uniqueItems", "dependentRequired", "dependentSchemas", "de
               "$dynamicRef", "$dynamicAnchor", "$recursiveRef", "$recursiveAnchor")
 
 
-def _check_keywords(text: str) -> None:
-    """Refuse a schema that uses a keyword xgrammar does not enforce exactly: UNENFORCED, allOf
-    of more than one schema, and oneOf whose branches may overlap (enforced as anyOf)."""
+def _schema(text: str):
+    """The schema's JSON, nesting at most MAX_SCHEMA_DEPTH levels; a ConstraintError saying where
+    the JSON breaks (never what it says there) or how deep it nests."""
+    deep = f"constraint_text nests deeper than {MAX_SCHEMA_DEPTH} levels of objects and arrays: flatten the schema"
     try:
         schema = json.loads(text)
-    except ValueError:
-        return  # xgrammar's parser says what is wrong
+    except RecursionError:
+        raise ConstraintError(deep) from None
+    except ValueError as e:
+        where = f" (line {e.lineno}, column {e.colno})" if isinstance(e, json.JSONDecodeError) else ""
+        raise ConstraintError(f"constraint_text is not a valid JSON schema: it is not JSON "
+                              f"({getattr(e, 'msg', 'not a JSON text')}{where})") from None
+    stack = [(schema, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_SCHEMA_DEPTH:
+            raise ConstraintError(deep)
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return schema
+
+
+def _check_keywords(schema) -> None:
+    """Refuse a schema that uses a keyword xgrammar does not enforce exactly: UNENFORCED, allOf
+    of more than one schema, and oneOf whose branches may overlap (enforced as anyOf)."""
     stack = [schema]
     while stack:
         node = stack.pop()
@@ -153,7 +193,7 @@ def compile_constraint(kind: str, text: str, tokenizer, vocab: int):
     try:
         return compile_(text)
     except Exception as e:
-        raise InputError(_message(kind, e)) from None
+        raise _message(kind, e) from None
 
 
 class Matcher:

@@ -10,12 +10,20 @@ import torch
 from inference.sampling.registry import stage
 
 
+# Below this temperature the logits are first shifted by their largest (softmax is the same), so
+# that dividing cannot overflow float32: at 1e-37 a logit of 40 would be infinite, and the
+# distribution not a number. At or above it a logit would need to exceed 3e35 to overflow.
+SHIFTED_BELOW = 2.0 ** -10
+
+
 def apply_temperature(logits: torch.Tensor, temperature: float, seen=None) -> torch.Tensor:
     """Divide by the temperature; 0 keeps only the argmax (greedy)."""
     if temperature == 0:
         keep = torch.zeros_like(logits, dtype=torch.bool)
         keep.scatter_(-1, logits.argmax(dim=-1, keepdim=True), True)
         return logits.masked_fill(~keep, -math.inf)
+    if temperature < SHIFTED_BELOW:  # every value <= 0 after the shift: none overflows
+        return (logits - logits.amax(dim=-1, keepdim=True)) / temperature
     return logits if temperature == 1.0 else logits / temperature
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inference.errors import InputError, shown
+from inference.errors import InputError, check_unicode, shown
 from inference.sampling.settings import DEFAULT, SETTINGS, schema_fields
 
 MAX_STOP_STRINGS = 16
@@ -24,7 +24,8 @@ def validate(p) -> None:
         try:
             check(p.constraint, p.constraint_text)
         except InputError as e:
-            raise InputError(str(e), field=e.field or "constraint_text") from None
+            e.field = e.field or "constraint_text"
+            raise e from None
     if p.dynatemp_range > 0 and p.greedy:  # greedy keeps one token: no range to scale
         raise InputError(f"dynatemp_range needs temperature above 0: temperature 0 is greedy (one token "
                          f"kept), which a dynamic temperature cannot change (got a range of {p.dynatemp_range:g})",
@@ -37,6 +38,7 @@ def validate(p) -> None:
     for s in p.stop:
         if not isinstance(s, str) or not s:
             raise InputError("stop strings must be non-empty text", field="stop")
+        check_unicode(s, "a stop string", "stop")
         if len(s) > MAX_STOP_LENGTH:
             raise InputError(f"stop strings must be at most {MAX_STOP_LENGTH} characters, "
                              f"got one of {len(s)}", field="stop")

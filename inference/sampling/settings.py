@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Callable
 
-from inference.errors import InputError, shown
+from inference.errors import InputError, check_unicode, shown
+
+# The stages compute in float32: a value other than 0 nearer to 0 than its smallest normal number is
+# 0 there, or a subnormal that overflows what it divides (top_p 1e-300 kept nothing, temperature
+# 1e-39 made every logit infinite); such a value is refused with the range, as any other out of it.
+FLOAT32_TINY = 1.1754943508222875e-38  # float32's smallest normal number
+FLOAT32_MAX = 3.4028234663852886e38  # float32's largest finite number
 
 
 @dataclass(frozen=True)
@@ -97,13 +103,14 @@ class Setting:
             if not isinstance(raw, str) or len(raw) > self.max_chars:
                 raise InputError(f"{self.name} must be text of at most {self.max_chars:,} characters, e.g. {self.example}")
             value = raw.strip() if self.strip else raw
+            check_unicode(value, self.name)
             self.decode(value)
             return value
         if isinstance(raw, bool):
             raise InputError(f"{self.name} must be a number, got {shown(raw)}")
         try:
             value = float(raw)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (an integer past float's range)
             raise InputError(f"{self.name} must be a number, got {shown(raw)}") from None
         if not math.isfinite(value):
             raise InputError(f"{self.name} must be a finite number, got {shown(raw)}")
@@ -114,6 +121,11 @@ class Setting:
         too_low = value <= self.minimum if self.min_open else value < self.minimum
         if too_low or (self.maximum is not None and value > self.maximum):
             raise InputError(f"{self.name} must be in {self.range_text()} ({self.help}), got {shown(raw)}")
+        if self.kind is float and value != 0 and abs(value) < FLOAT32_TINY:
+            zero = self.minimum < 0 or (self.minimum == 0 and not self.min_open)  # 0 is in its range
+            raise InputError(f"{self.name} must be in {self.range_text()} ({self.help}) and {'0 or ' if zero else ''}"
+                             f"at least {FLOAT32_TINY:.2g} in size (float32's smallest normal number; the stages "
+                             f"compute in float32), got {shown(raw)}")
         return value
 
 
@@ -145,9 +157,11 @@ def parse_logit_bias(text: str) -> tuple[tuple[int | str, float], ...]:
             key = json.loads(f'"{piece}"') if piece is not None else int(tid)
         except ValueError:
             raise InputError(f"{_BIAS_HINT}, got {shown(m.group(0))}") from None
-        if not math.isfinite(value) or key == "" or (isinstance(key, int) and key < 0):
-            raise InputError(f"{_BIAS_HINT}, with a token id >= 0, a non-empty text and a finite "
-                             f"bias, got {shown(m.group(0))}")
+        if isinstance(key, str):
+            check_unicode(key, "a logit_bias text")
+        if not abs(value) <= FLOAT32_MAX or key == "" or (isinstance(key, int) and key < 0):
+            raise InputError(f"{_BIAS_HINT}, with a token id >= 0, a non-empty text and a bias finite in "
+                             f"float32 (at most {FLOAT32_MAX:.3g} in size), got {shown(m.group(0))}")
         out.append((key, value))
         at = m.end()
 
@@ -194,6 +208,8 @@ def decode_breakers(text: str) -> tuple[str, ...]:
         raise InputError('dry_sequence_breakers are JSON strings separated by commas, e.g. "\\n", ":", "*"') from None
     if not all(isinstance(b, str) and b for b in items):
         raise InputError("dry_sequence_breakers must be non-empty strings")
+    for b in items:
+        check_unicode(b, "a DRY sequence breaker")
     return tuple(items)
 
 

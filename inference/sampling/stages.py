@@ -130,6 +130,12 @@ def greedy_logits(logits: torch.Tensor, params: SamplingParams, state: RunState 
     return logits if constrained else constrain.apply_constraint(logits, params, state)
 
 
+# What a draw from a distribution that is not one says (a row whose stages overflowed float32 to
+# infinities and NaN): the run ends with it, never with an index past the vocabulary.
+NO_DISTRIBUTION = ("the sampling settings left no distribution to draw from: their numbers overflowed float32 "
+                   "(a repetition penalty near 0 or a logit bias too large); move them toward their neutral values")
+
+
 def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """Draw one token id per row of probs (bsz, vocab) -> (bsz, 1).
 

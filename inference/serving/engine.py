@@ -17,7 +17,7 @@ from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
 from inference.errors import EngineClosed, EngineDown, InputError, ModelError, NotAvailable, shown
 from inference.events import BeamDoneEvent, DoneEvent, PrefillEvent, StepEvent, WaitEvent
-from inference.request import RunRequest, prepare_run
+from inference.request import RunRequest, check_texts, prepare_run
 from inference.samples import Tagged, first_seed, merged
 from inference.model.products import describe as describe_products
 from inference.serving.kv_pool import KVPool, default_pool_blocks
@@ -232,6 +232,7 @@ class Engine(Scoring):
                   history: list[dict] | None = None) -> tuple[str, list[tuple[str, bool]]]:
         """The prompt text, and its parts as (text, written by the chat template)."""
         self.check_prompt_size(prompt, chat, system, history)
+        check_texts(prompt, system if chat else None, history if chat else None)
         if not chat and not prompt.strip():  # (an empty chat message is a turn of the template's)
             raise InputError("the prompt is empty")
         if not chat:

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import torch
 
-from inference.errors import InputError
+from inference.errors import InputError, check_unicode
 from inference.events import PromptToken, TokenScore, token_scores
 from inference.request import check_ids
 
-# Prompt positions whose logits are made at once when every position's are needed: 256 rows of
+# Prompt positions read and scored at once when every position's are needed: 256 rows of
 # a 49,152-token vocabulary are 48 MiB of float32.
 PROMPT_ROWS = 256
 
@@ -30,6 +30,7 @@ class Scoring:
         room = self.cfg.max_seq_len - len(context_ids)
         self.check_fits("the continuation is", len(continuation), room,
                         f"the context window has {max(room, 0)} of its {self.cfg.max_seq_len}")
+        check_unicode(continuation, "the continuation")
         cont = self.tokenizer.encode_continuation(continuation)
         if not cont:
             raise InputError("the continuation is empty")
@@ -41,20 +42,24 @@ class Scoring:
         return [(t.token_id, self.tokenizer.piece(t.token_id), t.logprob) for t in scored]
 
     def prompt_logprobs(self, ids: list[int], top_n: int = 0) -> list[PromptToken]:
-        """Every token of ids after the first, teacher-forced in one forward pass: its
-        log-probability given the tokens before it, its rank and the top_n candidates there
-        (the model's own distribution). The logits are made PROMPT_ROWS positions at a time:
-        a whole prompt's would be positions × vocabulary floats at once."""
+        """Every token of ids after the first, teacher-forced: its log-probability given the
+        tokens before it, its rank and the top_n candidates there (the model's own
+        distribution). The prompt is read PROMPT_ROWS positions at a time into one cache (a
+        chunked prefill), each chunk's logits made and left before the next: besides the
+        prompt's keys and values, what the pass holds is one chunk's activations, attention
+        scores (chunk × positions so far) and logits (chunk × vocabulary), whatever the
+        prompt's length (read whole, 7,580 tokens held 549 MiB more at the peak)."""
         check_ids(ids, self.cfg.vocab_size, self.cfg.max_seq_len)
         top_n = max(0, min(top_n, self.cfg.vocab_size))
         out: list[PromptToken] = []
         with self._work(), torch.inference_mode():
             tokens = torch.tensor([ids], device=self.device)  # (1, T)
-            h = self.model(tokens, self.model.new_cache(len(ids)), 0, all_logits=True, head=False)[0]  # (T, hidden)
+            cache = self.model.new_cache(len(ids))
             for a in range(0, len(ids) - 1, PROMPT_ROWS):
                 b = min(a + PROMPT_ROWS, len(ids) - 1)
-                # The hidden state at position i predicts token i + 1.
-                logp = self.model.head(h[a:b]).log_softmax(-1)  # (b - a, vocab)
+                # The hidden state at position i predicts token i + 1 (the last token predicts none).
+                h = self.model(tokens[:, a:b], cache, a, all_logits=True, head=False)[0]  # (b - a, hidden)
+                logp = self.model.head(h).log_softmax(-1)  # (b - a, vocab)
                 target = tokens[0, a + 1:b + 1, None]  # (b - a, 1)
                 picked = logp.gather(-1, target)  # (b - a, 1)
                 ranks = ((logp > picked).sum(-1) + 1).tolist()
@@ -62,6 +67,8 @@ class Scoring:
                 for j, (lp, rank, tv, ti) in enumerate(zip(picked[:, 0].tolist(), ranks, top_v.tolist(),
                                                            top_i.tolist())):
                     out.append(PromptToken(ids[a + j + 1], lp, rank, list(zip(ti, tv))))
+                del h, logp
+            cache.free()
         return out
 
     def text_ids(self, text: str) -> tuple[list[int], int]:
@@ -72,6 +79,7 @@ class Scoring:
             raise InputError("the text is empty")
         n = self.cfg.max_seq_len
         self.check_fits("the text is", len(text), n, f"the context window is {n}")
+        check_unicode(text, "the text")
         ids = self.tokenizer.encode(text)
         bos = self.tokenizer.bos_id
         return ids, int(bos is not None and ids[:1] == [bos])

@@ -10,11 +10,12 @@ from dataclasses import dataclass
 
 import torch
 
+from inference.errors import InputError
 from inference.events import Candidate
 from inference.model import kernels
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import order
-from inference.sampling.stages import Candidates, final_candidates, greedy_logits, sample
+from inference.sampling.stages import NO_DISTRIBUTION, Candidates, final_candidates, greedy_logits, sample
 from inference.sampling.state import RunState
 
 
@@ -121,6 +122,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     unchanged = torch.zeros(R, dtype=torch.bool)  # (R,)
     # Per candidate, the position in its run's stage order of the stage that removed it (-1: none).
     removed = torch.full((R, top_n), -1, dtype=torch.long, device=dev)  # (R, top_n)
+    overflowed = torch.zeros(R, dtype=torch.bool, device=dev)  # (R,): a draw past its distribution
     penalized = {}  # a greedy row's logits after the stages before temperature, where they moved
     for i, row in enumerate(rows):
         raw = logits[i]  # (V,): one view, which an unchanged row's stages hand back
@@ -135,6 +137,9 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         probs = final.values.softmax(dim=-1)  # (V,) or (n,): over the candidates left, in vocabulary order
         finals[i] = (final, probs)
         drawn = sample(probs.unsqueeze(0), row.generator)[0, 0]
+        # A distribution that is not one (a stage's numbers overflowed float32: NaN) draws past
+        # its end; the row is refused below, and the index kept in range until then.
+        overflowed[i] = drawn >= probs.numel()
         next_id[i] = drawn if final.ids is None else final.ids[drawn.clamp(max=final.ids.numel() - 1)]
     for i, row in enumerate(rows):  # a forced row's numbers are its distribution's; its token is given
         if row.forced is not None:
@@ -145,8 +150,11 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         # A constraint can forbid every token the stages before it kept: an empty distribution
         # (its draw runs past the vocabulary), or greedy's argmax of -inf everywhere.
         empty[i] = ~(finals[i][1].sum() > 0) if i in finals else ~torch.isfinite(penalized.get(i, logits[i]).max())
+    overflowed &= ~empty  # an emptied constrained row ends with its own reason
     next_id.clamp_(max=V - 1)
     if top_n == 0:
+        if bool(overflowed.any()):
+            raise InputError(NO_DISTRIBUTION)
         nan = float("nan")
         # Mirostat's μ moves by the chosen token's final probability: read for its rows only.
         return [StepInfo(t, _final_p(finals[i], t) if i in finals else 1.0 if row.params.mirostat_tau > 0 else nan,
@@ -198,7 +206,10 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         packed.add("forbidden_z", forbidden_z)
         packed.add("top_forbidden", top_forbidden)
         packed.add("empty", empty)
+    packed.add("overflowed", overflowed)
     host = packed.to_host()  # Python numbers, once
+    if any(host["overflowed"]):  # which row's: the scheduler samples each alone
+        raise InputError(NO_DISTRIBUTION)
     return [_info(host, r, row.top_n, row.params) for r, row in enumerate(rows)]
 
 

@@ -77,6 +77,12 @@ BAD = {
                                            ["--logit-bias", "999:1"]),
     "an invalid regular expression": ({"constraint": "regex", "constraint_text": "(["},
                                       {"structured_outputs": {"regex": "(["}}, ["--regex", "(["]),
+    # Issue 59, finding 2: 0 or subnormal in float32, the stages' type (before: HTTP 500, exit 1).
+    "a temperature float32 holds as a subnormal": ({"temperature": 1e-39}, {"temperature": 1e-39},
+                                                   ["--temperature", "1e-39"]),
+    "a top-p float32 holds as 0": ({"top_p": 1e-300}, {"top_p": 1e-300}, ["--top-p", "1e-300"]),
+    "a repetition penalty float32 holds as 0": ({"repetition_penalty": 1e-300}, {"repetition_penalty": 1e-300},
+                                                ["--repetition-penalty", "1e-300"]),
 }
 
 

@@ -162,7 +162,8 @@ def test_the_stages_before_leaving_no_allowed_token_end_the_run_with_that_reason
 
 @pytest.mark.parametrize("kind,text,says", [
     ("json_schema", '{"type": "object", "properties": 3}', "constraint_text is not a valid JSON schema: properties must be an object"),
-    ("json_schema", "{not json", "constraint_text is not a valid JSON schema: Failed to parse JSON"),
+    ("json_schema", "{not json", "constraint_text is not a valid JSON schema: it is not JSON (Expecting property name "
+                                 "enclosed in double quotes (line 1, column 2))"),
     ("regex", "a(b", "constraint_text is not a valid regular expression: Regex parsing error at position 4"),
     ("grammar", 'root ::= "a" | b', 'constraint_text is not a valid grammar (EBNF): EBNF parser error at line 1, column 16: Rule "b" is not defined'),
     ("regex", "", "constraint_text is empty"),

@@ -80,7 +80,8 @@ class BranchHandlers(Section):
         if rec is None or rec.done is None:
             raise gr.Error("There is no run to branch from: call /generate first (in the same session).",
                            print_exception=False)
-        if not all(isinstance(v, (int, float)) and float(v).is_integer() for v in (step, token_id)):
+        if not all((isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, float) and v.is_integer())
+                   for v in (step, token_id)):  # (NaN, infinity and 10**400 too)
             raise gr.Error(f"step and token id must be whole numbers, got {shown(step)} and {shown(token_id)}",
                            print_exception=False)
         if not 0 <= step < len(rec.steps):

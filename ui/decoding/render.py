@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import html
 
+from inference.decoding.beams import UNSCORED, unscored_message
 from ui.format import token_label
 
 STATUS = {"kept": "kept", "finished": "finished", "pruned": "pruned"}
@@ -50,6 +51,8 @@ def beam_choices(done, chars: int = 48) -> list[tuple[str, int]]:
 
 def beam_summary_md(done) -> str:
     best = done.beams[0] if done.beams else None
+    if done.reason == UNSCORED:
+        return f"⚠ The {unscored_message(done.length_penalty).removeprefix('the ')}."
     if best is None:
         return f"Beam search ended ({done.reason}) with no finished beam."
     return (f"**Beam search**, {done.num_beams} beams, length penalty {done.length_penalty:g}: {done.steps} steps, "

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import gradio as gr
 
-from inference.errors import TokenLabError
+from inference.errors import InputError, TokenLabError, check_unicode
+from server.limits import score_message
 from inference.sampling.replay import replay_state
 from inference.sampling.settings import SHAPING_SETTINGS
 from ui.base import PageContext, Section, named_args, page_error, step_index, takes_controls
@@ -141,7 +142,16 @@ class ExperimentHandlers(Section):
         i = step_index(rec, step)
         try:
             with self._job(request):
-                scores = self.view(rec.model).engine.score(rec.seen_before(i), text or "")
+                context, m = rec.seen_before(i), self.view(rec.model)
+                if self.limits.max_score_tokens is not None:  # a shared page's bound, before the pass
+                    check_unicode(text or "", "the text")
+                    cap, longest = self.limits.max_score_tokens, getattr(m.tokenizer, "max_token_chars", None)
+                    if longest is not None and len(text or "") > cap * longest:  # by its length, before tokenizing
+                        raise InputError(score_message(cap, len(context) + len(text) // longest))
+                    n = len(context) + len(m.tokenizer.encode_continuation(text or ""))
+                    if (refusal := self.limits.score_refusal(n)) is not None:
+                        raise InputError(refusal)
+                scores = m.engine.score(context, text or "")
         except TokenLabError as e:
             raise page_error(e) from None
         return likelihood_lead(len(rec.given), i) + "\n\n" + render.likelihood_table(scores)

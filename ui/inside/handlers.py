@@ -22,7 +22,7 @@ class InsideHandlers(Section):
         i, m = step_index(rec, step), self.view(rec.model)
         try:
             layer = min(max(int(layer or 0), 0), m.info.cfg.n_layers - 1) if m.info.cfg else 0
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (NaN, infinity)
             return {"stages_md": "The layer must be a whole number.", "attention": "", "lens": "", "pattern": ""}
         with self._job(request):
             try:
@@ -38,7 +38,7 @@ class InsideHandlers(Section):
     def _pattern(self, ids, pattern, layer, head, tokenizer) -> str:
         try:
             head = int(head or 0)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             head = 0
         return render.pattern_html(pattern, ids, tokenizer, layer, head)
 

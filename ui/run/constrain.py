@@ -7,7 +7,7 @@ import json
 from inference.errors import InputError
 from inference.sampling.constrain import check
 from inference.sampling.settings import CONSTRAINT_KINDS
-from ui.controls import labelled
+from ui.controls import labelled, unquoted
 
 
 def _schema(properties: dict, required=None) -> str:
@@ -49,5 +49,5 @@ def check_text(kind: str, text: str) -> str:
     try:
         check(kind, text or "")
     except InputError as e:
-        return f"⚠ {labelled('constraint_text', str(e))}"
+        return f"⚠ {labelled('constraint_text', unquoted(e))}"
     return f"✓ a valid {CONSTRAINT_KINDS[kind][0]}: only text it allows is sampled; the run ends when it is complete."

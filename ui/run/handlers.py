@@ -156,6 +156,7 @@ class RunHandlers(Section):
             stopped = session in self._stopped_waiting
             self._stopped_waiting.discard(session)
         rec.queued_at, rec.started_at = queued_at, time.monotonic()
+        rec.owner = getattr(request, "username", None) or None
         with self._job(request) as cancel:
             if stopped:  # Stop was pressed while the run waited: it ends before its first token
                 cancel.set()
@@ -317,8 +318,8 @@ class RunHandlers(Section):
                 "tokens": render.run_tokens_html(tok, rec.prompt_ids, [s.token_id for s in rec.steps],
                                                  given_ids=rec.given),
                 "downloads": render.downloads_html(
-                    self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec)),
-                    self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec))),
+                    self._write_file(f"run-{rec.seed}.jsonl", run_jsonl(rec), rec.owner),
+                    self._write_file(f"settings-{rec.seed}.json", self._settings_json(rec), rec.owner)),
                 "run_seed": "" if rec.seed is None else str(rec.seed)}
 
     def _settings_json(self, rec: RunRecord) -> str:
@@ -330,10 +331,10 @@ class RunHandlers(Section):
             data["history"] = list(rec.history)
         return json.dumps(data, ensure_ascii=False, indent=1) + "\n"
 
-    def _write_file(self, name: str, text: str) -> str:
+    def _write_file(self, name: str, text: str, owner: str | None = None) -> str:
         """Write a download and return its address, relative to the page: DOWNLOAD_ROUTE, a
-        random token and the name. Only files written here are served (download_path); the
-        oldest are deleted once there are more than KEEP_FILES."""
+        random token and the name. Only files written here are served (download_path), a login's
+        to that login only; the oldest are deleted once there are more than KEEP_FILES."""
         token = secrets.token_hex(16)
         d = self._files_dir / token
         d.mkdir(parents=True, exist_ok=True)
@@ -341,7 +342,7 @@ class RunHandlers(Section):
         path.write_text(text, encoding="utf-8")
         with self._lock:
             self._files.append(token)
-            self._file_paths[token] = path
+            self._file_paths[token] = (path, owner)
             old = [self._files.popleft() for _ in range(max(0, len(self._files) - KEEP_FILES))]
             for t in old:
                 self._file_paths.pop(t, None)
@@ -349,11 +350,14 @@ class RunHandlers(Section):
             shutil.rmtree(self._files_dir / t, ignore_errors=True)
         return f"{DOWNLOAD_ROUTE}/{token}/{name}"
 
-    def download_path(self, token: str, name: str) -> Path | None:
-        """The file a download address names, if this page wrote it (and still keeps it)."""
+    def download_path(self, token: str, name: str, login: str | None = None) -> Path | None:
+        """The file a download address names, if this page wrote it (and still keeps it) and,
+        for a run made under a login, `login` is that login."""
         with self._lock:
-            path = self._file_paths.get(token)
-        return path if path is not None and path.name == name and path.exists() else None
+            path, owner = self._file_paths.get(token, (None, None))
+        if path is None or (owner is not None and login != owner):
+            return None
+        return path if path.name == name and path.exists() else None
 
     def count_context(self, prompt, mode, system, max_new_tokens, history=None, model=None, prefix_ids="") -> str:
         """The context counter while typing: the prompt's tokens (in chat mode with the template

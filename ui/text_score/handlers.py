@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from inference.errors import TokenLabError
+from inference.errors import InputError, TokenLabError
 from ui.base import Section, named_args, page_error
 from ui.controls import page_message
 from ui.run_state import RunRecord
@@ -34,6 +34,7 @@ class TextScoreHandlers(Section):
         m = self.view(model or "")
         with self._job(request):
             ids, before = m.engine.text_ids(text)
+            self._bounded(len(ids))
             scores = m.engine.score_ids(ids, render.TOP)
         return self._shown(scores[before:], scores[:before], "The text", m.tokenizer)
 
@@ -45,10 +46,16 @@ class TextScoreHandlers(Section):
         try:
             with self._job(request):
                 m = self.view(rec.model)
+                self._bounded(len(rec.prompt_ids))
                 scores = m.engine.score_ids(rec.prompt_ids, render.TOP)
         except TokenLabError as e:
             return render.refused(page_message(e, one_line=True))
         return {"score_box": rec.prompt_text, **self._shown(scores, [], "The prompt of the run, as fed", m.tokenizer)}
+
+    def _bounded(self, n_tokens: int) -> None:
+        """A shared page scores texts of at most its --max-score-tokens (said, never cut)."""
+        if (refusal := self.limits.score_refusal(n_tokens)) is not None:
+            raise InputError(refusal)
 
     @staticmethod
     def _shown(scores, before, what: str, tokenizer) -> dict:
