@@ -32,8 +32,19 @@ REASONS = {"eos": "the model emitted its end-of-sequence token", "length": "max 
            "stop": "a stop string was found", "context": "the context window is full",
            "cancelled": "stopped on request (Stop, or a new run in this tab)",
            "complete": "the constraint is complete",
-           "constraint": "the constraint allowed none of the tokens the stages before it kept (put constraint "
-                         "first in the sampler order, or loosen those stages)"}
+           "constraint": "no token the constraint allows was left to draw from"}
+
+
+def reason_text(done) -> str:
+    """Why a run ended, as the page says it after "Run ended:"; under a sampler order that left no
+    token the constraint allows, the stage that removed the last one, by its label."""
+    said = REASONS.get(done.reason, done.reason)
+    stage = getattr(done, "emptied_by", None)
+    if done.reason != "constraint" or not stage or stage == "constraint" or stage not in STAGES:
+        return said
+    label = STAGES[stage][0]
+    return (f"{label} removed the last token the constraint allows, so none was left to draw from (move "
+            f"constraint before {stage} in the sampler order, its default place is first, or loosen {label})")
 
 
 def mib(n: float) -> str:
@@ -246,7 +257,7 @@ def ordinal(n: int) -> str:
 
 def ended_markdown(done: DoneEvent, window: str, context: int) -> str:
     """Why the run ended, under its statistics (the local engine's and a server's alike)."""
-    return (f"\nRun ended: **{REASONS.get(done.reason, done.reason)}**."
+    return (f"\nRun ended: **{reason_text(done)}**."
             + (f" Max new tokens was capped at {done.max_new_tokens} to fit {window} of {context}."
                if done.capped else ""))
 

@@ -92,3 +92,18 @@ def test_a_link_with_a_constraint_restores_it_and_opens_its_box(h):
     assert (out["constraint"], out["constraint_text"]) == (c.constraint, c.constraint_text)
     assert out["constrain_box"]["open"] is True and out["notice"] == ""
     assert "constrain_box" not in h.share.restore(SimpleNamespace(query_params={}))
+
+
+def test_a_run_whose_stages_leave_no_allowed_token_names_the_stage_in_its_end(h):
+    # Every token the constraint allows banned by the logit bias, which runs after the constraint:
+    # the run ends before its first token, and its status line names the stage (issue 62).
+    tok, vocab = h.page.engine.tokenizer, h.page.info.cfg.vocab_size
+    digits = [i for i, b in enumerate(tok.token_bytes[:vocab]) if b and b.isdigit() and not tok.is_control(i)]
+    assert digits
+    rec = run(h, constraint="regex", constraint_text="[0-9]+", logit_bias=", ".join(f"{i}:-100" for i in digits))
+    assert rec.done.reason == "constraint" and rec.done.emptied_by == "logit_bias" and not rec.steps
+    from ui.run import render
+    status = render.status_text(rec, h.page.context, 0.0)
+    assert status.startswith("Run ended: logit bias removed the last token the constraint allows")
+    assert "move constraint before logit_bias in the sampler order" in status
+    assert "logit bias removed the last token" in render.stats_markdown(h.page.info, rec)

@@ -13,7 +13,7 @@ from inference.device import dtype_name
 from inference.model.anatomy import decode_cost
 from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, order
 from inference.loading.byte_pieces import byte_hint, completed_label
-from ui.format import (BUCKETS, REASONS, binary_size, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
+from ui.format import (BUCKETS, binary_size, reason_text, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
                        approx_note, ordinal, prob_html, shown_prob, si, token_html, token_label, visible)
 from ui.run_state import RunRecord
 
@@ -257,7 +257,7 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
     ctx = context_text(n, g, None, context, len(rec.given))
     if rec.done is None:
         return f"Generating: {g:,} of at most {rec.max_steps:,} tokens · {ctx}"
-    return f"Run ended: {REASONS.get(rec.done.reason, rec.done.reason)} · {g:,} tokens · {ctx}"
+    return f"Run ended: {reason_text(rec.done)} · {g:,} tokens · {ctx}"
 
 
 LOADING = "Loading"
@@ -360,7 +360,7 @@ def _engine_stats(info, rec: RunRecord) -> str:
     breaking a header or a number."""
     if not rec.steps:
         if rec.done is not None:
-            return f"Run ended: **{REASONS.get(rec.done.reason, rec.done.reason)}**, no token generated."
+            return f"Run ended: **{reason_text(rec.done)}**, no token generated."
         return "No run yet." if rec.started_at is None else "Running: the numbers come with the first token."
     first = rec.steps[0]
     n = len(rec.steps)
