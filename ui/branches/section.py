@@ -17,7 +17,7 @@ from server.limits import ENGINE
 # What a run put on view again sets (BranchHandlers.show_run): its panels and the controls.
 SHOWN = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
          "run_chart", "rank_chart", "entropy_chart", "tokens", "downloads", "run_seed", "prompt_view",
-         *(f"replay_{n}" for n in SHAPING_SETTINGS), *(f"b_{n}" for n in SHAPING_SETTINGS), *NAMES)
+         *(f"replay_{n}" for n in SHAPING_SETTINGS), *NAMES)
 PICK_JS = (Path(__file__).parent.parent / "assets" / "pick.js").read_text(encoding="utf-8")
 LEAVE_JS = (Path(__file__).parent.parent / "assets" / "leave.js").read_text(encoding="utf-8")
 

@@ -9,6 +9,7 @@ import math
 import pandas as pd
 
 from inference.events import StepEvent
+from inference.sampling.settings import BY_NAME
 from ui.format import (bucket, fmt_p, known, line_frame, named_prob_html, plotted_p, prob_html, shown_prob,
                        visible)
 from ui.run_state import Divergence, RunRecord, run_summary
@@ -138,6 +139,45 @@ def compare_summary(a: RunRecord, b: RunRecord, d: Divergence | None, by_text: b
         entropy, ppl = (f"{x:.3f}" if known(x) else "–" for x in (s["mean_entropy"], s["perplexity"]))
         lines.append(f"| {name} | {s['tokens']} | {fmt_p(s['mean_p'])} | {entropy} | {ppl} |")
     return "\n".join(lines)
+
+
+def _shown_value(name: str, value) -> str:
+    """A setting's value as the comparison names it: a choice by the page's word for it, a number
+    as typed, a text quoted (a long one cut, as it is only told apart)."""
+    s = BY_NAME[name]
+    if s.control == "choice":
+        return dict(s.choices).get(value, str(value))
+    if isinstance(value, str):
+        text = " ".join(value.split())
+        return "empty" if not text else html.escape(repr(text if len(text) <= 24 else text[:23] + "…"))
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return html.escape(str(value))
+
+
+def settings_differences(a: dict, b: dict, model_a: str = "", model_b: str = "") -> list[str]:
+    """Every setting (by schema name: a's and b's values, as the controls hold them) in which B is
+    not A, as "Label: A's → B's", the model first. Values are compared as the schema reads them
+    (0.5 and "0.50" are one value); a value that cannot be read is compared as typed."""
+    def read(name, value):
+        try:
+            return BY_NAME[name].parse(value)
+        except Exception:  # noqa: BLE001 - a value a run would refuse: told apart as typed
+            return value
+    out = [f"Model: {html.escape(model_a)} → {html.escape(model_b)}"] if model_b and model_a != model_b else []
+    for name in a:
+        if read(name, a[name]) != read(name, b[name]):
+            out.append(f"{BY_NAME[name].label}: {_shown_value(name, a[name])} → {_shown_value(name, b[name])}")
+    return out
+
+
+def differences_md(differences: list[str]) -> str:
+    """The line above "Run A and B" (and atop its summary): in what B differs from A."""
+    if not differences:
+        return ("**B is A**: same model and settings (with the same seed, the same tokens). Change a B setting "
+                "below to compare.")
+    return f"**B differs from A in {len(differences)} setting{'s' * (len(differences) != 1)}**: " + "; ".join(differences) + "."
 
 
 def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, str | None]]:

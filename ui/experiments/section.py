@@ -9,6 +9,7 @@ from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
 from ui.experiments.render import (CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, entropy_frame, run_chart_frames,
                                    two_models_frame)
+from ui.experiments.render import differences_md as render_differences
 from ui.format import COMPARE_COLOR_MAP, step_axis
 from ui.handlers import Handlers
 from server.limits import ENGINE
@@ -61,8 +62,8 @@ def build(page, h: Handlers) -> None:
         add("replay_bars", gr.HTML("", elem_id="replay-bars", visible=internals))
         many = len(h.page.models.labels) > 1
         gr.Markdown("**Compare A/B**: A is a run with the page's own model and *Sampling settings* (at the top "
-                    "of the page); B is a run with the B settings below, which start as a copy of the last "
-                    "run's. Change one of B's to compare; same prompt, same seed."
+                    "of the page); B is a run with the B settings below, which follow the page's as they change. "
+                    "Change one of B's to compare; same prompt, same seed."
                     + (" With two models whose tokenizers agree, both also read A's text and their "
                        "distributions are compared at every step." if many else ""), elem_id="compare-label")
         add("model_b", gr.Dropdown([("A's model", ""), *h.page.models.labels], value="", label="B's model (empty: A's)",
@@ -78,6 +79,7 @@ def build(page, h: Handlers) -> None:
                     if BY_NAME[n].group != "main":
                         add(f"b_{n}", setting_control(BY_NAME[n], getattr(d, n), h.page.context, "B ",
                                                       "b-", available=n in h.page.caps.settings))
+        add("compare_diff", gr.Markdown(render_differences([]), elem_id="compare-diff"))
         add("compare_button", gr.Button("Run A and B", elem_id="compare"))
         add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
         with gr.Row():
@@ -114,6 +116,17 @@ def wire(page, h: Handlers) -> None:
                                                       (page[n].submit, page[n].blur) if isinstance(page[n], gr.Textbox) else
                                                       (page[n].input,))]
         page.on(lambda fn, **kw: gr.on(triggers, fn, trigger_mode="always_last", **kw), h.experiments.replay_step, **args)
+    # B follows the page's settings as they change (typed, a link, a branch, a restored run), in the
+    # browser: B starts from the page's current settings, and a B setting changed by hand stays
+    # until the page's own changes. What B then differs in is said above its button.
+    b_names = [f"b_{n}" for n in SHAPING_SETTINGS]
+    for n in SHAPING_SETTINGS:
+        page[n].change(None, inputs=page[n], outputs=page[f"b_{n}"], js="(v) => v", queue=False,
+                       show_progress="hidden", api_visibility="private")
+    page.on(lambda fn, **kw: gr.on([page[n].change for n in (*SHAPING_SETTINGS, *b_names, "model", "model_b")], fn,
+                                   trigger_mode="always_last", **kw),
+            h.experiments.compare_differences, inputs=(*SHAPING_SETTINGS, *b_names, "model", "model_b"),
+            outputs=("compare_diff",), queue=False, show_progress="hidden", api_visibility="private")
     # /compare for scripts, registered before the page's own compare event so that it keeps the
     # name: the page's click first turns Generate off and Stop on, then compares, then turns them back.
     compare = dict(inputs=(*NAMES, *(f"b_{n}" for n in SHAPING_SETTINGS), "model_b"),

@@ -306,14 +306,14 @@ class RunHandlers(Section):
     def drawn(self, rec: RunRecord) -> dict:
         """What an ended run shows besides its streamed panels: the final charts, the step slider
         spanning its steps, the whole-run charts, the replay controls at its settings (an
-        untouched replay is the run), compare's B settings a copy of its own, the tokens of prompt and
+        untouched replay is the run), the tokens of prompt and
         output, the downloads and its seed."""
         n, tok = len(rec.steps), self.view(rec.model).tokenizer
         run_chart, rank_chart = run_chart_frames(rec)
         return {**charts({"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec), "run_chart": run_chart,
                           "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec)}),
                 "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
-                **{f"{panel}_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS for panel in ("replay", "b")},
+                **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
                 "tokens": render.run_tokens_html(tok, rec.prompt_ids, [s.token_id for s in rec.steps],
                                                  given_ids=rec.given),
                 "downloads": render.downloads_html(

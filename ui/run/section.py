@@ -65,7 +65,7 @@ RUN_INPUTS = (*NAMES, "history")
 # after_run's outputs (it returns only those it changes).
 AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop_button", "kv_chart", "latency", "step", "run_chart",
                  "rank_chart", "entropy_chart", *(f"replay_{n}" for n in SHAPING_SETTINGS),
-                 *(f"b_{n}" for n in SHAPING_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
+                 "tokens", "downloads", "run_seed", "history", "conversation",
                  "prompt", "status")
 BEGIN_OUTPUTS = ("prompt_view", "tokens", "kv_chart", "latency", "live", "generate", "regenerate",
                  "stop_button", "step", "status", "output", "bars", "stats", "notice", *STALE_PANELS,
