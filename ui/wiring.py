@@ -24,6 +24,8 @@ class Page:
         self.after_run: list[tuple] = []
         # The same after an ended run is put on view again (a branch, an undo, the saved work).
         self.after_view: list[tuple] = []
+        # The same after a model was picked in the picker (and loaded on its first use).
+        self.after_pick: list[tuple] = []
 
     def add(self, name: str, component):
         if name in self._by_name:

@@ -214,8 +214,8 @@ def test_a_page_with_two_models_offers_each_as_a_draft_model(two):
     tokenizer): the drafter is named, and with the run's own model as its drafter every greedy
     proposal is accepted (p = q: the coin always passes). A model not offered is refused."""
     from ui.decoding.section import drafters
-    assert ("draft model: gqa_tied", "model:gqa_tied") in drafters(two.models.labels)
-    assert not any(v.startswith("model:") for _, v in drafters(["one"]))  # one model: no draft model
+    two.models.engine("gqa_tied")  # loaded: its tokenizer is known
+    assert ("draft model: gqa_tied", "model:gqa_tied") in drafters(two.models, "mha")[0]
     c = Controls(prompt="The quick brown fox", max_new_tokens=8, temperature=0.0, seed="1")
     out = two.h.decoding.speculative(*c.values(), "model:gqa_tied", 1, 3)
     assert "with model:gqa_tied, 3 proposals a round: 8 tokens" in out["decoding_md"], out["decoding_md"]
@@ -224,3 +224,27 @@ def test_a_page_with_two_models_offers_each_as_a_draft_model(two):
     assert "(100%)" in same, same
     refused = two.h.decoding.speculative(*c.values(), "model:nope", 1, 3)
     assert "offers no model 'nope'" in refused["decoding_md"] and refused["decoding_view"] == ""
+
+
+def test_the_drafter_list_offers_only_models_with_the_targets_tokenizer_and_says_why_not_others(tmp_path, tiny_dirs):
+    """Issue 62: the list offered the target itself and a model of another tokenizer (refused once
+    run). Offered: the other loaded models with the target's tokenizer; said: why each other is not."""
+    from ui.decoding.section import drafters
+    other = make_tiny_model(tmp_path, "mha", seed=5, sp_model=train_sentencepiece(400), vocab_size=400,
+                            dir_name="other")
+    models = Models(["mha", "gqa_tied", "other"], opener({**tiny_dirs, "other": other}, []), needs=lambda spec: 1)
+    with models:
+        models.engine()
+        choices, info = drafters(models, "")  # the target: the default model, mha
+        assert [v for _, v in choices] == ["prompt-lookup", "early-exit"]  # the others are not loaded yet
+        assert "gqa_tied, other: not loaded yet" in info
+        models.engine("gqa_tied"), models.engine("other")
+        choices, info = drafters(models, "mha")
+        assert [v for _, v in choices] == ["prompt-lookup", "early-exit", "model:gqa_tied"]
+        assert "other: another tokenizer" in info and "mha" not in [v for _, v in choices]
+        choices, _ = drafters(models, "other")  # no model shares its tokenizer
+        assert [v for _, v in choices] == ["prompt-lookup", "early-exit"]
+        h = Handlers(models.engine(), models=models)
+        out = h.decoding.drafter_choices("gqa_tied")
+        assert [v for _, v in out["choices"]] == ["prompt-lookup", "early-exit", "model:mha"]
+        assert h.decoding.drafter_choices("other")["value"] == "prompt-lookup"

@@ -75,6 +75,17 @@ class DecodingHandlers(Section):
         self.run.open_next(session_of(request), Opened(beams["model"], tuple(beams["prompt_ids"]), tuple(tokens),
                                                        f"beam {i + 1} of {len(beams['beams'])}"))
 
+    def drafter_choices(self, model, drafter=None):
+        """The drafter list for the model picked (ui/decoding/section.drafters), the drafter chosen
+        kept where it is still offered."""
+        from ui.decoding.section import drafters
+        try:
+            choices, info = drafters(self.models, model)
+        except TokenLabError:
+            return gr.update()
+        values = [v for _, v in choices]
+        return gr.update(choices=choices, info=info, value=drafter if drafter in values else "prompt-lookup")
+
     def _draft_model(self, label: str):
         """A model the page offers, as a drafter's engine (loaded now if this is its first use)."""
         if label not in self.models.labels:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gradio as gr
 
+from inference.decoding.drafters import same_ids
 from inference.decoding.speculative import MAX_DRAFT_TOKENS
 from inference.sampling.settings import BY_NAME
 from ui.controls import NAMES
@@ -19,11 +20,29 @@ DRAFTERS = (("prompt lookup: n-grams of the context", "prompt-lookup"),
             ("early exit: this model's first layers", "early-exit"))
 
 
-def drafters(labels: list[str]) -> list[tuple[str, str]]:
-    """The drafter choices: prompt lookup, the early exit and, where the page offers several
-    models, each as a draft model (one whose tokenizer is not the run's model's is refused)."""
-    models = [(f"draft model: {label}", f"model:{label}") for label in labels] if len(labels) > 1 else []
-    return [*DRAFTERS, *models]
+DRAFTER_INFO = "draft models: the page's other models with this one's tokenizer (a drafter's ids must be the target's)"
+
+
+def drafters(models, target: str | None) -> tuple[list[tuple[str, str]], str | None]:
+    """The drafter choices for the target model (a label, "" the default) and the line under them:
+    prompt lookup, the early exit and each other model the page has loaded whose ids are the
+    target's; the line says why each other model is not offered (another tokenizer; not loaded yet,
+    so its tokenizer is not known). None: a page of one model, with no draft model to speak of."""
+    if len(models.labels) < 2:
+        return list(DRAFTERS), None
+    target = models.label_of(target)
+    offered, absent = [], {}
+    for label in models.labels:
+        if label == target:
+            continue
+        if not (models.loaded(label) and models.loaded(target)):
+            absent.setdefault("not loaded yet, so its tokenizer is not known (pick it once in Model)", []).append(label)
+        elif same_ids(models.engine(label), models.engine(target)):
+            offered.append((f"draft model: {label}", f"model:{label}"))
+        else:
+            absent.setdefault("another tokenizer", []).append(label)
+    why = "; ".join(f"{', '.join(labels)}: {reason}" for reason, labels in absent.items())
+    return [*DRAFTERS, *offered], DRAFTER_INFO + (f". Not offered: {why}" if why else "")
 
 
 def build(page, h: Handlers) -> None:
@@ -42,13 +61,17 @@ def build(page, h: Handlers) -> None:
                                                 available=s.name in h.page.caps.settings))
             add("beam_button", gr.Button("Run beam search", variant="primary", elem_id="beam-search"))
         with gr.Row():
-            add("drafter", gr.Dropdown(drafters(h.page.models.labels), value="prompt-lookup", label="Drafter",
+            choices, info = drafters(h.page.models, "")
+            add("drafter", gr.Dropdown(choices, value="prompt-lookup", label="Drafter", info=info,
                                        elem_id="drafter"))
             add("exit_layer", gr.Number(max(1, layers // 4), precision=0, minimum=1, maximum=max(1, layers - 1),
                                         label=f"Early exit after layer (1-{max(1, layers - 1)})", elem_id="exit-layer"))
             add("draft_tokens", gr.Slider(1, MAX_DRAFT_TOKENS, value=4, step=1, label="Proposals a round (K)",
                                           elem_id="draft-tokens"))
             add("spec_button", gr.Button("Run speculative decoding", variant="primary", elem_id="speculative"))
+        # The drafters follow the model picked (after its load), and at the page's load what the
+        # server has loaded since it was built (ui/run/section.wire runs these hooks).
+        page.after_pick.append((h.decoding.drafter_choices, ("model", "drafter"), ("drafter",)))
         add("decoding_md", gr.Markdown("", label="Decoding summary", elem_id="decoding-summary"))
         with gr.Row(elem_id="open-beam-row"):
             add("beam_pick", gr.Dropdown([], label="A finished beam", elem_id="beam-pick", interactive=False))

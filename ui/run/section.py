@@ -252,12 +252,15 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         demo.load(h.run.server_load, inputs=None, outputs=page["server_md"], api_visibility="private", queue=False,
                   show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
-    page.on(page["model"].change, h.run.pick_model, inputs=("model", *context_inputs[:5], "status", "record"),
-            outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens", "system",
-                     "mode", "layer", "head", "status", "generate"), api_visibility="private",
-            concurrency_id=MODEL_PICK, show_progress="minimal")
+    picked = page.on(page["model"].change, h.run.pick_model, inputs=("model", *context_inputs[:5], "status", "record"),
+                     outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens",
+                              "system", "mode", "layer", "head", "status", "generate"), api_visibility="private",
+                     concurrency_id=MODEL_PICK, show_progress="minimal")
+    if page.after_pick:  # the sections' own (the decoding section's drafters), once it is loaded
+        page.chain(picked, page.after_pick)
     if len(h.page.models.labels) > 1:  # what is loaded now, not when the page was built
-        page.on(demo.load, h.run.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
+        loaded = page.on(demo.load, h.run.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
+        page.chain(loaded, page.after_pick)
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
     # A display switch only: every number is rendered both ways and CSS shows one.
     page["show_logp"].change(None, inputs=page["show_logp"], outputs=None, js=SHOW_LOGP_JS)
