@@ -205,8 +205,16 @@ def test_the_card_of_a_model_with_sliding_layers_says_its_window(tmp_path, sp_mo
     with Engine.from_hf_dir(d, device="cpu", dtype="float32") as engine:
         card = run_render.model_card(engine.describe())
     assert (f"sliding window {hf['sliding_window']} on {len(hf['layer_types']) - len(full)} of "
-            f"{len(hf['layer_types'])} layers (full attention: layer {full[0]}; their RoPE θ 10000)") in card
+            f"{len(hf['layer_types'])} layers (full attention: layer {full[0]})") in card
     assert len(full) == 1
+    # Each RoPE base with its layers (issue 62: the card gave the full layers the sliding ones' θ),
+    # as the checkpoint's config has them.
+    rope = hf["rope_parameters"]
+    full_theta, local_theta = rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]
+    assert full_theta != local_theta
+    assert (f"RoPE θ {full_theta:,.0f} on the full-attention layer (linear scaling), {local_theta:,.0f} "
+            "on the sliding ones") in card
+    assert "their RoPE θ" not in card
 
 
 def test_a_page_with_two_models_offers_each_as_a_draft_model(two):

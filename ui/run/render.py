@@ -299,8 +299,7 @@ def _local_card(info) -> str:
     return (f"**{html.escape(info.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
             f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
             f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
-            f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
-            f"{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
+            f"{rope_text(cfg)}{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
             f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'}"
             f"{blocks_text(info)} on "
@@ -323,6 +322,22 @@ def blocks_text(info) -> str:
     return f" (matrices read in the GGUF file's quantized blocks, {binary_size(size)}; {how})"
 
 
+def _theta(t: float) -> str:
+    return f"{t:,.0f}" if float(t).is_integer() else f"{t:g}"
+
+
+def rope_text(cfg) -> str:
+    """"RoPE θ B" (and its scaling); where the sliding-window layers have a base of their own
+    (Gemma 3: 10,000, the full-attention layers 1,000,000), each base with its layers."""
+    scaling = '' if cfg.rope_scaling.rope_type == 'default' else f" ({cfg.rope_scaling.rope_type} scaling)"
+    sliding = [i for i in range(cfg.n_layers) if cfg.is_sliding(i)]
+    if cfg.local_rope_theta is None or not sliding:
+        return f"RoPE θ {_theta(cfg.rope_theta)}{scaling}"
+    full = cfg.n_layers - len(sliding)
+    return (f"RoPE θ {_theta(cfg.rope_theta)} on the full-attention {'layer' if full == 1 else 'layers'}{scaling}, "
+            f"{_theta(cfg.local_rope_theta)} on the sliding ones")
+
+
 def sliding_text(cfg) -> str:
     """" · sliding window W on k of n layers (...)" for a model whose layers see only the last W
     positions, else "": what the card must say, since it bounds what a token attends to."""
@@ -330,9 +345,8 @@ def sliding_text(cfg) -> str:
     if not sliding:
         return ""
     full = [i for i in range(cfg.n_layers) if i not in sliding]
-    local = f"; their RoPE θ {cfg.local_rope_theta:g}" if cfg.local_rope_theta is not None else ""
     return (f" · sliding window {cfg.sliding_window:,} on {len(sliding)} of {cfg.n_layers} layers "
-            f"(full attention: {'layer' if len(full) == 1 else 'layers'} {', '.join(map(str, full)) or 'none'}{local})")
+            f"(full attention: {'layer' if len(full) == 1 else 'layers'} {', '.join(map(str, full)) or 'none'})")
 
 
 def _served_card(info) -> str:
