@@ -13,6 +13,7 @@ from inference.decoding.speculative import SpecStepEvent, Speculator, timed
 from inference.errors import InputError, TokenLabError
 from inference.events import BeamStepEvent, StepEvent
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
+from inference.serving.engine import parse_ids
 from ui.base import PageContext, Section, session_of, takes_controls
 from ui.controls import Controls, page_message
 from ui.decoding import render
@@ -49,7 +50,9 @@ class DecodingHandlers(Section):
         try:
             # Beams rank by the model's own log-probabilities: the sampling stages are set aside, and said so.
             moved = [BY_NAME[n].label for n in FILTER_SETTINGS if getattr(c, n) != BY_NAME[n].neutral]
-            rec = self.run.prepare(c, None, beams=True, **{n: BY_NAME[n].neutral for n in FILTER_SETTINGS})
+            # After a branch or an edit it continues after their given ids, read with the prompt.
+            rec = self.run.prepare(c, None, beams=True, given_in_prompt=True,
+                                   **{n: BY_NAME[n].neutral for n in FILTER_SETTINGS})
             if rec.params.num_beams < 2:
                 raise InputError("set Beams to 2 or more for a beam search")
             m = self.view(rec.model)
@@ -58,6 +61,10 @@ class DecodingHandlers(Section):
         except TokenLabError as e:
             return {"decoding_md": page_message(e, one_line=True), "decoding_view": "", **NO_BEAMS}
         note = f" The sampling settings ({', '.join(moved)}) do not apply to a beam search." if moved else ""
+        given = len(parse_ids(c.prefix_ids, "prefix ids"))
+        if given:
+            note += (f" It continues after the {given} given tokens of the branch (More settings: Continue after "
+                     "these token ids; empty that box to search from the prompt alone).")
         beams = {"model": rec.model, "prompt_ids": list(rec.request.ids), "beams": [b.tokens for b in done.beams]}
         return {"decoding_md": render.beam_summary_md(done) + note, "decoding_view": render.beam_tree_html(steps, done),
                 "beam_state": beams, "open_beam": gr.update(interactive=bool(done.beams)),

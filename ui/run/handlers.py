@@ -522,12 +522,13 @@ class RunHandlers(Section):
         return {"bars": self._bars(rec.steps[i], rec=rec, pick=True), "step": gr.update(value=i)}
 
     def prepare(self, c: Controls, seed: int | None, history=None, beams: bool = False,
-                opened: Opened | None = None, **override) -> RunRecord:
+                opened: Opened | None = None, given_in_prompt: bool = False, **override) -> RunRecord:
         """A run of the page's controls, prepared by the one function every door calls
         (inference.request.prepare_run), in an empty record ready to run. seed: the run's
         (None: the one typed, else chosen there); opened: a beam whose tokens the run makes, its
         sampling stages set aside as the beam search set them; override: settings that replace
-        the controls' (compare's B)."""
+        the controls' (compare's B); given_in_prompt: a branch's given ids are read as part of the
+        prompt (a beam search continuing after them: beams take no given ids)."""
         if c.mode not in MODES:
             raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
         if opened is not None:
@@ -544,8 +545,11 @@ class RunHandlers(Section):
         if chat and isinstance(c.prompt, str) and not c.prompt.strip():  # the API's may be empty; here a slip
             raise TokenLabError("the message is empty: type what you say to the model")
         turns = list(history or []) if chat else []
-        request = prepare_run(m.engine, params, prompt=c.prompt, chat=chat, system=c.system, history=turns,
-                              given=parse_ids(c.prefix_ids, "prefix ids"), top_n=self.top_n,
+        given, ids = parse_ids(c.prefix_ids, "prefix ids"), None
+        if given_in_prompt and given:  # the prompt as fed, then the given ids, as one prompt
+            ids, given = [*m.engine.prompt(c.prompt, chat, c.system, turns)[1], *given], []
+        request = prepare_run(m.engine, params, prompt=c.prompt if ids is None else None, ids=ids, chat=chat,
+                              system=c.system, history=turns, given=given, top_n=self.top_n,
                               token_cap=self.limits.max_new_tokens, forced=opened.tokens if opened else ())
         if opened is not None and request.ids != list(opened.prompt_ids):
             raise TokenLabError("the prompt changed since the beam search: run the beam search again to open its beams")
