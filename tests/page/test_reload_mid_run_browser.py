@@ -38,3 +38,33 @@ def test_a_reload_mid_run_says_the_run_was_not_kept(live_app, browser, hold):
     wait_loaded(page)
     assert page.locator("#lost-run").count() == 0
     page.close()
+
+
+def test_a_tab_closed_mid_run_says_so_in_the_next_tab(live_app, browser, hold):
+    """Issue 62: a tab closed while its run streamed came back (a new tab of the page) with no word
+    about that run; a reload said it. The closed tab's run is said once in the next tab opened."""
+    url, engine, _ = live_app
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    first = context.new_page()
+    first.set_default_timeout(180_000)
+    first.goto(url + "/" + QUERY)
+    wait_loaded(first)
+    held = hold(engine)
+    first.fill("#max-new-tokens input[type=number]", "200")
+    first.press("#max-new-tokens input[type=number]", "Enter")
+    first.click("#generate")
+    held.step(2)  # the run has made 2 tokens and is held before the 3rd
+    first.close(run_before_unload=True)
+    held.open()
+    wait_until(lambda: engine.active_runs == 0, "the closed tab's run to end")
+    again = context.new_page()
+    again.set_default_timeout(180_000)
+    again.goto(url + "/")
+    wait_loaded(again)
+    again.wait_for_selector("#lost-run")
+    assert again.inner_text("#lost-run") == LOST_RUN
+    shot(again, "lost-run-closed-tab-1400", selector="#saved-work")
+    again.reload()  # said once
+    wait_loaded(again)
+    assert again.locator("#lost-run").count() == 0
+    context.close()

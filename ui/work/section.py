@@ -27,15 +27,27 @@ CLEAR_JS = """() => {
 RESTORING_JS = (Path(__file__).parent.parent / "assets" / "restoring.js").read_text(encoding="utf-8")
 # A run going is marked in this tab's session storage until it ends: a reload meanwhile loses it
 # (only ended runs are kept), and the restored page says so instead of showing the last ended
-# run as if nothing had been going.
+# run as if nothing had been going. A tab closed meanwhile takes its session storage with it: as
+# it goes (pagehide, which a reload and a close both send) the mark is copied to the browser's
+# local storage, which the next tab of the page reads.
 RUN_GOING_KEY = "tokenlab-run-going"
-RUN_GOING_JS = "() => { sessionStorage.setItem(%r, '1'); return []; }" % RUN_GOING_KEY
+RUN_GOING_JS = """() => {
+  sessionStorage.setItem(%r, '1');
+  if (!window.tlLeaveWatched) {
+    window.tlLeaveWatched = true;
+    window.addEventListener('pagehide', () => {
+      if (sessionStorage.getItem(%r)) localStorage.setItem(%r, '1');
+    });
+  }
+  return [];
+}""" % (RUN_GOING_KEY, RUN_GOING_KEY, RUN_GOING_KEY)
 RUN_ENDED_JS = "() => { sessionStorage.removeItem(%r); return []; }" % RUN_GOING_KEY
-LOST_RUN = ("The run that was going when this page was reloaded or left was not kept (the browser keeps "
-            "runs once they end).")
+LOST_RUN = ("The run that was going when this page was reloaded or its tab closed was not kept (the browser "
+            "keeps runs once they end).")
 LOST_RUN_JS = """
-  if (sessionStorage.getItem(%r)) {
+  if (sessionStorage.getItem(%r) || localStorage.getItem(%r)) {
     sessionStorage.removeItem(%r);
+    localStorage.removeItem(%r);
     const line = document.querySelector('#saved-work');
     if (line && !document.querySelector('#lost-run')) {
       const note = document.createElement('p');
@@ -43,7 +55,7 @@ LOST_RUN_JS = """
       note.textContent = %r;
       line.appendChild(note);
     }
-  }""" % (RUN_GOING_KEY, RUN_GOING_KEY, LOST_RUN)
+  }""" % (RUN_GOING_KEY, RUN_GOING_KEY, RUN_GOING_KEY, RUN_GOING_KEY, LOST_RUN)
 RESTORED_JS = """() => {""" + LOST_RUN_JS + """
   // A link's settings are applied and kept (keep_link_settings): off the address, so that a
   // reload restores the work done since, not the link again.
