@@ -47,6 +47,11 @@ def reason_text(done) -> str:
             f"constraint before {stage} in the sampler order, its default place is first, or loosen {label})")
 
 
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """"1 token", "2 tokens", "1,024 tokens": a number and its noun in the number's grammar."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
+
+
 def mib(n: float) -> str:
     """Bytes in MiB, as the KV-cache panel gives every size (its chart's axis is in MiB)."""
     return f"{n / 2**20:,.2f} MiB"

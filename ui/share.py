@@ -25,7 +25,7 @@ UNCOPY_JS = "() => { if (navigator.clipboard) navigator.clipboard.writeText('').
 def share_js(defaults: Controls) -> str:
     """The copy-link click: builds the same link as controls.share_url (same keys, same encoding
     as Python's urlencode, numbers as String() writes them, the last run's seed for an empty
-    seed box), copies it to the clipboard within the click, and passes the page's address on to
+    seed box, no constraint text while the constraint is off), copies it to the clipboard within the click, and passes the page's address on to
     the server's share_link, which shows the link."""
     names, always = json.dumps(NAMES), json.dumps(ALWAYS_IN_LINK)
     default = json.dumps(dict(zip(NAMES, defaults.values())))
@@ -36,9 +36,11 @@ def share_js(defaults: Controls) -> str:
   const enc = (s) => encodeURIComponent(s)
     .replace(/[!'()*]/g, (c) => '%%' + c.charCodeAt(0).toString(16).toUpperCase()).replace(/%%20/g, '+');
   const parts = [];
+  const constraintOff = !a[names.indexOf('constraint')];
   names.forEach((name, i) => {
     let v = a[i];
     if (name === 'seed' && String(v ?? '').trim() === '' && a[n + 1]) v = a[n + 1];
+    if (name === 'constraint_text' && constraintOff) v = defaults[name];
     if (v === defaults[name] && !always.includes(name)) return;
     parts.push(enc(name) + '=' + enc(String(v ?? '')));
   });

@@ -103,3 +103,6 @@ def test_b_follows_the_pages_settings_and_the_comparison_lists_every_difference(
                     "temperature": 0.5})
     out = h.experiments.compare(*c.values(), *({**a, "temperature": 0.5, "top_k": 3}).values(), "", REQ)
     assert out["compare_md"].startswith("**B differs from A in 1 setting**: Top-k: 0 → 3.")
+    # Which probability each column averages: the final one, the model's raw one (issue 62).
+    assert "mean chosen-token p (final: sampled from)" in out["compare_md"]
+    assert "perplexity of its text (raw p: the model's)" in out["compare_md"]

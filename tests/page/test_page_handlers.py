@@ -213,6 +213,7 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
     assert cli[-1]["text"] == lines[-1]["text"] and cli[-1]["model"] == lines[-1]["model"] == "gqa_tied"
     settings = json.loads(downloaded(h, a["downloads"], 1).read_text(encoding="utf-8"))
     assert settings["seed"] == "5" and settings["prompt"] == "The quick brown fox" and settings["temperature"] == 0.0
+    assert settings["model"] == "gqa_tied"  # the model that made it, by name (issue 62: it was "")
 
 
 def test_old_downloads_are_deleted(h, monkeypatch):
@@ -425,3 +426,30 @@ def test_a_token_drawn_below_the_top_five_is_in_its_popover(h, tiny_engine):
     pop = out[start:end if end > 0 else len(out)]
     assert pop.count("class='tl-alt") == 6 and pop.count("tl-alt-chosen") == 1
     assert pop.rindex("tl-alt-chosen") > pop.rindex("class='tl-alt'")  # listed last
+
+
+def test_a_link_leaves_out_the_text_of_a_constraint_that_is_off(h):
+    """Issue 62: the link carried a stale constraint_text while the constraint was none (the
+    browser's link, share_js, is checked against this one in test_share_reload_browser.py)."""
+    c = Controls(prompt="The quick", constraint="", constraint_text='{"type": "object"}', seed="3")
+    link = h.share.share_link(*c.values(), "http://x/", None, "")
+    assert "constraint_text" not in link and "constraint=" not in link
+    on = Controls(**{**vars(c), "constraint": "json_schema"})
+    assert "constraint_text=" in h.share.share_link(*on.values(), "http://x/", None, "")
+
+
+def test_one_of_a_thing_is_said_in_the_singular(h, tiny_dirs):
+    """Issue 62: "1 tokens", "1 key/value heads". A 1-token run's status, statistics and token
+    view; a card of a model with one KV head."""
+    import ui.run.render as run_render
+    from inference.serving.engine import Engine
+    rec = run(h, max_new_tokens=1, seed="2")
+    assert len(rec.steps) == 1
+    status = run_render.status_text(rec, h.page.context, 0.0)
+    assert " · 1 token · " in status and "1 tokens" not in status
+    tokens = run_render.run_tokens_html(h.page.engine.tokenizer, rec.prompt_ids, [rec.steps[0].token_id])
+    assert "Generated: 1 token<" in tokens and "1 of them a control token" in tokens
+    assert "1 tokens" not in run_render.context_text(1, 1, None, 256)
+    with Engine.from_hf_dir(tiny_dirs["llama3_rope"], device="cpu", dtype="float32") as one:
+        card = run_render.model_card(one.describe())
+    assert "/ 1 KV head ·" in card

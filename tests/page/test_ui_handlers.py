@@ -64,7 +64,9 @@ def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
     assert handlers.run.live_tick(rec) == {}  # over: after_run draws the end
     after = handlers.run.after_run(rec)
     timer, kv, latency, slider = after["live"], after["kv_chart"], after["latency"], after["step"]
-    rank_chart = after["rank_chart"]
+    rank_chart = after["rank_chart"]["value"]
+    # Its axis spans whole ranks (Vega-Lite ticked a short span at 1.5, 2.5): from 0, at least 10.
+    assert after["rank_chart"]["y_lim"] == [0, max(10, int(rank_chart["rank"].max() * 1.1 + 0.999) + 1)]
     assert not timer.active
     # Per step (step 0: after the prompt's prefill): used, and allocated, which is the server's pool
     # (all runs) while this run is its only one: one line named for both (ui/run/kv._merged).

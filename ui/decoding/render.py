@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import html
 
-from ui.format import token_label
+from ui.format import count, token_label
 
 STATUS = {"kept": "kept", "finished": "finished", "pruned": "pruned"}
 
@@ -52,7 +52,7 @@ def beam_summary_md(done) -> str:
     best = done.beams[0] if done.beams else None
     if best is None:
         return f"Beam search ended ({done.reason}) with no finished beam."
-    return (f"**Beam search**, {done.num_beams} beams, length penalty {done.length_penalty:g}: {done.steps} steps, "
+    return (f"**Beam search**, {done.num_beams} beams, length penalty {done.length_penalty:g}: {count(done.steps, 'step')}, "
             f"ended by {'the token cap' if done.reason == 'length' else done.reason}. Best beam: score "
             f"{best.score:.4f} = log p {best.logprob:.4f} / {len(best.tokens)}^{done.length_penalty:g}. "
             "Each column is a step: `b0 'token' −3.2` extends beam 0 by the token, −3.2 the sequence's "
@@ -97,8 +97,8 @@ def spec_summary_md(done, rate: float | None, plain_rate: float | None, same: bo
                  f"request, run just after: **{rate / plain_rate:.2f}×**."
                  + ("" if same is None else " Its text is plain greedy decoding's, token for token." if same
                     else " ⚠ Its text differs from plain greedy decoding's."))
-    return (f"**Speculative decoding** with {done.drafter}, {done.draft_tokens} proposals a round: "
-            f"{done.generated_tokens} tokens in {done.rounds} target passes "
+    return (f"**Speculative decoding** with {done.drafter}, {count(done.draft_tokens, 'proposal')} a round: "
+            f"{count(done.generated_tokens, 'token')} in {count(done.rounds, 'target pass', 'target passes')} "
             f"({done.generated_tokens / done.rounds if done.rounds else 0:.2f} a pass), {done.accepted} of "
             f"{done.proposed} proposals accepted{accepted}; {speed} A proposal is "
             "accepted when the coin u < min(1, p/q); at a rejection the token is drawn from (p − q)⁺, so the "

@@ -41,6 +41,18 @@ def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
     return line_frame(rows, "value", "metric"), ranks
 
 
+# The rank axis spans at least this many ranks from 0: Vega-Lite's ticks over a shorter span fall
+# between whole ranks (1.5, 2.5), which no rank is.
+RANK_SPAN = 10
+
+
+def rank_axis(frame: pd.DataFrame | None) -> list[int]:
+    """The rank chart's y axis, [0, end]: whole-number ticks (at least RANK_SPAN, and a tenth above
+    the largest rank, so that the line stays off the top edge: a set end is not rounded out)."""
+    top = 1 if frame is None or frame.empty else int(frame["rank"].max())
+    return [0, max(RANK_SPAN, math.ceil(top * 1.1) + 1)]
+
+
 def entropy_frame(rec: RunRecord) -> pd.DataFrame:
     """The raw entropy per step, in nats: its own chart, as its unit is not a probability's (3
     decimals, as the compare table gives a mean entropy)."""
@@ -133,8 +145,8 @@ def compare_summary(a: RunRecord, b: RunRecord, d: Divergence | None, by_text: b
     sa, sb = run_summary(a), run_summary(b)
     lines = [_parting(a, b, d) if d is not None else
              f"**A and B produced the same {'text' if by_text else 'tokens'}**{f' ({BY_TEXT})' if by_text else ''}."]
-    lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| run | tokens | mean chosen-token p (final: sampled from) | mean raw entropy (nats) | "
+              "perplexity of its text (raw p: the model's) |", "|---|---|---|---|---|"]
     for name, s in (("A", sa), ("B", sb)):
         entropy, ppl = (f"{x:.3f}" if known(x) else "–" for x in (s["mean_entropy"], s["perplexity"]))
         lines.append(f"| {name} | {s['tokens']} | {fmt_p(s['mean_p'])} | {entropy} | {ppl} |")
@@ -195,7 +207,7 @@ def likelihood_table(scores) -> str:
     lines = ["| token | id | p | log p |", "|---|---|---|---|"]
     for i, piece, lp in scores:
         lines.append(f"| {html.escape(visible(piece))} | {i} | {fmt_p(math.exp(lp))} | {lp:.3f} |")
-    lines.append(f"| **all {len(scores)} tokens** | | {fmt_p(math.exp(total))} | {total:.3f} |")
+    lines.append(f"| **{'the 1 token' if len(scores) == 1 else f'all {len(scores)} tokens'}** | | {fmt_p(math.exp(total))} | {total:.3f} |")
     return "\n".join(lines)
 
 
@@ -216,7 +228,7 @@ def two_models_md(a: RunRecord, b: RunRecord, two, why: str, tokenizer) -> str:
     lines = [head + " Both read A's text (each after its own prompt); at each step, KL(A‖B) of their raw "
              f"distributions: mean **{sum(kl) / len(kl):.4f} nats**, largest {kl[worst]:.4f} at step {worst}."]
     if two.split is None:
-        lines.append(f"Their greedy choices agree at all {len(kl)} steps.")
+        lines.append(f"Their greedy choices agree at {'the one step' if len(kl) == 1 else f'all {len(kl)} steps'}.")
     else:
         (ia, pa), (ib, pb) = two.top_a[two.split], two.top_b[two.split]
         lines.append(f"**Their greedy choices part first at step {two.split}**: A's top **{tok(ia)}** "

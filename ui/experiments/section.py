@@ -9,7 +9,7 @@ from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
 from ui.experiments.render import (CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, entropy_frame, run_chart_frames,
                                    two_models_frame)
-from ui.experiments.render import differences_md as render_differences
+from ui.experiments.render import differences_md as render_differences, rank_axis
 from ui.format import COMPARE_COLOR_MAP, step_axis
 from ui.handlers import Handlers
 from server.limits import ENGINE
@@ -39,7 +39,8 @@ def build(page, h: Handlers) -> None:
                                              y_title="entropy (nats)", title="Raw entropy",
                                              elem_id="entropy-chart", min_width=320))
             add("rank_chart", gr.LinePlot(rank_frame, **step_axis(), y="rank", title="Chosen token's raw rank",
-                                          elem_id="rank-chart", min_width=320))
+                                          y_lim=rank_axis(None), y_axis_format=",d", elem_id="rank-chart",
+                                          min_width=320))
         # Without the whole logit vector there is no replay: its parts exist, hidden, so that a
         # run's end still has them to set.
         if not internals:

@@ -28,8 +28,9 @@ from inference.serving.engine import parse_ids
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS, SHAPING_SETTINGS, decode_logit_bias
 from ui.base import PageContext, Section, failure_line, named_args, session_of, step_index, takes_controls
 from ui.chat import conversation_html, turn_if_answered
+from ui.format import count
 from ui.controls import MODES, NAMES, Controls, page_message, parse_seed, sampling_params
-from ui.experiments.render import entropy_frame, run_chart_frames
+from ui.experiments.render import entropy_frame, rank_axis, run_chart_frames
 from ui.inside.render import memory_markdown
 from ui.run import kv, render
 from ui.run_state import Opened, RunRecord, run_jsonl
@@ -228,7 +229,7 @@ class RunHandlers(Section):
         last, m = rec.steps[-1] if rec.steps else None, self.view(rec.model)
         tok = m.tokenizer
         waiting = ("Waiting for the server…" if rec.waiting is not None else
-                   f"Reading the prompt: prefill of {len(rec.prompt_ids):,} tokens…")
+                   f"Reading the prompt: prefill of {count(len(rec.prompt_ids), 'token')}…")
         return {
             "output": render.output_html(rec, tok, empty=waiting),
             "bars": self._bars(last, rec=rec, pick=True),
@@ -311,7 +312,8 @@ class RunHandlers(Section):
         n, tok = len(rec.steps), self.view(rec.model).tokenizer
         run_chart, rank_chart = run_chart_frames(rec)
         return {**charts({"kv_chart": kv.kv_frame(rec), "latency": kv.latency_frame(rec), "run_chart": run_chart,
-                          "rank_chart": rank_chart, "entropy_chart": entropy_frame(rec)}),
+                          "entropy_chart": entropy_frame(rec)}),
+                **({} if rank_chart is None else {"rank_chart": gr.update(value=rank_chart, y_lim=rank_axis(rank_chart))}),
                 "step": gr.update(minimum=0, maximum=max(n - 1, 1), value=max(n - 1, 0), interactive=n > 1),
                 **{f"replay_{name}": getattr(rec.params, name) for name in SHAPING_SETTINGS},
                 "tokens": render.run_tokens_html(tok, rec.prompt_ids, [s.token_id for s in rec.steps],
@@ -323,9 +325,11 @@ class RunHandlers(Section):
 
     def _settings_json(self, rec: RunRecord) -> str:
         """The run's settings, as the page's controls (and the link's query) name them, with the
-        seed it used; in chat mode also the earlier turns it continued."""
+        seed it used and the model that made it, by name (the picker's "" says nothing in a file:
+        a link naming the default model opens it as the default); in chat mode also the earlier
+        turns it continued."""
         c = rec.controls or Controls()
-        data = {**dict(zip(NAMES, c.values())), "seed": "" if rec.seed is None else str(rec.seed)}
+        data = {**dict(zip(NAMES, c.values())), "model": rec.model, "seed": "" if rec.seed is None else str(rec.seed)}
         if rec.mode == "chat":
             data["history"] = list(rec.history)
         return json.dumps(data, ensure_ascii=False, indent=1) + "\n"
@@ -557,7 +561,8 @@ class RunHandlers(Section):
             raise TokenLabError("Beams is above 1: run the beam search with \"Run beam search\" in the decoding "
                                 "section, or set Beams to 1 to sample")
         given = list(request.given)
-        said = (f"{opened.label.capitalize()} opened as a run: its {len(opened.tokens)} tokens are given, one a step; "
+        said = (f"{opened.label.capitalize()} opened as a run: its {count(len(opened.tokens), 'token')} "
+                f"{'is' if len(opened.tokens) == 1 else 'are'} given, one a step; "
                 "each step's bars are the model's distribution there (the sampling settings set aside, as in the "
                 "beam search).") if opened else ""
         return RunRecord(m.label, request.prompt_text, list(request.prompt_ids), seed=request.seed,

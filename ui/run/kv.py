@@ -10,7 +10,7 @@ import pandas as pd
 
 from inference.events import StepEvent
 from inference.model.kv_cache import BLOCK_SIZE
-from ui.format import line_frame, mib
+from ui.format import count, line_frame, mib
 from ui.run.render import NO_CONFIG
 from ui.run_state import RunRecord
 
@@ -99,9 +99,9 @@ def kv_formula(info, positions: int | None = None, measured_bytes: int | None = 
     if not info.capabilities.measured_kv:
         text += f" ({b} bytes per value: {info.kv_value_bytes_source})"
     if measured_bytes:
-        text += f"; × {measured_bytes // per} positions held = {measured_bytes:,} bytes ({mib(measured_bytes)})"
+        text += f"; × {count(measured_bytes // per, 'position')} held = {measured_bytes:,} bytes ({mib(measured_bytes)})"
     elif positions:
-        text += (f"; × {positions} positions this run holds = {mib(per * positions)}, by the "
+        text += (f"; × {count(positions, 'position')} this run holds = {mib(per * positions)}, by the "
                  "formula (the server does not say what one request holds)")
     return text
 

@@ -13,7 +13,7 @@ from inference.device import dtype_name
 from inference.model.anatomy import decode_cost
 from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, order
 from inference.loading.byte_pieces import byte_hint, completed_label
-from ui.format import (BUCKETS, binary_size, reason_text, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
+from ui.format import (BUCKETS, binary_size, count, reason_text, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
                        approx_note, ordinal, prob_html, shown_prob, si, token_html, token_label, visible)
 from ui.run_state import RunRecord
 
@@ -143,7 +143,7 @@ def output_html(rec: RunRecord | None, tokenizer, detail: bool | None = None, em
     if tail:
         parts.append(f"<span class='tl-tail' title='text held back until the end'>{_shown(tail)}</span>")
     if rec.given:  # a branch: the tokens it continued after, as given
-        parts.insert(0, f"<span class='tl-given' title='given: the {len(rec.given)} tokens this branch "
+        parts.insert(0, f"<span class='tl-given' title='given: the {count(len(rec.given), 'token')} this branch "
                         f"continued after'>{_shown(rec.given_text)}</span>")
     text = rec.answer_text
     # No legend under a run that ended without a coloured token: there is nothing for it to explain.
@@ -186,7 +186,7 @@ def run_tokens_html(tokenizer, prompt_ids: list[int], generated_ids: list[int] |
     for cls, title, ids in ((" tl-given-tokens", "Given (read after the prompt)", given_ids),
                             ("", "Generated", generated_ids)):
         if ids:
-            out += (f"<div class='tl-tokens tl-gen-tokens{cls}'><div class='tl-title'>{title}: {len(ids):,} tokens"
+            out += (f"<div class='tl-tokens tl-gen-tokens{cls}'><div class='tl-title'>{title}: {count(len(ids), 'token')}"
                     f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
     return out
 
@@ -205,8 +205,9 @@ def prompt_tokens_html(tokenizer, ids: list[int], title: str = "Prompt") -> str:
     """The prompt's tokens as chips: one per token, and one per character made of byte tokens
     with those tokens beneath it; control tokens marked."""
     control = sum(tokenizer.is_control(i) for i in ids)
-    return (f"<div class='tl-tokens'><div class='tl-title'>{html.escape(title)}: {len(ids):,} tokens"
-            + (f", {control:,} of them control tokens (outlined)" if control else "")
+    return (f"<div class='tl-tokens'><div class='tl-title'>{html.escape(title)}: {count(len(ids), 'token')}"
+            + (f", {control:,} of them {'a control token' if control == 1 else 'control tokens'} (outlined)"
+               if control else "")
             + f"</div><div class='tl-chips'>{_token_chips(tokenizer, ids)}</div></div>")
 
 
@@ -226,7 +227,7 @@ def context_text(n_prompt: int, n_generated: int | None, max_new: int | None, co
     if n_generated is None:
         room = context - n_prompt - n_given
         most = min(max_new or 0, room)
-        return (f"Context: **{n_prompt:,}** prompt tokens{given} + up to {most:,} new = {n_prompt + n_given + most:,} "
+        return (f"Context: **{n_prompt:,}** prompt {'token' if n_prompt == 1 else 'tokens'}{given} + up to {most:,} new = {n_prompt + n_given + most:,} "
                 f"of {context:,}" + (f" (max new tokens will be lowered to {room:,})" if max_new and max_new > room else "")
                 + (" · the given ids continue a branch (More settings); a new prompt drops them" if n_given else ""))
     return (f"Context: **{n_prompt:,}** prompt{given} + **{n_generated:,}** generated = "
@@ -251,13 +252,13 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
                 f"{p.blocks_total:,} are promised to the {p.active_runs} run{'s' if p.active_runs != 1 else ''} "
                 "in progress")
     if not rec.steps and rec.done is None:
-        read = f"{rec.prefilled:,} of {n:,} prompt tokens read" if rec.prefilled else f"{n:,} prompt tokens"
+        read = f"{rec.prefilled:,} of {count(n, 'prompt token')} read" if rec.prefilled else count(n, 'prompt token')
         return f"Prefill of {read}… {now - rec.started_at:.1f} s so far (the first token comes after it)"
     g = len(rec.steps)
     ctx = context_text(n, g, None, context, len(rec.given))
     if rec.done is None:
-        return f"Generating: {g:,} of at most {rec.max_steps:,} tokens · {ctx}"
-    return f"Run ended: {reason_text(rec.done)} · {g:,} tokens · {ctx}"
+        return f"Generating: {g:,} of at most {count(rec.max_steps, 'token')} · {ctx}"
+    return f"Run ended: {reason_text(rec.done)} · {count(g, 'token')} · {ctx}"
 
 
 LOADING = "Loading"
@@ -296,8 +297,8 @@ def _local_card(info) -> str:
     cfg = info.cfg
     params = cfg.param_counts()
     cost = decode_cost(cfg, 1, info.dtype.itemsize)
-    return (f"**{html.escape(info.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
-            f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
+    return (f"**{html.escape(info.name)}** · {count(cfg.n_layers, 'layer')} · hidden {cfg.hidden_size} · "
+            f"{count(cfg.n_heads, 'head')} / {count(cfg.n_kv_heads, 'KV head')} · head dim {cfg.head_dim} · "
             f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
             f"{rope_text(cfg)}{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
@@ -358,8 +359,8 @@ def _served_card(info) -> str:
         return head + "  \n" + NO_CONFIG
     params = cfg.param_counts()
     return (head + "  \n"
-            f"{cfg.n_layers} layers · hidden {cfg.hidden_size} · {cfg.n_heads} heads / {cfg.n_kv_heads} "
-            f"KV heads · head dim {cfg.head_dim} · FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,}{sliding_text(cfg)} · "
+            f"{count(cfg.n_layers, 'layer')} · hidden {cfg.hidden_size} · {count(cfg.n_heads, 'head')} / "
+            f"{count(cfg.n_kv_heads, 'KV head')} · head dim {cfg.head_dim} · FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,}{sliding_text(cfg)} · "
             f"**{params['total'] / 1e6:.1f} M parameters** · ≈ {si(decode_cost(cfg, 1, 2).flops, 'FLOPs')} per "
             f"token at a 1-token context (from `{html.escape(info.config_source)}`)")
 
