@@ -40,6 +40,9 @@ PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encodin
                      for name in ("page.css", "explore.css", "work.css", "lesson.css", "decoding.css"))
 # Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
 SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
+# A stream cut by leaving the page (a reload, a closed tab) is expected: not logged as an error
+# (assets/leaving.js; gradio runs the page's <head> scripts once the page has loaded).
+HEAD = "<script>\n" + (Path(__file__).parent / "assets" / "leaving.js").read_text(encoding="utf-8") + "</script>"
 # Gradio 6's status tracker announces "common.complete" to screen readers when an event with a
 # progress indicator ends, a key its English messages lack (it reads out the key itself).
 MESSAGES = gr.I18n(en={"common.complete": "Done"})
@@ -167,7 +170,7 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
         middleware.append(Middleware(HeartbeatWatch, keeper=h.page.keeper))
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
-                         css=PAGE_CSS, footer_links=["api"], quiet=True, i18n=MESSAGES,
+                         css=PAGE_CSS, head=HEAD, footer_links=["api"], quiet=True, i18n=MESSAGES,
                          # The page's own routes only, small bodies, each visitor's sessions
                          # counted (server/guard.py); no uploads, no run history kept.
                          app_kwargs={"middleware": middleware},
