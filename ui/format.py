@@ -14,6 +14,7 @@ from inference.loading.byte_pieces import byte_hint, short_hint
 from inference.lesson.summary import si  # noqa: F401 - the one SI formatter, the CLI's lesson's too
 from inference.sampling.penalties import BAN
 from inference.sampling.stages import STAGES
+from ui.glossary import gloss
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
 BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
@@ -216,7 +217,7 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
                   + ("" if any(known(c.prob) for c in step.top) else missing))
     rank = (f", rank {step.rank}" if step.rank is not None
             else ", rank not known (below the returned candidates)")
-    head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
+    head = gloss(f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
             f"<b>{html.escape(token_label(step.piece))}</b>{byte_note(step.piece)} (id {step.token_id}) with "
             f"{chosen_prob_html(step.prob, step.raw_prob)}{rank}</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")

@@ -23,6 +23,7 @@ from ui.branches import section as branches
 from ui.decoding import section as decoding
 from ui.edit import section as edit
 from ui.experiments import section as experiments
+from ui.glossary import definitions_html
 from ui.handlers import Handlers
 from ui.run.handlers import DOWNLOAD_ROUTE
 from ui.inside import section as inside
@@ -40,6 +41,8 @@ PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encodin
                      for name in ("page.css", "explore.css", "work.css", "lesson.css", "decoding.css"))
 # Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
 SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
+# Each term's definition on hover, tap and focus; the controls' labels that are terms marked.
+GLOSSARY_JS = (Path(__file__).parent / "assets" / "glossary.js").read_text(encoding="utf-8")
 # A stream cut by leaving the page (a reload, a closed tab) is expected: not logged as an error
 # (assets/leaving.js; gradio runs the page's <head> scripts once the page has loaded).
 HEAD = "<script>\n" + (Path(__file__).parent / "assets" / "leaving.js").read_text(encoding="utf-8") + "</script>"
@@ -73,8 +76,11 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
+        # The glossary's definitions, hidden: what each term's aria-describedby names (ui/glossary.py).
+        gr.HTML(definitions_html(), elem_id="glossary-defs")
         lesson.build(page, h)  # its entry first: in view on the first screen, wide or narrow
-        page.add("model_card", gr.Markdown(model_card(h.page.info), elem_id="model-card"))
+        # (Our own text, its values escaped: not sanitized, so that its terms keep their definitions.)
+        page.add("model_card", gr.Markdown(model_card(h.page.info), elem_id="model-card", sanitize_html=False))
         work.build(page, h)
         run.build(page, h, limits_markdown(h.page.limits))
         experiments.build(page, h)
@@ -95,6 +101,7 @@ def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
         lesson.wire(page, h)
         work.wire(page, h, demo, share.wire(page, h))
         demo.load(None, js=SCROLL_JS)
+        demo.load(None, js=GLOSSARY_JS)
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them
     demo.tokenlab_page = page
     return demo

@@ -1,6 +1,7 @@
 """The page's lesson handlers (ui/lesson) on the tiny engine: the chapters shown are the numbers
 explain() computes, Back and Next stay within the lesson, a refusal is one line."""
 
+from helpers import plain
 from inference.lesson.explain import CHAPTERS
 from ui.controls import Controls
 
@@ -58,7 +59,7 @@ def chapter(out, key):
 def view(out, key):
     from ui.lesson.render import chapter_html
     data = out["lesson_data"]
-    return chapter_html(data, next(i for i, c in enumerate(data["chapters"]) if c["key"] == key))
+    return plain(chapter_html(data, next(i for i, c in enumerate(data["chapters"]) if c["key"] == key)))
 
 
 def test_the_lesson_follows_the_top_token_by_default_and_a_sampled_one_when_asked(h):

@@ -2,6 +2,7 @@
 on, B copies the run's settings, the A/B bars stack on a narrow screen, the charts name their
 axes and replay keeps the bars' colours (the browser's checks are in test_compare_browser.py)."""
 
+from helpers import plain
 import re
 from types import SimpleNamespace
 
@@ -104,5 +105,5 @@ def test_b_follows_the_pages_settings_and_the_comparison_lists_every_difference(
     out = h.experiments.compare(*c.values(), *({**a, "temperature": 0.5, "top_k": 3}).values(), "", REQ)
     assert out["compare_md"].startswith("**B differs from A in 1 setting**: Top-k: 0 → 3.")
     # Which probability each column averages: the final one, the model's raw one (issue 62).
-    assert "mean chosen-token p (final: sampled from)" in out["compare_md"]
-    assert "perplexity of its text (raw p: the model's)" in out["compare_md"]
+    assert "mean chosen-token p (final: sampled from)" in plain(out["compare_md"])
+    assert "perplexity of its text (raw p: the model's)" in plain(out["compare_md"])

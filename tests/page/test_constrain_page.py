@@ -4,6 +4,7 @@ the matcher, a bad constraint is refused in one line, and the ready examples are
 
 from __future__ import annotations
 
+from helpers import plain
 import re
 from types import SimpleNamespace
 
@@ -38,16 +39,16 @@ def test_a_constrained_run_tags_forbidden_candidates_and_charts_the_masked_mass(
     masked = [s.masked_mass for s in rec.steps]
     assert all(0.0 <= m <= 1.0 for m in masked) and any(m > 0 for m in masked)
     step = next(s for s in rec.steps if any(c.forbidden for c in s.top))
-    bars = h.page.bars(step, rec=rec)
+    bars = plain(h.page.bars(step, rec=rec))
     assert "Constraint removed" in bars and "masked mass" in bars and ">forbidden<" in bars
     assert bars.count(">forbidden<") == sum(c.forbidden for c in step.top)
     frame, _ = run_chart_frames(rec)
     chart = frame[frame.metric == "masked mass (constraint)"]
     assert chart.value.tolist() == pytest.approx(masked, abs=5e-5)  # as the page prints it: 4 decimals
     # An unconstrained run: no tag, no masked-mass line or series.
-    plain = run(h)
-    assert "Constraint removed" not in h.page.bars(plain.steps[0], rec=plain)
-    assert "masked mass (constraint)" not in set(run_chart_frames(plain)[0].metric)
+    free = run(h)
+    assert "Constraint removed" not in h.page.bars(free.steps[0], rec=free)
+    assert "masked mass (constraint)" not in set(run_chart_frames(free)[0].metric)
 
 
 def test_replay_of_a_constrained_step_is_the_run_and_another_constraint_says_why_not(h):
@@ -106,4 +107,4 @@ def test_a_run_whose_stages_leave_no_allowed_token_names_the_stage_in_its_end(h)
     status = render.status_text(rec, h.page.context, 0.0)
     assert status.startswith("Run ended: logit bias removed the last token the constraint allows")
     assert "move constraint before logit_bias in the sampler order" in status
-    assert "logit bias removed the last token" in render.stats_markdown(h.page.info, rec)
+    assert "logit bias removed the last token" in plain(render.stats_markdown(h.page.info, rec))

@@ -1,6 +1,7 @@
 """The sampling experiments on a page offering two models, each checked at its handler: replay under another sampler order lists each pipeline in its own order; compare
 across two vocabularies finds the divergence in the texts, not the ids."""
 
+from helpers import plain
 import re
 from types import SimpleNamespace
 
@@ -110,7 +111,7 @@ def forced(h, a_text: str, b_text: str) -> dict:
 def parting(out: dict) -> str:
     """The comparison after its first paragraph, which lists what B changes (here B's model and
     constraint text, where they differ)."""
-    differs, rest = out["compare_md"].split("\n\n", 1)
+    differs, rest = plain(out["compare_md"]).split("\n\n", 1)
     assert differs.startswith("**B differs from A in") and "Model: mha → bpe" in differs
     return rest
 
@@ -140,7 +141,7 @@ def test_compare_across_vocabularies_finds_where_the_texts_differ(two_vocabulari
         # The step marked holds the character: the text before it ends at or before `char`, and with it past.
         assert len(marked) == 1 and len("".join(texts[:marked[0]])) <= char < len("".join(texts[:marked[0] + 1]))
         assert f"at {run.upper()}'s step {marked[0]}, {run.upper()} chose **" in summary
-        assert out[f"bars_{run}"] and f"{run.upper()} at step {marked[0]}" in out[f"bars_{run}"]
+        assert out[f"bars_{run}"] and f"{run.upper()} at step {marked[0]}" in plain(out[f"bars_{run}"])
 
 
 def test_compare_across_vocabularies_says_which_run_stopped(two_vocabularies):

@@ -3,6 +3,7 @@ cannot fit is refused, a run, its link and its JSONL name the model that made it
 A/B across two models gives the per-step KL and the first greedy split (checked against
 transformers)."""
 
+from helpers import plain
 import json
 import math
 from dataclasses import replace
@@ -54,7 +55,8 @@ def test_each_model_loads_on_first_use_only(two, tiny_dirs):
     two.h.run.choose_model("gqa_tied", "The quick", "completion", "", 5)
     assert two.opened == ["mha", "gqa_tied"]
     # The card and memory follow the chosen model: gqa_tied has 2 KV heads, a tied LM head.
-    assert "gqa_tied" in out["model_card"] and "2 KV heads" in out["model_card"] and "tied" in out["model_card"]
+    card = plain(out["model_card"])
+    assert "gqa_tied" in card and "2 KV heads" in card and "tied" in card
     f, cfg = two.models.footprint("gqa_tied"), tiny_dirs_cfg("gqa_tied")
     # Every parameter at 4 bytes (the tied head is the embedding, counted once), and the RoPE
     # tables: cos and sin, (positions, head dim / 2) each.
@@ -203,7 +205,7 @@ def test_the_card_of_a_model_with_sliding_layers_says_its_window(tmp_path, sp_mo
     hf = json.loads((d / "config.json").read_text())
     full = [i for i, kind in enumerate(hf["layer_types"]) if kind == "full_attention"]
     with Engine.from_hf_dir(d, device="cpu", dtype="float32") as engine:
-        card = run_render.model_card(engine.describe())
+        card = plain(run_render.model_card(engine.describe()))
     assert (f"sliding window {hf['sliding_window']} on {len(hf['layer_types']) - len(full)} of "
             f"{len(hf['layer_types'])} layers (full attention: layer {full[0]})") in card
     assert len(full) == 1

@@ -4,6 +4,7 @@ and the rule that an event outside the queue never raises (gradio would answer H
 
 from __future__ import annotations
 
+from helpers import plain
 import json
 import re
 from types import SimpleNamespace
@@ -105,7 +106,7 @@ def test_a_follow_up_reads_the_earlier_turns_from_the_kv_cache(h, tiny_engine):
     reused = second.steps[0].prompt_tokens_reused
     assert reused >= BLOCK_SIZE and reused % BLOCK_SIZE == 0 and reused < len(second.prompt_ids)
     assert second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids
-    assert f"({reused} read from the KV cache of an earlier run)" in run_render.stats_markdown(h.page.info, second)
+    assert f"({reused} read from the KV cache of an earlier run)" in plain(run_render.stats_markdown(h.page.info, second))
 
 
 def test_typed_control_tokens_in_earlier_turns_stay_text(tiny_engine):
@@ -320,7 +321,7 @@ def test_labels(h, tiny_engine):
     assert "diverges here" not in formatting.COLOR_MAP and "diverges here" in formatting.COMPARE_COLOR_MAP
     rec = run(h)
     assert "diverges" not in run_render.output_html(rec, tiny_engine.tokenizer)
-    stats = run_render.stats_markdown(h.page.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done))
+    stats = plain(run_render.stats_markdown(h.page.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done)))
     assert "Run ended: **max new tokens reached**." in stats and "Stopped:" not in stats
     assert formatting.REASONS["cancelled"].startswith("stopped on request")
     assert run_render._shown("a\nb") == "a↵\nb"  # a newline is seen, then breaks the line
@@ -347,7 +348,7 @@ def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):
     step = StepEvent(step=3, token_id=7, piece=" Paris", text=" Paris", prob=0.88, raw_prob=0.5,
                      top=[Candidate(7, " Paris", 0.88, 0.5)], entropy=1.0, rank=1, kv_cache_bytes=0,
                      kv_cache_capacity_bytes=0, ms=1.0)
-    bars = formatting.bars_html(step)
+    bars = plain(formatting.bars_html(step))
     title = re.search("<div class='tl-title'>(.*?)</div>", bars).group(1)
     assert "with p = 0.8800 (raw p = 0.5000), rank 1" in as_seen(title, logp=False)
     assert "with log p = -0.128 (raw log p = -0.693), rank 1" in as_seen(title, logp=True)
@@ -451,5 +452,5 @@ def test_one_of_a_thing_is_said_in_the_singular(h, tiny_dirs):
     assert "Generated: 1 token<" in tokens and "1 of them a control token" in tokens
     assert "1 tokens" not in run_render.context_text(1, 1, None, 256)
     with Engine.from_hf_dir(tiny_dirs["llama3_rope"], device="cpu", dtype="float32") as one:
-        card = run_render.model_card(one.describe())
+        card = plain(run_render.model_card(one.describe()))
     assert "/ 1 KV head ·" in card

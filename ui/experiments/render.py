@@ -12,6 +12,7 @@ from inference.events import StepEvent
 from inference.sampling.settings import BY_NAME
 from ui.format import (bucket, fmt_p, known, line_frame, named_prob_html, plotted_p, prob_html, shown_prob,
                        visible)
+from ui.glossary import gloss
 from ui.run_state import Divergence, RunRecord, run_summary
 
 # Where an engine lacks a capability (contract.Capabilities), the section says why in its place.
@@ -150,7 +151,7 @@ def compare_summary(a: RunRecord, b: RunRecord, d: Divergence | None, by_text: b
     for name, s in (("A", sa), ("B", sb)):
         entropy, ppl = (f"{x:.3f}" if known(x) else "–" for x in (s["mean_entropy"], s["perplexity"]))
         lines.append(f"| {name} | {s['tokens']} | {fmt_p(s['mean_p'])} | {entropy} | {ppl} |")
-    return "\n".join(lines)
+    return gloss("\n".join(lines))
 
 
 def _shown_value(name: str, value) -> str:

@@ -82,7 +82,8 @@ def build(page, h: Handlers) -> None:
                                                       "b-", available=n in h.page.caps.settings))
         add("compare_diff", gr.Markdown(render_differences([]), elem_id="compare-diff"))
         add("compare_button", gr.Button("Run A and B", elem_id="compare"))
-        add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
+        # Our own text, every value in it escaped: not sanitized, so that its terms keep their definitions.
+        add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary", sanitize_html=False))
         with gr.Row():
             for name, label in (("out_a", "A"), ("out_b", "B")):
                 add(name, gr.HighlightedText([(f"{label}'s text comes here with Run A and B.", None)], label=label,

@@ -9,6 +9,7 @@ from html import escape
 from inference.lesson.summary import mib, si
 from inference.loading.byte_pieces import short_hint
 from ui.format import token_label
+from ui.glossary import gloss
 
 # Each chapter: the panel of the page to explore further (its element id) and its name.
 EXPLORE = {
@@ -221,7 +222,7 @@ def _sampling(c: dict) -> tuple[str, str]:
             f"repetition penalty {s['repetition_penalty']:g}, seed {s['seed']}")
     top = c.get("follow", "sampled") == "top"
     settings = (f"This lesson follows the model's most likely token at each step (greedy). The tables show the page's "
-                f"sampling settings ({page}); choose “a token sampled with the page's settings” to follow a draw instead."
+                f"sampling settings ({page}); choose “a sampled token” above to follow a draw instead."
                 if top else f"This run draws with the page's sampling settings: {page} (change them there and start "
                 "the lesson again to see their effect).")
     return text, (f"<p class='lesson-note'>{escape(settings)}</p>"
@@ -442,7 +443,7 @@ def chapter_html(lesson: dict, index: int) -> str:
     explore = ", ".join(f"<a href='#{eid}'>{escape(name)}</a>" for eid, name in EXPLORE[c["key"]])
     steps = "".join(f"<li class='{'lesson-here' if k == index else ''}'>{k + 1}. {escape(x['title'])}</li>"
                     for k, x in enumerate(chapters))
-    return (f"<div class='lesson' id='lesson-chapter-{c['key']}'>"
+    return gloss(f"<div class='lesson' id='lesson-chapter-{c['key']}'>"
             f"<ol class='lesson-steps' aria-label='chapters'>{steps}</ol>"
             f"<h3>Chapter {c['chapter']} of {len(chapters)}: {escape(c['title'])}</h3>"
             f"<p class='lesson-context'>{escape(lesson['model'])} · prompt <q>{escape(lesson['prompt'])}</q>"

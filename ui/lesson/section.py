@@ -11,7 +11,7 @@ from ui.controls import NAMES
 from ui.handlers import Handlers
 
 OUTPUTS = ("lesson_data", "lesson_index", "lesson_view", "lesson_back", "lesson_next")
-FOLLOW_CHOICES = [("the most likely token (greedy)", "top"), ("a token sampled with the page's settings", "sampled")]
+FOLLOW_CHOICES = [("the most likely token", "top"), ("a sampled token", "sampled")]
 
 
 def build(page, h: Handlers) -> None:
@@ -26,11 +26,10 @@ def build(page, h: Handlers) -> None:
                     elem_id="lesson-intro")
         add("lesson_prompt", gr.Textbox(label="Prompt the lesson follows", lines=1, elem_id="lesson-prompt"))
         with gr.Row(elem_id="lesson-options"):
-            add("lesson_mode", gr.Radio([("completion: a text to continue", "completion"),
-                                         ("chat: a message in the chat template", "chat")], value="completion",
-                                        label="Read the prompt as", elem_id="lesson-mode",
-                                        info="the page's mode; an example is a text to continue"))
-            add("lesson_follow", gr.Radio(FOLLOW_CHOICES, value="top", label="Follow", elem_id="lesson-follow"))
+            add("lesson_mode", gr.Radio(["completion", "chat"], value="completion", label="Read the prompt in",
+                                        elem_id="lesson-mode", info="the page's mode; an example is a text to continue"))
+            add("lesson_follow", gr.Radio(FOLLOW_CHOICES, value="top", label="Follow", elem_id="lesson-follow",
+                                          info="sampled: drawn with the page's sampling settings and seed"))
         with gr.Row(elem_id="lesson-examples"):
             for k, text in enumerate(EXAMPLES):
                 add(f"lesson_example_{k}", gr.Button(f"Example: {text}", size="sm", elem_id=f"lesson-example-{k}",

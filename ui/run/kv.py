@@ -12,6 +12,7 @@ from inference.events import StepEvent
 from inference.model.kv_cache import BLOCK_SIZE
 from ui.format import count, line_frame, mib
 from ui.run.render import NO_CONFIG
+from ui.glossary import gloss
 from ui.run_state import RunRecord
 
 
@@ -82,6 +83,11 @@ def pool_markdown(step: StepEvent | None) -> str:
 
 
 def kv_formula(info, positions: int | None = None, measured_bytes: int | None = None) -> str:
+    """_kv_formula, each term marked with its definition (ui/glossary)."""
+    return gloss(_kv_formula(info, positions, measured_bytes))
+
+
+def _kv_formula(info, positions: int | None = None, measured_bytes: int | None = None) -> str:
     """The cache's formula with this model's numbers. measured_bytes: a step's cache use as the
     engine measured it (the positions it holds: the prompt and every token but the newest, not
     yet fed back); else positions, counted here (a server does not say what one request holds).

@@ -15,6 +15,7 @@ from inference.sampling.settings import BY_NAME, DEFAULT_ORDER, decode_order, or
 from inference.loading.byte_pieces import byte_hint, completed_label
 from ui.format import (BUCKETS, binary_size, count, reason_text, bucket, bucket_class, chosen_prob_html, ended_markdown, fmt_p,
                        approx_note, ordinal, prob_html, shown_prob, si, token_html, token_label, visible)
+from ui.glossary import gloss
 from ui.run_state import RunRecord
 
 # Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
@@ -289,8 +290,8 @@ def bars_note(info, top_n: int) -> str:
 
 def model_card(info) -> str:
     """The model's name, shapes, size and where it runs; in front of a server, which
-    distribution its log-probabilities are."""
-    return _local_card(info) if info.capabilities.internals else _served_card(info)
+    distribution its log-probabilities are. Each term marked with its definition (ui/glossary)."""
+    return gloss(_local_card(info) if info.capabilities.internals else _served_card(info))
 
 
 def _local_card(info) -> str:
@@ -366,8 +367,9 @@ def _served_card(info) -> str:
 
 
 def stats_markdown(info, rec: RunRecord) -> str:
-    """The run's numbers: measured by the engine, or at this page in front of a server."""
-    return _engine_stats(info, rec) if info.capabilities.local_timing else _page_stats(info, rec)
+    """The run's numbers: measured by the engine, or at this page in front of a server (each term
+    marked with its definition)."""
+    return gloss(_engine_stats(info, rec) if info.capabilities.local_timing else _page_stats(info, rec))
 
 
 def _engine_stats(info, rec: RunRecord) -> str:

@@ -87,12 +87,20 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 choices = [(h.page.models.default, ""), *h.page.models.labels[1:]]
                 add("model", gr.Dropdown(choices, value=d.model, label="Model", visible=many,
                                          info="each loads on its first use", elem_id="model"))
-                add("model_md", gr.Markdown(h.run.models_markdown(), elem_id="model-memory", visible=many))
+                # The first screen (wide or a phone's): the conversation so far, the prompt, its
+                # count and Generate; the mode, the system prompt and the models' memory after them.
+                add("conversation", gr.HTML("", elem_id="conversation", visible=d.mode == "chat"))
                 add("prompt", gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt"))
                 first = h.run.preview(d.prompt, d.mode, d.system, d.max_new_tokens)  # the counter and the tokens agree
                 add("context_count", gr.Markdown(first["context_count"],
                                                  label="Context", elem_id="context-count"))
-                with gr.Row():
+                with gr.Row(elem_id="run-row"):
+                    add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
+                    add("stop_button", gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop"))
+                chat.build_buttons(page, d.mode)
+                add("status", gr.Markdown("", label="Status", elem_id="status"))
+                add("notice", gr.Markdown("", label="Notice", elem_id="notice"))
+                with gr.Row(elem_id="mode-row"):
                     add("mode", gr.Radio(["completion", "chat"], **{"value": d.mode, **render.mode_choice(h.page.view().info)},
                                          label="Mode", elem_id="mode"))
                     # min_width: on a narrow screen it goes under the mode, the whole column wide,
@@ -102,13 +110,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
                         placeholder=h.page.default_system or "none",
                         info=("empty = the model's default, shown here: its chat template adds it"
                               if h.page.default_system else "empty = no system message")))
-                add("conversation", gr.HTML("", elem_id="conversation", visible=d.mode == "chat"))
-                with gr.Row():
-                    add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
-                    add("stop_button", gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop"))
-                chat.build_buttons(page, d.mode)
-                add("status", gr.Markdown("", label="Status", elem_id="status"))
-                add("notice", gr.Markdown("", label="Notice", elem_id="notice"))
+                add("model_md", gr.Markdown(h.run.models_markdown(), elem_id="model-memory", visible=many))
                 if limits_md:
                     gr.Markdown(limits_md, elem_id="limits")
                 with gr.Accordion("Example prompts", open=False, elem_id="examples"):
@@ -175,13 +177,15 @@ def build(page, h: Handlers, limits_md: str) -> None:
             add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(), x_title=kv.KV_X_TITLE, y="MiB",
                                         color="series", color_title=" ", title="KV-cache memory per step",
                                         elem_id="kv-chart"))
-            add("kv_text", gr.Markdown(kv.kv_formula(h.page.info), label="KV-cache formula", elem_id="kv-formula"))
+            # Our own text, values escaped: not sanitized, so that its terms keep their definitions (as stats').
+            add("kv_text", gr.Markdown(kv.kv_formula(h.page.info), label="KV-cache formula", elem_id="kv-formula",
+                                       sanitize_html=False))
             add("server_md", gr.Markdown("", elem_id="server-load", visible=h.page.caps.server_load))
         with gr.Column(min_width=320):
             add("latency", gr.LinePlot(kv.latency_frame(RunRecord()), **step_axis(), y="ms",
                                        x_title=kv.LATENCY_X_TITLE, y_title=kv.LATENCY_Y_TITLE,
                                        title="Decode latency per token", elem_id="latency-chart"))
-            add("stats", gr.Markdown("No run yet.", label="Run statistics", elem_id="stats"))
+            add("stats", gr.Markdown("No run yet.", label="Run statistics", elem_id="stats", sanitize_html=False))
     add("record", gr.State(None))
     add("history", gr.State([]))
     add("live", gr.Timer(CHART_INTERVAL_S, active=False))
