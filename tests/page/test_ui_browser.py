@@ -71,6 +71,9 @@ def test_compare_shows_the_divergence_marker(live_app, browser):
     page.goto(url + "/?prompt=The%20quick&temperature=0&seed=5&max_new_tokens=20")
     page.wait_for_function("document.querySelector('#seed input, #seed textarea')?.value === '5'")
     page.get_by_text("Sampling experiments").click()
+    # B follows the page's settings (greedy here): B samples instead.
+    page.wait_for_function("document.querySelector('#b-temperature input[type=number]')?.value === '0'")
+    set_slider(page, "#b-temperature", 1.5, key="Tab")
     page.click("#compare")
     page.wait_for_function("(document.querySelector('#compare-summary')?.innerText || '').includes('divergence')")
     assert "First divergence at step" in page.inner_text("#compare-summary")
