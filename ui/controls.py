@@ -82,6 +82,8 @@ class Controls:
 
 schema_fields(Controls, before=("prompt", "mode", "system", "model"), after=("seed", "stop", "prefix_ids"))
 NAMES = Controls.names()
+# The controls in "More settings" (closed unless a link or the saved work sets one of them).
+MORE_SETTINGS = (*(s.name for s in SETTINGS if s.group == "more"), "stop")
 
 
 def signature(*extra: str) -> inspect.Signature:

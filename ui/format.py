@@ -290,3 +290,27 @@ def byte_note(piece: str) -> str:
     """" (1st byte of a 3-byte character)" after a piece holding bytes of a split character, else ""."""
     hint = byte_hint(piece)
     return f" <span class='tl-byte-note'>({html.escape(hint)})</span>" if hint else ""
+
+
+# Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
+LOGPROBS = {
+    "raw": "the model's own distribution (vLLM's default --logprobs-mode raw_logprobs)",
+    "processed": "the distribution after the sampling settings (--logprobs-mode processed_logprobs)",
+}
+
+
+NO_CONFIG = ("The served model's shapes are not known here: start the page with "
+             "`--engine-config PATH` (its config.json, or a local copy of the model) for them and "
+             "the KV-cache formula.")
+
+
+def bars_note(info, top_n: int) -> str:
+    """The line under each step's bars: where its numbers come from, or how approximate they are."""
+    if not info.capabilities.whole_distribution:
+        return (f"From the server's log-probabilities of its top {top_n} candidates: "
+                f"{LOGPROBS[info.capabilities.logprobs]}.")
+    return approx_note(info)
+
+
+# Where an engine lacks a capability (contract.Capabilities), a section says why in its place.
+NOT_HERE = "not available when the page is in front of a server"

@@ -2,6 +2,7 @@
 on, B copies the run's settings, the A/B bars stack on a narrow screen, the charts name their
 axes and replay keeps the bars' colours (the browser's checks are in test_compare_browser.py)."""
 
+import ui.shared.charts as charts_panel
 from helpers import plain
 import re
 from types import SimpleNamespace
@@ -12,11 +13,11 @@ import pytest
 from helpers import page_run
 
 from ui.controls import shaping_values
-from ui.run.handlers import RUN_OUTPUTS
+from ui.shared.outputs import RUN_OUTPUTS
 from ui.layout import build_ui
 from server.limits import RUN_GOING
 import ui.experiments.render as exp_render
-import ui.run.render as run_render
+import ui.shared.view as run_render
 
 REQ = SimpleNamespace(session_hash="compare")
 
@@ -53,7 +54,7 @@ def test_compare_turns_generate_off_and_stop_on_and_b_copies_the_run(h, tiny_eng
 
 
 def test_ab_bars_stack_on_a_narrow_screen():
-    css = (run_render.__file__.rsplit("/run/", 1)[0] + "/assets/page.css")
+    css = (run_render.__file__.rsplit("/shared/", 1)[0] + "/assets/page.css")
     text = open(css, encoding="utf-8").read()
     assert re.search(r"@media \(max-width: 860px\) \{ #compare-bars \{ flex-direction: column", text)
 
@@ -66,8 +67,8 @@ def test_charts_name_their_axes_and_replay_keeps_the_bars_colours(tiny_engine, h
     assert page["run_chart"].y_title == "probability" and page["run_chart"].y == "value"
     assert page["entropy_chart"].y == "nats" and "nats" in page["entropy_chart"].y_title
     rec = run(h)
-    assert set(exp_render.run_chart_frames(rec)[0].metric) == {"chosen-token probability"}
-    assert exp_render.entropy_frame(rec).nats.tolist() == [round(s.entropy, 3) for s in rec.steps]
+    assert set(charts_panel.run_chart_frames(rec)[0].metric) == {"chosen-token probability"}
+    assert charts_panel.entropy_frame(rec).nats.tolist() == [round(s.entropy, 3) for s in rec.steps]
     out = h.experiments.replay_step(rec, 2, *shaping_values(temperature=0.5, top_k=3))
     bars = out["replay_bars"]
     head = re.search(r"tl-head'>(.*?)</div>", bars).group(1)

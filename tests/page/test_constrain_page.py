@@ -13,7 +13,7 @@ import pytest
 
 from inference.sampling.settings import SHAPING_SETTINGS
 from ui.controls import Controls
-from ui.experiments.render import run_chart_frames
+from ui.shared.charts import run_chart_frames
 from ui.handlers import Handlers
 from ui.run import constrain
 
@@ -103,7 +103,7 @@ def test_a_run_whose_stages_leave_no_allowed_token_names_the_stage_in_its_end(h)
     assert digits
     rec = run(h, constraint="regex", constraint_text="[0-9]+", logit_bias=", ".join(f"{i}:-100" for i in digits))
     assert rec.done.reason == "constraint" and rec.done.emptied_by == "logit_bias" and not rec.steps
-    from ui.run import render
+    from ui.shared import view as render
     status = render.status_text(rec, h.page.context, 0.0)
     assert status.startswith("Run ended: logit bias removed the last token the constraint allows")
     assert "move constraint before logit_bias in the sampler order" in status

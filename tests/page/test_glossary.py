@@ -77,7 +77,7 @@ def blocks(tiny_engine):
     the page renders them on the tiny model."""
     from ui.handlers import Handlers
     from ui.lesson.render import chapter_html
-    from ui.run import kv, render
+    from ui.shared import card, kv, view
     h = Handlers(tiny_engine, top_n=8)
     c = Controls(prompt="The quick brown fox", max_new_tokens=6, seed="3", temperature=1.0, logit_bias="5:2")
     rec = list(h.run.generate(*c.values(), REQ))[-1]["record"]
@@ -85,8 +85,8 @@ def blocks(tiny_engine):
                      steps=4, seed=1)
     data = {"model": lesson.model, "prompt": lesson.prompt, "chapters": lesson.chapters, "mode": "completion",
             "follow": "top", "seed": 1}
-    out = {"card": render.model_card(tiny_engine.describe()), "bars": h.page.bars(rec.steps[1], rec=rec, pick=True),
-           "stats": render.stats_markdown(tiny_engine.describe(), rec), "kv": kv.kv_formula(tiny_engine.describe(), 20),
+    out = {"card": card.model_card(tiny_engine.describe()), "bars": h.page.bars(rec.steps[1], rec=rec, pick=True),
+           "stats": view.stats_markdown(tiny_engine.describe(), rec), "kv": kv.kv_formula(tiny_engine.describe(), 20),
            **{f"lesson {c['key']}": chapter_html(data, i) for i, c in enumerate(lesson.chapters)}}
     from ui.experiments.render import compare_summary
     from ui.run_state import divergence
@@ -102,7 +102,7 @@ def other_cards(tmp_path_factory, sp_model_bytes, tiny_dirs):
     from inference.loading.gguf_import import import_gguf
     from inference.serving.engine import Engine
     from tiny_families import make_family_model
-    from ui.run import render
+    from ui.shared import card as render
     root = tmp_path_factory.mktemp("glossary")
     d, _ = make_family_model(root, "gemma3_text", sp_model_bytes)
     with Engine.from_hf_dir(d, device="cpu", dtype="float32") as gemma:

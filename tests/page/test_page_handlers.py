@@ -4,6 +4,7 @@ and the rule that an event outside the queue never raises (gradio would answer H
 
 from __future__ import annotations
 
+import ui.shared.card as card_render
 from helpers import plain
 import json
 import re
@@ -22,13 +23,13 @@ from inference.events import PrefillEvent
 from inference.serving.kv_pool import BLOCK_SIZE
 from tiny_models import CHATML
 from ui.controls import Controls, controls_from_query, query_value, share_url
-from ui.run.handlers import STALE_PANELS
+from ui.shared.outputs import STALE_PANELS
 from ui.run_state import Divergence, RunRecord, run_jsonl
 import ui.experiments.render as exp_render
 import ui.format as formatting
 import ui.inside.render as inside_render
-import ui.run.kv as kv_panel
-import ui.run.render as run_render
+import ui.shared.kv as kv_panel
+import ui.shared.view as run_render
 
 SMOL_LIKE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
              "{{ '<|im_start|>system\nYou are SmolTest<|im_end|>\n' }}{% endif %}"
@@ -194,7 +195,7 @@ def downloaded(h, html_links: str, which: int):
     url = re.findall(r"href='([^']+)'", html_links)[which]
     route, token, name = url.rsplit("/", 2)
     assert route == "tokenlab/download"
-    return h.run.download_path(token, name)
+    return h.page.runs.downloads.path(token, name)
 
 
 def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, capsys):
@@ -218,14 +219,14 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
 
 
 def test_old_downloads_are_deleted(h, monkeypatch):
-    import ui.run.handlers as run_handlers
-    monkeypatch.setattr(run_handlers, "KEEP_FILES", 3)
-    urls = [h.run._write_file(f"f{i}.txt", "x") for i in range(5)]
-    found = [h.run.download_path(*u.rsplit("/", 2)[1:]) for u in urls]
+    import ui.shared.downloads as downloads
+    monkeypatch.setattr(downloads, "KEEP_FILES", 3)
+    urls = [h.page.runs.downloads.write(f"f{i}.txt", "x") for i in range(5)]
+    found = [h.page.runs.downloads.path(*u.rsplit("/", 2)[1:]) for u in urls]
     assert [f is not None for f in found] == [False, False, True, True, True]
-    assert not (h.run._files_dir / urls[0].rsplit("/", 2)[1]).exists()  # deleted, not only forgotten
-    assert h.run.download_path(urls[4].rsplit("/", 2)[1], "other.txt") is None  # only the name it wrote
-    assert h.run.download_path("../../etc", "passwd") is None
+    assert not (h.page.runs.downloads._files_dir / urls[0].rsplit("/", 2)[1]).exists()  # deleted, not only forgotten
+    assert h.page.runs.downloads.path(urls[4].rsplit("/", 2)[1], "other.txt") is None  # only the name it wrote
+    assert h.page.runs.downloads.path("../../etc", "passwd") is None
     assert run_jsonl(RunRecord()) == "\n"
 
 
@@ -245,7 +246,7 @@ def test_a_waiting_run_says_what_is_ahead_and_stop_ends_it_before_it_starts(h):
     rec = list(h.run.generate(*c.values(), session("b"), []))[-1]["record"]
     assert rec.done.reason == "cancelled" and rec.steps == []
     h.run.closed(session("a"))
-    assert h.run._waiting == {}
+    assert h.page.runs._waiting == {}
 
 
 def test_the_status_line_through_a_runs_life(h, tiny_engine):
@@ -266,12 +267,12 @@ def test_the_status_line_through_a_runs_life(h, tiny_engine):
 def test_the_context_counter(h, tiny_engine):
     n = len(tiny_engine.prompt_ids("The quick brown fox"))
     ctx = tiny_engine.cfg.max_seq_len
-    assert h.run.count_context("The quick brown fox", "completion", "", 20) == \
+    assert h.page.runs.count_context("The quick brown fox", "completion", "", 20) == \
         f"Context: **{n}** prompt tokens + up to 20 new = {n + 20} of {ctx}"
-    assert "lowered to" in h.run.count_context("The quick brown fox", "completion", "", 10_000)
+    assert "lowered to" in h.page.runs.count_context("The quick brown fox", "completion", "", 10_000)
     chat = len(tiny_engine.prompt_ids("Hi", True, "be brief"))
-    assert f"**{chat}** prompt tokens" in h.run.count_context("Hi", "chat", "be brief", 5)
-    assert h.run.count_context("", "chat", "", 5, [{"role": "user", "content": "a"},
+    assert f"**{chat}** prompt tokens" in h.page.runs.count_context("Hi", "chat", "be brief", 5)
+    assert h.page.runs.count_context("", "chat", "", 5, [{"role": "user", "content": "a"},
                                                {"role": "assistant", "content": "b"}]).startswith("Context: 1 earlier")
 
 
@@ -301,7 +302,7 @@ def test_events_outside_the_queue_never_raise(h):
         assert isinstance(h.run.select_step(rec, v), str)
         assert h.run.select_token(rec, SimpleNamespace(index=v)) is not None
         assert isinstance(h.experiments.replay_step(rec, 0, v, v, v, v, v)["replay_md"], str)
-        assert isinstance(h.run.count_context(v, v, v, v), str)
+        assert isinstance(h.page.runs.count_context(v, v, v, v), str)
         assert isinstance(h.inside.select_head(rec, 0, 0, v), str)
         try:  # a link is made, or refused with a message naming the field (in the queue)
             assert isinstance(h.share.share_link(*([v] * len(NAMES)), v, v), str)
@@ -442,7 +443,7 @@ def test_a_link_leaves_out_the_text_of_a_constraint_that_is_off(h):
 def test_one_of_a_thing_is_said_in_the_singular(h, tiny_dirs):
     """Issue 62: "1 tokens", "1 key/value heads". A 1-token run's status, statistics and token
     view; a card of a model with one KV head."""
-    import ui.run.render as run_render
+    import ui.shared.view as run_render
     from inference.serving.engine import Engine
     rec = run(h, max_new_tokens=1, seed="2")
     assert len(rec.steps) == 1
@@ -452,5 +453,5 @@ def test_one_of_a_thing_is_said_in_the_singular(h, tiny_dirs):
     assert "Generated: 1 token<" in tokens and "1 of them a control token" in tokens
     assert "1 tokens" not in run_render.context_text(1, 1, None, 256)
     with Engine.from_hf_dir(tiny_dirs["llama3_rope"], device="cpu", dtype="float32") as one:
-        card = plain(run_render.model_card(one.describe()))
+        card = plain(card_render.model_card(one.describe()))
     assert "/ 1 KV head ·" in card

@@ -1,8 +1,9 @@
 """The page in a real browser: Playwright driving Debian's chromium."""
 
+import ui.shared.charts as charts_panel
 from browser import generate_to_end, open_page, set_slider, wait_loaded
 from engine_hold import wait_until
-import ui.run.kv as kv_panel
+import ui.shared.kv as kv_panel
 
 
 def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch, hold):
@@ -36,7 +37,7 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     # A long run, stopped from the page. The tiny model is too fast to catch: hold it.
     held = hold(engine)
     live_frames = []  # the chart timer draws the running run's KV cache while it streams
-    kv_frame = kv_panel.kv_frame
+    kv_frame = charts_panel.kv_frame
     monkeypatch.setattr(kv_panel, "kv_frame", lambda rec: live_frames.append(
         (len(rec.steps), rec.done is None)) or kv_frame(rec))
     set_slider(page, "#max-new-tokens", 200)

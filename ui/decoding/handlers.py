@@ -4,8 +4,6 @@ line in the section's summary."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import gradio as gr
 
 from inference.decoding.drafters import make_drafter
@@ -14,13 +12,10 @@ from inference.errors import InputError, TokenLabError
 from inference.events import BeamStepEvent, StepEvent
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
 from inference.serving.engine import parse_ids
-from ui.base import PageContext, Section, session_of, takes_controls
+from ui.base import Section, session_of, takes_controls
 from ui.controls import Controls, page_message
 from ui.decoding import render
 from ui.run_state import Opened
-
-if TYPE_CHECKING:
-    from ui.run.handlers import RunHandlers
 
 
 NO_BEAMS = {"beam_state": None, "open_beam": gr.update(interactive=False),
@@ -38,11 +33,7 @@ def whole(value, what: str) -> int:
 
 
 class DecodingHandlers(Section):
-    """A beam search or a speculative run of the page's prompt, prepared by the run section."""
-
-    def __init__(self, page: PageContext, run: "RunHandlers"):
-        super().__init__(page)
-        self.run = run
+    """A beam search or a speculative run of the page's prompt, prepared as every run (self.runs)."""
 
     @takes_controls()
     def beam_search(self, c: Controls, request: gr.Request = None) -> dict:
@@ -51,7 +42,7 @@ class DecodingHandlers(Section):
             # Beams rank by the model's own log-probabilities: the sampling stages are set aside, and said so.
             moved = [BY_NAME[n].label for n in FILTER_SETTINGS if getattr(c, n) != BY_NAME[n].neutral]
             # After a branch or an edit it continues after their given ids, read with the prompt.
-            rec = self.run.prepare(c, None, beams=True, given_in_prompt=True,
+            rec = self.runs.prepare(c, None, beams=True, given_in_prompt=True,
                                    **{n: BY_NAME[n].neutral for n in FILTER_SETTINGS})
             if rec.params.num_beams < 2:
                 raise InputError("set Beams to 2 or more for a beam search")
@@ -79,15 +70,14 @@ class DecodingHandlers(Section):
         except (TypeError, ValueError, IndexError, KeyError):
             raise gr.Error("Run a beam search first, then pick one of its beams to open.",
                            print_exception=False) from None
-        self.run.open_next(session_of(request), Opened(beams["model"], tuple(beams["prompt_ids"]), tuple(tokens),
+        self.runs.open_next(session_of(request), Opened(beams["model"], tuple(beams["prompt_ids"]), tuple(tokens),
                                                        f"beam {i + 1} of {len(beams['beams'])}"))
 
     def drafter_choices(self, model, drafter=None):
-        """The drafter list for the model picked (ui/decoding/section.drafters), the drafter chosen
+        """The drafter list for the model picked (render.drafters), the drafter chosen
         kept where it is still offered."""
-        from ui.decoding.section import drafters
         try:
-            choices, info = drafters(self.models, model)
+            choices, info = render.drafters(self.models, model)
         except TokenLabError:
             return gr.update()
         values = [v for _, v in choices]
@@ -106,7 +96,7 @@ class DecodingHandlers(Section):
         try:
             if not self.caps.internals:
                 raise InputError("speculative decoding needs the model's own forward passes (a local engine)")
-            rec = self.run.prepare(c, None)
+            rec = self.runs.prepare(c, None)
             m = self.view(rec.model)
             k, layer = whole(draft_tokens, "proposals a round"), whole(exit_layer, "the early exit's layer")
             spec = f"early-exit:{layer}" if drafter == "early-exit" else str(drafter)  # make_drafter refuses others

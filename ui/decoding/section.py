@@ -6,46 +6,16 @@ from __future__ import annotations
 
 import gradio as gr
 
-from inference.decoding.drafters import same_ids
 from inference.decoding.speculative import MAX_DRAFT_TOKENS
 from inference.sampling.settings import BY_NAME
 from ui.controls import NAMES
-from ui.handlers import Handlers
 from server.limits import ENGINE
+from ui.decoding.render import drafters
 from ui.widgets import setting_control
 
 OUTPUTS = ("decoding_md", "decoding_view")
 BEAM_OUTPUTS = (*OUTPUTS, "beam_state", "beam_pick", "open_beam")
-DRAFTERS = (("prompt lookup: n-grams of the context", "prompt-lookup"),
-            ("early exit: this model's first layers", "early-exit"))
-
-
-DRAFTER_INFO = "draft models: the page's other models with this one's tokenizer (a drafter's ids must be the target's)"
-
-
-def drafters(models, target: str | None) -> tuple[list[tuple[str, str]], str | None]:
-    """The drafter choices for the target model (a label, "" the default) and the line under them:
-    prompt lookup, the early exit and each other model the page has loaded whose ids are the
-    target's; the line says why each other model is not offered (another tokenizer; not loaded yet,
-    so its tokenizer is not known). None: a page of one model, with no draft model to speak of."""
-    if len(models.labels) < 2:
-        return list(DRAFTERS), None
-    target = models.label_of(target)
-    offered, absent = [], {}
-    for label in models.labels:
-        if label == target:
-            continue
-        if not (models.loaded(label) and models.loaded(target)):
-            absent.setdefault("not loaded yet, so its tokenizer is not known (pick it once in Model)", []).append(label)
-        elif same_ids(models.engine(label), models.engine(target)):
-            offered.append((f"draft model: {label}", f"model:{label}"))
-        else:
-            absent.setdefault("another tokenizer", []).append(label)
-    why = "; ".join(f"{', '.join(labels)}: {reason}" for reason, labels in absent.items())
-    return [*DRAFTERS, *offered], DRAFTER_INFO + (f". Not offered: {why}" if why else "")
-
-
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     add = page.add
     d = h.page.defaults
     layers = h.page.info.cfg.n_layers if h.page.info.cfg is not None else 2
@@ -80,14 +50,13 @@ def build(page, h: Handlers) -> None:
         add("decoding_view", gr.HTML("", label="Decoding steps", elem_id="decoding-view"))
 
 
-def wire(page, h: Handlers, chain_run) -> None:
-    """chain_run(trigger): the run section's begin -> generate -> after the run (a beam opened)."""
+def wire(page, h, demo) -> None:
     page.on(page["beam_button"].click, h.decoding.beam_search, inputs=NAMES, outputs=BEAM_OUTPUTS,
             concurrency_id=ENGINE, api_visibility="private")
     # Queued (unlimited), so that its refusal is a message; only then does the run start.
     opened = page.on(page["open_beam"].click, h.decoding.open_beam, inputs=("beam_state", "beam_pick"),
                      outputs=(), concurrency_limit=None, api_visibility="private",
                      show_progress="hidden")
-    chain_run(opened.success)
+    page.chain_run(opened.success)  # the run section's chain: begin (the beam's tokens) -> the run -> its end
     page.on(page["spec_button"].click, h.decoding.speculative, inputs=(*NAMES, "drafter", "exit_layer", "draft_tokens"),
             outputs=OUTPUTS, concurrency_id=ENGINE, api_visibility="private")

@@ -4,28 +4,18 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
-
 import gradio as gr
 
 from inference.errors import TokenLabError
 from inference.sampling.replay import replay_state
 from inference.sampling.settings import SHAPING_SETTINGS
-from ui.base import PageContext, Section, named_args, page_error, step_index, takes_controls
+from ui.base import Section, named_args, page_error, step_index, takes_controls
 from ui.controls import Controls, page_message, sampling_params
 from ui.experiments import render
 from ui.experiments.two_models import TwoModels, along, same_vocabulary
 from ui.run_state import RunRecord, divergence, text_divergence
 
-if TYPE_CHECKING:
-    from ui.run.handlers import RunHandlers
-
-
 class ExperimentHandlers(Section):
-    def __init__(self, page: PageContext, run: "RunHandlers"):
-        super().__init__(page)
-        self.run = run
-
     @named_args("rec", "step", *SHAPING_SETTINGS)
     def replay_step(self, rec: RunRecord | None, step, *values, request: gr.Request = None) -> dict:
         """The step's sampling pipeline as it ran and under new settings (values: one per
@@ -93,9 +83,9 @@ class ExperimentHandlers(Section):
         *b_values, model_b = b_values
         try:
             cb = dataclasses.replace(c, model=model_b or c.model)
-            ra = self.run.prepare(c, None)  # the seed typed, else one chosen for both
+            ra = self.runs.prepare(c, None)  # the seed typed, else one chosen for both
             chosen = ra.seed
-            rb = self.run.prepare(cb, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
+            rb = self.runs.prepare(cb, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
             with self._job(request) as cancel:
                 ra, rb = self._collect(ra, cancel), self._collect(rb, cancel)
                 two, two_note = self._two_models(ra, rb) if ra.model != rb.model else (None, "")

@@ -10,13 +10,11 @@ import pandas as pd
 
 from inference.events import StepEvent
 from inference.sampling.settings import BY_NAME
-from ui.format import (bucket, fmt_p, known, line_frame, named_prob_html, plotted_p, prob_html, shown_prob,
+from ui.format import (NOT_HERE, bucket, fmt_p, known, line_frame, named_prob_html, plotted_p, prob_html, shown_prob,
                        visible)
 from ui.glossary import gloss
 from ui.run_state import Divergence, RunRecord, run_summary
 
-# Where an engine lacks a capability (contract.Capabilities), the section says why in its place.
-NOT_HERE = "not available when the page is in front of a server"
 REPLAY_NOTE = (f"**Replay** recomputes a step from its whole logit vector: {NOT_HERE}, which "
                "returns only the top candidates' log-probabilities (outside them nothing is known). "
                "Compare A/B and \"how likely was X?\" below ask the server again and work.")
@@ -27,38 +25,6 @@ CHARTS_CAPTION = ("**Per step of the run**: the chosen token's probability in th
 CHARTS_NOTE = ("In front of a server: the raw entropy needs the whole distribution, and a rank is "
                "known only among the returned candidates; steps without them are left out of these "
                "charts, not drawn as zeros.")
-
-
-def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The per-step probabilities (the chosen token's; under a constraint the masked mass), on
-    an axis from 0 to 1, and the chosen token's rank."""
-    rows = []
-    for s in rec.steps:  # a number the engine does not know (None) is left out, not drawn as 0
-        if shown_prob(s) is not None:
-            rows.append({"step": s.step, "value": plotted_p(shown_prob(s)), "metric": "chosen-token probability"})
-        if rec.params is not None and rec.params.constraint and s.masked_mass is not None:
-            rows.append({"step": s.step, "value": plotted_p(s.masked_mass), "metric": "masked mass (constraint)"})
-    ranks = line_frame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None], "rank")
-    return line_frame(rows, "value", "metric"), ranks
-
-
-# The rank axis spans at least this many ranks from 0: Vega-Lite's ticks over a shorter span fall
-# between whole ranks (1.5, 2.5), which no rank is.
-RANK_SPAN = 10
-
-
-def rank_axis(frame: pd.DataFrame | None) -> list[int]:
-    """The rank chart's y axis, [0, end]: whole-number ticks (at least RANK_SPAN, and a tenth above
-    the largest rank, so that the line stays off the top edge: a set end is not rounded out)."""
-    top = 1 if frame is None or frame.empty else int(frame["rank"].max())
-    return [0, max(RANK_SPAN, math.ceil(top * 1.1) + 1)]
-
-
-def entropy_frame(rec: RunRecord) -> pd.DataFrame:
-    """The raw entropy per step, in nats: its own chart, as its unit is not a probability's (3
-    decimals, as the compare table gives a mean entropy)."""
-    return line_frame([{"step": s.step, "nats": round(s.entropy, 3)} for s in rec.steps if s.entropy is not None],
-                      "nats")
 
 
 def _rank(st) -> str:

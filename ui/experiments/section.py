@@ -7,11 +7,10 @@ import gradio as gr
 
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
-from ui.experiments.render import (CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, entropy_frame, run_chart_frames,
-                                   two_models_frame)
-from ui.experiments.render import differences_md as render_differences, rank_axis
+from ui.experiments.render import CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, two_models_frame
+from ui.experiments.render import differences_md as render_differences
+from ui.shared.charts import entropy_frame, rank_axis, run_chart_frames
 from ui.format import COMPARE_COLOR_MAP, step_axis
-from ui.handlers import Handlers
 from server.limits import ENGINE
 from ui.run_state import RunRecord
 from ui.widgets import setting_control
@@ -22,7 +21,7 @@ from ui.widgets import setting_control
 PROBABILITY_LIM = [0, 1.05]
 
 
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     d, add, internals = h.page.defaults, page.add, h.page.caps.internals
     with gr.Accordion("Sampling experiments: the pipeline of a step, replay, compare A/B, "
                       "how likely was X?", open=False):
@@ -105,7 +104,7 @@ def build(page, h: Handlers) -> None:
         add("x_md", gr.Markdown("", elem_id="likely-table"))
 
 
-def wire(page, h: Handlers) -> None:
+def wire(page, h, demo) -> None:
     replay_inputs = [f"replay_{n}" for n in SHAPING_SETTINGS]
     if h.page.caps.internals:
         # The replay follows its controls (a typed value, a drag, arrow keys); one forward pass

@@ -8,13 +8,12 @@ import gradio as gr
 from inference.lesson.explain import EXAMPLES, STEPS
 from server.limits import ENGINE
 from ui.controls import NAMES
-from ui.handlers import Handlers
 
 OUTPUTS = ("lesson_data", "lesson_index", "lesson_view", "lesson_back", "lesson_next")
 FOLLOW_CHOICES = [("the most likely token", "top"), ("a sampled token", "sampled")]
 
 
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     """The entry (a button right under the title) and the panel it opens, hidden until then."""
     add = page.add
     add("lesson_open", gr.Button("▶ Follow one token: a guided lesson on your prompt", variant="primary",
@@ -45,7 +44,7 @@ def build(page, h: Handlers) -> None:
     add("lesson_index", gr.State(0))
 
 
-def wire(page, h: Handlers) -> None:
+def wire(page, h, demo) -> None:
     # The page's model, sampling settings and seed (its prompt box and mode are not the lesson's).
     start = dict(inputs=(*NAMES, "lesson_prompt", "lesson_mode", "lesson_follow"), outputs=OUTPUTS,
                  api_visibility="private", concurrency_id=ENGINE)
