@@ -11,7 +11,7 @@ from urllib.parse import quote
 
 import pytest
 
-from browser import SESSION_MODELS, WAIT_MS, box, run_to_end, shot, wait_loaded, wait_text
+from browser import SESSION_MODELS, WAIT_MS, box, run_to_end, shot, wait_loaded, wait_text, watch
 from ui import glossary
 
 FIRST = [(1400, 900), (420, 900)]
@@ -22,6 +22,7 @@ def open_first(browser, served, width, height, model, query="", touch=False):
     context = browser.new_context(viewport={"width": width, "height": height}, has_touch=touch)
     page = context.new_page()
     page.set_default_timeout(WAIT_MS)
+    page.seen = watch(page)  # no console error, page error or HTTP error, checked at the end
     pick = f"model={quote(model)}" if model else ""
     page.goto(served + "/?" + "&".join(q for q in (query, pick) if q))
     wait_loaded(page)
@@ -57,6 +58,7 @@ def test_the_first_screen_holds_the_prompt_generate_and_the_lesson(served, brows
         assert b["y"] >= 0 and b["y"] + b["height"] <= height, f"{sel} is not in the first screen: {b}"
     shot(page, f"first-screen-{model or 'tiny'}-{width}")
     page.context.close()
+    assert page.seen["errors"] == [] and page.seen["http"] == [], page.seen
 
 
 @pytest.mark.parametrize("model", SESSION_MODELS)
@@ -108,3 +110,4 @@ def test_a_term_shows_its_definition_on_hover_focus_and_tap_and_to_a_screen_read
     assert described(page, term) == glossary.define("tokenizer")
     shot(page, f"lesson-definition-{model or 'tiny'}-{width}")
     page.context.close()
+    assert page.seen["errors"] == [] and page.seen["http"] == [], page.seen

@@ -40,20 +40,26 @@ def test_a_reload_mid_run_says_the_run_was_not_kept(live_app, browser, hold):
     page.close()
 
 
+def held_run(context, url: str, engine, hold):
+    """A new tab of the page whose run streams, held after its 2nd token: (the tab, the hold)."""
+    page = context.new_page()
+    page.set_default_timeout(180_000)
+    page.goto(url + "/" + QUERY)
+    wait_loaded(page)
+    held = hold(engine)
+    page.fill("#max-new-tokens input[type=number]", "200")
+    page.press("#max-new-tokens input[type=number]", "Enter")
+    page.click("#generate")
+    held.step(2)  # the run has made 2 tokens and is held before the 3rd
+    return page, held
+
+
 def test_a_tab_closed_mid_run_says_so_in_the_next_tab(live_app, browser, hold):
     """Issue 62: a tab closed while its run streamed came back (a new tab of the page) with no word
     about that run; a reload said it. The closed tab's run is said once in the next tab opened."""
     url, engine, _ = live_app
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
-    first = context.new_page()
-    first.set_default_timeout(180_000)
-    first.goto(url + "/" + QUERY)
-    wait_loaded(first)
-    held = hold(engine)
-    first.fill("#max-new-tokens input[type=number]", "200")
-    first.press("#max-new-tokens input[type=number]", "Enter")
-    first.click("#generate")
-    held.step(2)  # the run has made 2 tokens and is held before the 3rd
+    first, held = held_run(context, url, engine, hold)
     first.close(run_before_unload=True)
     held.open()
     wait_until(lambda: engine.active_runs == 0, "the closed tab's run to end")
@@ -75,19 +81,12 @@ def test_a_stream_cut_by_a_reload_or_a_closed_tab_is_no_console_error(live_app, 
     a cut stream is expected, not an error. Each way, the console of the tab whose stream was cut."""
     url, engine, _ = live_app
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
+    errors = []  # every tab's of the context
+    context.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    context.on("weberror", lambda e: errors.append(f"page error: {e.error}"))
     for leave in ("reload", "close"):
-        page = context.new_page()
-        page.set_default_timeout(180_000)
-        errors = []
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-        page.on("pageerror", lambda e: errors.append(f"page error: {e}"))
-        page.goto(url + "/" + QUERY)
-        wait_loaded(page)
-        held = hold(engine)
-        page.fill("#max-new-tokens input[type=number]", "200")
-        page.press("#max-new-tokens input[type=number]", "Enter")
-        page.click("#generate")
-        held.step(2)  # streaming: 2 tokens made, the 3rd held
+        errors.clear()
+        page, held = held_run(context, url, engine, hold)
         page.wait_for_function("(document.querySelector('#status')?.innerText || '').includes('Generating')")
         if leave == "reload":
             page.reload()
@@ -101,8 +100,7 @@ def test_a_stream_cut_by_a_reload_or_a_closed_tab_is_no_console_error(live_app, 
         assert errors == [], (leave, errors)
     # A lost connection with no abort before it (the server gone), and any other error, still are.
     page = context.new_page()
-    errors = []
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    errors.clear()
     page.goto(url + "/")
     wait_loaded(page)
     page.evaluate("console.error('Unexpected error', 'Connection errored out. '); console.error('something else')")

@@ -1,9 +1,8 @@
 """The page in a real browser: Playwright driving Debian's chromium."""
 
-import ui.shared.charts as charts_panel
+import ui.run.handlers as run_handlers
 from browser import generate_to_end, open_page, set_slider, wait_loaded
 from engine_hold import wait_until
-import ui.shared.kv as kv_panel
 
 
 def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch, hold):
@@ -37,8 +36,8 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     # A long run, stopped from the page. The tiny model is too fast to catch: hold it.
     held = hold(engine)
     live_frames = []  # the chart timer draws the running run's KV cache while it streams
-    kv_frame = charts_panel.kv_frame
-    monkeypatch.setattr(kv_panel, "kv_frame", lambda rec: live_frames.append(
+    kv_frame = run_handlers.kv_frame  # (the chart timer's: RunHandlers.live_tick)
+    monkeypatch.setattr(run_handlers, "kv_frame", lambda rec: live_frames.append(
         (len(rec.steps), rec.done is None)) or kv_frame(rec))
     set_slider(page, "#max-new-tokens", 200)
     page.click("#generate")
