@@ -158,7 +158,8 @@ def _serve(args, before_stop: list) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2 if isinstance(e, InputError) else 1
     from ui.handlers import Handlers
-    from ui.layout import build_ui, limits_markdown
+    from ui.layout import build_ui
+    from ui.run.render import limits_markdown
 
     with models:
         engine = models.engine()

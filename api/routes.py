@@ -11,17 +11,14 @@ lm-evaluation-harness's remote tokenizer call.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import json
-import logging
 import re
 import secrets
 import uuid
-from functools import wraps
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
@@ -29,71 +26,22 @@ from api.answers import Writer, usage
 from api.errors import APIError, bad, error_body, from_engine
 from api.params import (COMPLETIONS_MAX_TOKENS, chat_arguments, chat_ask, check_fields, check_model, check_unicode_values,
                         completion_ask)
-from api.runs import ENDS, Runs
+from api.runs import Runs
+from api.streams import ClosingStream, collect, guarded, run_chunks, sse
 from inference.decoding.beams import UNSCORED, unscored_message
 from inference.errors import InputError, TokenLabError, shown
-from inference.events import DoneEvent
 from inference.request import RunRequest, prepare_run
 from inference.serving.models import Models
 from server.limits import Limits, Refused, client_key
 
-log = logging.getLogger("tokenlab.api")
 TOKENIZE_SERVED = "/tokenize takes prompt (with add_special_tokens) or messages, and model"
 METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 SERVED = {"/v1/models": "GET", "/v1/completions": "POST", "/v1/chat/completions": "POST", "/tokenize": "POST",
           "/detokenize": "POST", "/tokenizer_info": "GET"}
 # Every path the API answers (its catch-all included): a refusal there is OpenAI's error body.
 PATHS = re.compile(r"/v1/.*|/(tokenize|detokenize|tokenizer_info)/?")
-DISCONNECT_POLL_S = 0.5  # how often a request answered at its end looks whether its client is still there
-
-
 # A JSON escape of a UTF-16 surrogate: only a body holding one can hold a lone one.
 _ESCAPED_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]")
-
-
-class ClientGone(Exception):
-    """The client closed its connection before its answer was ready (a timeout, Ctrl-C)."""
-
-
-def guarded(fn):
-    """A route whose every error is an OpenAI error body: the request's faults are 4xx with
-    their one-line message; anything else, a fault of the server's, a 500 saying so."""
-    @wraps(fn)
-    async def route(request: Request):
-        try:
-            return await fn(request)
-        except APIError as e:
-            return e.response()
-        except ClientGone:  # nobody reads it: nginx's "client closed request"
-            return Response(status_code=499)
-        except TokenLabError as e:
-            return from_engine(e).response()
-        except Exception:
-            log.exception("the API failed on %s", request.url.path)
-            return APIError(500, "the server failed on this request (its log has why)", type="api_error").response()
-    return route
-
-
-class ClosingStream(StreamingResponse):
-    """Closes its events however the response ends (a client gone mid-stream included), then
-    calls on_close: the request's runs are cancelled and the visitor's share given back at once."""
-
-    def __init__(self, content, on_close, **kwargs):
-        super().__init__(content, **kwargs)
-        self.on_close = on_close
-
-    async def __call__(self, scope, receive, send):
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            try:
-                await self.body_iterator.aclose()
-            finally:
-                self.on_close()
-
-
-def sse(obj) -> str:
-    return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
 class API:
@@ -317,7 +265,7 @@ class API:
                                               names, cancels)
                 streaming = True
                 return response
-            steps, done = await _collect(runs, len(jobs), disconnected)
+            steps, done = await collect(runs, len(jobs), disconnected)
             out = [writer.completion_choice(c, steps.get(c, []), done.get(c), known[p]) for c, (p, _) in enumerate(choices)]
             generated = sum(d.generated_tokens for d in done.values())
             return JSONResponse(writer.envelope(out, usage=usage(n_prompt, generated)))
@@ -331,7 +279,7 @@ class API:
         names, cancels = self.start_jobs(client, 1)
         try:
             jobs = await run_in_threadpool(self._prepare, [(ids, ask.seeded(0, max_tokens))], 0)
-            _, done = await _collect(Runs(self.engine, jobs, cancels), 1, disconnected)
+            _, done = await collect(Runs(self.engine, jobs, cancels), 1, disconnected)
             end, writer = done[0], Writer(self.model, self.engine.tokenizer, ask, kind)
             if end.reason == UNSCORED:  # no choice to give: an error that says why, never choices []
                 raise bad(unscored_message(end.length_penalty), "length_penalty")
@@ -347,7 +295,7 @@ class API:
                 yield writer.completion_prompt_chunk(c, known[p]), True
         generated = [0]
         if runs.jobs:
-            async for item in _run_chunks(runs, writer, writer.completion_step_chunk, writer.completion_done_chunk, generated):
+            async for item in run_chunks(runs, writer, writer.completion_step_chunk, writer.completion_done_chunk, generated):
                 yield item
         else:  # max_tokens 0: the prompt only
             for c in range(len(choices)):
@@ -379,7 +327,7 @@ class API:
                 response = await self._stream(self._chat_chunks(writer, runs, len(ids), ask), names, cancels)
                 streaming = True
                 return response
-            steps, done = await _collect(runs, ask.n, disconnected)
+            steps, done = await collect(runs, ask.n, disconnected)
             out = [writer.chat_choice(c, steps[c], done[c]) for c in range(ask.n)]
             generated = sum(d.generated_tokens for d in done.values())
             return JSONResponse(writer.envelope(out, usage=usage(len(ids), generated)))
@@ -392,7 +340,7 @@ class API:
         for c in range(len(runs.jobs)):
             yield writer.chat_role_chunk(c), True
         generated = [0]
-        async for item in _run_chunks(runs, writer, writer.chat_step_chunk, writer.chat_done_chunk, generated):
+        async for item in run_chunks(runs, writer, writer.chat_step_chunk, writer.chat_done_chunk, generated):
             yield item
         if ask.include_usage:
             yield writer.usage_chunk(usage(n_prompt, generated[0])), False
@@ -481,43 +429,3 @@ def _top_n(ask) -> int:
     """Candidates the engine reports per step: at least one when log-probabilities are asked
     for (0 skips the step's statistics altogether)."""
     return 0 if ask.logprobs is None else max(1, ask.logprobs)
-
-
-async def _run_chunks(runs: Runs, writer, step_chunk, done_chunk, generated: list):
-    """The runs' events as (chunk, False), but steps whose chunk would say nothing;
-    generated[0] counts the tokens made."""
-    async for c, ev in runs.events():
-        if isinstance(ev, DoneEvent):
-            generated[0] += ev.generated_tokens
-            yield done_chunk(c, ev), False
-        elif not writer.says_nothing(ev):
-            yield step_chunk(c, ev), False
-
-
-async def _collect(runs: Runs, k: int, disconnected) -> tuple[dict, dict]:
-    """Every run's steps and its end: ({index: [StepEvent]}, {index: DoneEvent}). A client gone
-    before the end (await disconnected() says so) ends the runs, ClientGone: an answer nobody
-    waits for is not computed to its end (a stream's runs end as its response is closed)."""
-    steps: dict = {i: [] for i in range(k)}
-    done: dict = {}
-
-    async def gather():
-        async for i, ev in runs.events():
-            if isinstance(ev, ENDS):
-                done[i] = ev
-            else:
-                steps[i].append(ev)
-
-    if k:
-        task = asyncio.ensure_future(gather())
-        try:
-            while not (await asyncio.wait({task}, timeout=DISCONNECT_POLL_S))[0]:
-                if await disconnected():
-                    raise ClientGone
-            task.result()  # its error, if the engine raised one
-        finally:
-            if not task.done():  # runs.events() closes: every run of the request is cancelled
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-    return steps, done
-

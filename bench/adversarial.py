@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 from bench.findings import CutWatch, findings  # noqa: E402
 from bench.page_client import free_port, wait_until_served  # noqa: E402
 from ui.controls import Controls  # noqa: E402
-from ui.run.handlers import RUN_OUTPUTS  # noqa: E402
+from ui.shared.outputs import RUN_OUTPUTS  # noqa: E402
 
 STATS, TOKENS = RUN_OUTPUTS.index("stats"), RUN_OUTPUTS.index("api_tokens")  # /generate's outputs
 

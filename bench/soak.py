@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.page_client import free_port, wait_until_served  # noqa: E402
-from ui.run.handlers import RUN_OUTPUTS  # noqa: E402
+from ui.shared.outputs import RUN_OUTPUTS  # noqa: E402
 
 WORDS = ("river stone light garden winter engine music paper window silver forest market "
          "letter orange bridge cloud candle story mountain teacher").split()

@@ -109,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--steps", type=int, default=None, metavar="N",
                     help="tokens the lesson's run makes, and the KV-cache demonstration's steps (default 16)")
     ex.add_argument("--jsonl", action="store_true", help="one JSON object per chapter (else a short summary per chapter)")
+    ex.add_argument("--follow", choices=("top", "sampled"), default="top",
+                    help="the token followed: the most likely one at each step (default), or one drawn with the settings")
+    ex.add_argument("--chat", action="store_true", help="read the prompt as a chat message in the model's template")
+    ex.add_argument("--system", default=None, help="with --chat: the system prompt")
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
     add_model_args(t)
@@ -389,7 +393,8 @@ def _cmd_explain(args) -> int:
     if not args.prompt.strip():
         raise InputError("the prompt is empty")
     with open_engine(args) as engine:
-        lesson = explain(engine, args.prompt, settings, steps=steps, seed=args.seed)
+        lesson = explain(engine, args.prompt, settings, steps=steps, seed=args.seed, follow=args.follow,
+                         chat=args.chat, system=args.system)
     for chapter in lesson.chapters:
         print(json.dumps(chapter, ensure_ascii=False) if args.jsonl else summary_line(chapter), flush=True)
     return 0

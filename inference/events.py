@@ -101,7 +101,7 @@ class PrefillEvent:
 class DoneEvent:
     # "eos", "length", "stop", "context", "cancelled" ("interrupted": the CLI's, Ctrl-C), "complete"
     # (the constraint ended with an end-of-sequence token the engine does not stop at), "constraint"
-    # (the stages before the constraint kept no token it allows)
+    # (the stages kept no token the constraint allows: emptied_by names the one that removed the last)
     reason: str
     text: str  # the whole generated text: every step's text, then `tail`
     tail: str  # text held back until the end (an incomplete character, a possible stop string)
@@ -115,6 +115,8 @@ class DoneEvent:
     done: bool = True
     stop_string: str | None = None  # reason "stop": the stop string that ended the run
     constraint_complete: bool | None = None  # the output is a whole match of the constraint (None: no constraint)
+    # reason "constraint": the stage (its setting's name) that removed the last token the constraint allowed
+    emptied_by: str | None = None
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The scripted page session of tests/page/test_session_console_browser.py and the lesson of
-# tests/page/test_lesson_browser.py on the real models:
+# The scripted page session of tests/page/test_session_console_browser.py, the lesson of
+# tests/page/test_lesson_browser.py, the first screen and glossary of
+# tests/page/test_glossary_browser.py and the constrained output and compare A/B of
+# tests/page/test_constrain_compare_browser.py on the real models:
 # serves the page on SmolLM2 and Gemma 3 270M (each fetched once into the cache), runs the
 # session and the lesson (the page's prompt, then 今天天气真) at 1400 and 420 px on each model,
 # and stops the page. The session checks no console error, no page error, no Vega warning and
@@ -21,4 +23,5 @@ until "$PY" -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:
   sleep 1
 done
 TOKENLAB_SESSION_URL="http://127.0.0.1:$PORT" TOKENLAB_SESSION_MODELS=default,gemma3-270m \
-  "$PY" -m pytest -q -n 0 -rs tests/page/test_session_console_browser.py tests/page/test_lesson_browser.py "$@"
+  "$PY" -m pytest -q -n 0 -rs tests/page/test_session_console_browser.py tests/page/test_lesson_browser.py \
+  tests/page/test_glossary_browser.py tests/page/test_constrain_compare_browser.py "$@"

@@ -159,3 +159,13 @@ SIZES = [(1400, 1000), (420, 900)]
 def box(page, selector: str) -> dict:
     """The first element's bounding box ({x, y, width, height})."""
     return page.locator(selector).first.bounding_box()
+
+
+def watch(page) -> dict:
+    """What the session leaves in the console and the network, as it happens."""
+    seen = {"errors": [], "warnings": [], "http": []}
+    page.on("console", lambda m: seen["errors" if m.type == "error" else "warnings" if m.type == "warning"
+                                     else "other"].append(m.text) if m.type in ("error", "warning") else None)
+    page.on("pageerror", lambda e: seen["errors"].append(f"page error: {e}"))
+    page.on("response", lambda r: seen["http"].append(f"{r.status} {r.url}") if r.status >= 400 else None)
+    return seen

@@ -96,14 +96,14 @@ class Hold:
     def one_token_per_update(self) -> None:
         """Let runs make one more token each time the page's handler makes an update: a run
         never gets ahead of the page, and stops advancing when the page stops taking updates."""
-        from ui.run.handlers import RunHandlers
-        outputs = RunHandlers.outputs
+        from ui.shared.runs import Runs
+        outputs = Runs.outputs
 
         def paced(handlers, *args, **kwargs):
             self.allow(1)
             return outputs(handlers, *args, **kwargs)
 
-        self._monkeypatch.setattr(RunHandlers, "outputs", paced)
+        self._monkeypatch.setattr(Runs, "outputs", paced)
 
 
 def _wait(cond: threading.Condition, predicate, poll_s: float | None = None) -> bool:

@@ -42,3 +42,10 @@ def hf_beams(hf, ids: list[int], width: int, penalty: float, max_new: int, eos) 
     lengths = (out.beam_indices >= 0).sum(dim=1).tolist()  # the tokens each beam generated
     seqs = [out.sequences[i, len(ids):len(ids) + n].tolist() for i, n in enumerate(lengths)]
     return seqs, out.sequences_scores.tolist()
+
+
+def plain(text: str) -> str:
+    """Page HTML or Markdown without the glossary's marks (ui/glossary: a term wrapped in a
+    focusable span with its definition), so that a test reads the words as the page prints them."""
+    import re
+    return re.sub(r"<span class='tl-term'[^>]*>([^<]*)</span>", r"\1", text)

@@ -4,7 +4,7 @@ schema) and its outputs from RUN_OUTPUTS, so that no test lists them by position
 from dataclasses import asdict
 
 from ui.controls import Controls
-from ui.run.handlers import RUN_OUTPUTS
+from ui.shared.outputs import RUN_OUTPUTS
 
 # A short greedy run: what most API tests ask for.
 ARGS = asdict(Controls(prompt="The quick", temperature=0.0, max_new_tokens=20, seed="5"))

@@ -138,6 +138,9 @@ class PageContext:
         self.engine, self.info, self.caps, self.context = first.engine, first.info, first.caps, first.context
         self.bars_note, self.defaults, self.default_system = first.bars_note, first.defaults, first.default_system
         self.update_interval_s = first.update_interval_s
+        # The page's runs: the one prepared request and its stream (ui/shared/runs.py), made
+        # with the sections' handlers (ui/handlers.py).
+        self.runs = None
 
     def forget(self, session: str) -> None:
         self.registry.resume(session)  # a stop it left for a job that never came
@@ -186,8 +189,8 @@ def _shared(name: str, doc: str) -> property:
 
 class Section:
     """One section's page events (ui/<section>/handlers.py) over the page's shared context. What a
-    section reads of that context is named here, so its code says self.view, self._job, …; another
-    section's events it needs are passed to its constructor. Events that run outside the queue
+    section reads of that context is named here, so its code says self.view, self._job, …; no
+    section is given another's: a run is started and shown through self.runs. Events that run outside the queue
     (queue=False) never raise: gradio answers those with an HTTP 500, so they return their message
     in the panel instead. Multi-output events return {component name: value}; a name left out
     keeps its component as it is."""
@@ -209,5 +212,6 @@ class Section:
     admission = _shared("admission", "Who may start an engine job now (server/admission.py).")
     keeper = _shared("keeper", "Deletes a closed tab's state (server/sessions.py).")
     admit = _shared("admit", "PageContext.admit: a click's session, or its refusal.")
+    runs = _shared("runs", "The page's runs: prepare, stream and show one (ui/shared/runs.py).")
     _job = _shared("job", "PageContext.job: hold the session's one engine job.")
     _bars = _shared("bars", "PageContext.bars: a step's bars.")

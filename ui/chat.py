@@ -3,46 +3,12 @@ A follow-up in chat mode continues the conversation (its run is the run section'
 
 from __future__ import annotations
 
-import html
 import json
-from typing import TYPE_CHECKING
-
 import gradio as gr
 
-from inference.loading.byte_pieces import hex_pieces, readable_text, unfinished_tail_bytes
-from ui.base import PageContext, Section
+from ui.base import Section
 from ui.controls import EXAMPLE_PROMPTS
-from ui.run_state import RunRecord, turn_messages
-
-if TYPE_CHECKING:
-    from ui.run.handlers import RunHandlers
-
-
-def conversation_html(history: list[dict]) -> str:
-    """The chat so far (earlier turns, oldest first); empty when there is none."""
-    if not history:
-        return ""
-    turns = "".join(f"<div class='tl-turn tl-turn-{html.escape(m['role'])}'><b>{html.escape(m['role'])}:</b> "
-                    f"{html.escape(m.get('shown', m['content']))}</div>" for m in history)
-    return (f"<div class='tl-conv'><div class='tl-title'>Conversation so far ({len(history) // 2} "
-            f"turn{'s' * (len(history) // 2 != 1)}; your next message continues it)</div>{turns}</div>")
-
-
-def turn_if_answered(rec: RunRecord, token_bytes: list[bytes] | None) -> list[dict]:
-    """The chat turn to keep: a stopped run that produced nothing adds none. Where the answer's
-    bytes make no character somewhere, the conversation shows them as pieces ("shown"; the
-    chat template is given the text, as the tokenizer decodes it)."""
-    turn = turn_messages(rec)
-    if turn and rec.done.reason == "cancelled" and not rec.done.text:
-        return []
-    # (After a stop string the bytes run on past the text: its answer keeps the text.)
-    if turn and token_bytes and "\ufffd" in turn[-1]["content"] and rec.done.reason != "stop":
-        ids = rec.given + [s.token_id for s in (rec.steps[:-1] if rec.done.reason == "eos" else rec.steps)]
-        data = b"".join(token_bytes[i] for i in ids)
-        cut = unfinished_tail_bytes(data)
-        shown = readable_text(data[:len(data) - len(cut)])
-        turn[-1]["shown"] = shown + (f" [cut off: {hex_pieces(cut)}]" if cut else "")
-    return turn
+from ui.shared.conversation import conversation_html
 
 
 def seed_note(seed) -> str:
@@ -55,10 +21,6 @@ def seed_note(seed) -> str:
 
 
 class ChatHandlers(Section):
-    def __init__(self, page: PageContext, run: "RunHandlers"):
-        super().__init__(page)
-        self.run = run
-
     def pop_last_turn(self, history, seed=None) -> dict:
         """Regenerate: the last answer dropped, its user message back in the prompt box (the
         run then starts as for Generate), and with a seed in its box a note that the answer will
@@ -77,7 +39,7 @@ class ChatHandlers(Section):
         counter without its turns."""
         return {"history": [], "conversation": conversation_html([]), "regenerate": gr.update(interactive=False),
                 "chat_note": "", "prefix_ids": "",
-                "context_count": self.run.count_context(prompt, mode, system, max_new_tokens, [], model)}
+                "context_count": self.runs.count_context(prompt, mode, system, max_new_tokens, [], model)}
 
     def switch_mode(self, mode) -> dict:
         """The chat's buttons and its conversation show in chat mode only: a completion run
@@ -93,9 +55,12 @@ EXAMPLE_FOR_MODE_JS = """(mode, prompt) => {
 }""" % json.dumps(EXAMPLE_PROMPTS)
 
 
-def build_buttons(page, mode: str) -> None:
+SLOT = "run.input"  # under Generate and Stop
+
+
+def build(page, h) -> None:
     """Under Generate and Stop: shown in chat mode only, with a note after Regenerate."""
-    with page.add("chat_buttons", gr.Column(visible=mode == "chat", elem_id="chat-buttons")):
+    with page.add("chat_buttons", gr.Column(visible=h.page.defaults.mode == "chat", elem_id="chat-buttons")):
         with gr.Row():
             page.add("regenerate", gr.Button("Regenerate last answer", size="sm", interactive=False,
                                              elem_id="regenerate"))
@@ -103,7 +68,12 @@ def build_buttons(page, mode: str) -> None:
         page.add("chat_note", gr.Markdown("", elem_id="chat-note"))
 
 
-def wire(page, h: ChatHandlers) -> None:
+def wire(page, h, demo) -> None:
+    # Regenerate: the last answer dropped, its message back in the box, then the run as Generate's.
+    regenerate = page.on(page["regenerate"].click, h.chat.pop_last_turn, inputs=("history", "seed"),
+                         outputs=("history", "prompt", "mode", "conversation", "chat_note"), api_visibility="private",
+                         show_progress="hidden")
+    page.chain_run(regenerate.success)
     page.on(page["mode"].change, h.chat.switch_mode, inputs=("mode",), outputs=("chat_buttons", "conversation"),
             queue=False, api_visibility="private", show_progress="hidden")
     # A person's choice only (input): a link or saved work setting the mode keeps its prompt. In

@@ -82,6 +82,8 @@ class Controls:
 
 schema_fields(Controls, before=("prompt", "mode", "system", "model"), after=("seed", "stop", "prefix_ids"))
 NAMES = Controls.names()
+# The controls in "More settings" (closed unless a link or the saved work sets one of them).
+MORE_SETTINGS = (*(s.name for s in SETTINGS if s.group == "more"), "stop")
 
 
 def signature(*extra: str) -> inspect.Signature:
@@ -255,10 +257,13 @@ ALWAYS_IN_LINK = ("prompt", "mode", "seed")
 
 def share_url(base: str, c: Controls, default: Controls | None = None, seed=None) -> str:
     """A link with every setting that differs from the defaults, plus the prompt and seed;
-    `seed` (the seed a run used) stands in for an empty seed box."""
+    `seed` (the seed a run used) stands in for an empty seed box. A constraint's text is left
+    out while the constraint is off (ui/share.share_js writes the same link in the browser)."""
     default = default or Controls()
     values = dict(zip(NAMES, c.values()))
     if str(values["seed"]).strip() == "" and seed is not None:
         values["seed"] = str(seed)
+    if not values["constraint"]:  # a constraint's text left in its box while it is off: not the link's
+        values["constraint_text"] = default.constraint_text
     query = {n: query_value(v) for n, v in values.items() if v != getattr(default, n) or n in ALWAYS_IN_LINK}
     return f"{base.split('?')[0]}?{urlencode(query)}"

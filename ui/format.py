@@ -14,6 +14,7 @@ from inference.loading.byte_pieces import byte_hint, short_hint
 from inference.lesson.summary import si  # noqa: F401 - the one SI formatter, the CLI's lesson's too
 from inference.sampling.penalties import BAN
 from inference.sampling.stages import STAGES
+from ui.glossary import gloss
 
 # Probability buckets for colouring generated tokens (HighlightedText categories).
 BUCKETS = [(0.9, "p ≥ 0.9"), (0.5, "0.5 ≤ p < 0.9"), (0.1, "0.1 ≤ p < 0.5"), (0.0, "p < 0.1")]
@@ -32,8 +33,24 @@ REASONS = {"eos": "the model emitted its end-of-sequence token", "length": "max 
            "stop": "a stop string was found", "context": "the context window is full",
            "cancelled": "stopped on request (Stop, or a new run in this tab)",
            "complete": "the constraint is complete",
-           "constraint": "the constraint allowed none of the tokens the stages before it kept (put constraint "
-                         "first in the sampler order, or loosen those stages)"}
+           "constraint": "no token the constraint allows was left to draw from"}
+
+
+def reason_text(done) -> str:
+    """Why a run ended, as the page says it after "Run ended:"; under a sampler order that left no
+    token the constraint allows, the stage that removed the last one, by its label."""
+    said = REASONS.get(done.reason, done.reason)
+    stage = getattr(done, "emptied_by", None)
+    if done.reason != "constraint" or not stage or stage == "constraint" or stage not in STAGES:
+        return said
+    label = STAGES[stage][0]
+    return (f"{label} removed the last token the constraint allows, so none was left to draw from (move "
+            f"constraint before {stage} in the sampler order, its default place is first, or loosen {label})")
+
+
+def count(n: int, word: str, plural: str | None = None) -> str:
+    """"1 token", "2 tokens", "1,024 tokens": a number and its noun in the number's grammar."""
+    return f"{n:,} {word if n == 1 else plural or word + 's'}"
 
 
 def mib(n: float) -> str:
@@ -200,7 +217,7 @@ def bars_html(step: StepEvent | None, title: str = "", approx: str = "",
                   + ("" if any(known(c.prob) for c in step.top) else missing))
     rank = (f", rank {step.rank}" if step.rank is not None
             else ", rank not known (below the returned candidates)")
-    head = (f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
+    head = gloss(f"<div class='tl-title'>{html.escape(title or f'Step {step.step}')}: chose "
             f"<b>{html.escape(token_label(step.piece))}</b>{byte_note(step.piece)} (id {step.token_id}) with "
             f"{chosen_prob_html(step.prob, step.raw_prob)}{rank}</div>"
             + (f"<div class='tl-approx'>{html.escape(approx)}</div>" if approx else "")
@@ -246,7 +263,7 @@ def ordinal(n: int) -> str:
 
 def ended_markdown(done: DoneEvent, window: str, context: int) -> str:
     """Why the run ended, under its statistics (the local engine's and a server's alike)."""
-    return (f"\nRun ended: **{REASONS.get(done.reason, done.reason)}**."
+    return (f"\nRun ended: **{reason_text(done)}**."
             + (f" Max new tokens was capped at {done.max_new_tokens} to fit {window} of {context}."
                if done.capped else ""))
 
@@ -273,3 +290,27 @@ def byte_note(piece: str) -> str:
     """" (1st byte of a 3-byte character)" after a piece holding bytes of a split character, else ""."""
     hint = byte_hint(piece)
     return f" <span class='tl-byte-note'>({html.escape(hint)})</span>" if hint else ""
+
+
+# Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
+LOGPROBS = {
+    "raw": "the model's own distribution (vLLM's default --logprobs-mode raw_logprobs)",
+    "processed": "the distribution after the sampling settings (--logprobs-mode processed_logprobs)",
+}
+
+
+NO_CONFIG = ("The served model's shapes are not known here: start the page with "
+             "`--engine-config PATH` (its config.json, or a local copy of the model) for them and "
+             "the KV-cache formula.")
+
+
+def bars_note(info, top_n: int) -> str:
+    """The line under each step's bars: where its numbers come from, or how approximate they are."""
+    if not info.capabilities.whole_distribution:
+        return (f"From the server's log-probabilities of its top {top_n} candidates: "
+                f"{LOGPROBS[info.capabilities.logprobs]}.")
+    return approx_note(info)
+
+
+# Where an engine lacks a capability (contract.Capabilities), a section says why in its place.
+NOT_HERE = "not available when the page is in front of a server"

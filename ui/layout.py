@@ -1,6 +1,9 @@
-"""The page: its sections laid out in order, their events wired, and the server launched. Each
-section (ui/run, ui/experiments, ui/samples, ui/text_score, ui/inside, ui/chat.py, ui/share.py)
-owns its components, its handlers and its rendering; the page's styles and scripts are in ui/assets."""
+"""The page: its sections laid out from one ordered list, their events wired, and the server
+launched. Each section (ui/run, ui/experiments, ui/samples, ui/text_score, ui/inside, …) owns its
+components, its handlers and its rendering, and is a module with build(page, h) and, where it has
+events, wire(page, h, demo); one built inside another's layout names its SLOT; one with hooks that
+must follow every other's has keep(page, h). What the sections share is below them (ui/shared);
+the page's styles and scripts are in ui/assets."""
 
 from __future__ import annotations
 
@@ -21,21 +24,28 @@ from server.guard import Beside, RouteGuard, visitor_openapi
 from server.limits import ENGINE, Limits
 from server.owners import login_of
 from server.sessions import HeartbeatWatch, session_capacity
-from ui import chat, share
+from ui import card, chat, share
 from ui.branches import section as branches
 from ui.decoding import section as decoding
 from ui.edit import section as edit
 from ui.experiments import section as experiments
+from ui.glossary import definitions_html
 from ui.handlers import Handlers
-from ui.run.handlers import DOWNLOAD_ROUTE
 from ui.inside import section as inside
 from ui.lesson import section as lesson
 from ui.run import section as run
-from ui.run.render import model_card
 from ui.samples import section as samples
+from ui.shared.downloads import DOWNLOAD_ROUTE
 from ui.text_score import section as text_score
-from ui.work import section as work
 from ui.wiring import Page
+from ui.work import section as work
+
+# The page's sections, in their order on the page (top to bottom) and of their wiring: the
+# lesson's entry first (in view on the first screen, wide or narrow), the model card, the saved
+# work's line, the run (the main grid: chat, edit, branches and share are built in its slots),
+# then the panels to explore with. The run section's chain (Page.chain_run) is wired before the
+# sections that start a run by it (chat, edit, branches, decoding).
+SECTIONS = (lesson, card, work, run, chat, edit, branches, share, experiments, samples, text_score, decoding, inside)
 
 # The page's styles, those of the panels to explore with (many samples, a text's probability),
 # and of editing and saved work.
@@ -43,58 +53,39 @@ PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encodin
                      for name in ("page.css", "explore.css", "work.css", "lesson.css", "decoding.css"))
 # Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
 SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
+# Each term's definition on hover, tap and focus; the controls' labels that are terms marked.
+GLOSSARY_JS = (Path(__file__).parent / "assets" / "glossary.js").read_text(encoding="utf-8")
+# A stream cut by leaving the page (a reload, a closed tab) is expected: not logged as an error
+# (assets/leaving.js; gradio runs the page's <head> scripts once the page has loaded).
+HEAD = "<script>\n" + (Path(__file__).parent / "assets" / "leaving.js").read_text(encoding="utf-8") + "</script>"
 # Gradio 6's status tracker announces "common.complete" to screen readers when an event with a
 # progress indicator ends, a key its English messages lack (it reads out the key itself).
 MESSAGES = gr.I18n(en={"common.complete": "Done"})
 
 
-def limits_markdown(limits: Limits) -> str:
-    """The shared page's limits, said once above the controls."""
-    parts = []
-    if limits.runs_per_client is not None:
-        parts.append(f"{limits.runs_per_client} run{'s' if limits.runs_per_client != 1 else ''} "
-                     "at a time per visitor (one per tab)")
-    if limits.max_new_tokens is not None:
-        parts.append(f"at most {limits.max_new_tokens} new tokens a run")
-    if limits.sessions_per_client is not None:
-        parts.append(f"{limits.sessions_per_client} open tabs per visitor")
-    if limits.max_samples is not None:
-        parts.append(f"at most {limits.max_samples} samples at once")
-    return ("**Shared page:** " + "; ".join(parts) + ".") if parts else ""
-
-
-def build_ui(engine, handlers: Handlers | None = None) -> gr.Blocks:
+def build_ui(engine, handlers: Handlers | None = None, sections: Sequence = SECTIONS) -> gr.Blocks:
     """The page for an engine (inference.contract's Engine): what it cannot do says so in place."""
     h = handlers or Handlers(engine)
-    page = Page()
+    page = Page(sections, h)
     # Gradio's temporary files (the page makes none; uploads are refused) are deleted hourly
     # and when the server stops.
     with gr.Blocks(title="Token Lab", delete_cache=(3600, 3600)) as demo:
         gr.Markdown("# Token Lab\nWatch a language model predict its answer one token at a time: "
                     "every step shows the candidates, the distribution it sampled from, and the "
                     "memory and compute it took.")
-        lesson.build(page, h)  # its entry first: in view on the first screen, wide or narrow
-        page.add("model_card", gr.Markdown(model_card(h.page.info), elem_id="model-card"))
-        work.build(page, h)
-        run.build(page, h, limits_markdown(h.page.limits))
-        experiments.build(page, h)
-        samples.build(page, h)
-        text_score.build(page, h)
-        decoding.build(page, h)
-        inside.build(page, h)
-        work.keep(page, h)  # its hooks last, before any run's events are wired
-        chain_run = run.wire(page, h, demo)
-        branches.wire(page, h, chain_run)
-        edit.wire(page, h, chain_run)
-        chat.wire(page, h)
-        experiments.wire(page, h)
-        samples.wire(page, h)
-        text_score.wire(page, h)
-        decoding.wire(page, h, chain_run)
-        inside.wire(page, h)
-        lesson.wire(page, h)
-        work.wire(page, h, demo, share.wire(page, h))
+        # The glossary's definitions, hidden: what each term's aria-describedby names (ui/glossary.py).
+        gr.HTML(definitions_html(), elem_id="glossary-defs")
+        for section in sections:  # (one with a SLOT is built where its host fills it)
+            if getattr(section, "SLOT", None) is None:
+                section.build(page, h)
+        for section in sections:  # hooks that follow every other section's (the saved work's)
+            if hasattr(section, "keep"):
+                section.keep(page, h)
+        for section in sections:
+            if hasattr(section, "wire"):
+                section.wire(page, h, demo)
         demo.load(None, js=SCROLL_JS)
+        demo.load(None, js=GLOSSARY_JS)
     demo.tokenlab_handlers = h  # launch wires the queue's admission and the downloads to them
     demo.tokenlab_page = page
     return demo
@@ -146,7 +137,7 @@ def serve_downloads(app, handlers: Handlers) -> None:
     files the page wrote itself, by a random token, outside gradio's file routes (which the
     page does not serve: server/guard.py)."""
     async def download(token: str, name: str, request: Request):
-        path = handlers.run.download_path(token, name, login_of(request.scope))
+        path = handlers.page.runs.downloads.path(token, name, login_of(request.scope))
         if path is None:
             return PlainTextResponse("No such download (the page keeps the latest ones).", status_code=404)
         return FileResponse(path, filename=name, media_type="application/octet-stream")
@@ -214,7 +205,7 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
         middleware.append(Middleware(HeartbeatWatch, keeper=h.page.keeper))
     served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
-                         css=PAGE_CSS, footer_links=["api"], quiet=True, i18n=MESSAGES,
+                         css=PAGE_CSS, head=HEAD, footer_links=["api"], quiet=True, i18n=MESSAGES,
                          # The page's own routes only, small bodies, each visitor's sessions
                          # counted (server/guard.py); no uploads, no run history kept.
                          app_kwargs={"middleware": middleware},

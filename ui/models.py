@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 
 from ui.controls import CHAT_PROMPT, Controls
-from ui.run.render import bars_note
+from ui.format import bars_note
 from ui.streaming import update_interval_for
 
 

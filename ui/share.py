@@ -8,14 +8,12 @@ import json
 import gradio as gr
 
 from inference.errors import TokenLabError, shown
-from inference.sampling.settings import SETTINGS
 from ui.base import Section, page_error, takes_controls
-from ui.controls import ALWAYS_IN_LINK, MODES, NAMES, Controls, controls_from_query, parse_seed, parse_stop, share_url
+from ui.controls import (ALWAYS_IN_LINK, MODES, MORE_SETTINGS, NAMES, Controls, controls_from_query, parse_seed,
+                         parse_stop, share_url)
 from inference.request import tokens_message
 
 MAX_URL_CHARS = 2048  # the page's own address, sent by the browser for the share link
-# The controls in "More settings" (closed unless a link sets one of them).
-MORE_SETTINGS = (*(s.name for s in SETTINGS if s.group == "more"), "stop")
 
 # Marks the page as ready once the link's settings are restored (tests wait for it).
 READY_JS = "() => { document.body.dataset.tlReady = '1'; return []; }"
@@ -25,7 +23,7 @@ UNCOPY_JS = "() => { if (navigator.clipboard) navigator.clipboard.writeText('').
 def share_js(defaults: Controls) -> str:
     """The copy-link click: builds the same link as controls.share_url (same keys, same encoding
     as Python's urlencode, numbers as String() writes them, the last run's seed for an empty
-    seed box), copies it to the clipboard within the click, and passes the page's address on to
+    seed box, no constraint text while the constraint is off), copies it to the clipboard within the click, and passes the page's address on to
     the server's share_link, which shows the link."""
     names, always = json.dumps(NAMES), json.dumps(ALWAYS_IN_LINK)
     default = json.dumps(dict(zip(NAMES, defaults.values())))
@@ -36,9 +34,11 @@ def share_js(defaults: Controls) -> str:
   const enc = (s) => encodeURIComponent(s)
     .replace(/[!'()*]/g, (c) => '%%' + c.charCodeAt(0).toString(16).toUpperCase()).replace(/%%20/g, '+');
   const parts = [];
+  const constraintOff = !a[names.indexOf('constraint')];
   names.forEach((name, i) => {
     let v = a[i];
     if (name === 'seed' && String(v ?? '').trim() === '' && a[n + 1]) v = a[n + 1];
+    if (name === 'constraint_text' && constraintOff) v = defaults[name];
     if (v === defaults[name] && !always.includes(name)) return;
     parts.push(enc(name) + '=' + enc(String(v ?? '')));
   });
@@ -97,21 +97,24 @@ class ShareHandlers(Section):
         return share_url(base, dataclasses.replace(c, model=model), self.defaults, seed=run_seed)
 
 
-def build(page) -> None:
-    """The link button and the link, under the settings."""
+SLOT = "run.settings"  # under the settings
+
+
+def build(page, h) -> None:
+    """The link button and the link, under the settings; at the page's load (ui/work's event,
+    before the saved work is restored) the controls from the page's link, then READY_JS."""
     page.add("share_button", gr.Button("Copy link to these settings", size="sm", elem_id="copy-link"))
     page.add("page_url", gr.Textbox(visible=False))
     page.add("run_seed", gr.Textbox("", visible=False))  # the seed of the last run, for the link
     page.add("share_link", gr.Textbox(label="Link (restores prompt, mode, settings and seed; copied "
                                             "to the clipboard)", buttons=["copy"], elem_id="share-link"))
+    page.load_hooks.append((h.share.restore, (), (*NAMES, "more", "constrain_box", "notice", "generate")))
+    page.loaded_js.append(READY_JS)
 
 
-def wire(page, h: ShareHandlers) -> tuple:
-    """Returns the hook that sets the controls from the page's link, for the page's load event
-    (ui/work: before the saved work is restored), and the script that says it is done."""
+def wire(page, h, demo) -> None:
     # Its refusals (text no run could use) as a run's: in the queue, unlimited. The click copies
     # the link at once (share_js); a refused link is taken back off the clipboard.
     page.on(page["share_button"].click, h.share.share_link, inputs=(*NAMES, "page_url", "run_seed"),
             outputs=("share_link",), js=share_js(h.page.defaults), api_visibility="private",
             concurrency_limit=None).failure(None, js=UNCOPY_JS)
-    return (h.share.restore, (), (*NAMES, "more", "constrain_box", "notice", "generate")), READY_JS

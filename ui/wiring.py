@@ -2,7 +2,11 @@
 
 Each section adds its components under names; a handler returns {name: value} for the
 components it changes, and `Page.on` hands Gradio {component: value}, so that adding a panel
-never shifts anyone's positions. A name a handler leaves out keeps its component as it is."""
+never shifts anyone's positions. A name a handler leaves out keeps its component as it is.
+
+The sections meet here, not in each other's modules: a section built inside another's layout
+names its slot (fill), adds its own steps after a run's end or a model's pick (the hooks), and
+starts a run by the run section's chain (chain_run), each by name or through the Page."""
 
 from __future__ import annotations
 
@@ -17,13 +21,28 @@ import gradio as gr
 class Page:
     """Every component of the page, by name, as the sections lay them out."""
 
-    def __init__(self):
+    def __init__(self, sections: Sequence = (), handlers=None):
         self._by_name: dict[str, gr.blocks.Block] = {}
+        # The page's sections in their order (ui/layout.py), and their handlers: a section built
+        # inside another's layout (its SLOT) is built where that one calls fill(slot).
+        self.sections, self.handlers = tuple(sections), handlers
+        # The run section's chain (click -> begin -> run -> its end): chain_run(trigger) starts a
+        # run from another section's trigger (a branch, an edit, an opened beam). Set by ui/run.
+        self.chain_run: Callable | None = None
+        # Scripts run in the browser when a run starts and when it has ended (ui/work's lost-run mark).
+        self.run_going_js: list[str] = []
+        self.run_ended_js: list[str] = []
+        # At the page's load, before the saved work: (fn, inputs, outputs) hooks (ui/share's link
+        # settings), and the scripts run once they are applied.
+        self.load_hooks: list[tuple] = []
+        self.loaded_js: list[str] = []
         # (fn, inputs, outputs) run after every run of the page has ended (a section's own
         # bookkeeping of runs: ui/branches), in order, outside the queue.
         self.after_run: list[tuple] = []
         # The same after an ended run is put on view again (a branch, an undo, the saved work).
         self.after_view: list[tuple] = []
+        # The same after a model was picked in the picker (and loaded on its first use).
+        self.after_pick: list[tuple] = []
 
     def add(self, name: str, component):
         if name in self._by_name:
@@ -33,6 +52,12 @@ class Page:
 
     def __getitem__(self, name: str):
         return self._by_name[name]
+
+    def fill(self, slot: str) -> None:
+        """Build, here, each section whose SLOT is `slot` (in the page's order of sections)."""
+        for section in self.sections:
+            if getattr(section, "SLOT", None) == slot:
+                section.build(self, self.handlers)
 
     def all(self, names: Iterable[str]) -> list:
         return [self._by_name[n] for n in names]

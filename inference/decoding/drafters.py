@@ -72,6 +72,12 @@ class ModelDrafter:
         return out
 
 
+def same_ids(draft, target) -> bool:
+    """Whether a draft model's ids are the target's: the same bytes for every id, the same width."""
+    return (draft.tokenizer.token_bytes[:target.tokenizer.vocab_size] == target.tokenizer.token_bytes
+            and draft.cfg.vocab_size == target.cfg.vocab_size)
+
+
 def make_drafter(spec: str, target, capacity: int, models=None):
     """The drafter a --speculative value names: "prompt-lookup", "early-exit:L" (the target's
     first L layers, 1 <= L < its layers), or "model:NAME" (models(NAME) -> an engine whose
@@ -88,8 +94,7 @@ def make_drafter(spec: str, target, capacity: int, models=None):
         if models is None:
             raise InputError("a draft model needs a second model loaded beside the target", field="speculative")
         draft = models(arg)
-        if draft.tokenizer.token_bytes[:target.tokenizer.vocab_size] != target.tokenizer.token_bytes \
-                or draft.cfg.vocab_size != target.cfg.vocab_size:
+        if not same_ids(draft, target):
             raise InputError(f"the draft model {shown(arg)} has another tokenizer: its ids are not the target's",
                              field="speculative")
         return ModelDrafter(draft.model, draft.cfg.n_layers, capacity, spec)

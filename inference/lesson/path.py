@@ -130,6 +130,10 @@ def layers(cfg: ModelConfig, n: int, bytes_per_value: int, pattern: torch.Tensor
         ("residual add", f"[{n}, {h}]", "x + mlp(x)"),
     ]
     per_layer = [rows[k] for k in rows if k.endswith("(per layer)")]
+    # The counter counts every one of the n × n scores (masked ones too, as the kernel computes
+    # them); the causal mask (and a sliding window) keeps these of them.
+    kept = sum(j <= i and (window is None or i - j < window) for i in range(n) for j in range(n))
+    scores = next(r for r in per_layer if r.name.startswith("attention softmax"))
     return {"n_positions": n, "hidden": h, "n_heads": cfg.n_heads, "n_kv_heads": cfg.n_kv_heads, "head_dim": d,
             "group_size": cfg.n_rep, "intermediate": cfg.intermediate_size,
             "expansion": cfg.intermediate_size / h, "mlp_matrices": 3, "activation": glu,
@@ -137,9 +141,11 @@ def layers(cfg: ModelConfig, n: int, bytes_per_value: int, pattern: torch.Tensor
             "n_layers": cfg.n_layers, "steps": [{"step": s, "shape": sh, "note": note} for s, sh, note in steps],
             "mask": mask, "attention_layer0_head0": [[round(v, 4) for v in r] for r in weights.tolist()],
             "matrix_positions": shown, "sliding_window": window,
-            "per_layer": [{"stage": r.name.removesuffix(" (per layer)"), "flops": r.flops, "bytes": r.bytes} for r in per_layer],
+            "per_layer": [{"stage": r.name.removesuffix(" (per layer)").replace(", causal", f", all {n}×{n} scores"),
+                           "flops": r.flops, "bytes": r.bytes} for r in per_layer],
             "layer_flops": sum(r.flops for r in per_layer), "all_layers_flops": rows[f"all {cfg.n_layers} layers"].flops,
-            "family_path": family_path(cfg)}
+            "family_path": family_path(cfg),
+            "scores_counted": n * n, "scores_kept": kept, "scores_kept_flops": scores.flops * kept // (n * n)}
 
 
 def lm_head(model, tokenizer, logits: torch.Tensor, top: int) -> dict:

@@ -61,10 +61,11 @@ def sampling(logits: torch.Tensor, params, prompt_ids: list[int], tokenizer, ste
 
     penalty = params.repetition_penalty if params.repetition_penalty != 1.0 else SHOWN_PENALTY
     penalised = apply_repetition_penalty(logits, penalty, state.seen)
-    seen_top = [i for i in logits.topk(min(vocab, 200)).indices.tolist() if state.seen[i]][:top]
+    # Every token the prompt holds (each once), most likely first: the tokens the penalty acts on.
+    seen = sorted(set(prompt_ids), key=lambda i: -float(logits[i]))
     pen_probs = penalised.double().softmax(-1)
     penalty_rows = [{"id": i, "piece": piece(i), "logit": float(logits[i]), "penalised_logit": float(penalised[i]),
-                     "prob": float(raw[i]), "penalised_prob": float(pen_probs[i])} for i in seen_top]
+                     "prob": float(raw[i]), "penalised_prob": float(pen_probs[i])} for i in seen[:top]]
     greedy = int(logits.argmax())
     return {"temperatures": list(TEMPERATURES), "temperature_table": temperature_table,
             "settings": {"temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
@@ -76,7 +77,7 @@ def sampling(logits: torch.Tensor, params, prompt_ids: list[int], tokenizer, ste
                       "kept_mass": mass, "walk": walk},
             "repetition_penalty": {"penalty": penalty, "shown_only": params.repetition_penalty == 1.0,
                                    "rule": "a seen token's logit is divided by the penalty if positive, multiplied if negative",
-                                   "rows": penalty_rows},
+                                   "rows": penalty_rows, "seen": len(seen)},
             "chosen": {"id": step.token_id, "piece": step.piece, "prob": step.prob, "raw_prob": step.raw_prob,
                        "rank": step.rank},
             "final_top": [{"id": c.id, "piece": c.piece, "raw_prob": c.raw_prob, "prob": c.prob} for c in step.top]}

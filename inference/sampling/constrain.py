@@ -5,7 +5,9 @@ vocabulary (the bytes each token stands for, tokenizer.py's table) and, per run,
 gives the tokens the constraint allows at each step. The matcher lives in the run's RunState
 and takes each sampled token in RunState.advance; replay rebuilds it from the tokens before
 the step. The stage sets the logits of forbidden tokens to -inf; where it runs is its place in
-the sampler order (by default last, after the user's stages).
+the sampler order (by default first, as vLLM and llama.cpp apply the mask: the cutoffs then
+choose among the allowed tokens). An order that puts a stage before it can leave no allowed
+token: `emptied_by` names the stage that removed the last one.
 """
 
 from __future__ import annotations
@@ -240,6 +242,23 @@ def matcher(kind: str, text: str, tokenizer, vocab: int, generated: list[int]) -
             raise InputError(f"the {KINDS[kind][0]} does not allow token {i} of the output "
                              f"({tokenizer.piece(token)!r}): replay this step with the run's constraint")
     return m
+
+
+def emptied_by(logits: torch.Tensor, params, state, stages) -> str:
+    """The stage (its setting's name) that removed the last token the constraint allows, where a
+    run's stages (stages.stages: (name, label, fn) in its order) left none: each stage's -inf
+    taken from the allowed tokens still in, until none is. Greedy stops at temperature, which
+    keeps the argmax of what the constraint allows (stages.greedy_logits). (vocab,) logits."""
+    alive = state.constraint.allowed.to(logits.device) & torch.isfinite(logits)  # (vocab,)
+    for name, _, fn in stages:
+        if name == "temperature" and params.greedy:
+            break
+        logits = fn(logits)
+        if name != "constraint":
+            alive &= torch.isfinite(logits)
+            if not bool(alive.any()):
+                return name
+    return "constraint"
 
 
 @stage("constraint")

@@ -343,10 +343,12 @@ def schema_fields(cls, before: tuple[str, ...] = (), after: tuple[str, ...] = ()
 # page's order; max_new_tokens, the stages' parameters and the order are not.
 FILTER_SETTINGS = tuple(s.name for s in SETTINGS if s.is_stage)
 # The order the stages run in unless sampler_order says otherwise: written down here only.
-DEFAULT_ORDER = ("logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty",
+# The constraint first, as vLLM (its grammar bitmask on the logits before the sampler) and
+# llama.cpp (the grammar before the other samplers) apply it: the cutoffs then choose among the
+# tokens it allows, and never leave none of them (after top-k 40 under a JSON schema, often none was).
+DEFAULT_ORDER = ("constraint", "logit_bias", "repetition_penalty", "presence_penalty", "frequency_penalty",
                  "dry_multiplier", "temperature", "top_k", "top_p", "min_p", "typical_p",
-                 "epsilon_cutoff", "eta_cutoff", "top_n_sigma", "xtc_probability", "mirostat_tau",
-                 "constraint")  # the constraint last: it masks what the user's stages kept
+                 "epsilon_cutoff", "eta_cutoff", "top_n_sigma", "xtc_probability", "mirostat_tau")
 assert sorted(DEFAULT_ORDER) == sorted(FILTER_SETTINGS)
 # Every setting that shapes the distribution sampled from: what replay and compare can change.
 SHAPING_SETTINGS = tuple(s.name for s in SETTINGS if s.shapes)

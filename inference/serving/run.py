@@ -50,6 +50,7 @@ class Run:
     beams: BeamSearch | None = None  # a beam search: a decode row per live beam, each its own table
     copied: int = 0  # a beam search's blocks copied on write this step
     forced: tuple[int, ...] = ()  # the tokens it makes, in order (RunRequest.forced), else sampled
+    emptied_by: str | None = None  # reason "constraint": the stage that removed the last allowed token
 
     @property
     def n_prompt(self) -> int:

@@ -48,4 +48,5 @@ def done_event(run: Run, reason: str) -> DoneEvent:
         decode_tokens_per_s=(n - 1) / decode_s if decode_s > 0 else 0.0,
         seed=run.seed, max_new_tokens=run.max_new, capped=run.capped,
         stop_string=run.stops.matched if reason == "stop" else None,
-        constraint_complete=None if run.state is None or run.state.constraint is None else run.state.constraint.complete)
+        constraint_complete=None if run.state is None or run.state.constraint is None else run.state.constraint.complete,
+        emptied_by=run.emptied_by if reason == "constraint" else None)

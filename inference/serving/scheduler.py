@@ -364,7 +364,8 @@ class Scheduler:
         token_id = info.token_id
         constraint = run.state.constraint
         if constraint is not None and (info.nothing_left or not constraint.allowed[token_id]):
-            # Nothing was left to draw from: the stages before the constraint kept no token it allows.
+            # Nothing was left to draw from: the stages kept no token the constraint allows.
+            run.emptied_by = info.emptied_by or "constraint"
             self._finish(run, "constraint")
             return
         recorded = run.state.recorded()  # the state this step was sampled in, for replay

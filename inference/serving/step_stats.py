@@ -15,7 +15,8 @@ from inference.events import Candidate
 from inference.model import kernels
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import order
-from inference.sampling.stages import NO_DISTRIBUTION, Candidates, final_candidates, greedy_logits, sample
+from inference.sampling import constrain
+from inference.sampling.stages import NO_DISTRIBUTION, Candidates, final_candidates, greedy_logits, sample, stages
 from inference.sampling.state import RunState
 
 
@@ -36,6 +37,7 @@ class StepInfo:
     # The final probability of the tokens not in `top`, summed in float64 from the distribution
     # sampled from: exactly 0 where the stages removed every other token.
     unlisted_prob: float | None = None
+    emptied_by: str = ""  # nothing_left: the stage (setting name) that removed the last token the constraint allows
 
     def __post_init__(self):
         self.removed_by = self.removed_by or {}
@@ -152,13 +154,16 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
         empty[i] = ~(finals[i][1].sum() > 0) if i in finals else ~torch.isfinite(penalized.get(i, logits[i]).max())
     overflowed &= ~empty  # an emptied constrained row ends with its own reason
     next_id.clamp_(max=V - 1)
+    # Which stage removed the last allowed token, where none was left (a host sync for constrained rows only).
+    emptied = {i: constrain.emptied_by(logits[i], rows[i].params, rows[i].state, stages(rows[i].params, rows[i].state))
+               for i in constrained if bool(empty[i])}
     if top_n == 0:
         if bool(overflowed.any()):
             raise InputError(NO_DISTRIBUTION)
         nan = float("nan")
         # Mirostat's μ moves by the chosen token's final probability: read for its rows only.
         return [StepInfo(t, _final_p(finals[i], t) if i in finals else 1.0 if row.params.mirostat_tau > 0 else nan,
-                         nan, [], nan, 0, nan, nothing_left=bool(empty[i]))
+                         nan, [], nan, 0, nan, nothing_left=bool(empty[i]), emptied_by=emptied.get(i, ""))
                 for i, (t, row) in enumerate(zip(next_id.tolist(), rows))]
 
     # ---- the chosen token's logit and rank: its place among the top-k where it is there (every
@@ -210,7 +215,10 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     host = packed.to_host()  # Python numbers, once
     if any(host["overflowed"]):  # which row's: the scheduler samples each alone
         raise InputError(NO_DISTRIBUTION)
-    return [_info(host, r, row.top_n, row.params) for r, row in enumerate(rows)]
+    infos = [_info(host, r, row.top_n, row.params) for r, row in enumerate(rows)]
+    for i, name in emptied.items():
+        infos[i].emptied_by = name
+    return infos
 
 
 def _removed_by(host: dict, r: int, top_n: int, params: SamplingParams, token_id: int) -> dict[int, str]:

@@ -80,9 +80,10 @@ def test_another_login_cannot_use_a_sessions_runs_tree_steps_or_downloads(login_
         bob.close()
     # A download of a run made under a login is that login's only.
     h = login_page.handlers
-    address = h.run._write_file("run-1.jsonl", "Ann's steps\n", "ann")
+    address = h.page.runs.downloads.write("run-1.jsonl", "Ann's steps\n", "ann")
     _, token, name = address.rsplit("/", 2)
-    assert h.run.download_path(token, name, "bob") is None and h.run.download_path(token, name, "ann") is not None
+    downloads = h.page.runs.downloads
+    assert downloads.path(token, name, "bob") is None and downloads.path(token, name, "ann") is not None
     with httpx.Client(base_url=url, timeout=60) as http:
         http.post("/login", data={"username": "bob", "password": "banana-split"})
         r = http.get("/" + address)
@@ -160,9 +161,9 @@ def test_a_session_hash_is_in_no_link_download_or_log(page, caplog, capfd):
         client.close()
     h = page.handlers
     rec = list(h.run.generate(*call(max_new_tokens=3), SimpleNamespace(session_hash=session)))[-1]["record"]
-    drawn = h.run.drawn(rec)
+    drawn = h.page.runs.drawn(rec)
     link = h.share.share_link(*call(max_new_tokens=3), "http://x/", "", None)
-    files = [h.run.download_path(*u.rsplit("/", 2)[1:]).read_text()
+    files = [h.page.runs.downloads.path(*u.rsplit("/", 2)[1:]).read_text()
              for u in re.findall(r"tokenlab/download/[0-9a-f]+/[\w.-]+", drawn["downloads"])]
     assert len(files) == 2
     # The server's log (the test's own HTTP clients log the addresses they ask for, not the server)

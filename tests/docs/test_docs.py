@@ -218,6 +218,31 @@ def figure_problems(doc_texts: dict[str, str]) -> list[str]:
     return problems
 
 
+MODELS = ("SmolLM2", "Gemma 3 270M")
+DISK = re.compile(r"(\d[\d.,]*) ?(MiB|GiB|KiB|MB|GB|KB) of disk")
+
+
+def disk_problems(doc_texts: dict[str, str]) -> list[str]:
+    """Each model's cache on disk, stated one way in every doc, in the binary units `du -h`
+    prints: "N UNIT of disk", of the model named last before it in its sentence (issue 62: the
+    README said 700 MB and 1.5 GB, docs/page.md 517 MiB and 1.3 GB)."""
+    said: dict[str, set] = {}
+    problems = []
+    for name, text in doc_texts.items():
+        for sentence in re.split(r"\.\s+", " ".join(prose(text).split())):
+            for m in DISK.finditer(sentence):
+                before = sentence[:m.start()]
+                model = max(MODELS, key=lambda x: before.rfind(x))
+                if before.rfind(model) < 0:
+                    continue
+                if m.group(2) not in ("MiB", "GiB", "KiB"):
+                    problems.append(f"{name}: {model}'s disk in decimal units: {m.group(0)}")
+                said.setdefault(model, set()).add(f"{m.group(1)} {m.group(2)}")
+    problems += [f"{model}'s disk is stated several ways: {sorted(v)}" for model, v in said.items() if len(v) > 1]
+    problems += [f"{model}'s disk is stated nowhere" for model in MODELS if model not in said]
+    return problems
+
+
 # ---------------------------------------------------------------- the real files
 
 
@@ -267,6 +292,7 @@ def test_the_environment_variables_named_are_those_the_code_reads():
 def test_the_docs_state_each_figure_one_way():
     docs = all_docs()
     assert figure_problems(docs) == []
+    assert disk_problems(docs) == []
     assert any(RECOMPUTED.search(" ".join(t.split())) for t in docs.values()), "the bound is stated"
 
 
@@ -312,6 +338,11 @@ def test_the_checks_fail_on_texts_made_wrong(tmp_path):
     assert env_problems(docs, ["TOKEN_LAB_REAL"], code, code)  # TOKENLAB_SH read, not in the table
     assert env_table("## Environment variables\n| `A_B` | x |\n| `C`, `D` | y |\n") == ["A_B", "C", "D"]
 
+    both = "SmolLM2 about 700 MiB of disk. Gemma 3 270M about 1.5 GiB of disk."
+    assert not disk_problems({"a": both, "b": "Then Gemma 3 270M (1.5 GiB of disk) and SmolLM2 700 MiB of disk."})
+    assert disk_problems({"a": both, "b": "SmolLM2 takes 517 MiB of disk."})  # two figures
+    assert disk_problems({"a": both.replace("700 MiB", "700 MB")})  # decimal units
+    assert disk_problems({"a": "SmolLM2 about 700 MiB of disk."})  # Gemma's nowhere
     assert not figure_problems({"a": "agrees with the run within 1e-4", "b": "compiled once, cached"})
     assert figure_problems({"a": "agrees with the run within 1e-4", "b": "its numbers agree with the run's within 1e-5"})
     assert figure_problems({"a": "a probability is one number everywhere"})

@@ -111,3 +111,91 @@ def test_a_wrong_edge_is_seen(tmp_path, code, wrong):
     assert [dst.split(".")[0] for _, _, _, dst, _ in found] == [wrong]
     _, _, src, dst, lazy = found[0]
     assert RANKS[dst] >= RANKS[src] or (lazy and src.split(".")[0] != dst.split(".")[0])
+
+
+# ---------------------------------------------------------------- inside the page (ui/)
+
+def ui_node(module: str) -> str:
+    """The page's part a module belongs to: ui.run for ui.run.handlers, ui.format for ui.format."""
+    return ".".join(module.split(".")[:2])
+
+
+def ui_edges(root: Path = ROOT, paths: list[Path] | None = None) -> dict[str, set[str]]:
+    """{part of ui: the other parts of ui it imports} (every import, those in functions too)."""
+    out: dict[str, set[str]] = {}
+    for path in sorted((root / "ui").rglob("*.py")) if paths is None else paths:
+        src = ui_node(module_name(path, root))
+        for _, name, _ in imports(path):
+            dst = ui_node(name)
+            if name.startswith("ui.") and dst != src:
+                out.setdefault(src, set()).add(dst)
+    return out
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle of the graph that a depth-first walk finds (each once, from its least name)."""
+    found, state = [], {}
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == "open":
+                loop = path[path.index(nxt):]
+                k = loop.index(min(loop))
+                if loop[k:] + loop[:k] not in found:
+                    found.append(loop[k:] + loop[:k])
+            elif nxt not in state:
+                walk(nxt, path + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            walk(node, [node])
+    return found
+
+
+def sections(root: Path = ROOT) -> set[str]:
+    """The page's sections: each part of ui with a section's build (a package's section.py, or a
+    module of its own, ui/chat.py), as ui/layout.py lists them."""
+    tree = ast.parse((root / "ui" / "layout.py").read_text(encoding="utf-8"))
+    listed = next(n.value for n in ast.walk(tree) if isinstance(n, ast.Assign)
+                  and getattr(n.targets[0], "id", "") == "SECTIONS")
+    aliases = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("ui"):
+            for a in node.names:
+                aliases[a.asname or a.name] = f"{node.module}.{a.name}" if node.module == "ui" else node.module
+    return {ui_node(aliases[e.id]) for e in listed.elts}
+
+
+def test_no_import_cycle_between_the_pages_parts():
+    assert cycles(ui_edges()) == [], "import cycles between ui's parts"
+
+
+def test_no_section_imports_another():
+    """What sections share is below them (ui/shared, ui/base, ui/format, …): a section imports
+    none of the others; ui/handlers.py and ui/layout.py, above them all, import each."""
+    parts = sections()
+    assert {"ui.run", "ui.branches", "ui.chat", "ui.lesson", "ui.work"} <= parts, parts
+    wrong = {src: dst & (parts - {src}) for src, dst in ui_edges().items() if src in parts and dst & (parts - {src})}
+    assert wrong == {}, f"sections importing other sections: {wrong}"
+
+
+def test_a_cycle_and_a_section_importing_another_are_seen(tmp_path):
+    """The two checks above fail on a tree made to break them (written under tmp_path)."""
+    ui = tmp_path / "ui"
+    (ui / "a").mkdir(parents=True)
+    (ui / "a" / "section.py").write_text("from ui.b.render import x\n")
+    (ui / "b").mkdir()
+    (ui / "b" / "render.py").write_text("from ui.a.section import y\n")
+    (ui / "layout.py").write_text("from ui.a import section as a\nfrom ui.b import section as b\nSECTIONS = (a, b)\n")
+    graph = ui_edges(tmp_path)
+    assert cycles(graph) == [["ui.a", "ui.b"]]
+    assert sections(tmp_path) == {"ui.a", "ui.b"} and "ui.b" in graph["ui.a"]
+
+
+@pytest.mark.parametrize("package", ["ui", "api"])
+def test_no_file_of_the_page_or_the_api_is_over_450_lines(package):
+    long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / package).rglob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 450}
+    assert long == {}, f"files over 450 lines: {long}"

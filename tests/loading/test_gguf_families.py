@@ -222,12 +222,13 @@ def test_the_card_and_the_lesson_say_the_familys_turns_and_the_files_types(tmp_p
     """The model card names the family, each turn of its path and the file's bytes by type; the
     lesson's chapters show the turns (a layer without RoPE, soft-capped scores)."""
     from inference.lesson.path import layers, rope
-    from ui.run.card import model_card
+    from tests.helpers import plain
+    from ui.shared.card import model_card
 
     _, _, path = build(tmp_path, sp_model_bytes, case)
     with Engine.from_hf_dir(import_gguf(path, tmp_path / "imported", progress=False)) as engine:
         info = engine.describe()
-        card = model_card(info)
+        card = plain(model_card(info))
         ids = engine.tokenizer.encode("the cat sat on the mat")
         pattern = engine.attention_pattern(ids, 0)
         chapter = layers(engine.cfg, len(ids), 4, pattern)

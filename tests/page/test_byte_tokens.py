@@ -4,7 +4,7 @@ its bytes ("<0xE6><0x9C><0x9B> = 望")."""
 
 from inference.events import Candidate, DoneEvent, StepEvent
 from ui.format import bars_html
-from ui.run.render import output_chips, output_html
+from ui.shared.view import output_chips, output_html
 from ui.run_state import RunRecord
 
 
@@ -48,7 +48,7 @@ def test_a_chat_answer_with_bytes_that_make_no_character_shows_them_in_the_conve
     """A turn whose answer has bytes that make no character (a character begun and left for
     another, one the end cut) shows their pieces in the conversation, never "\ufffd"; the text
     kept for the template is the tokenizer's."""
-    from ui.chat import conversation_html, turn_if_answered
+    from ui.shared.conversation import conversation_html, turn_if_answered
     tok = tiny_engine.tokenizer
     ids = tok.encode_continuation("a") + tok.encode_continuation("望")[:1] + tok.encode_continuation("b望")
     ids = ids[:-1]  # the end cuts the last character after its first byte token(s)

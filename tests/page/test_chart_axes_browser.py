@@ -43,4 +43,11 @@ def test_each_charts_y_axis_reaches_its_data(live_app, browser, width, height):
         assert ticks and values, sel
         assert max(values) <= max(ticks), f"{sel}: its axis's labels end at {max(ticks)}, its data reaches {max(values)}"
     shot(page, f"kv-{width}", selector="#kv-chart")
+    # The rank chart's ticks are whole ranks (issue 62: 1.5, 2.5 over a short span).
+    page.get_by_text("Sampling experiments").click()
+    page.wait_for_function("document.querySelectorAll('#rank-chart svg g.mark-line path').length > 0")
+    page.wait_for_timeout(500)
+    ticks = page.evaluate(AXIS_JS, "#rank-chart")
+    assert ticks and all(float(number(t)).is_integer() for t in ticks), ticks
+    shot(page, f"rank-{width}", selector="#rank-chart")
     page.close()

@@ -4,6 +4,7 @@ the matcher, a bad constraint is refused in one line, and the ready examples are
 
 from __future__ import annotations
 
+from helpers import plain
 import re
 from types import SimpleNamespace
 
@@ -12,7 +13,7 @@ import pytest
 
 from inference.sampling.settings import SHAPING_SETTINGS
 from ui.controls import Controls
-from ui.experiments.render import run_chart_frames
+from ui.shared.charts import run_chart_frames
 from ui.handlers import Handlers
 from ui.run import constrain
 
@@ -38,16 +39,16 @@ def test_a_constrained_run_tags_forbidden_candidates_and_charts_the_masked_mass(
     masked = [s.masked_mass for s in rec.steps]
     assert all(0.0 <= m <= 1.0 for m in masked) and any(m > 0 for m in masked)
     step = next(s for s in rec.steps if any(c.forbidden for c in s.top))
-    bars = h.page.bars(step, rec=rec)
+    bars = plain(h.page.bars(step, rec=rec))
     assert "Constraint removed" in bars and "masked mass" in bars and ">forbidden<" in bars
     assert bars.count(">forbidden<") == sum(c.forbidden for c in step.top)
     frame, _ = run_chart_frames(rec)
     chart = frame[frame.metric == "masked mass (constraint)"]
     assert chart.value.tolist() == pytest.approx(masked, abs=5e-5)  # as the page prints it: 4 decimals
     # An unconstrained run: no tag, no masked-mass line or series.
-    plain = run(h)
-    assert "Constraint removed" not in h.page.bars(plain.steps[0], rec=plain)
-    assert "masked mass (constraint)" not in set(run_chart_frames(plain)[0].metric)
+    free = run(h)
+    assert "Constraint removed" not in h.page.bars(free.steps[0], rec=free)
+    assert "masked mass (constraint)" not in set(run_chart_frames(free)[0].metric)
 
 
 def test_replay_of_a_constrained_step_is_the_run_and_another_constraint_says_why_not(h):
@@ -93,3 +94,18 @@ def test_a_link_with_a_constraint_restores_it_and_opens_its_box(h):
     assert (out["constraint"], out["constraint_text"]) == (c.constraint, c.constraint_text)
     assert out["constrain_box"]["open"] is True and out["notice"] == ""
     assert "constrain_box" not in h.share.restore(SimpleNamespace(query_params={}))
+
+
+def test_a_run_whose_stages_leave_no_allowed_token_names_the_stage_in_its_end(h):
+    # Every token the constraint allows banned by the logit bias, which runs after the constraint:
+    # the run ends before its first token, and its status line names the stage (issue 62).
+    tok, vocab = h.page.engine.tokenizer, h.page.info.cfg.vocab_size
+    digits = [i for i, b in enumerate(tok.token_bytes[:vocab]) if b and b.isdigit() and not tok.is_control(i)]
+    assert digits
+    rec = run(h, constraint="regex", constraint_text="[0-9]+", logit_bias=", ".join(f"{i}:-100" for i in digits))
+    assert rec.done.reason == "constraint" and rec.done.emptied_by == "logit_bias" and not rec.steps
+    from ui.shared import view as render
+    status = render.status_text(rec, h.page.context, 0.0)
+    assert status.startswith("Run ended: logit bias removed the last token the constraint allows")
+    assert "move constraint before logit_bias in the sampler order" in status
+    assert "logit bias removed the last token" in plain(render.stats_markdown(h.page.info, rec))

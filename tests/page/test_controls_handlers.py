@@ -6,8 +6,8 @@ test_controls_browser.py)."""
 from types import SimpleNamespace
 
 from helpers import page_run
-from ui.chat import conversation_html
-import ui.run.render as run_render
+from ui.shared.conversation import conversation_html
+import ui.shared.view as run_render
 
 REQ = SimpleNamespace(session_hash="controls")
 
@@ -29,18 +29,18 @@ def test_regenerate_with_a_seed_says_the_answer_will_be_the_same(h):
 
 def test_new_conversation_and_completion_mode_clear_the_chat(h):
     history = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    kept = h.run.count_context("", "chat", "", 8, history)
+    kept = h.page.runs.count_context("", "chat", "", 8, history)
     assert "1 earlier turn kept" in kept
     new = h.chat.new_conversation("", "chat", "", 8, "")
     assert new["history"] == [] and new["conversation"] == "" and new["chat_note"] == ""
-    assert "earlier turn" not in new["context_count"] and new["context_count"] == h.run.count_context("", "chat", "", 8, [])
+    assert "earlier turn" not in new["context_count"] and new["context_count"] == h.page.runs.count_context("", "chat", "", 8, [])
     assert h.chat.switch_mode("completion")["conversation"]["visible"] is False
     assert h.chat.switch_mode("chat")["conversation"]["visible"] is True
     assert "1 turn" in conversation_html(history)  # kept, shown again back in chat mode
 
 
 def test_typed_temperature_beyond_its_range_is_said():
-    js = open(run_render.__file__.rsplit("/run/", 1)[0] + "/assets/clamp.js", encoding="utf-8").read()
+    js = open(run_render.__file__.rsplit("/shared/", 1)[0] + "/assets/clamp.js", encoding="utf-8").read()
     assert "is above the maximum" in js and "tl-setting" in js  # the browser test types 5
 
 

@@ -6,14 +6,14 @@ import json
 
 from inference.serving.engine import Request
 from inference.sampling.params import SamplingParams
-from ui.branches.handlers import node
-from ui.branches.render import tree_html
+from ui.shared.tree import node
+from ui.shared.tree import tree_html
 from ui.controls import Controls
 from ui.handlers import Handlers
-from ui.run.render import highlighted_output, output_html, output_tokens
+from ui.shared.view import highlighted_output, output_html, output_tokens
 from ui.run_state import run_jsonl
 
-import ui.run.render as run_render
+import ui.shared.view as run_render
 
 
 def byte_id(tok, piece: str) -> int:

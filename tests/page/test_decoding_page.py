@@ -86,3 +86,26 @@ def test_a_finished_beam_opens_as_a_run_with_its_tokens_and_the_models_bars(h, t
     h.decoding.open_beam(state, 0, req)
     moved = h.run.begin(*Controls(**{**c.__dict__, "prompt": PROMPT + " dog"}).values(), req)
     assert "the prompt changed since the beam search" in moved["status"]
+
+
+def test_beam_search_after_a_branch_continues_after_its_given_ids_and_opens_as_a_run(h, tiny_engine):
+    """Issue 62: after a branch (or an edit) the beam search was refused ("does not continue after
+    given ids yet") with no way out said. It continues after the given ids: the engine's beam search
+    of the prompt and those ids read as the prompt; a beam opened then runs after the same ids."""
+    from types import SimpleNamespace
+    req = SimpleNamespace(session_hash="beam-branch")
+    prompt_ids = tiny_engine.prompt_ids(PROMPT)
+    given = tiny_engine.tokenizer.encode_continuation(" fox jumps")
+    c = Controls(prompt=PROMPT, num_beams=3, max_new_tokens=4, temperature=0.7, top_p=0.9, seed="4",
+                 prefix_ids=",".join(map(str, given)))
+    out = h.decoding.beam_search(*c.values(), req)
+    assert "given ids" not in out["decoding_md"].split("Beam search")[0], out["decoding_md"]
+    assert f"after the {len(given)} given tokens of the branch" in out["decoding_md"]
+    done = list(tiny_engine.run(prepare_run(tiny_engine, {"num_beams": 3, "max_new_tokens": 4},
+                                            ids=[*prompt_ids, *given])))[-1]
+    assert out["beam_state"]["beams"] == [b.tokens for b in done.beams]
+    h.decoding.open_beam(out["beam_state"], 0, req)
+    begun = h.run.begin(*c.values(), req)
+    assert "record" in begun, begun.get("status")
+    rec = [o for o in h.run.generate_on_page(*c.values(), req) if "record" in o][-1]["record"]
+    assert rec.given == given and [s.token_id for s in rec.steps] == done.beams[0].tokens

@@ -28,7 +28,7 @@ def test_a_logit_bias_beyond_the_vocabulary_is_refused_before_the_run(h, tiny_en
     c = controls(logit_bias=f"{tid}:5")
     out = h.run.begin(*c.values(), REQ)
     assert out == {"status": f"⚠ Not started: Logit bias names token {tid} but the vocabulary has {vocab} tokens"}
-    assert "engine-errors" not in h.run._waiting
+    assert "engine-errors" not in h.page.runs._waiting
     assert list(h.run.generate_on_page(*c.values(), REQ)) == [{}]
     # The last id of the vocabulary is a token: it runs.
     ok = controls(logit_bias=f"{vocab - 1}:5")

@@ -1,6 +1,7 @@
 """The sampling experiments on a page offering two models, each checked at its handler: replay under another sampler order lists each pipeline in its own order; compare
 across two vocabularies finds the divergence in the texts, not the ids."""
 
+from helpers import plain
 import re
 from types import SimpleNamespace
 
@@ -107,6 +108,14 @@ def forced(h, a_text: str, b_text: str) -> dict:
                                                   constraint_text=re.escape(b_text)), "bpe", REQ)
 
 
+def parting(out: dict) -> str:
+    """The comparison after its first paragraph, which lists what B changes (here B's model and
+    constraint text, where they differ)."""
+    differs, rest = plain(out["compare_md"]).split("\n\n", 1)
+    assert differs.startswith("**B differs from A in") and "Model: mha → bpe" in differs
+    return rest
+
+
 def step_texts(out: dict, run: str) -> list[str]:
     return [text for text, _ in out[f"out_{run}"]]
 
@@ -115,7 +124,7 @@ def test_compare_across_vocabularies_finds_the_same_text_the_same(two_vocabulari
     out = forced(two_vocabularies, "the fox", "the fox")
     a, b = step_texts(out, "a"), step_texts(out, "b")
     assert "".join(a) == "".join(b) == "the fox" and len(a) != len(b)  # the same text, other tokens
-    assert out["compare_md"].startswith("**A and B produced the same text** (their tokenizers differ")
+    assert parting(out).startswith("**A and B produced the same text** (their tokenizers differ")
     assert "divergence" not in out["compare_md"] and out["bars_a"] == out["bars_b"] == ""
     # No chart of the two models per step: the note says why.
     assert out["compare_chart"]["visible"] is False and "their tokenizers differ" in out["compare_md"]
@@ -124,7 +133,7 @@ def test_compare_across_vocabularies_finds_the_same_text_the_same(two_vocabulari
 def test_compare_across_vocabularies_finds_where_the_texts_differ(two_vocabularies):
     out = forced(two_vocabularies, "the quick fox", "the quiet fox")
     char = 7  # "the qui" is the same in both
-    summary = out["compare_md"]
+    summary = parting(out)
     assert summary.startswith(f"**Their texts first differ at character {char}** (their tokenizers differ")
     for run in ("a", "b"):
         texts = step_texts(out, run)
@@ -132,10 +141,10 @@ def test_compare_across_vocabularies_finds_where_the_texts_differ(two_vocabulari
         # The step marked holds the character: the text before it ends at or before `char`, and with it past.
         assert len(marked) == 1 and len("".join(texts[:marked[0]])) <= char < len("".join(texts[:marked[0] + 1]))
         assert f"at {run.upper()}'s step {marked[0]}, {run.upper()} chose **" in summary
-        assert out[f"bars_{run}"] and f"{run.upper()} at step {marked[0]}" in out[f"bars_{run}"]
+        assert out[f"bars_{run}"] and f"{run.upper()} at step {marked[0]}" in plain(out[f"bars_{run}"])
 
 
 def test_compare_across_vocabularies_says_which_run_stopped(two_vocabularies):
     out = forced(two_vocabularies, "the fox", "the fox jumps")
-    assert out["compare_md"].startswith("**Same text until character 7, where A stopped**")
+    assert parting(out).startswith("**Same text until character 7, where A stopped**")
     assert out["bars_a"] == "" and out["bars_b"]

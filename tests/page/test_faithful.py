@@ -2,6 +2,7 @@
 number for the same thing, byte tokens are shown as characters, and typed text never becomes a
 control token."""
 
+import ui.shared.card as card_render
 import json
 import math
 import re
@@ -19,8 +20,8 @@ from ui.run_state import RunRecord
 from ui.controls import shaping_values  # noqa: E402
 import ui.format as formatting
 import ui.inside.render as inside_render
-import ui.run.kv as kv_panel
-import ui.run.render as run_render
+import ui.shared.kv as kv_panel
+import ui.shared.view as run_render
 
 
 def numbers(html_text: str) -> list[str]:
@@ -123,7 +124,7 @@ def test_bfloat16_decode_is_measured_and_said(tiny_dirs):
     rec = list(h.run.generate(*Controls(prompt="The quick", max_new_tokens=2, seed="1").values(), None))[-1]["record"]
     bars = h.run.select_step(rec, 0)
     assert "Approximate" in bars and f"{r.max_prob_diff:.4f}" in bars
-    assert "Approximate" in run_render.model_card(info)
+    assert "Approximate" in card_render.model_card(info)
 
 
 # ---------------------------------------------------------------- small numbers

@@ -2,6 +2,7 @@
 unit, a few samples' shares not rounded away, a chi-square note that says only what applies, the
 KV chart from the first real step. The browser's checks are in test_layout_browser.py."""
 
+import ui.shared.charts as charts_panel
 import re
 from fractions import Fraction
 from types import SimpleNamespace
@@ -15,7 +16,7 @@ from ui.handlers import Handlers
 from ui.inside.render import memory_markdown, stages_markdown
 from ui.samples.render import SampleBatch, fit_html, outcomes_html, ratio
 from ui.samples.stats import OTHER, Row
-import ui.run.kv as kv_panel
+import ui.shared.kv as kv_panel
 
 POWERS = {"B": 0, "KiB": 10, "MiB": 20, "GiB": 30}
 
@@ -71,10 +72,10 @@ def test_the_kv_chart_starts_at_step_0_with_the_prompts_prefill(tiny_engine):
     h = Handlers(tiny_engine)
     c = Controls(prompt="The quick brown fox", max_new_tokens=6, seed="3")
     rec = list(h.run.generate(*c.values(), SimpleNamespace(session_hash="kv")))[-1]["record"]
-    frame = kv_panel.kv_frame(rec)
+    frame = charts_panel.kv_frame(rec)
     used = frame[frame.series.str.startswith("used")]
     per = h.page.info.kv_bytes_per_position
     assert frame.step.min() == 0 and list(used.step) == list(range(len(rec.steps)))
     # Step 0's point is the cache after the prompt's prefill: the prompt's positions, no more.
     assert used.MiB.iloc[0] == pytest.approx(len(rec.prompt_ids) * per / 2**20)
-    assert "prefill" in kv_panel.KV_X_TITLE and "step 0" in kv_panel.KV_X_TITLE
+    assert "prefill" in charts_panel.KV_X_TITLE and "step 0" in charts_panel.KV_X_TITLE

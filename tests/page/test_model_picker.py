@@ -3,6 +3,8 @@ cannot fit is refused, a run, its link and its JSONL name the model that made it
 A/B across two models gives the per-step KL and the first greedy split (checked against
 transformers)."""
 
+import ui.shared.card as card_render
+from helpers import plain
 import json
 import math
 from dataclasses import replace
@@ -48,13 +50,14 @@ def tiny_dirs_cfg(name):
 
 def test_each_model_loads_on_first_use_only(two, tiny_dirs):
     assert two.opened == ["mha"] and not two.models.loaded("gqa_tied")
-    assert "not loaded yet" in two.h.run.models_markdown()
-    out = two.h.run.choose_model("gqa_tied", "The quick", "completion", "", 5)
+    assert "not loaded yet" in two.h.picker.models_markdown()
+    out = two.h.picker.choose_model("gqa_tied", "The quick", "completion", "", 5)
     assert two.opened == ["mha", "gqa_tied"]  # once, however often it is used after
-    two.h.run.choose_model("gqa_tied", "The quick", "completion", "", 5)
+    two.h.picker.choose_model("gqa_tied", "The quick", "completion", "", 5)
     assert two.opened == ["mha", "gqa_tied"]
     # The card and memory follow the chosen model: gqa_tied has 2 KV heads, a tied LM head.
-    assert "gqa_tied" in out["model_card"] and "2 KV heads" in out["model_card"] and "tied" in out["model_card"]
+    card = plain(out["model_card"])
+    assert "gqa_tied" in card and "2 KV heads" in card and "tied" in card
     f, cfg = two.models.footprint("gqa_tied"), tiny_dirs_cfg("gqa_tied")
     # Every parameter at 4 bytes (the tied head is the embedding, counted once), and the RoPE
     # tables: cos and sin, (positions, head dim / 2) each.
@@ -66,7 +69,7 @@ def test_each_model_loads_on_first_use_only(two, tiny_dirs):
     # What a load is checked against beforehand, from the config: the weights and their copies.
     from inference.loading.load import weights_bytes
     assert weights_bytes(tiny_dirs["gqa_tied"], "cpu", "float32") == 4 * params + copies > 0
-    assert f"{f.pool_bytes / 2**20:,.0f} MiB KV pool" in two.h.run.models_markdown()
+    assert f"{f.pool_bytes / 2**20:,.0f} MiB KV pool" in two.h.picker.models_markdown()
 
 
 def test_a_model_that_does_not_fit_is_refused_in_one_line(tiny_dirs):
@@ -158,7 +161,7 @@ def test_models_whose_tokenizers_differ_are_not_compared_token_by_token(tmp_path
 
 def test_a_single_model_page_has_no_picker_but_takes_no_model_field(tiny_engine):
     h = Handlers(tiny_engine)
-    assert h.page.models.labels == [tiny_engine.describe().name] and h.run.models_markdown() == ""
+    assert h.page.models.labels == [tiny_engine.describe().name] and h.picker.models_markdown() == ""
     c = Controls(prompt="The quick", temperature=0.0, max_new_tokens=3, seed="1")
     rec = list(h.run.generate(*c.values(), REQ))[-1]["record"]
     assert rec.model == tiny_engine.describe().name
@@ -198,24 +201,32 @@ def test_the_card_of_a_model_with_sliding_layers_says_its_window(tmp_path, sp_mo
 
     from tiny_families import make_family_model
     from inference.serving.engine import Engine
-    import ui.run.render as run_render
+    import ui.shared.view as run_render
     d, _ = make_family_model(tmp_path, "gemma3_text", sp_model_bytes)
     hf = json.loads((d / "config.json").read_text())
     full = [i for i, kind in enumerate(hf["layer_types"]) if kind == "full_attention"]
     with Engine.from_hf_dir(d, device="cpu", dtype="float32") as engine:
-        card = run_render.model_card(engine.describe())
+        card = plain(card_render.model_card(engine.describe()))
     assert (f"sliding window {hf['sliding_window']} on {len(hf['layer_types']) - len(full)} of "
-            f"{len(hf['layer_types'])} layers (full attention: layer {full[0]}; their RoPE θ 10000)") in card
+            f"{len(hf['layer_types'])} layers (full attention: layer {full[0]})") in card
     assert len(full) == 1
+    # Each RoPE base with its layers (issue 62: the card gave the full layers the sliding ones' θ),
+    # as the checkpoint's config has them.
+    rope = hf["rope_parameters"]
+    full_theta, local_theta = rope["full_attention"]["rope_theta"], rope["sliding_attention"]["rope_theta"]
+    assert full_theta != local_theta
+    assert (f"RoPE θ {full_theta:,.0f} on the full-attention layer (linear scaling), {local_theta:,.0f} "
+            "on the sliding ones") in card
+    assert "their RoPE θ" not in card
 
 
 def test_a_page_with_two_models_offers_each_as_a_draft_model(two):
     """Speculative decoding with another model the page offers as the drafter (the same
     tokenizer): the drafter is named, and with the run's own model as its drafter every greedy
     proposal is accepted (p = q: the coin always passes). A model not offered is refused."""
-    from ui.decoding.section import drafters
-    assert ("draft model: gqa_tied", "model:gqa_tied") in drafters(two.models.labels)
-    assert not any(v.startswith("model:") for _, v in drafters(["one"]))  # one model: no draft model
+    from ui.decoding.render import drafters
+    two.models.engine("gqa_tied")  # loaded: its tokenizer is known
+    assert ("draft model: gqa_tied", "model:gqa_tied") in drafters(two.models, "mha")[0]
     c = Controls(prompt="The quick brown fox", max_new_tokens=8, temperature=0.0, seed="1")
     out = two.h.decoding.speculative(*c.values(), "model:gqa_tied", 1, 3)
     assert "with model:gqa_tied, 3 proposals a round: 8 tokens" in out["decoding_md"], out["decoding_md"]
@@ -224,3 +235,27 @@ def test_a_page_with_two_models_offers_each_as_a_draft_model(two):
     assert "(100%)" in same, same
     refused = two.h.decoding.speculative(*c.values(), "model:nope", 1, 3)
     assert "offers no model 'nope'" in refused["decoding_md"] and refused["decoding_view"] == ""
+
+
+def test_the_drafter_list_offers_only_models_with_the_targets_tokenizer_and_says_why_not_others(tmp_path, tiny_dirs):
+    """Issue 62: the list offered the target itself and a model of another tokenizer (refused once
+    run). Offered: the other loaded models with the target's tokenizer; said: why each other is not."""
+    from ui.decoding.render import drafters
+    other = make_tiny_model(tmp_path, "mha", seed=5, sp_model=train_sentencepiece(400), vocab_size=400,
+                            dir_name="other")
+    models = Models(["mha", "gqa_tied", "other"], opener({**tiny_dirs, "other": other}, []), needs=lambda spec: 1)
+    with models:
+        models.engine()
+        choices, info = drafters(models, "")  # the target: the default model, mha
+        assert [v for _, v in choices] == ["prompt-lookup", "early-exit"]  # the others are not loaded yet
+        assert "gqa_tied, other: not loaded yet" in info
+        models.engine("gqa_tied"), models.engine("other")
+        choices, info = drafters(models, "mha")
+        assert [v for _, v in choices] == ["prompt-lookup", "early-exit", "model:gqa_tied"]
+        assert "other: another tokenizer" in info and "mha" not in [v for _, v in choices]
+        choices, _ = drafters(models, "other")  # no model shares its tokenizer
+        assert [v for _, v in choices] == ["prompt-lookup", "early-exit"]
+        h = Handlers(models.engine(), models=models)
+        out = h.decoding.drafter_choices("gqa_tied")
+        assert [v for _, v in out["choices"]] == ["prompt-lookup", "early-exit", "model:mha"]
+        assert h.decoding.drafter_choices("other")["value"] == "prompt-lookup"

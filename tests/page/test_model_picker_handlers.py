@@ -2,6 +2,7 @@
 status line and the chat mode follow the model picked, and the model list counts the weights'
 second copies (the browser's checks are in test_model_picker_browser.py)."""
 
+import ui.run.render as picker_render
 import json
 from types import SimpleNamespace
 
@@ -10,8 +11,8 @@ import pytest
 from ui.controls import Controls
 from tiny_models import offered, without_chat_template
 from ui.handlers import Handlers
-import ui.run.kv as kv_panel
-import ui.run.render as run_render
+import ui.shared.kv as kv_panel
+import ui.shared.view as run_render
 
 REQ = SimpleNamespace(session_hash="model-picker")
 
@@ -39,7 +40,7 @@ def test_the_kv_formula_follows_the_model_picked_before_any_run(picker, tiny_dir
 
     assert dims("mha") in kv_panel.kv_formula(picker.page.info) and dims("mha") != dims("gqa_tied")
     for label in ("gqa_tied", "mha"):
-        out = picker.run.choose_model(label, "The quick", "completion", "", 5)
+        out = picker.picker.choose_model(label, "The quick", "completion", "", 5)
         assert dims(label) in out["kv_text"], out["kv_text"]
 
 
@@ -49,17 +50,17 @@ def test_a_not_started_status_goes_when_another_model_is_picked(picker):
     c = controls(model="plain", mode="chat")
     refused = picker.run.begin(*c.values(), REQ)["status"]
     assert refused == "⚠ Not started: this model has no chat template; use completion mode"
-    assert picker.run.choose_model("mha", "The quick", "chat", "", 5, [], refused)["status"] == ""
+    assert picker.picker.choose_model("mha", "The quick", "chat", "", 5, [], refused)["status"] == ""
     ended = "Run ended: 6 tokens · stopped at max new tokens"
-    assert "status" not in picker.run.choose_model("gqa_tied", "The quick", "chat", "", 5, [], ended)
+    assert "status" not in picker.picker.choose_model("gqa_tied", "The quick", "chat", "", 5, [], ended)
 
 
 def test_chat_mode_is_offered_only_for_a_model_with_a_chat_template(picker):
     """Picking the model without a template sets the mode to completion and keeps chat from being
     picked (the radio is not interactive, its note says why); a model with one offers it again."""
-    plain = picker.run.choose_model("plain", "The quick", "chat", "", 5)["mode"]
+    plain = picker.picker.choose_model("plain", "The quick", "chat", "", 5)["mode"]
     assert plain["value"] == "completion" and plain["interactive"] is False and "no chat template" in plain["info"]
-    with_template = picker.run.choose_model("gqa_tied", "The quick", "completion", "", 5)["mode"]
+    with_template = picker.picker.choose_model("gqa_tied", "The quick", "completion", "", 5)["mode"]
     assert with_template["interactive"] is True and "value" not in with_template
     assert [picker.page.view(m).info.chat for m in ("plain", "gqa_tied", "mha")] == [False, True, True]
 
@@ -75,13 +76,13 @@ def test_the_model_list_says_its_weights_count_the_second_copies(picker):
     f = picker.page.models.footprint("mha")
     assert f.copies_bytes == sum(c.numel() * c.element_size() for c in copies.values())
     mib = 2**20
-    listed = picker.run.models_markdown()
+    listed = picker.picker.models_markdown()
     assert f"**mha** (default): {f.weights_bytes / mib:,.0f} MiB of weights" in listed
     assert ("second copies" in listed) == (f.copies_bytes > 0)
     # SmolLM2-135M at float32 with oneDNN's copies: 513 MiB as loaded, 517 MiB of copies.
-    said = run_render.weights_text(Footprint(1030 * mib, 4 * mib, 517 * mib))
+    said = picker_render.weights_text(Footprint(1030 * mib, 4 * mib, 517 * mib))
     assert said.startswith("1,030 MiB of weights in memory: 513 MiB as loaded and 517 MiB of their second copies")
-    assert run_render.weights_text(Footprint(513 * mib, 4 * mib)) == "513 MiB of weights"
+    assert picker_render.weights_text(Footprint(513 * mib, 4 * mib)) == "513 MiB of weights"
 
 
 def test_a_model_with_a_chat_template_starts_in_chat_mode_with_a_chat_example(picker, tiny_dirs):
@@ -123,7 +124,7 @@ def test_a_model_loading_on_its_first_use_is_said_and_generate_waits(tiny_dirs):
         h = Handlers(models.engine(), models=models)
         rec = page_run(h, REQ, max_new_tokens=2)
         assert rec.model == "mha"
-        steps = h.run.pick_model("gqa_tied", "The quick", "completion", "", 5, [], "Run ended", rec, REQ)
+        steps = h.picker.pick_model("gqa_tied", "The quick", "completion", "", 5, [], "Run ended", rec, REQ)
         first = next(steps)
         assert not models.loaded("gqa_tied")  # said before the load
         assert first["status"].startswith("Loading **gqa_tied**") and first["generate"]["interactive"] is False
@@ -135,7 +136,7 @@ def test_a_model_loading_on_its_first_use_is_said_and_generate_waits(tiny_dirs):
         assert f"The next run uses **gqa_tied** (a {ctx['gqa_tied']:,}-token context)" in last["status"]
         assert f"of {ctx['gqa_tied']:,}" in last["context_count"]
         # Loaded now: no loading line; back on the run's own model, its status is its own.
-        again = list(h.run.pick_model("mha", "The quick", "completion", "", 5, [], last["status"], rec, REQ))
+        again = list(h.picker.pick_model("mha", "The quick", "completion", "", 5, [], last["status"], rec, REQ))
         assert len(again) == 1 and again[0]["status"].startswith("Run ended") and "made by" not in again[0]["status"]
     finally:
         models.close()
@@ -164,7 +165,7 @@ def test_a_first_load_says_each_stage_and_its_time_until_it_ends(tiny_dirs):
         release.set()
         h = Handlers(models.engine("mha"), models=models)
         release.clear()
-        steps = h.run.pick_model("gqa_tied", "The quick", "completion", "", 5, [], "", None, REQ)
+        steps = h.picker.pick_model("gqa_tied", "The quick", "completion", "", 5, [], "", None, REQ)
         assert next(steps)["status"].startswith("Loading **gqa_tied**")
         assert reached.wait(60)
         said = next(steps)["status"]
@@ -174,7 +175,7 @@ def test_a_first_load_says_each_stage_and_its_time_until_it_ends(tiny_dirs):
         release.set()
         last = list(steps)[-1]
         assert models.loaded("gqa_tied") and last["generate"]["interactive"] is True and "model_card" in last
-        refused = list(h.run.pick_model("refused", "The quick", "completion", "", 5, [], "", None, REQ))
+        refused = list(h.picker.pick_model("refused", "The quick", "completion", "", 5, [], "", None, REQ))
         assert "9,999 MiB" in refused[-1]["model_md"] and "model_card" not in refused[-1]
         assert refused[-1]["generate"]["interactive"] is True and not models.loaded("refused")
     finally:

@@ -4,6 +4,8 @@ and the rule that an event outside the queue never raises (gradio would answer H
 
 from __future__ import annotations
 
+import ui.shared.card as card_render
+from helpers import plain
 import json
 import re
 from types import SimpleNamespace
@@ -21,13 +23,13 @@ from inference.events import PrefillEvent
 from inference.serving.kv_pool import BLOCK_SIZE
 from tiny_models import CHATML
 from ui.controls import Controls, controls_from_query, query_value, share_url
-from ui.run.handlers import STALE_PANELS
+from ui.shared.outputs import STALE_PANELS
 from ui.run_state import Divergence, RunRecord, run_jsonl
 import ui.experiments.render as exp_render
 import ui.format as formatting
 import ui.inside.render as inside_render
-import ui.run.kv as kv_panel
-import ui.run.render as run_render
+import ui.shared.kv as kv_panel
+import ui.shared.view as run_render
 
 SMOL_LIKE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
              "{{ '<|im_start|>system\nYou are SmolTest<|im_end|>\n' }}{% endif %}"
@@ -105,7 +107,7 @@ def test_a_follow_up_reads_the_earlier_turns_from_the_kv_cache(h, tiny_engine):
     reused = second.steps[0].prompt_tokens_reused
     assert reused >= BLOCK_SIZE and reused % BLOCK_SIZE == 0 and reused < len(second.prompt_ids)
     assert second.prompt_ids[:len(first.prompt_ids)] == first.prompt_ids
-    assert f"({reused} read from the KV cache of an earlier run)" in run_render.stats_markdown(h.page.info, second)
+    assert f"({reused} read from the KV cache of an earlier run)" in plain(run_render.stats_markdown(h.page.info, second))
 
 
 def test_typed_control_tokens_in_earlier_turns_stay_text(tiny_engine):
@@ -193,7 +195,7 @@ def downloaded(h, html_links: str, which: int):
     url = re.findall(r"href='([^']+)'", html_links)[which]
     route, token, name = url.rsplit("/", 2)
     assert route == "tokenlab/download"
-    return h.run.download_path(token, name)
+    return h.page.runs.downloads.path(token, name)
 
 
 def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, capsys):
@@ -213,17 +215,18 @@ def test_the_runs_downloads_are_the_clis_jsonl_and_its_settings(h, tiny_dirs, ca
     assert cli[-1]["text"] == lines[-1]["text"] and cli[-1]["model"] == lines[-1]["model"] == "gqa_tied"
     settings = json.loads(downloaded(h, a["downloads"], 1).read_text(encoding="utf-8"))
     assert settings["seed"] == "5" and settings["prompt"] == "The quick brown fox" and settings["temperature"] == 0.0
+    assert settings["model"] == "gqa_tied"  # the model that made it, by name (issue 62: it was "")
 
 
 def test_old_downloads_are_deleted(h, monkeypatch):
-    import ui.run.handlers as run_handlers
-    monkeypatch.setattr(run_handlers, "KEEP_FILES", 3)
-    urls = [h.run._write_file(f"f{i}.txt", "x") for i in range(5)]
-    found = [h.run.download_path(*u.rsplit("/", 2)[1:]) for u in urls]
+    import ui.shared.downloads as downloads
+    monkeypatch.setattr(downloads, "KEEP_FILES", 3)
+    urls = [h.page.runs.downloads.write(f"f{i}.txt", "x") for i in range(5)]
+    found = [h.page.runs.downloads.path(*u.rsplit("/", 2)[1:]) for u in urls]
     assert [f is not None for f in found] == [False, False, True, True, True]
-    assert not (h.run._files_dir / urls[0].rsplit("/", 2)[1]).exists()  # deleted, not only forgotten
-    assert h.run.download_path(urls[4].rsplit("/", 2)[1], "other.txt") is None  # only the name it wrote
-    assert h.run.download_path("../../etc", "passwd") is None
+    assert not (h.page.runs.downloads._files_dir / urls[0].rsplit("/", 2)[1]).exists()  # deleted, not only forgotten
+    assert h.page.runs.downloads.path(urls[4].rsplit("/", 2)[1], "other.txt") is None  # only the name it wrote
+    assert h.page.runs.downloads.path("../../etc", "passwd") is None
     assert run_jsonl(RunRecord()) == "\n"
 
 
@@ -243,7 +246,7 @@ def test_a_waiting_run_says_what_is_ahead_and_stop_ends_it_before_it_starts(h):
     rec = list(h.run.generate(*c.values(), session("b"), []))[-1]["record"]
     assert rec.done.reason == "cancelled" and rec.steps == []
     h.run.closed(session("a"))
-    assert h.run._waiting == {}
+    assert h.page.runs._waiting == {}
 
 
 def test_the_status_line_through_a_runs_life(h, tiny_engine):
@@ -264,12 +267,12 @@ def test_the_status_line_through_a_runs_life(h, tiny_engine):
 def test_the_context_counter(h, tiny_engine):
     n = len(tiny_engine.prompt_ids("The quick brown fox"))
     ctx = tiny_engine.cfg.max_seq_len
-    assert h.run.count_context("The quick brown fox", "completion", "", 20) == \
+    assert h.page.runs.count_context("The quick brown fox", "completion", "", 20) == \
         f"Context: **{n}** prompt tokens + up to 20 new = {n + 20} of {ctx}"
-    assert "lowered to" in h.run.count_context("The quick brown fox", "completion", "", 10_000)
+    assert "lowered to" in h.page.runs.count_context("The quick brown fox", "completion", "", 10_000)
     chat = len(tiny_engine.prompt_ids("Hi", True, "be brief"))
-    assert f"**{chat}** prompt tokens" in h.run.count_context("Hi", "chat", "be brief", 5)
-    assert h.run.count_context("", "chat", "", 5, [{"role": "user", "content": "a"},
+    assert f"**{chat}** prompt tokens" in h.page.runs.count_context("Hi", "chat", "be brief", 5)
+    assert h.page.runs.count_context("", "chat", "", 5, [{"role": "user", "content": "a"},
                                                {"role": "assistant", "content": "b"}]).startswith("Context: 1 earlier")
 
 
@@ -299,7 +302,7 @@ def test_events_outside_the_queue_never_raise(h):
         assert isinstance(h.run.select_step(rec, v), str)
         assert h.run.select_token(rec, SimpleNamespace(index=v)) is not None
         assert isinstance(h.experiments.replay_step(rec, 0, v, v, v, v, v)["replay_md"], str)
-        assert isinstance(h.run.count_context(v, v, v, v), str)
+        assert isinstance(h.page.runs.count_context(v, v, v, v), str)
         assert isinstance(h.inside.select_head(rec, 0, 0, v), str)
         try:  # a link is made, or refused with a message naming the field (in the queue)
             assert isinstance(h.share.share_link(*([v] * len(NAMES)), v, v), str)
@@ -319,7 +322,7 @@ def test_labels(h, tiny_engine):
     assert "diverges here" not in formatting.COLOR_MAP and "diverges here" in formatting.COMPARE_COLOR_MAP
     rec = run(h)
     assert "diverges" not in run_render.output_html(rec, tiny_engine.tokenizer)
-    stats = run_render.stats_markdown(h.page.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done))
+    stats = plain(run_render.stats_markdown(h.page.info, RunRecord(prompt_ids=[1], steps=rec.steps, done=rec.done)))
     assert "Run ended: **max new tokens reached**." in stats and "Stopped:" not in stats
     assert formatting.REASONS["cancelled"].startswith("stopped on request")
     assert run_render._shown("a\nb") == "a↵\nb"  # a newline is seen, then breaks the line
@@ -346,7 +349,7 @@ def test_the_chosen_tokens_p_is_labelled_as_the_switch_shows_it(h, tiny_engine):
     step = StepEvent(step=3, token_id=7, piece=" Paris", text=" Paris", prob=0.88, raw_prob=0.5,
                      top=[Candidate(7, " Paris", 0.88, 0.5)], entropy=1.0, rank=1, kv_cache_bytes=0,
                      kv_cache_capacity_bytes=0, ms=1.0)
-    bars = formatting.bars_html(step)
+    bars = plain(formatting.bars_html(step))
     title = re.search("<div class='tl-title'>(.*?)</div>", bars).group(1)
     assert "with p = 0.8800 (raw p = 0.5000), rank 1" in as_seen(title, logp=False)
     assert "with log p = -0.128 (raw log p = -0.693), rank 1" in as_seen(title, logp=True)
@@ -425,3 +428,30 @@ def test_a_token_drawn_below_the_top_five_is_in_its_popover(h, tiny_engine):
     pop = out[start:end if end > 0 else len(out)]
     assert pop.count("class='tl-alt") == 6 and pop.count("tl-alt-chosen") == 1
     assert pop.rindex("tl-alt-chosen") > pop.rindex("class='tl-alt'")  # listed last
+
+
+def test_a_link_leaves_out_the_text_of_a_constraint_that_is_off(h):
+    """Issue 62: the link carried a stale constraint_text while the constraint was none (the
+    browser's link, share_js, is checked against this one in test_share_reload_browser.py)."""
+    c = Controls(prompt="The quick", constraint="", constraint_text='{"type": "object"}', seed="3")
+    link = h.share.share_link(*c.values(), "http://x/", None, "")
+    assert "constraint_text" not in link and "constraint=" not in link
+    on = Controls(**{**vars(c), "constraint": "json_schema"})
+    assert "constraint_text=" in h.share.share_link(*on.values(), "http://x/", None, "")
+
+
+def test_one_of_a_thing_is_said_in_the_singular(h, tiny_dirs):
+    """Issue 62: "1 tokens", "1 key/value heads". A 1-token run's status, statistics and token
+    view; a card of a model with one KV head."""
+    import ui.shared.view as run_render
+    from inference.serving.engine import Engine
+    rec = run(h, max_new_tokens=1, seed="2")
+    assert len(rec.steps) == 1
+    status = run_render.status_text(rec, h.page.context, 0.0)
+    assert " · 1 token · " in status and "1 tokens" not in status
+    tokens = run_render.run_tokens_html(h.page.engine.tokenizer, rec.prompt_ids, [rec.steps[0].token_id])
+    assert "Generated: 1 token<" in tokens and "1 of them a control token" in tokens
+    assert "1 tokens" not in run_render.context_text(1, 1, None, 256)
+    with Engine.from_hf_dir(tiny_dirs["llama3_rope"], device="cpu", dtype="float32") as one:
+        card = plain(card_render.model_card(one.describe()))
+    assert "/ 1 KV head ·" in card

@@ -3,6 +3,8 @@ either), the output above its bars, the tokens view and the context line, the lo
 labels, raw and final as one number where nothing is filtered, and the KV chart (the browser's
 checks are in test_run_view_browser.py)."""
 
+import ui.shared.charts as charts_panel
+import ui.format as fmt_module
 import dataclasses
 import re
 from types import SimpleNamespace
@@ -20,8 +22,8 @@ from ui.controls import Controls
 from ui.handlers import Handlers
 from ui.layout import build_ui
 from ui.run_state import RunRecord
-import ui.run.kv as kv_panel
-import ui.run.render as run_render
+import ui.shared.kv as kv_panel
+import ui.shared.view as run_render
 
 REQ = SimpleNamespace(session_hash="run-view")
 
@@ -53,7 +55,7 @@ def test_temperature_zero_popover_shows_raw_and_final_and_colours_by_either(h, t
     # Each chip carries its raw bucket too: colouring by raw differs from greedy's all-1 final.
     raw_classes = re.findall(r"class='tl-t tl-b0 tl-rb(\w)'", out)
     assert len(raw_classes) == len(chips)
-    assert raw_classes == [run_render.bucket_class(c.raw)[4:] for c in chips]
+    assert raw_classes == [fmt_module.bucket_class(c.raw)[4:] for c in chips]
     assert set(raw_classes) != {"0"}  # the tiny model is not that sure of its greedy tokens
 
 
@@ -126,7 +128,7 @@ def test_raw_and_final_are_the_same_number_with_nothing_filtered(h, tiny_engine)
 
 def test_kv_chart_legend_has_a_line_for_each_entry_and_its_panel_says_mib(h):
     rec = run(h)
-    frame = kv_panel.kv_frame(rec)
+    frame = charts_panel.kv_frame(rec)
     lines = {name: tuple(g.MiB) for name, g in frame.groupby("series")}
     assert len(set(lines.values())) == len(lines)  # no entry whose line hides under another's
     # This run alone in the pool: its allocation is the pool's use, one line named for both.
@@ -134,9 +136,9 @@ def test_kv_chart_legend_has_a_line_for_each_entry_and_its_panel_says_mib(h):
         return dataclasses.replace(rec, steps=[dataclasses.replace(
             s, pool=dataclasses.replace(s.pool, blocks_used=blocks(s))) for s in rec.steps])
     alone = pool_using(lambda s: s.kv_cache_capacity_bytes // s.pool.bytes_per_block)
-    assert set(kv_panel.kv_frame(alone).series) == {"used", "allocated = server pool, all runs"}
+    assert set(charts_panel.kv_frame(alone).series) == {"used", "allocated = server pool, all runs"}
     crowded = pool_using(lambda s: 3 * s.kv_cache_capacity_bytes // s.pool.bytes_per_block)
-    assert set(kv_panel.kv_frame(crowded).series) == {"used", "allocated", "server pool, all runs"}
+    assert set(charts_panel.kv_frame(crowded).series) == {"used", "allocated", "server pool, all runs"}
     text = kv_panel.pool_markdown(rec.steps[-1]) + kv_panel.kv_formula(h.page.info, None, rec.steps[-1].kv_cache_bytes)
     assert "MiB" in text and not re.search(r"\d (k|M|G)B\b", text)
 
@@ -185,7 +187,7 @@ def test_the_page_before_a_run_shows_no_empty_boxes_and_titled_axes(tiny_engine,
     assert tiny_engine.tokenizer.is_control(ids[0]) and bos == "<s>"  # the reference: the ids fed
     assert begun["prompt_view"] == {"value": bos + "The quick", "visible": True, "__type__": "update"}
     # Text that already holds it (a chat template that writes it) is not given a second one.
-    from ui.run.render import fed_text
+    from ui.shared.view import fed_text
     assert fed_text(tiny_engine.tokenizer, RunRecord(prompt_text="<s>Hi", prompt_ids=ids)) == "<s>Hi"
     assert fed_text(tiny_engine.tokenizer, RunRecord(prompt_text="Hi", prompt_ids=ids[1:])) == "Hi"
 

@@ -138,7 +138,8 @@ def test_limits_are_kept(tiny_engine, hold):
 
 
 def test_the_page_caps_the_slider_and_says_the_limit(tiny_engine):
-    from ui.layout import build_ui, limits_markdown
+    from ui.layout import build_ui
+    from ui.run.render import limits_markdown
     h = Handlers(tiny_engine, limits=Limits.shared())
     config = build_ui(tiny_engine, h).get_config_file()
     slider = next(c for c in config["components"] if c["props"].get("elem_id") == "n-samples")

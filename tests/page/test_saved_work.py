@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 
 from ui.controls import NAMES, Controls
-from ui.run.render import output_html
+from ui.shared.view import output_html
 from ui.work import saved
 from ui.work.handlers import LINK_WINS
 

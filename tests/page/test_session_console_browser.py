@@ -12,21 +12,11 @@ from urllib.parse import quote
 
 import pytest
 
-from browser import SESSION_MODELS, SIZES, open_page, run_to_end, shot, wait_loaded, wait_text
+from browser import SESSION_MODELS, SIZES, open_page, run_to_end, shot, wait_loaded, wait_text, watch
 
 
 # The strokes of the KV chart's lines.
 LINES_JS = "[...document.querySelectorAll('#kv-chart g.mark-line path')].map((p) => p.getAttribute('stroke'))"
-
-
-def watch(page) -> dict:
-    """What the session leaves in the console and the network, as it happens."""
-    seen = {"errors": [], "warnings": [], "http": []}
-    page.on("console", lambda m: seen["errors" if m.type == "error" else "warnings" if m.type == "warning"
-                                     else "other"].append(m.text) if m.type in ("error", "warning") else None)
-    page.on("pageerror", lambda e: seen["errors"].append(f"page error: {e}"))
-    page.on("response", lambda r: seen["http"].append(f"{r.status} {r.url}") if r.status >= 400 else None)
-    return seen
 
 
 def open_panel(page, title: str) -> None:

@@ -43,3 +43,23 @@ def test_a_reload_after_a_link_keeps_the_newer_work(live_app, browser):
     assert page.input_value("#prompt textarea") == "From a link"
     assert page.input_value("#temperature input[type=number]") == "0.5"
     page.close()
+
+
+def test_the_browsers_link_is_the_servers_and_leaves_out_an_off_constraints_text(browser, h):
+    """The copy button's link (share_js, run in chromium: what the clipboard gets) equals the
+    server's (the link box), with a constraint on and off: off, its stale text stays out (issue 62)."""
+    import json
+    from urllib.parse import parse_qsl, urlsplit
+    from ui.controls import Controls
+    from ui.share import share_js
+    c = Controls(prompt="The quick", constraint="", constraint_text='{"type": "object"}', seed="3", top_k=7)
+    on = Controls(**{**vars(c), "constraint": "json_schema"})
+    page = open_page(browser)
+    page.evaluate("Object.defineProperty(navigator, 'clipboard', {value: {writeText: (t) => "
+                  "{ window.tlLink = t; return Promise.resolve(); }}})")
+    for controls in (c, on):
+        page.evaluate(f"({share_js(h.page.defaults)})(...{json.dumps([*controls.values(), '', ''])})")
+        js = dict(parse_qsl(urlsplit(page.evaluate("window.tlLink")).query))
+        py = dict(parse_qsl(urlsplit(h.share.share_link(*controls.values(), "http://x/", None, "")).query))
+        assert js == py and ("constraint_text" in js) == bool(controls.constraint)
+    page.close()

@@ -1,8 +1,8 @@
 """The page in a real browser: Playwright driving Debian's chromium."""
 
+import ui.run.handlers as run_handlers
 from browser import generate_to_end, open_page, set_slider, wait_loaded
 from engine_hold import wait_until
-import ui.run.kv as kv_panel
 
 
 def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monkeypatch, hold):
@@ -36,8 +36,8 @@ def test_generate_shows_text_bars_and_kv_chart_then_stop(live_app, browser, monk
     # A long run, stopped from the page. The tiny model is too fast to catch: hold it.
     held = hold(engine)
     live_frames = []  # the chart timer draws the running run's KV cache while it streams
-    kv_frame = kv_panel.kv_frame
-    monkeypatch.setattr(kv_panel, "kv_frame", lambda rec: live_frames.append(
+    kv_frame = run_handlers.kv_frame  # (the chart timer's: RunHandlers.live_tick)
+    monkeypatch.setattr(run_handlers, "kv_frame", lambda rec: live_frames.append(
         (len(rec.steps), rec.done is None)) or kv_frame(rec))
     set_slider(page, "#max-new-tokens", 200)
     page.click("#generate")
@@ -71,6 +71,9 @@ def test_compare_shows_the_divergence_marker(live_app, browser):
     page.goto(url + "/?prompt=The%20quick&temperature=0&seed=5&max_new_tokens=20")
     page.wait_for_function("document.querySelector('#seed input, #seed textarea')?.value === '5'")
     page.get_by_text("Sampling experiments").click()
+    # B follows the page's settings (greedy here): B samples instead.
+    page.wait_for_function("document.querySelector('#b-temperature input[type=number]')?.value === '0'")
+    set_slider(page, "#b-temperature", 1.5, key="Tab")
     page.click("#compare")
     page.wait_for_function("(document.querySelector('#compare-summary')?.innerText || '').includes('divergence')")
     assert "First divergence at step" in page.inner_text("#compare-summary")

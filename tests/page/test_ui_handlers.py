@@ -1,5 +1,8 @@
 """The page's handlers called directly, as plain functions, on a tiny model."""
 
+from ui.shared.charts import chart_colors
+import ui.shared.charts as charts_panel
+from helpers import plain
 import dataclasses
 import json
 import threading
@@ -11,11 +14,11 @@ import pytest
 from inference.sampling.settings import SETTINGS, decode_logit_bias
 from ui.controls import MAX_STOP_TEXT, Controls, controls_from_query, parse_stop, share_url
 from ui.handlers import Handlers
-from ui.run.handlers import RUN_OUTPUTS
+from ui.shared.outputs import RUN_OUTPUTS
 import ui.format as formatting
-import ui.run.render as run_render
+import ui.shared.view as run_render
 import ui.experiments.render as exp_render
-from ui.run import kv as kv_panel
+import ui.shared.kv as kv_panel
 from ui.widgets import REBUILD, setting_control
 
 ARGS = {"prompt": "The quick brown fox", "temperature": 0.0, "max_new_tokens": 12}
@@ -39,7 +42,7 @@ def test_generate_streams_updates_and_ends_complete(handlers, tiny_engine):
     assert "".join(t["token"] for t in tokens) == rec.done.text
     assert [formatting.bucket(t["prob"]) for t in tokens[:12]] == ["p ≥ 0.9"] * 12  # greedy: every token had p = 1
     assert output.count("class='tl-t ") == len(run_render.output_chips(rec, tiny_engine.tokenizer))
-    assert "Step 11" in bars and "tl-chosen" in bars and step == 11
+    assert "Step 11" in plain(bars) and "tl-chosen" in bars and step == 11
     assert "Run ended" in status and "max new tokens" in status
     assert all(u["api_tokens"] == [] for u in updates[:-1])  # the token list comes with the last update
     assert "| 5 |" not in stats and "tok/s" in stats
@@ -64,10 +67,12 @@ def test_begin_shows_the_prompt_and_after_run_the_charts(handlers, tiny_engine):
     assert handlers.run.live_tick(rec) == {}  # over: after_run draws the end
     after = handlers.run.after_run(rec)
     timer, kv, latency, slider = after["live"], after["kv_chart"], after["latency"], after["step"]
-    rank_chart = after["rank_chart"]
+    rank_chart = after["rank_chart"]["value"]
+    # Its axis spans whole ranks (Vega-Lite ticked a short span at 1.5, 2.5): from 0, at least 10.
+    assert after["rank_chart"]["y_lim"] == [0, max(10, int(rank_chart["rank"].max() * 1.1 + 0.999) + 1)]
     assert not timer.active
     # Per step (step 0: after the prompt's prefill): used, and allocated, which is the server's pool
-    # (all runs) while this run is its only one: one line named for both (ui/run/kv._merged).
+    # (all runs) while this run is its only one: one line named for both (ui/shared/charts._merged).
     assert list(kv.columns) == ["step", "MiB", "series"] and len(kv) == 2 * 12 and kv.step.min() == 0
     assert set(kv.series) == {"used", "allocated = server pool, all runs"}
     used = kv[kv.series == "used"]["MiB"].tolist()
@@ -82,14 +87,14 @@ def test_the_charts_colours_name_every_line_and_change_once_the_run_ends(handler
     chart's colour scale only when its colours change): every series of the data gets a colour of
     its own, and the map changes when the run ends, so that the chart is built with its last data."""
     rec = run(handlers)[-1]["record"]
-    ended = handlers.run.chart_colors(rec)
+    ended = chart_colors(rec)
     for name, column in (("kv_chart", "series"), ("run_chart", "metric")):
-        frame = kv_panel.kv_frame(rec) if name == "kv_chart" else exp_render.run_chart_frames(rec)[0]
+        frame = charts_panel.kv_frame(rec) if name == "kv_chart" else charts_panel.run_chart_frames(rec)[0]
         colors = {k: v for k, v in ended[name]["color_map"].items() if k != REBUILD}
         assert set(colors) == set(frame[column]) and len(set(colors.values())) == len(colors)
     running = dataclasses.replace(rec, done=None)
-    assert handlers.run.chart_colors(running)["kv_chart"]["color_map"] != ended["kv_chart"]["color_map"]
-    assert handlers.run.chart_colors(None) == {}
+    assert chart_colors(running)["kv_chart"]["color_map"] != ended["kv_chart"]["color_map"]
+    assert chart_colors(None) == {}
 
 
 def test_live_charts_draw_the_running_run(tiny_engine, hold):
@@ -154,11 +159,11 @@ def test_capped_max_new_tokens_is_said(handlers, tiny_engine):
 
 def test_select_step_and_token(handlers):
     rec = run(handlers)[-1]["record"]
-    assert "Step 3" in handlers.run.select_step(rec, 3)
-    assert "Step 11" in handlers.run.select_step(rec, 99)
+    assert "Step 3" in plain(handlers.run.select_step(rec, 3))
+    assert "Step 11" in plain(handlers.run.select_step(rec, 99))
     picked = handlers.run.select_token(rec, SimpleNamespace(index=4))
     bars, slider = picked["bars"], picked["step"]
-    assert "Step 4" in bars and slider["value"] == 4
+    assert "Step 4" in plain(bars) and slider["value"] == 4
 
 
 def test_the_bars_tag_the_tokens_the_logit_bias_moved_or_banned(handlers, tiny_engine):
@@ -331,5 +336,5 @@ def test_a_number_box_takes_its_range_from_the_schema_and_leaves_the_check_to_it
             box = setting_control(s, s.default, 100)
             assert isinstance(box, gr.Number) and (box.minimum, box.maximum) == (s.minimum, s.maximum)
             assert box.preprocess(s.minimum - 3) == s.minimum - 3 and "tl-setting" in box.elem_classes
-    js = open(run_render.__file__.rsplit("/run/", 1)[0] + "/assets/clamp.js", encoding="utf-8").read()
+    js = open(run_render.__file__.rsplit("/shared/", 1)[0] + "/assets/clamp.js", encoding="utf-8").read()
     assert "is below the minimum" in js and "a run refuses it" in js  # the browser test types -3

@@ -2,6 +2,9 @@
 setting, what a step reports from them, the server's metrics, and how the page shows a number
 the server cannot give (a dash and a reason, never a zero)."""
 
+import ui.shared.charts as charts_panel
+import ui.shared.card as card_render
+from helpers import plain
 import math
 
 import pytest
@@ -15,8 +18,8 @@ from inference.remote.metrics import kv_bytes_per_value, parse_load
 from ui.run_state import RunRecord, run_summary
 import ui.experiments.render as exp_render
 import ui.format as formatting
-import ui.run.kv as kv_panel
-import ui.run.render as run_render
+import ui.shared.kv as kv_panel
+import ui.shared.view as run_render
 
 # Lines of vLLM 0.32's /metrics (the model's path shortened to M).
 METRICS = """\
@@ -94,7 +97,7 @@ def remote_step(**kw) -> StepEvent:
 
 
 def test_bars_say_what_the_server_does_not_give():
-    html = formatting.bars_html(remote_step(), approx="From the server's log-probabilities")
+    html = plain(formatting.bars_html(remote_step(), approx="From the server's log-probabilities"))
     assert "(sampled from) (not given by the server)" in html
     assert "raw model <span class='tl-p-word'>probability</span>" in html and "0.7725" in html
     assert "p = <span class='tl-p'>–</span>" in html and "rank not known" in html and "From the server" in html
@@ -104,12 +107,12 @@ def test_bars_say_what_the_server_does_not_give():
 def test_charts_and_summaries_leave_out_what_is_not_known():
     rec = RunRecord(prompt_ids=[1, 2, 3, 4, 5], steps=[remote_step(), remote_step(step=1, rank=1)],
                     kv_bytes_per_token=46080)
-    probs, ranks = exp_render.run_chart_frames(rec)
+    probs, ranks = charts_panel.run_chart_frames(rec)
     assert set(probs["metric"]) == {"chosen-token probability"} and list(ranks["step"]) == [1]
-    kv = kv_panel.kv_frame(rec)
+    kv = charts_panel.kv_frame(rec)
     assert set(kv["series"]) == {"this run, by the formula"}
     assert kv["MiB"].tolist() == [46080 * 5 / 2**20, 46080 * 6 / 2**20]  # step 0: the prompt's 5 positions
-    assert kv_panel.kv_frame(RunRecord(prompt_ids=[1], steps=[remote_step()])) is None  # no config: no chart
+    assert charts_panel.kv_frame(RunRecord(prompt_ids=[1], steps=[remote_step()])) is None  # no config: no chart
     s = run_summary(rec)
     assert s["mean_p"] == pytest.approx(0.7725) and math.isnan(s["mean_entropy"])
     assert "| – |" in exp_render.compare_summary(rec, rec, None)
@@ -123,16 +126,16 @@ def info(cfg=SMOL, kv_bytes=4):
 
 
 def test_remote_card_formula_and_stats():
-    assert "context 2,048 tokens (the server's)" in run_render.model_card(info())
-    assert "--engine-config" in run_render.model_card(info(cfg=None))
-    text = kv_panel.kv_formula(info(), 13)
+    assert "context 2,048 tokens (the server's)" in plain(card_render.model_card(info()))
+    assert "--engine-config" in plain(card_render.model_card(info(cfg=None)))
+    text = plain(kv_panel.kv_formula(info(), 13))
     assert "2 × 30 × 3 × 64 × 4" in text and "46,080 bytes per position" in text
     assert "13 positions this run holds" in text and "by the formula" in text
-    assert "11,520 × b bytes per position" in kv_panel.kv_formula(info(kv_bytes=None))
-    assert "--engine-config" in kv_panel.kv_formula(info(cfg=None))
+    assert "11,520 × b bytes per position" in plain(kv_panel.kv_formula(info(kv_bytes=None)))
+    assert "--engine-config" in plain(kv_panel.kv_formula(info(cfg=None)))
     assert info().kv_bytes_per_position == 46080
     rec = RunRecord(prompt_ids=[1] * 5, steps=[remote_step(), remote_step(step=1, ms=100.0)], seed=3)
-    stats = run_render.stats_markdown(info(), rec)
+    stats = plain(run_render.stats_markdown(info(), rec))
     assert "| 5 | 80 ms | 2 | 10.0 |" in stats and "at the page" in stats
     line = kv_panel.server_load_markdown(parse_load(METRICS, "M"))
     assert "1.5% in use of 46,592 positions" in line and "2 requests running" in line and "whole server" in line

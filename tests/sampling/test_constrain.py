@@ -147,17 +147,39 @@ def independent_regex_allowed(engine) -> torch.Tensor:
                          for i, b in enumerate(tok.token_bytes[:engine.cfg.vocab_size])])
 
 
-def test_the_stages_before_leaving_no_allowed_token_end_the_run_with_that_reason(engine):
+def test_the_default_order_applies_the_constraint_before_the_cutoffs(engine):
+    # The page's "JSON: a person" under common settings (issue 62): with the mask after top-k and
+    # top-p the run ended at once with 0 tokens; with the mask first (vLLM's and llama.cpp's order)
+    # the cutoffs choose among the allowed tokens, and the run writes JSON valid for the schema.
+    from ui.run.constrain import EXAMPLES
+    kind, text = EXAMPLES["JSON: a person"]
+    params = SamplingParams(temperature=0.8, top_k=40, top_p=0.9, seed=0, max_new_tokens=MAX_NEW,
+                            constraint=kind, constraint_text=text)
+    _, events = generate(engine, params, "Describe a fictional person as JSON:")
+    assert events[-1].reason != "constraint" and events[-1].generated_tokens > 0
+    assert events[-1].reason == "eos" and events[-1].constraint_complete is True
+    jsonschema.validate(json.loads(events[-1].text), json.loads(text))
+
+
+def test_an_order_that_leaves_no_allowed_token_ends_the_run_naming_the_stage_that_removed_it(engine):
     # Top-k 1 keeps the model's favourite, which a digits-only constraint forbids after this prompt.
+    params = SamplingParams(temperature=1.0, top_k=1, seed=0, max_new_tokens=8, constraint="regex",
+                            constraint_text="[0-9]+", sampler_order="top_k,constraint")
+    _, events = generate(engine, params, "Write a poem.")
+    assert events[-1].reason == "constraint" and events[-1].generated_tokens == 0
+    assert events[-1].emptied_by == "top_k"
+    # A logit bias that bans every allowed token, after the constraint: the bias is named.
+    digits = [i for i, b in enumerate(engine.tokenizer.token_bytes[:engine.cfg.vocab_size])
+              if b and b.isdigit() and not engine.tokenizer.is_control(i)]
+    params = SamplingParams(temperature=1.0, seed=0, max_new_tokens=8, constraint="regex", constraint_text="[0-9]+",
+                            sampler_order="constraint,logit_bias", logit_bias=", ".join(f"{i}:-100" for i in digits))
+    _, events = generate(engine, params, "Write a poem.")
+    assert events[-1].reason == "constraint" and events[-1].emptied_by == "logit_bias"
+    # By default the constraint comes first: top-k 1 keeps the most likely allowed token.
     params = SamplingParams(temperature=1.0, top_k=1, seed=0, max_new_tokens=8, constraint="regex",
                             constraint_text="[0-9]+")
     _, events = generate(engine, params, "Write a poem.")
-    assert events[-1].reason == "constraint" and events[-1].generated_tokens == 0
-    # With the constraint first in the order, top-k keeps the most likely allowed token.
-    params = SamplingParams(temperature=1.0, top_k=1, seed=0, max_new_tokens=8, constraint="regex",
-                            constraint_text="[0-9]+", sampler_order="constraint")
-    _, events = generate(engine, params, "Write a poem.")
-    assert events[-1].reason == "length" and events[-1].text.isdigit()
+    assert events[-1].reason == "length" and events[-1].text.isdigit() and events[-1].emptied_by is None
 
 
 @pytest.mark.parametrize("kind,text,says", [

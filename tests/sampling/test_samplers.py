@@ -210,7 +210,8 @@ def test_sampler_order():
     before = final_logits(x, SamplingParams(temperature=2.0, min_p=0.3, sampler_order="min_p"), None)
     assert after.isinf().sum() == 1 and before.isinf().sum() == 2
     assert [n for n, _, _ in stages(SamplingParams(sampler_order="min_p,top_k"), None)][:3] == \
-        ["min_p", "top_k", "logit_bias"]
+        ["min_p", "top_k", "constraint"]
+    assert DEFAULT_ORDER[0] == "constraint"  # the mask before every other stage, as vLLM and llama.cpp
 
 
 # ---------------------------------------------------------------- a real run, and its replay

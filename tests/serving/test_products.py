@@ -12,7 +12,7 @@ from inference.loading.gguf_import import import_gguf
 from inference.model import kernels
 from inference.model.products import BOUND
 from inference.serving.engine import Engine
-from ui.run.card import blocks_text
+from ui.shared.card import blocks_text
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler here: no blocks, no products")
 

@@ -103,16 +103,16 @@ def test_a_session_without_a_heartbeat_expires_when_idle(capped_app, monkeypatch
     keeper.sweep_now()
     assert new <= set(app.app.state_holder.session_data)  # not idle yet
     (session,) = new
-    with app.handlers.run._lock:  # as a click that the engine never took would leave it
-        app.handlers.run._waiting[session] = 0.0
-        app.handlers.run._stopped_waiting.add(session)
+    with app.handlers.page.runs._lock:  # as a click that the engine never took would leave it
+        app.handlers.page.runs._waiting[session] = 0.0
+        app.handlers.page.runs._stopped_waiting.add(session)
     trims = []  # the allocator's free pages, given back once the session's are freed
     monkeypatch.setattr(keeper, "_trim", trims.append)
     monkeypatch.setattr(keeper, "_trimmed_at", 0.0)
     later(keeper, monkeypatch, keeper.idle_s + 1)
     keeper.sweep_now()
     assert not new & set(app.app.state_holder.session_data)
-    assert session not in app.handlers.run._waiting and session not in app.handlers.run._stopped_waiting
+    assert session not in app.handlers.page.runs._waiting and session not in app.handlers.page.runs._stopped_waiting
     assert trims == [0]
 
 

@@ -7,17 +7,12 @@ from pathlib import Path
 
 import gradio as gr
 
-from inference.sampling.settings import SHAPING_SETTINGS
-from ui.branches.render import tree_html
 from ui.controls import NAMES
-from ui.handlers import Handlers
-from ui.run.handlers import RUN_OUTPUTS
+from ui.shared.outputs import RUN_OUTPUTS, SHOWN
+from ui.shared.tree import tree_html
 from server.limits import ENGINE
 
-# What a run put on view again sets (BranchHandlers.show_run): its panels and the controls.
-SHOWN = ("output", "bars", "stats", "kv_text", "notice", "status", "step", "record", "kv_chart", "latency",
-         "run_chart", "rank_chart", "entropy_chart", "tokens", "downloads", "run_seed", "prompt_view",
-         *(f"replay_{n}" for n in SHAPING_SETTINGS), *(f"b_{n}" for n in SHAPING_SETTINGS), *NAMES)
+SLOT = "run.bars"  # under the bars
 PICK_JS = (Path(__file__).parent.parent / "assets" / "pick.js").read_text(encoding="utf-8")
 LEAVE_JS = (Path(__file__).parent.parent / "assets" / "leave.js").read_text(encoding="utf-8")
 
@@ -29,7 +24,7 @@ def by_hand_js(box: str) -> str:
             f"if (window.tlByHand) window.tlByHand[{box!r}] = false; return hand ? '' : ids; }}")
 
 
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     """The tree (laid out by the run section, under the bars) and its state; a run's end adds
     the run to it."""
     page.add("branches", gr.State([]))
@@ -38,8 +33,7 @@ def build(page, h: Handlers) -> None:
     page.after_run.append((h.branches.grow_tree, ("record", "branches"), ("branches", "branch_view")))
 
 
-def wire(page, h: Handlers, chain_run) -> None:
-    """chain_run(trigger): the run section's begin -> generate -> after the run."""
+def wire(page, h, demo) -> None:
     # /branch for scripts: the session's last run (its /generate) continued from a candidate.
     api = gr.Button(visible=False)
     page.add("branch_step", gr.Number(visible=False, label="Step"))
@@ -50,7 +44,7 @@ def wire(page, h: Handlers, chain_run) -> None:
     picked = page.on(page["bars"].select, h.branches.branch, inputs=("record", "branches"),
                      outputs=(*NAMES, "branches", "history", "conversation"), api_visibility="private", concurrency_limit=None,
                      show_progress="hidden")
-    chain_run(picked.success)
+    page.chain_run(picked.success)  # the run section's chain: begin -> the run -> its end
     # The given ids are a branch's of one prompt: typing another (or another system prompt, mode
     # or model) leaves the branch. `input`: by hand only, not a link's or a branch's own setting.
     page.on(lambda fn, **kw: gr.on([page[n].input for n in ("prompt", "system", "mode", "model")], fn, **kw),

@@ -4,8 +4,6 @@ line in the section's summary."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import gradio as gr
 
 from inference.decoding.drafters import make_drafter
@@ -13,13 +11,11 @@ from inference.decoding.speculative import SpecStepEvent, Speculator, timed
 from inference.errors import InputError, TokenLabError
 from inference.events import BeamStepEvent, StepEvent
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
-from ui.base import PageContext, Section, session_of, takes_controls
+from inference.serving.engine import parse_ids
+from ui.base import Section, session_of, takes_controls
 from ui.controls import Controls, page_message
 from ui.decoding import render
 from ui.run_state import Opened
-
-if TYPE_CHECKING:
-    from ui.run.handlers import RunHandlers
 
 
 NO_BEAMS = {"beam_state": None, "open_beam": gr.update(interactive=False),
@@ -37,11 +33,7 @@ def whole(value, what: str) -> int:
 
 
 class DecodingHandlers(Section):
-    """A beam search or a speculative run of the page's prompt, prepared by the run section."""
-
-    def __init__(self, page: PageContext, run: "RunHandlers"):
-        super().__init__(page)
-        self.run = run
+    """A beam search or a speculative run of the page's prompt, prepared as every run (self.runs)."""
 
     @takes_controls()
     def beam_search(self, c: Controls, request: gr.Request = None) -> dict:
@@ -49,7 +41,9 @@ class DecodingHandlers(Section):
         try:
             # Beams rank by the model's own log-probabilities: the sampling stages are set aside, and said so.
             moved = [BY_NAME[n].label for n in FILTER_SETTINGS if getattr(c, n) != BY_NAME[n].neutral]
-            rec = self.run.prepare(c, None, beams=True, **{n: BY_NAME[n].neutral for n in FILTER_SETTINGS})
+            # After a branch or an edit it continues after their given ids, read with the prompt.
+            rec = self.runs.prepare(c, None, beams=True, given_in_prompt=True,
+                                   **{n: BY_NAME[n].neutral for n in FILTER_SETTINGS})
             if rec.params.num_beams < 2:
                 raise InputError("set Beams to 2 or more for a beam search")
             m = self.view(rec.model)
@@ -58,6 +52,10 @@ class DecodingHandlers(Section):
         except TokenLabError as e:
             return {"decoding_md": page_message(e, one_line=True), "decoding_view": "", **NO_BEAMS}
         note = f" The sampling settings ({', '.join(moved)}) do not apply to a beam search." if moved else ""
+        given = len(parse_ids(c.prefix_ids, "prefix ids"))
+        if given:
+            note += (f" It continues after the {given} given tokens of the branch (More settings: Continue after "
+                     "these token ids; empty that box to search from the prompt alone).")
         beams = {"model": rec.model, "prompt_ids": list(rec.request.ids), "beams": [b.tokens for b in done.beams]}
         return {"decoding_md": render.beam_summary_md(done) + note, "decoding_view": render.beam_tree_html(steps, done),
                 "beam_state": beams, "open_beam": gr.update(interactive=bool(done.beams)),
@@ -72,8 +70,18 @@ class DecodingHandlers(Section):
         except (TypeError, ValueError, IndexError, KeyError):
             raise gr.Error("Run a beam search first, then pick one of its beams to open.",
                            print_exception=False) from None
-        self.run.open_next(session_of(request), Opened(beams["model"], tuple(beams["prompt_ids"]), tuple(tokens),
+        self.runs.open_next(session_of(request), Opened(beams["model"], tuple(beams["prompt_ids"]), tuple(tokens),
                                                        f"beam {i + 1} of {len(beams['beams'])}"))
+
+    def drafter_choices(self, model, drafter=None):
+        """The drafter list for the model picked (render.drafters), the drafter chosen
+        kept where it is still offered."""
+        try:
+            choices, info = render.drafters(self.models, model)
+        except TokenLabError:
+            return gr.update()
+        values = [v for _, v in choices]
+        return gr.update(choices=choices, info=info, value=drafter if drafter in values else "prompt-lookup")
 
     def _draft_model(self, label: str):
         """A model the page offers, as a drafter's engine (loaded now if this is its first use)."""
@@ -88,7 +96,7 @@ class DecodingHandlers(Section):
         try:
             if not self.caps.internals:
                 raise InputError("speculative decoding needs the model's own forward passes (a local engine)")
-            rec = self.run.prepare(c, None)
+            rec = self.runs.prepare(c, None)
             m = self.view(rec.model)
             k, layer = whole(draft_tokens, "proposals a round"), whole(exit_layer, "the early exit's layer")
             spec = f"early-exit:{layer}" if drafter == "early-exit" else str(drafter)  # make_drafter refuses others

@@ -6,7 +6,8 @@ from __future__ import annotations
 import html
 
 from inference.decoding.beams import UNSCORED, unscored_message
-from ui.format import token_label
+from inference.decoding.drafters import same_ids
+from ui.format import count, token_label
 
 STATUS = {"kept": "kept", "finished": "finished", "pruned": "pruned"}
 
@@ -55,7 +56,7 @@ def beam_summary_md(done) -> str:
         return f"⚠ The {unscored_message(done.length_penalty).removeprefix('the ')}."
     if best is None:
         return f"Beam search ended ({done.reason}) with no finished beam."
-    return (f"**Beam search**, {done.num_beams} beams, length penalty {done.length_penalty:g}: {done.steps} steps, "
+    return (f"**Beam search**, {done.num_beams} beams, length penalty {done.length_penalty:g}: {count(done.steps, 'step')}, "
             f"ended by {'the token cap' if done.reason == 'length' else done.reason}. Best beam: score "
             f"{best.score:.4f} = log p {best.logprob:.4f} / {len(best.tokens)}^{done.length_penalty:g}. "
             "Each column is a step: `b0 'token' −3.2` extends beam 0 by the token, −3.2 the sequence's "
@@ -100,9 +101,38 @@ def spec_summary_md(done, rate: float | None, plain_rate: float | None, same: bo
                  f"request, run just after: **{rate / plain_rate:.2f}×**."
                  + ("" if same is None else " Its text is plain greedy decoding's, token for token." if same
                     else " ⚠ Its text differs from plain greedy decoding's."))
-    return (f"**Speculative decoding** with {done.drafter}, {done.draft_tokens} proposals a round: "
-            f"{done.generated_tokens} tokens in {done.rounds} target passes "
+    return (f"**Speculative decoding** with {done.drafter}, {count(done.draft_tokens, 'proposal')} a round: "
+            f"{count(done.generated_tokens, 'token')} in {count(done.rounds, 'target pass', 'target passes')} "
             f"({done.generated_tokens / done.rounds if done.rounds else 0:.2f} a pass), {done.accepted} of "
             f"{done.proposed} proposals accepted{accepted}; {speed} A proposal is "
             "accepted when the coin u < min(1, p/q); at a rejection the token is drawn from (p − q)⁺, so the "
             "text's distribution is the model's own.")
+
+
+DRAFTERS = (("prompt lookup: n-grams of the context", "prompt-lookup"),
+            ("early exit: this model's first layers", "early-exit"))
+
+
+DRAFTER_INFO = "draft models: the page's other models with this one's tokenizer (a drafter's ids must be the target's)"
+
+
+def drafters(models, target: str | None) -> tuple[list[tuple[str, str]], str | None]:
+    """The drafter choices for the target model (a label, "" the default) and the line under them:
+    prompt lookup, the early exit and each other model the page has loaded whose ids are the
+    target's; the line says why each other model is not offered (another tokenizer; not loaded yet,
+    so its tokenizer is not known). None: a page of one model, with no draft model to speak of."""
+    if len(models.labels) < 2:
+        return list(DRAFTERS), None
+    target = models.label_of(target)
+    offered, absent = [], {}
+    for label in models.labels:
+        if label == target:
+            continue
+        if not (models.loaded(label) and models.loaded(target)):
+            absent.setdefault("not loaded yet, so its tokenizer is not known (pick it once in Model)", []).append(label)
+        elif same_ids(models.engine(label), models.engine(target)):
+            offered.append((f"draft model: {label}", f"model:{label}"))
+        else:
+            absent.setdefault("another tokenizer", []).append(label)
+    why = "; ".join(f"{', '.join(labels)}: {reason}" for reason, labels in absent.items())
+    return [*DRAFTERS, *offered], DRAFTER_INFO + (f". Not offered: {why}" if why else "")

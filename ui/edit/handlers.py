@@ -5,22 +5,18 @@ and /continue_edit for scripts."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import gradio as gr
 
 from inference.errors import InputError, TokenLabError
-from ui.base import PageContext, Section, page_error, takes_controls
-from ui.chat import conversation_html
-from ui.branches.render import tree_html
+from ui.base import Section, page_error, takes_controls
 from ui.controls import NAMES, Controls
 from ui.edit.render import seam_html
 from ui.edit.seam import edited_ids, seam_changes
 from ui.run_state import RunRecord
-
-if TYPE_CHECKING:
-    from ui.run.handlers import RunHandlers
-    from ui.branches.handlers import BranchHandlers
+from ui.shared.conversation import conversation_html
+from ui.shared.tree import MAX_BRANCHES, node, tree_html
 
 # Runs an undo goes back through (each holds its run's record).
 MAX_UNDO = 16
@@ -40,7 +36,6 @@ def edit_branch(nodes: list[dict], rec: RunRecord, ids: list[int], tokenizer) ->
     edited, at the first token where the edited text's ids leave the run's (its run joins it
     at its end: ui/branches' grow_tree). A full tree is left as it is: the continuation then
     starts a new one, as a run does."""
-    from ui.branches.handlers import MAX_BRANCHES, node
     parent = next((k for k, n in enumerate(nodes) if n["record"] is rec), None)
     if parent is None:  # the run on view is not in the tree: it starts one
         nodes, parent = [node(rec, prefix=rec.given)], 0
@@ -54,10 +49,6 @@ def edit_branch(nodes: list[dict], rec: RunRecord, ids: list[int], tokenizer) ->
 
 
 class EditHandlers(Section):
-    def __init__(self, page: PageContext, run: "RunHandlers", branches: "BranchHandlers"):
-        super().__init__(page)
-        self.run, self.branches = run, branches
-
     def _edit(self, c: Controls, edited, history=None) -> tuple[Controls, RunRecord, list[int]]:
         """The controls that continue after the edited text (prefix_ids: its ids after the
         prompt's), the prepared run and those ids; InputError in one line for what no run could use."""
@@ -67,7 +58,7 @@ class EditHandlers(Section):
             raise InputError("the edited text is empty: Generate continues from the prompt itself")
         if str(c.prefix_ids or "").strip():
             raise InputError("give the edited text or prefix ids, not both: the edited text is all that follows the prompt")
-        rec = self.run.prepare(c, 0, history)  # the checks of a run: settings, prompt, model
+        rec = self.runs.prepare(c, 0, history)  # the checks of a run: settings, prompt, model
         m = self.view(rec.model)
         room = m.context - 1 - len(rec.prompt_ids)
         if hasattr(m.engine, "check_fits"):  # refused by its length before any tokenizing
@@ -148,7 +139,7 @@ class EditHandlers(Section):
         before = undo.pop()
         rec, nodes, history = before["record"], before["branches"], before["history"]
         viewing = next((k for k, n in enumerate(nodes) if n["record"] is rec), None)
-        return {**self.branches.show_run(rec), "branches": nodes, "branch_view": tree_html(nodes, viewing),
+        return {**self.runs.show(rec), "branches": nodes, "branch_view": tree_html(nodes, viewing),
                 "history": history, "conversation": conversation_html(history), "edit_box": rec.answer_text,
                 "edit_seam": self.edit_preview(rec, rec.answer_text, undo), "edit_undo_stack": undo,
                 "edit_undo": gr.update(interactive=bool(undo))}
@@ -160,6 +151,7 @@ class EditHandlers(Section):
         checks and refusals as /generate."""
         try:
             c, _, _ = self._edit(c, edited_text)
+            rec = self.runs.prepare(c, None)  # the same checks as /generate's
         except TokenLabError as e:
             raise page_error(e) from None
-        yield from self.run.generate(*c.values(), request)
+        yield from self.runs.stream(rec, request)

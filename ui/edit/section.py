@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui.branches.section import SHOWN
+from server.limits import ENGINE
 from ui.controls import NAMES
 from ui.edit.render import EDIT_HINT
-from ui.handlers import Handlers
-from server.limits import ENGINE
-from ui.run.handlers import RUN_OUTPUTS
+from ui.shared.outputs import RUN_OUTPUTS, SHOWN
+
+SLOT = "run.output"  # under the output
 
 
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     """The panel (closed until opened) and its state; a run's end puts its text in the box."""
     add = page.add
     with gr.Accordion("Edit the output and continue", open=False, elem_id="edit-panel"):
@@ -32,8 +32,7 @@ def build(page, h: Handlers) -> None:
     page.after_view.append((h.edit.edit_on_view, ("record", "edit_undo_stack"), ("edit_box", "edit_seam")))
 
 
-def wire(page, h: Handlers, chain_run) -> None:
-    """chain_run(trigger): the run section's begin -> generate -> after the run."""
+def wire(page, h, demo) -> None:
     # /continue_edit for scripts, wired first so that it takes the name: /generate's inputs
     # and the edited text.
     api = gr.Button(visible=False)
@@ -50,7 +49,7 @@ def wire(page, h: Handlers, chain_run) -> None:
                      inputs=("record", "edit_box", "branches", "history"),
                      outputs=(*NAMES, "history", "branches", "edit_pending", "edit_seam"), api_visibility="private",
                      concurrency_limit=None, show_progress="hidden")
-    chain_run(picked.success)
+    page.chain_run(picked.success)  # the run section's chain: begin -> the run -> its end
     undone = page.on(page["edit_undo"].click, h.edit.edit_undo, inputs=("edit_undo_stack",),
             outputs=(*SHOWN, "branches", "branch_view", "history", "conversation", "edit_box", "edit_seam",
                      "edit_undo_stack", "edit_undo"),

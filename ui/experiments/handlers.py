@@ -4,29 +4,19 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
-
 import gradio as gr
 
 from inference.errors import InputError, TokenLabError, check_unicode
 from server.limits import score_message
 from inference.sampling.replay import replay_state
 from inference.sampling.settings import SHAPING_SETTINGS
-from ui.base import PageContext, Section, named_args, page_error, step_index, takes_controls
+from ui.base import Section, named_args, page_error, step_index, takes_controls
 from ui.controls import Controls, page_message, sampling_params
 from ui.experiments import render
 from ui.experiments.two_models import TwoModels, along, same_vocabulary
 from ui.run_state import RunRecord, divergence, text_divergence
 
-if TYPE_CHECKING:
-    from ui.run.handlers import RunHandlers
-
-
 class ExperimentHandlers(Section):
-    def __init__(self, page: PageContext, run: "RunHandlers"):
-        super().__init__(page)
-        self.run = run
-
     @named_args("rec", "step", *SHAPING_SETTINGS)
     def replay_step(self, rec: RunRecord | None, step, *values, request: gr.Request = None) -> dict:
         """The step's sampling pipeline as it ran and under new settings (values: one per
@@ -94,9 +84,9 @@ class ExperimentHandlers(Section):
         *b_values, model_b = b_values
         try:
             cb = dataclasses.replace(c, model=model_b or c.model)
-            ra = self.run.prepare(c, None)  # the seed typed, else one chosen for both
+            ra = self.runs.prepare(c, None)  # the seed typed, else one chosen for both
             chosen = ra.seed
-            rb = self.run.prepare(cb, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
+            rb = self.runs.prepare(cb, chosen, **dict(zip(SHAPING_SETTINGS, b_values)))
             with self._job(request) as cancel:
                 ra, rb = self._collect(ra, cancel), self._collect(rb, cancel)
                 two, two_note = self._two_models(ra, rb) if ra.model != rb.model else (None, "")
@@ -105,13 +95,28 @@ class ExperimentHandlers(Section):
         by_text = not self._same_vocabulary(ra, rb)
         d = (text_divergence if by_text else divergence)(ra, rb)
         at_a, at_b = (None, None) if d is None else (d.a, d.b)
+        differs = render.differences_md(self._differences(c, b_values, model_b))
         return {"out_a": render.highlighted_with_marker(ra, at_a), "out_b": render.highlighted_with_marker(rb, at_b),
-                "compare_md": (render.compare_summary(ra, rb, d, by_text) + f"\n\nSeed {chosen} for both."
+                "compare_md": (differs + "\n\n" + render.compare_summary(ra, rb, d, by_text) + f"\n\nSeed {chosen} for both."
                                + render.two_models_md(ra, rb, two, two_note, self.view(ra.model).tokenizer)),
                 # Drawn only where both read A's text (else the note says why there is nothing to draw).
                 "compare_chart": gr.update(value=render.two_models_frame(two), visible=two is not None),
                 "bars_a": "" if at_a is None else self._bars(ra.steps[at_a], f"A at step {at_a}", ra),
                 "bars_b": "" if at_b is None else self._bars(rb.steps[at_b], f"B at step {at_b}", rb)}
+
+    def _differences(self, c: Controls, b_values, model_b) -> list[str]:
+        """Every setting in which B's controls are not A's (the page's), the model first."""
+        a = {n: getattr(c, n) for n in SHAPING_SETTINGS}
+        labels = {"": self.models.default}
+        return render.settings_differences(a, dict(zip(SHAPING_SETTINGS, b_values)),
+                                           labels.get(c.model, c.model), labels.get(model_b or c.model, model_b or c.model))
+
+    @named_args(*SHAPING_SETTINGS, *(f"b_{n}" for n in SHAPING_SETTINGS), "model", "model_b")
+    def compare_differences(self, *values, request: gr.Request = None) -> str:
+        """The line above "Run A and B": what B's settings change from the page's, as they are set."""
+        n = len(SHAPING_SETTINGS)
+        c = Controls(**dict(zip(SHAPING_SETTINGS, values[:n])), model=values[2 * n] or "")
+        return render.differences_md(self._differences(c, values[n:2 * n], values[2 * n + 1]))
 
     def _same_vocabulary(self, ra: RunRecord, rb: RunRecord) -> bool:
         """Whether an id is the same text in both runs' models (always so within one model)."""

@@ -9,12 +9,12 @@ import math
 import pandas as pd
 
 from inference.events import StepEvent
-from ui.format import (bucket, fmt_p, known, line_frame, named_prob_html, plotted_p, prob_html, shown_prob,
+from inference.sampling.settings import BY_NAME
+from ui.format import (NOT_HERE, bucket, fmt_p, known, line_frame, named_prob_html, plotted_p, prob_html, shown_prob,
                        visible)
+from ui.glossary import gloss
 from ui.run_state import Divergence, RunRecord, run_summary
 
-# Where an engine lacks a capability (contract.Capabilities), the section says why in its place.
-NOT_HERE = "not available when the page is in front of a server"
 REPLAY_NOTE = (f"**Replay** recomputes a step from its whole logit vector: {NOT_HERE}, which "
                "returns only the top candidates' log-probabilities (outside them nothing is known). "
                "Compare A/B and \"how likely was X?\" below ask the server again and work.")
@@ -25,26 +25,6 @@ CHARTS_CAPTION = ("**Per step of the run**: the chosen token's probability in th
 CHARTS_NOTE = ("In front of a server: the raw entropy needs the whole distribution, and a rank is "
                "known only among the returned candidates; steps without them are left out of these "
                "charts, not drawn as zeros.")
-
-
-def run_chart_frames(rec: RunRecord) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The per-step probabilities (the chosen token's; under a constraint the masked mass), on
-    an axis from 0 to 1, and the chosen token's rank."""
-    rows = []
-    for s in rec.steps:  # a number the engine does not know (None) is left out, not drawn as 0
-        if shown_prob(s) is not None:
-            rows.append({"step": s.step, "value": plotted_p(shown_prob(s)), "metric": "chosen-token probability"})
-        if rec.params is not None and rec.params.constraint and s.masked_mass is not None:
-            rows.append({"step": s.step, "value": plotted_p(s.masked_mass), "metric": "masked mass (constraint)"})
-    ranks = line_frame([{"step": s.step, "rank": s.rank} for s in rec.steps if s.rank is not None], "rank")
-    return line_frame(rows, "value", "metric"), ranks
-
-
-def entropy_frame(rec: RunRecord) -> pd.DataFrame:
-    """The raw entropy per step, in nats: its own chart, as its unit is not a probability's (3
-    decimals, as the compare table gives a mean entropy)."""
-    return line_frame([{"step": s.step, "nats": round(s.entropy, 3)} for s in rec.steps if s.entropy is not None],
-                      "nats")
 
 
 def _rank(st) -> str:
@@ -132,12 +112,51 @@ def compare_summary(a: RunRecord, b: RunRecord, d: Divergence | None, by_text: b
     sa, sb = run_summary(a), run_summary(b)
     lines = [_parting(a, b, d) if d is not None else
              f"**A and B produced the same {'text' if by_text else 'tokens'}**{f' ({BY_TEXT})' if by_text else ''}."]
-    lines += ["", "| run | tokens | mean chosen-token p | mean raw entropy (nats) | perplexity of its text |",
-              "|---|---|---|---|---|"]
+    lines += ["", "| run | tokens | mean chosen-token p (final: sampled from) | mean raw entropy (nats) | "
+              "perplexity of its text (raw p: the model's) |", "|---|---|---|---|---|"]
     for name, s in (("A", sa), ("B", sb)):
         entropy, ppl = (f"{x:.3f}" if known(x) else "–" for x in (s["mean_entropy"], s["perplexity"]))
         lines.append(f"| {name} | {s['tokens']} | {fmt_p(s['mean_p'])} | {entropy} | {ppl} |")
-    return "\n".join(lines)
+    return gloss("\n".join(lines))
+
+
+def _shown_value(name: str, value) -> str:
+    """A setting's value as the comparison names it: a choice by the page's word for it, a number
+    as typed, a text quoted (a long one cut, as it is only told apart)."""
+    s = BY_NAME[name]
+    if s.control == "choice":
+        return dict(s.choices).get(value, str(value))
+    if isinstance(value, str):
+        text = " ".join(value.split())
+        return "empty" if not text else html.escape(repr(text if len(text) <= 24 else text[:23] + "…"))
+    try:
+        return f"{float(value):g}"
+    except (TypeError, ValueError):
+        return html.escape(str(value))
+
+
+def settings_differences(a: dict, b: dict, model_a: str = "", model_b: str = "") -> list[str]:
+    """Every setting (by schema name: a's and b's values, as the controls hold them) in which B is
+    not A, as "Label: A's → B's", the model first. Values are compared as the schema reads them
+    (0.5 and "0.50" are one value); a value that cannot be read is compared as typed."""
+    def read(name, value):
+        try:
+            return BY_NAME[name].parse(value)
+        except Exception:  # noqa: BLE001 - a value a run would refuse: told apart as typed
+            return value
+    out = [f"Model: {html.escape(model_a)} → {html.escape(model_b)}"] if model_b and model_a != model_b else []
+    for name in a:
+        if read(name, a[name]) != read(name, b[name]):
+            out.append(f"{BY_NAME[name].label}: {_shown_value(name, a[name])} → {_shown_value(name, b[name])}")
+    return out
+
+
+def differences_md(differences: list[str]) -> str:
+    """The line above "Run A and B" (and atop its summary): in what B differs from A."""
+    if not differences:
+        return ("**B is A**: same model and settings (with the same seed, the same tokens). Change a B setting "
+                "below to compare.")
+    return f"**B differs from A in {len(differences)} setting{'s' * (len(differences) != 1)}**: " + "; ".join(differences) + "."
 
 
 def highlighted_with_marker(rec: RunRecord, at: int | None) -> list[tuple[str, str | None]]:
@@ -155,7 +174,7 @@ def likelihood_table(scores) -> str:
     lines = ["| token | id | p | log p |", "|---|---|---|---|"]
     for i, piece, lp in scores:
         lines.append(f"| {html.escape(visible(piece))} | {i} | {fmt_p(math.exp(lp))} | {lp:.3f} |")
-    lines.append(f"| **all {len(scores)} tokens** | | {fmt_p(math.exp(total))} | {total:.3f} |")
+    lines.append(f"| **{'the 1 token' if len(scores) == 1 else f'all {len(scores)} tokens'}** | | {fmt_p(math.exp(total))} | {total:.3f} |")
     return "\n".join(lines)
 
 
@@ -176,7 +195,7 @@ def two_models_md(a: RunRecord, b: RunRecord, two, why: str, tokenizer) -> str:
     lines = [head + " Both read A's text (each after its own prompt); at each step, KL(A‖B) of their raw "
              f"distributions: mean **{sum(kl) / len(kl):.4f} nats**, largest {kl[worst]:.4f} at step {worst}."]
     if two.split is None:
-        lines.append(f"Their greedy choices agree at all {len(kl)} steps.")
+        lines.append(f"Their greedy choices agree at {'the one step' if len(kl) == 1 else f'all {len(kl)} steps'}.")
     else:
         (ia, pa), (ib, pb) = two.top_a[two.split], two.top_b[two.split]
         lines.append(f"**Their greedy choices part first at step {two.split}**: A's top **{tok(ia)}** "

@@ -7,10 +7,10 @@ import gradio as gr
 
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
 from ui.controls import NAMES
-from ui.experiments.render import (CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, entropy_frame, run_chart_frames,
-                                   two_models_frame)
+from ui.experiments.render import CHARTS_CAPTION, CHARTS_NOTE, REPLAY_NOTE, two_models_frame
+from ui.experiments.render import differences_md as render_differences
+from ui.shared.charts import entropy_frame, rank_axis, run_chart_frames
 from ui.format import COMPARE_COLOR_MAP, step_axis
-from ui.handlers import Handlers
 from server.limits import ENGINE
 from ui.run_state import RunRecord
 from ui.widgets import setting_control
@@ -21,7 +21,7 @@ from ui.widgets import setting_control
 PROBABILITY_LIM = [0, 1.05]
 
 
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     d, add, internals = h.page.defaults, page.add, h.page.caps.internals
     with gr.Accordion("Sampling experiments: the pipeline of a step, replay, compare A/B, "
                       "how likely was X?", open=False):
@@ -38,7 +38,8 @@ def build(page, h: Handlers) -> None:
                                              y_title="entropy (nats)", title="Raw entropy",
                                              elem_id="entropy-chart", min_width=320))
             add("rank_chart", gr.LinePlot(rank_frame, **step_axis(), y="rank", title="Chosen token's raw rank",
-                                          elem_id="rank-chart", min_width=320))
+                                          y_lim=rank_axis(None), y_axis_format=",d", elem_id="rank-chart",
+                                          min_width=320))
         # Without the whole logit vector there is no replay: its parts exist, hidden, so that a
         # run's end still has them to set.
         if not internals:
@@ -61,8 +62,8 @@ def build(page, h: Handlers) -> None:
         add("replay_bars", gr.HTML("", elem_id="replay-bars", visible=internals))
         many = len(h.page.models.labels) > 1
         gr.Markdown("**Compare A/B**: A is a run with the page's own model and *Sampling settings* (at the top "
-                    "of the page); B is a run with the B settings below, which start as a copy of the last "
-                    "run's. Change one of B's to compare; same prompt, same seed."
+                    "of the page); B is a run with the B settings below, which follow the page's as they change. "
+                    "Change one of B's to compare; same prompt, same seed."
                     + (" With two models whose tokenizers agree, both also read A's text and their "
                        "distributions are compared at every step." if many else ""), elem_id="compare-label")
         add("model_b", gr.Dropdown([("A's model", ""), *h.page.models.labels], value="", label="B's model (empty: A's)",
@@ -78,8 +79,10 @@ def build(page, h: Handlers) -> None:
                     if BY_NAME[n].group != "main":
                         add(f"b_{n}", setting_control(BY_NAME[n], getattr(d, n), h.page.context, "B ",
                                                       "b-", available=n in h.page.caps.settings))
+        add("compare_diff", gr.Markdown(render_differences([]), elem_id="compare-diff"))
         add("compare_button", gr.Button("Run A and B", elem_id="compare"))
-        add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary"))
+        # Our own text, every value in it escaped: not sanitized, so that its terms keep their definitions.
+        add("compare_md", gr.Markdown("", label="Comparison", elem_id="compare-summary", sanitize_html=False))
         with gr.Row():
             for name, label in (("out_a", "A"), ("out_b", "B")):
                 add(name, gr.HighlightedText([(f"{label}'s text comes here with Run A and B.", None)], label=label,
@@ -101,7 +104,7 @@ def build(page, h: Handlers) -> None:
         add("x_md", gr.Markdown("", elem_id="likely-table"))
 
 
-def wire(page, h: Handlers) -> None:
+def wire(page, h, demo) -> None:
     replay_inputs = [f"replay_{n}" for n in SHAPING_SETTINGS]
     if h.page.caps.internals:
         # The replay follows its controls (a typed value, a drag, arrow keys); one forward pass
@@ -114,6 +117,17 @@ def wire(page, h: Handlers) -> None:
                                                       (page[n].submit, page[n].blur) if isinstance(page[n], gr.Textbox) else
                                                       (page[n].input,))]
         page.on(lambda fn, **kw: gr.on(triggers, fn, trigger_mode="always_last", **kw), h.experiments.replay_step, **args)
+    # B follows the page's settings as they change (typed, a link, a branch, a restored run), in the
+    # browser: B starts from the page's current settings, and a B setting changed by hand stays
+    # until the page's own changes. What B then differs in is said above its button.
+    b_names = [f"b_{n}" for n in SHAPING_SETTINGS]
+    for n in SHAPING_SETTINGS:
+        page[n].change(None, inputs=page[n], outputs=page[f"b_{n}"], js="(v) => v", queue=False,
+                       show_progress="hidden", api_visibility="private")
+    page.on(lambda fn, **kw: gr.on([page[n].change for n in (*SHAPING_SETTINGS, *b_names, "model", "model_b")], fn,
+                                   trigger_mode="always_last", **kw),
+            h.experiments.compare_differences, inputs=(*SHAPING_SETTINGS, *b_names, "model", "model_b"),
+            outputs=("compare_diff",), queue=False, show_progress="hidden", api_visibility="private")
     # /compare for scripts, registered before the page's own compare event so that it keeps the
     # name: the page's click first turns Generate off and Stop on, then compares, then turns them back.
     compare = dict(inputs=(*NAMES, *(f"b_{n}" for n in SHAPING_SETTINGS), "model_b"),

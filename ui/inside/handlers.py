@@ -11,6 +11,19 @@ from ui.run_state import RunRecord
 
 
 class InsideHandlers(Section):
+    def model_picked(self, model) -> dict:
+        """A model picked (Page.after_pick): its memory table, and the layer and head sliders over
+        its layers and heads."""
+        try:
+            info = self.view(model).info
+        except TokenLabError:
+            return {}
+        out = {"memory": render.memory_markdown(info)}
+        if info.cfg is not None:
+            out["layer"] = gr.update(maximum=info.cfg.n_layers - 1, value=info.cfg.n_layers - 1)
+            out["head"] = gr.update(maximum=info.cfg.n_heads - 1, value=0)
+        return out
+
     @named_args("rec", "step", "layer", "head")
     def inspect_step(self, rec: RunRecord | None, step, layer, head=0, request: gr.Request = None) -> dict:
         """Stages with shapes and costs, the new token's attention, the logit lens and the full

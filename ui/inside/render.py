@@ -8,9 +8,7 @@ import html
 
 from inference.device import dtype_name
 from inference.model.anatomy import family_path, memory_table, stages
-from ui.experiments.render import NOT_HERE
-from ui.format import binary_size, prob_html, si, token_label
-from ui.run.render import NO_CONFIG
+from ui.format import NO_CONFIG, NOT_HERE, binary_size, prob_html, si, token_label
 
 INSIDE_NOTE = (f"**Inside one token**: the path through the layers, the attention weights and the "
                f"logit lens need the model's weights and activations: {NOT_HERE}, which returns "

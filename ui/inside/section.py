@@ -7,14 +7,13 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.handlers import Handlers
 from ui.inside.render import INSIDE_NOTE, memory_markdown
 from server.limits import ENGINE
 
 PATTERN_JS = (Path(__file__).parent.parent / "assets" / "pattern.js").read_text(encoding="utf-8")
 
 
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     add, internals = page.add, h.page.caps.internals
     with gr.Accordion("Inside one token: the path through the model at the selected step", open=False):
         if not internals:
@@ -37,9 +36,11 @@ def build(page, h: Handlers) -> None:
             with gr.Tab("Logit lens", elem_id="tab-lens"):
                 add("lens", gr.HTML("", elem_id="lens" if internals else None))
         add("memory", gr.Markdown(memory_markdown(h.page.info), elem_id="memory"))
+    # A model picked: its memory table, the sliders over its layers and heads.
+    page.after_pick.append((h.inside.model_picked, ("model",), ("memory", "layer", "head")))
 
 
-def wire(page, h: Handlers) -> None:
+def wire(page, h, demo) -> None:
     if not h.page.caps.internals:
         return
     args = dict(inputs=("record", "step", "layer", "head"), outputs=("stages_md", "attention", "lens", "pattern"),

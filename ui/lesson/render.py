@@ -8,6 +8,9 @@ from html import escape
 
 from inference.lesson.summary import mib, si
 from inference.loading.byte_pieces import short_hint
+from ui.format import token_label
+from ui.lesson.charts import lines_svg, roofline_svg
+from ui.glossary import gloss
 
 # Each chapter: the panel of the page to explore further (its element id) and its name.
 EXPLORE = {
@@ -35,7 +38,13 @@ def _p(x: float | None) -> str:
 
 
 def _code(s: str) -> str:
-    return f"<code class='lesson-piece'>{escape(s).replace(' ', '␣')}</code>"
+    """A token's piece, every character visible: ␣ a space, ↵ a newline (a newline token is never
+    an empty cell), ⟨U+…⟩ one that prints as nothing."""
+    return f"<code class='lesson-piece'>{escape(token_label(s))}</code>"
+
+
+def _count(n: int, word: str, words: str | None = None) -> str:
+    return f"{n:,} {word if n == 1 else words or word + 's'}"
 
 
 def _piece(s: str) -> str:
@@ -60,9 +69,17 @@ def _ms(x: float | None) -> str:
 
 def _tokenize(c: dict) -> tuple[str, str]:
     ex = c["examples"]
+    control = [t["piece"] for t in c["tokens"] if t["control"]]
+    typed = c["n_tokens"] - len(control)
+    what = ("The text fed, your message inside the model's chat template (chat mode), is "
+            f"{_count(c['n_chars'], 'character')}: it became" if c.get("chat") else
+            f"Your {_count(c['n_chars'], 'character')} became")
+    ctl = (f", and the tokenizer put {_count(len(control), 'control token')} among them "
+           f"({', '.join(_code(p) for p in dict.fromkeys(control))}: markers such as the start of a text, never typed "
+           f"text), {c['n_tokens']:,} ids in all" if control else "")
     text = (f"The model never sees letters: a <b>tokenizer</b> cuts the text into pieces from a fixed vocabulary "
-            f"of <b>{c['vocab_size']:,}</b> entries and replaces each by its number, its <b>id</b>. Your "
-            f"{c['n_chars']} characters became <b>{c['n_tokens']} tokens</b>. A token can be a whole word with its "
+            f"of <b>{c['vocab_size']:,}</b> entries and replaces each by its number, its <b>id</b>. {what} "
+            f"<b>{_count(typed, 'token')}</b>{ctl}. A token can be a whole word with its "
             "space, part of a word, one character, or even one <em>byte</em> of a character.")
     if c["byte_tokens"]:
         text += (f" Here {c['byte_tokens']} of the tokens are <b>byte tokens</b> (written &lt;0xNN&gt;): the vocabulary "
@@ -148,7 +165,7 @@ def _mask(c: dict) -> str:
 
 
 def _layers(c: dict) -> tuple[str, str]:
-    gqa = (f" Grouped-query attention: {c['n_heads']} query heads share {c['n_kv_heads']} key/value heads "
+    gqa = (f" Grouped-query attention: {c['n_heads']} query heads share {_count(c['n_kv_heads'], 'key/value head')} "
            f"({c['group_size']} each), which makes the KV cache {c['group_size']}× smaller." if c["group_size"] > 1 else "")
     text = (f"The vectors now go through <b>{c['n_layers']} layers</b> of the same shape (each with its own weights). In each, "
             "<b>attention</b> lets every position gather information from the positions before it, then an <b>MLP</b> "
@@ -158,8 +175,12 @@ def _layers(c: dict) -> tuple[str, str]:
             f"{c['intermediate']} (×{c['expansion']:.2f}), down brings it back.")
     rows = [[escape(s["step"]), f"<code>{escape(s['shape'])}</code>", escape(s["note"])] for s in c["steps"]]
     cost = [[escape(r["stage"]), si(r["flops"], "FLOPs"), mib(r["bytes"])] for r in c["per_layer"]]
+    n = c["n_positions"]
+    counted = (f"<p class='lesson-note'>Attention is counted over all {n}×{n} scores, as the kernel computes them "
+               f"(the masked ones too); the causal mask keeps {c['scores_kept']} of the {c['scores_counted']}: "
+               f"{si(c['scores_kept_flops'], 'FLOPs')} a layer if only those were counted.</p>") if n > 1 else ""
     return text, (_table(["step of one layer", "shape for your prompt", ""], rows) + _mask(c)
-                  + _table(["per layer, this prompt", "FLOPs", "weights read"], cost)
+                  + _table(["per layer, this prompt", "FLOPs", "weights read"], cost) + counted
                   + f"<p class='lesson-note'>× {c['n_layers']} layers = <b>{si(c['all_layers_flops'], 'FLOPs')}</b> for the "
                     f"prompt's {c['n_positions']} positions. This model's turns: {escape('; '.join(c['family_path']))}.</p>")
 
@@ -188,17 +209,28 @@ def _sampling(c: dict) -> tuple[str, str]:
             "the text, and the whole loop runs again for the next one.")
     temps = c["temperatures"]
     t_rows = [[_piece(r["piece"]), f"{r['logit']:.3f}", *[_p(r[f"T={t:g}"]) for t in temps]] for r in c["temperature_table"]]
-    w_rows = [[_piece(r["piece"]), _p(r["prob"]), f"{r['cumulative']:.4f}", "kept" if r["kept"] else "stop: P reached",
-               _p(r["renormalised"])] for r in walk["walk"][:WALK_ROWS]]
-    more = len(walk["walk"]) - WALK_ROWS
+    def w_row(r):
+        return [_piece(r["piece"]), _p(r["prob"]), f"{r['cumulative']:.4f}", "kept" if r["kept"] else "stop: P reached",
+                _p(r["renormalised"])]
+    steps = walk["walk"]
+    more = len(steps) - WALK_ROWS
+    # A long walk: its first rows, then the last ones, so that the first candidate left out (the
+    # row "stop: P reached") is always shown.
+    w_rows = ([w_row(r) for r in steps] if more <= 0 else
+              [w_row(r) for r in steps[:WALK_ROWS - 3]]
+              + [["…", "", "", f"{more + 1} more kept", ""]] + [w_row(r) for r in steps[-2:]])
     shown = (" (this run's top-p is off: shown at P = {:g})".format(walk["p"]) if walk["shown_only"] else "")
     pen = c["repetition_penalty"]
     p_rows = [[_piece(r["piece"]), f"{r['logit']:.3f}", f"{r['penalised_logit']:.3f}", _p(r["prob"]), _p(r["penalised_prob"])]
               for r in pen["rows"]]
     ch = c["chosen"]
-    settings = (f"This run: temperature {s['temperature']:g}, top-k {s['top_k']} (0 = off), top-p {s['top_p']:g}, "
-                f"repetition penalty {s['repetition_penalty']:g}, seed {s['seed']}: the page's sampling settings (change "
-                "them there and start the lesson again to see their effect).")
+    page = (f"temperature {s['temperature']:g}, top-k {s['top_k']} (0 = off), top-p {s['top_p']:g}, "
+            f"repetition penalty {s['repetition_penalty']:g}, seed {s['seed']}")
+    top = c.get("follow", "sampled") == "top"
+    settings = (f"This lesson follows the model's most likely token at each step (greedy). The tables show the page's "
+                f"sampling settings ({page}); choose “a sampled token” above to follow a draw instead."
+                if top else f"This run draws with the page's sampling settings: {page} (change them there and start "
+                "the lesson again to see their effect).")
     return text, (f"<p class='lesson-note'>{escape(settings)}</p>"
                   + "<h4>Temperature: the top candidates' probability at T = " + ", ".join(f"{t:g}" for t in temps) + "</h4>"
                   + _table(["token", "logit", *[f"T = {t:g}" for t in temps]], t_rows)
@@ -207,57 +239,16 @@ def _sampling(c: dict) -> tuple[str, str]:
                     f"{_p(c['top_k']['kept_mass'])} of the probability.</p>"
                   + f"<h4>The top-p walk, P = {walk['p']:g}{escape(shown)}: {walk['kept']} kept, mass {walk['kept_mass']:.4f}</h4>"
                   + _table(["token", "p entering top-p", "running sum", "", "after renormalising"], w_rows)
-                  + (f"<p class='lesson-note'>{more} more candidates of the walk not listed (the last: "
-                     f"{_piece(walk['walk'][-1]['piece'])}, running sum {walk['walk'][-1]['cumulative']:.4f}).</p>" if more > 0 else "")
                   + f"<h4>Repetition penalty {pen['penalty']:g}{' (shown; off in this run)' if pen['shown_only'] else ''} on the prompt's own tokens</h4>"
                   + f"<p class='lesson-note'>{escape(pen['rule'])}.</p>"
                   + _table(["token", "logit", "penalised", "p", "p penalised"], p_rows)
-                  + f"<p class='lesson-result'>Appended: {_piece(ch['piece'])} (raw p {_p(ch['raw_prob'])}, p sampled from "
-                    f"{_p(ch['prob'])}, rank {ch['rank']}). Repeating the loop {len(c['run_tokens'])} times gave: "
-                    f"<q>{escape(c['run_text'])}</q></p>")
-
-
-def _roofline_svg(c: dict) -> str:
-    roof = c["roofline"]
-    peak, bw = roof["peak_flops"], roof["bandwidth"]
-    pts = [(c["prefill"], "prefill", "#dc2626"), (c["decode"], "decode", "#2563eb")]
-    xs = [p["intensity"] for p, _, _ in pts] + [roof["ridge_flops_per_byte"]]
-    x0, x1 = 10 ** math.floor(math.log10(min(xs) / 3)), 10 ** math.ceil(math.log10(max(xs) * 3))
-    y1 = 10 ** math.ceil(math.log10(peak * 2))
-    y0 = y1 / 1e4
-    W, H, L, B = 560, 300, 62, 40
-
-    def X(v):
-        return L + (math.log10(v) - math.log10(x0)) / (math.log10(x1) - math.log10(x0)) * (W - L - 10)
-
-    def Y(v):
-        v = max(v, y0)
-        return H - B - (math.log10(v) - math.log10(y0)) / (math.log10(y1) - math.log10(y0)) * (H - B - 10)
-
-    ridge = peak / bw
-    xa = max(x0, y0 / bw)
-    line = f"M{X(xa):.1f},{Y(xa * bw):.1f} L{X(ridge):.1f},{Y(peak):.1f} L{X(x1):.1f},{Y(peak):.1f}"
-    parts = [f"<path d='{line}' fill='none' stroke='#111' stroke-width='2'/>"]
-    for p, name, colour in pts:
-        if p["achieved_flops"]:
-            parts.append(f"<circle cx='{X(p['intensity']):.1f}' cy='{Y(p['achieved_flops']):.1f}' r='6' fill='{colour}'/>"
-                         f"<text x='{X(p['intensity']) + 9:.1f}' y='{Y(p['achieved_flops']) + 4:.1f}' font-size='13' fill='{colour}'>{name}</text>")
-    ticks = []
-    e = math.log10(x0)
-    while e <= math.log10(x1) + 1e-9:
-        ticks.append(f"<text x='{X(10 ** e):.1f}' y='{H - B + 16}' font-size='11' text-anchor='middle'>{10 ** e:g}</text>")
-        e += 1
-    e = math.log10(y0)
-    while e <= math.log10(y1) + 1e-9:
-        ticks.append(f"<text x='{L - 4}' y='{Y(10 ** e) + 4:.1f}' font-size='11' text-anchor='end'>{si(10 ** e)}</text>")
-        e += 1
-    labels = (f"<text x='{(L + W) / 2}' y='{H - 6}' font-size='12' text-anchor='middle'>arithmetic intensity (FLOPs per byte read)</text>"
-              f"<text x='12' y='{(H - B) / 2}' font-size='12' text-anchor='middle' transform='rotate(-90 12 {(H - B) / 2})'>FLOP/s</text>"
-              f"<text x='{X(x1) - 4:.1f}' y='{Y(peak) - 6:.1f}' font-size='11' text-anchor='end'>peak {si(peak, 'FLOP/s')}</text>"
-              f"<text x='{X(xa) + 6:.1f}' y='{Y(xa * bw) - 8:.1f}' font-size='11'>{si(bw, 'B/s')}</text>")
-    return (f"<svg class='lesson-chart' viewBox='0 0 {W} {H}' role='img' aria-label='roofline of this machine'>"
-            f"<rect x='{L}' y='10' width='{W - L - 10}' height='{H - B - 10}' fill='none' stroke='#ccc'/>"
-            + "".join(parts) + "".join(ticks) + labels + "</svg>")
+                  + (f"<p class='lesson-note'>The prompt's {pen['seen']} distinct tokens, the {len(p_rows)} most likely "
+                     "listed.</p>" if pen.get("seen", 0) > len(p_rows) else "")
+                  + (f"<p class='lesson-result'>Appended: {_piece(ch['piece'])}, the most likely token (raw p "
+                     f"{_p(ch['raw_prob'])}, rank {ch['rank']}). " if top else
+                     f"<p class='lesson-result'>Appended: {_piece(ch['piece'])} (raw p {_p(ch['raw_prob'])}, p sampled from "
+                     f"{_p(ch['prob'])}, rank {ch['rank']}). ")
+                  + f"Repeating the loop {_count(len(c['run_tokens']), 'time')} gave: <q>{escape(c['run_text'])}</q></p>")
 
 
 def _prefill_decode(c: dict) -> tuple[str, str]:
@@ -275,7 +266,7 @@ def _prefill_decode(c: dict) -> tuple[str, str]:
              f"{p['intensity']:.2f}", si(p["achieved_flops"], "FLOP/s") if p["achieved_flops"] else "–",
              si(p["attainable_flops"], "FLOP/s"), p["bound"]] for p in (pre, dec)]
     return text, (_table(["pass", "measured", "FLOPs", "bytes read", "FLOPs/byte", "achieved", "roof allows", "bound by"], rows)
-                  + _roofline_svg(c)
+                  + roofline_svg(c)
                   + f"<p class='lesson-note'>This machine, measured now: peak {si(roof['peak_flops'], 'FLOP/s')}, "
                     f"bandwidth {si(roof['bandwidth'], 'B/s')}, ridge at {roof['ridge_flops_per_byte']:.2f} FLOPs/byte. "
                     f"How: {escape(roof['how'])}. Times are of this run, beside whatever else the machine was doing.</p>"
@@ -288,39 +279,13 @@ def _prefill_decode(c: dict) -> tuple[str, str]:
                      "again for a new measurement.</p>" if pre["above_roof"] or dec["above_roof"] else ""))
 
 
-def _lines_svg(series: list[tuple[list[float], str, str]], ylabel: str) -> str:
-    W, H, L, B = 560, 220, 56, 34
-    n = max(len(s) for s, _, _ in series)
-    top = max(max(s) for s, _, _ in series) * 1.1 or 1
-
-    def X(i):
-        return L + i / max(n - 1, 1) * (W - L - 10)
-
-    def Y(v):
-        return H - B - v / top * (H - B - 10)
-
-    parts = []
-    for values, name, colour in series:
-        pts = " ".join(f"{X(i):.1f},{Y(v):.1f}" for i, v in enumerate(values))
-        parts.append(f"<polyline points='{pts}' fill='none' stroke='{colour}' stroke-width='2'/>")
-    legend = "".join(f"<text x='{L + 8 + 200 * k}' y='{H - 4}' font-size='12' fill='{c}'>— {escape(name)}</text>"
-                     for k, (_, name, c) in enumerate(series))
-    ticks = (f"<text x='{L - 4}' y='{Y(top / 1.1) + 4:.1f}' font-size='11' text-anchor='end'>{si(top / 1.1)}</text>"
-             f"<text x='{L - 4}' y='{Y(0) + 4:.1f}' font-size='11' text-anchor='end'>0</text>"
-             + "".join(f"<text x='{X(i):.1f}' y='{H - B + 14}' font-size='11' text-anchor='middle'>{i}</text>" for i in range(n)))
-    return (f"<svg class='lesson-chart' viewBox='0 0 {W} {H}' role='img' aria-label='{escape(ylabel)} per step'>"
-            f"<rect x='{L}' y='10' width='{W - L - 10}' height='{H - B - 10}' fill='none' stroke='#ccc'/>"
-            + "".join(parts) + legend + ticks
-            + f"<text x='{W - 12}' y='{H - 4}' font-size='12' text-anchor='end'>step</text>"
-            + f"<text x='12' y='{(H - B) / 2}' font-size='12' text-anchor='middle' transform='rotate(-90 12 {(H - B) / 2})'>{escape(ylabel)}</text></svg>")
-
-
 def _kv_cache(c: dict) -> tuple[str, str]:
     text = ("In attention, each new token needs the <b>keys and values</b> of every earlier position. They do not change "
             "once computed, so the engine keeps them: the <b>KV cache</b>. Its size per position is "
             f"<b>{escape(c['formula'])} = {c['bytes_per_position']:,} bytes</b> (2 for K and V), so it grows by that much "
-            f"with every token: {mib(c['growth'][-1]['bytes'])} after this run, {mib(c['full_context_bytes'])} for the full "
-            f"context of {c['context_window']:,} positions. Without a cache every step would recompute all earlier positions. "
+            f"with every token: {mib(c['bytes_per_position'] * (c['prompt_tokens'] + c['steps'] - 1))} after the "
+            f"{c['steps']} steps below ({c['prompt_tokens'] + c['steps'] - 1:,} positions), {mib(c['full_context_bytes'])} "
+            f"for the full context of {c['context_window']:,} positions. Without a cache every step would recompute all earlier positions. "
             f"Below, the same {c['steps']} greedy tokens made both ways, measured now: without the cache "
             f"<b>{c['without_cache_total_ms']:.0f} ms</b>, with it <b>{c['with_cache_total_ms']:.0f} ms</b> "
             f"(×{c['time_ratio']:.2f} the time, ×{c['flops_ratio']:.2f} the FLOPs)"
@@ -329,9 +294,9 @@ def _kv_cache(c: dict) -> tuple[str, str]:
     rows = [[str(s), str(n + s), mib(per * (n + s)), f"{c['with_cache_ms'][s]:.1f}", f"{c['without_cache_ms'][s]:.1f}",
              si(c["with_cache_flops"][s]), si(c["without_cache_flops"][s]), _piece(c["tokens"][s])]
             for s in range(c["steps"])]
-    return text, (_lines_svg([(c["without_cache_ms"], "without a cache", "#dc2626"),
+    return text, (lines_svg([(c["without_cache_ms"], "without a cache", "#dc2626"),
                               (c["with_cache_ms"], "with the KV cache", "#2563eb")], "ms a step")
-                  + _lines_svg([(c["without_cache_flops"], "without a cache", "#dc2626"),
+                  + lines_svg([(c["without_cache_flops"], "without a cache", "#dc2626"),
                                 (c["with_cache_flops"], "with the KV cache", "#2563eb")], "FLOPs a step")
                   + _table(["step", "positions cached", "KV cache", "with cache, ms", "without, ms", "FLOPs with",
                             "FLOPs without", "token"], rows)
@@ -386,6 +351,24 @@ RENDER = {"tokenize": _tokenize, "embed": _embed, "rope": _rope, "layers": _laye
           "sampling": _sampling, "prefill_decode": _prefill_decode, "kv_cache": _kv_cache, "flops": _flops}
 
 
+MODES = {"completion": "completion mode: the prompt is a text the model continues",
+         "chat": "chat mode: your message inside the model's chat template"}
+FOLLOWS = {"top": "it follows the most likely token at each step",
+           "sampled": "it follows a token sampled with the page's settings (seed {seed})"}
+
+
+def context_note(lesson: dict) -> str:
+    """" · chat mode: … · it follows …": how the lesson read the prompt and which token it follows,
+    and why the mode is not the page's where it is not (an example is a text to continue)."""
+    if "mode" not in lesson:
+        return ""
+    mode = MODES[lesson["mode"]]
+    page = lesson.get("page_mode")
+    if page and page != lesson["mode"]:
+        mode += f" (the page is in {page} mode; {escape(lesson.get('why_mode') or 'chosen above')})"
+    return f" · {mode} · " + FOLLOWS[lesson.get("follow", "top")].format(seed=lesson.get("seed", "?"))
+
+
 def chapter_html(lesson: dict, index: int) -> str:
     """Chapter `index` (0-based) of a lesson {"model", "prompt", "chapters"}: its title, the
     explanation, its numbers and where to explore further."""
@@ -395,9 +378,10 @@ def chapter_html(lesson: dict, index: int) -> str:
     explore = ", ".join(f"<a href='#{eid}'>{escape(name)}</a>" for eid, name in EXPLORE[c["key"]])
     steps = "".join(f"<li class='{'lesson-here' if k == index else ''}'>{k + 1}. {escape(x['title'])}</li>"
                     for k, x in enumerate(chapters))
-    return (f"<div class='lesson' id='lesson-chapter-{c['key']}'>"
+    return gloss(f"<div class='lesson' id='lesson-chapter-{c['key']}'>"
             f"<ol class='lesson-steps' aria-label='chapters'>{steps}</ol>"
             f"<h3>Chapter {c['chapter']} of {len(chapters)}: {escape(c['title'])}</h3>"
-            f"<p class='lesson-context'>{escape(lesson['model'])} · prompt <q>{escape(lesson['prompt'])}</q></p>"
+            f"<p class='lesson-context'>{escape(lesson['model'])} · prompt <q>{escape(lesson['prompt'])}</q>"
+            f"{context_note(lesson)}</p>"
             f"<p class='lesson-text'>{text}</p>{numbers}"
             f"<p class='lesson-explore'>Explore further on this page: {explore}.</p></div>")

@@ -1,5 +1,7 @@
 """The run section's components and events: prompt and settings, the streaming output with its
-bars, the status line, the KV-cache and latency charts, the statistics and the tokenization."""
+bars, the status line, the KV-cache and latency charts, the statistics and the tokenization, and
+the model picker. Other sections are built in its slots (Page.fill: "run.input" under Generate,
+"run.output" under the output, "run.bars" under the bars, "run.settings" under the settings)."""
 
 from __future__ import annotations
 
@@ -8,19 +10,17 @@ from pathlib import Path
 import gradio as gr
 
 from inference.sampling.settings import BY_NAME, SHAPING_SETTINGS
-from ui import chat, share
-from ui.branches import section as branches
-from ui.edit import section as edit
+from server.limits import ENGINE, MODEL_PICK
 from ui.controls import NAMES
 from ui.format import bars_html, step_axis
-from ui.handlers import Handlers
-from ui.run.handlers import RUN_OUTPUTS, STALE_PANELS
-from server.limits import ENGINE, MODEL_PICK
-from ui.run import constrain, kv, render
+from ui.run import constrain, render
+from ui.run.picker import PICK_OUTPUTS
 from ui.run_state import RunRecord
+from ui.shared import charts, kv, view
+from ui.shared.charts import chart_colors
+from ui.shared.outputs import RUN_OUTPUTS, STALE_PANELS
 from ui.streaming import CHART_INTERVAL_S
 from ui.widgets import setting_control
-from ui.work import section as work
 
 EXAMPLES = [
     ["Write a haiku about the sea.", "chat"],
@@ -30,8 +30,11 @@ EXAMPLES = [
     ["Once upon a time, a tiny language model", "completion"],
     ["Explain in one sentence why the sky is blue.", "chat"],
 ]
-OUTPUT_JS = (Path(__file__).parent.parent / "assets" / "output.js").read_text(encoding="utf-8")
-CLAMP_JS = (Path(__file__).parent.parent / "assets" / "clamp.js").read_text(encoding="utf-8")
+ASSETS = Path(__file__).parent.parent / "assets"
+OUTPUT_JS = (ASSETS / "output.js").read_text(encoding="utf-8")
+CLAMP_JS = (ASSETS / "clamp.js").read_text(encoding="utf-8")
+# The bars' candidates start a branch when clicked (the branches section's events: the bars' select).
+PICK_JS = (ASSETS / "pick.js").read_text(encoding="utf-8")
 # On a narrow screen (one column: page.css) a run's text comes under the prompt, the settings and
 # the examples: once the run starts the output is brought to the top of the window.
 OUTPUT_IN_VIEW_JS = """() => {
@@ -65,17 +68,18 @@ RUN_INPUTS = (*NAMES, "history")
 # after_run's outputs (it returns only those it changes).
 AFTER_OUTPUTS = ("live", "generate", "regenerate", "stop_button", "kv_chart", "latency", "step", "run_chart",
                  "rank_chart", "entropy_chart", *(f"replay_{n}" for n in SHAPING_SETTINGS),
-                 *(f"b_{n}" for n in SHAPING_SETTINGS), "tokens", "downloads", "run_seed", "history", "conversation",
+                 "tokens", "downloads", "run_seed", "history", "conversation",
                  "prompt", "status")
 BEGIN_OUTPUTS = ("prompt_view", "tokens", "kv_chart", "latency", "live", "generate", "regenerate",
                  "stop_button", "step", "status", "output", "bars", "stats", "notice", *STALE_PANELS,
                  "downloads", "run_chart", "rank_chart", "entropy_chart", "run_seed", "record")
 
 
-def build(page, h: Handlers, limits_md: str) -> None:
+def build(page, h) -> None:
     """The main grid (wide: prompt | settings over output | bars; narrow: prompt, output, bars,
     then the settings: page.css), then the KV-cache and latency row."""
     d, tok, add = h.page.defaults, h.page.engine.tokenizer, page.add
+    limits_md = render.limits_markdown(h.page.limits)
     # Wide: the prompt over the settings on the left, the output over its bars on the right, so
     # that a run's text and its bars are in view together; narrow (the wrappers dissolve, page.css):
     # prompt, output, bars, the prompt as fed, then the settings.
@@ -87,12 +91,20 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 choices = [(h.page.models.default, ""), *h.page.models.labels[1:]]
                 add("model", gr.Dropdown(choices, value=d.model, label="Model", visible=many,
                                          info="each loads on its first use", elem_id="model"))
-                add("model_md", gr.Markdown(h.run.models_markdown(), elem_id="model-memory", visible=many))
+                # The first screen (wide or a phone's): the conversation so far, the prompt, its
+                # count and Generate; the mode, the system prompt and the models' memory after them.
+                add("conversation", gr.HTML("", elem_id="conversation", visible=d.mode == "chat"))
                 add("prompt", gr.Textbox(d.prompt, label="Prompt", lines=3, elem_id="prompt"))
                 first = h.run.preview(d.prompt, d.mode, d.system, d.max_new_tokens)  # the counter and the tokens agree
                 add("context_count", gr.Markdown(first["context_count"],
                                                  label="Context", elem_id="context-count"))
-                with gr.Row():
+                with gr.Row(elem_id="run-row"):
+                    add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
+                    add("stop_button", gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop"))
+                page.fill("run.input")  # (the chat's buttons)
+                add("status", gr.Markdown("", label="Status", elem_id="status"))
+                add("notice", gr.Markdown("", label="Notice", elem_id="notice"))
+                with gr.Row(elem_id="mode-row"):
                     add("mode", gr.Radio(["completion", "chat"], **{"value": d.mode, **render.mode_choice(h.page.view().info)},
                                          label="Mode", elem_id="mode"))
                     # min_width: on a narrow screen it goes under the mode, the whole column wide,
@@ -102,13 +114,7 @@ def build(page, h: Handlers, limits_md: str) -> None:
                         placeholder=h.page.default_system or "none",
                         info=("empty = the model's default, shown here: its chat template adds it"
                               if h.page.default_system else "empty = no system message")))
-                add("conversation", gr.HTML("", elem_id="conversation", visible=d.mode == "chat"))
-                with gr.Row():
-                    add("generate", gr.Button("Generate", variant="primary", elem_id="generate"))
-                    add("stop_button", gr.Button("Stop", variant="secondary", interactive=False, elem_id="stop"))
-                chat.build_buttons(page, d.mode)
-                add("status", gr.Markdown("", label="Status", elem_id="status"))
-                add("notice", gr.Markdown("", label="Notice", elem_id="notice"))
+                add("model_md", gr.Markdown(h.picker.models_markdown(), elem_id="model-memory", visible=many))
                 if limits_md:
                     gr.Markdown(limits_md, elem_id="limits")
                 with gr.Accordion("Example prompts", open=False, elem_id="examples"):
@@ -148,23 +154,23 @@ def build(page, h: Handlers, limits_md: str) -> None:
                                                           "count them as generated"))
                         add("stop", gr.Textbox(d.stop, label="Stop strings (one per line; \\n = newline)", lines=2,
                                                elem_id="stop-strings"))
-                    share.build(page)
+                    page.fill("run.settings")  # (the share link)
         with gr.Column(elem_id="right-col"):
             with gr.Column(elem_id="output-col"):
                 gr.Markdown(OUTPUT_CAPTION_RAW if h.page.caps.logprobs == "raw" else OUTPUT_CAPTION, elem_id="output-caption")
                 add("colour_by", gr.Radio(COLOUR_BY, value="final", label="Colour the text by", show_label=False,
                                           container=False, elem_id="colour-by"))
-                add("output", gr.HTML(render.output_html(None, tok), label="Generated text", elem_id="output",
+                add("output", gr.HTML(view.output_html(None, tok), label="Generated text", elem_id="output",
                                       js_on_load=OUTPUT_JS))
                 with gr.Row():
                     add("copy_text", gr.Button("Copy text", size="sm", elem_id="copy-text"))
-                    add("downloads", gr.HTML(render.downloads_html(None, None), elem_id="downloads"))
-                edit.build(page, h)
+                    add("downloads", gr.HTML(view.downloads_html(None, None), elem_id="downloads"))
+                page.fill("run.output")  # (edit and continue)
             with gr.Column(elem_id="bars-col"):
                 add("step", gr.Slider(0, 1, value=0, step=1, label="Step", interactive=False, elem_id="step"))
                 add("show_logp", gr.Checkbox(False, label="Show log p instead of p", elem_id="show-logp"))
-                add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk", js_on_load=branches.PICK_JS))
-                branches.build(page, h)
+                add("bars", gr.HTML(bars_html(None), label="Candidates", elem_id="topk", js_on_load=PICK_JS))
+                page.fill("run.bars")  # (the branch tree)
             with gr.Column(elem_id="feed-col"):
                 # Shown once a run has fed a prompt (before, the tokens below say what will be fed).
                 add("prompt_view", gr.Textbox(label="Prompt as fed to the model", lines=2, max_lines=8,
@@ -172,26 +178,28 @@ def build(page, h: Handlers, limits_md: str) -> None:
                 add("tokens", gr.HTML(first["tokens"], label="Tokenization", elem_id="tokens"))
     with gr.Row():
         with gr.Column(min_width=320):
-            add("kv_chart", gr.LinePlot(kv.kv_frame(RunRecord()), **step_axis(), x_title=kv.KV_X_TITLE, y="MiB",
+            add("kv_chart", gr.LinePlot(charts.kv_frame(RunRecord()), **step_axis(), x_title=charts.KV_X_TITLE, y="MiB",
                                         color="series", color_title=" ", title="KV-cache memory per step",
                                         elem_id="kv-chart"))
-            add("kv_text", gr.Markdown(kv.kv_formula(h.page.info), label="KV-cache formula", elem_id="kv-formula"))
+            # Our own text, values escaped: not sanitized, so that its terms keep their definitions (as stats').
+            add("kv_text", gr.Markdown(kv.kv_formula(h.page.info), label="KV-cache formula", elem_id="kv-formula",
+                                       sanitize_html=False))
             add("server_md", gr.Markdown("", elem_id="server-load", visible=h.page.caps.server_load))
         with gr.Column(min_width=320):
-            add("latency", gr.LinePlot(kv.latency_frame(RunRecord()), **step_axis(), y="ms",
-                                       x_title=kv.LATENCY_X_TITLE, y_title=kv.LATENCY_Y_TITLE,
+            add("latency", gr.LinePlot(charts.latency_frame(RunRecord()), **step_axis(), y="ms",
+                                       x_title=charts.LATENCY_X_TITLE, y_title=charts.LATENCY_Y_TITLE,
                                        title="Decode latency per token", elem_id="latency-chart"))
-            add("stats", gr.Markdown("No run yet.", label="Run statistics", elem_id="stats"))
+            add("stats", gr.Markdown("No run yet.", label="Run statistics", elem_id="stats", sanitize_html=False))
     add("record", gr.State(None))
     add("history", gr.State([]))
     add("live", gr.Timer(CHART_INTERVAL_S, active=False))
     add("api_tokens", gr.JSON(visible=False, label="Tokens"))
 
 
-def wire(page, h: Handlers, demo: gr.Blocks):
-    """The run section's events; returns chain_run, which starts a run from another trigger."""
-    # The charts' colours, after every event that gives them data (RunHandlers.chart_colors).
-    colors = (h.run.chart_colors, ("record",), ("kv_chart", "run_chart"))
+def wire(page, h, demo: gr.Blocks) -> None:
+    """The run section's events; page.chain_run starts a run from another section's trigger."""
+    # The charts' colours, after every event that gives them data (shared/charts.chart_colors).
+    colors = (chart_colors, ("record",), ("kv_chart", "run_chart"))
     page.after_view.insert(0, colors)
     # The whole server's load, where the engine has one: after a run and while it streams.
     server_load = [(h.run.server_load, (), ("server_md",))] if h.page.caps.server_load else []
@@ -205,20 +213,19 @@ def wire(page, h: Handlers, demo: gr.Blocks):
                     show_progress="hidden", api_visibility="private")
         r = page.on(b.success, h.run.generate_on_page, inputs=RUN_INPUTS, outputs=RUN_OUTPUTS,
                     show_progress="hidden", concurrency_id=ENGINE, api_visibility="private", postprocess=False)
-        b.success(None, js=work.RUN_GOING_JS)  # until its end: a reload meanwhile says it was lost
+        for js in page.run_going_js:  # (the saved work's mark: a reload meanwhile says the run was lost)
+            b.success(None, js=js)
         b.success(None, js=OUTPUT_IN_VIEW_JS)
         a = page.on(r.then, h.run.after_run, inputs=("record", "history"), outputs=AFTER_OUTPUTS, queue=False,
                     show_progress="hidden", api_visibility="private")
-        a.then(None, js=work.RUN_ENDED_JS)
+        for js in page.run_ended_js:
+            a.then(None, js=js)
         a = page.chain(a, [colors, *page.after_run, *server_load])
         a.then(None, js=RUN_SETTLED_JS)
         return r
 
+    page.chain_run = chain_run
     chain_run(page["generate"].click)
-    regenerate = page.on(page["regenerate"].click, h.chat.pop_last_turn, inputs=("history", "seed"),
-                         outputs=("history", "prompt", "mode", "conversation", "chat_note"), api_visibility="private",
-                         show_progress="hidden")
-    chain_run(regenerate.success)
     # /generate for scripts: the same run, refusing bad input with an error (gradio_client
     # raises it). No button of the page triggers it.
     api_generate = gr.Button(visible=False)
@@ -252,16 +259,18 @@ def wire(page, h: Handlers, demo: gr.Blocks):
         demo.load(h.run.server_load, inputs=None, outputs=page["server_md"], api_visibility="private", queue=False,
                   show_progress="hidden")
     # The picker: the model loads (on its first use) and what shows its numbers follows it.
-    page.on(page["model"].change, h.run.pick_model, inputs=("model", *context_inputs[:5], "status", "record"),
-            outputs=("model_md", "model_card", "memory", "kv_text", "context_count", "max_new_tokens", "system",
-                     "mode", "layer", "head", "status", "generate"), api_visibility="private",
-            concurrency_id=MODEL_PICK, show_progress="minimal")
+    picked = page.on(page["model"].change, h.picker.pick_model,
+                     inputs=("model", *context_inputs[:5], "status", "record"), outputs=PICK_OUTPUTS,
+                     api_visibility="private", concurrency_id=MODEL_PICK, show_progress="minimal")
+    # Then the sections' own (the look inside's sliders, the drafters), once the model is loaded.
+    page.chain(picked, page.after_pick)
     if len(h.page.models.labels) > 1:  # what is loaded now, not when the page was built
-        page.on(demo.load, h.run.models_markdown, outputs=("model_md",), api_visibility="private", queue=False)
+        loaded = page.on(demo.load, h.picker.models_markdown, outputs=("model_md",), api_visibility="private",
+                         queue=False)
+        page.chain(loaded, page.after_pick)
     page["copy_text"].click(None, inputs=None, outputs=None, js=COPY_TEXT_JS)
     # A display switch only: every number is rendered both ways and CSS shows one.
     page["show_logp"].change(None, inputs=page["show_logp"], outputs=None, js=SHOW_LOGP_JS)
     page["colour_by"].change(None, inputs=page["colour_by"], outputs=None, js=COLOUR_BY_JS)
     demo.load(None, js=CLAMP_JS)  # a typed value beyond a slider's range is said, not silently clamped
     demo.unload(h.run.closed)
-    return chain_run

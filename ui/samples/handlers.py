@@ -3,20 +3,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterator
+from typing import Iterator
 
 import gradio as gr
 
 from inference.errors import InputError, TokenLabError, shown
 from inference.samples import MAX_SAMPLES
-from ui.base import PageContext, Section, failure_line, page_error, takes_controls
+from ui.base import Section, failure_line, page_error, takes_controls
 from ui.controls import Controls
 from server.limits import samples_message
 from ui.samples import render
 from ui.streaming import EventPump
-
-if TYPE_CHECKING:
-    from ui.run.handlers import RunHandlers
 
 SAMPLE_TOP = 20  # candidates each step reports: the first step's table lists these
 UPDATE_S = 0.5  # the panel's progress line, at most twice a second
@@ -37,10 +34,6 @@ def parse_samples(value, cap: int | None) -> int:
 
 
 class SampleHandlers(Section):
-    def __init__(self, page: PageContext, run: "RunHandlers"):
-        super().__init__(page)
-        self.run = run
-
     @takes_controls("n_samples", after=("history",))
     def samples(self, c: Controls, n_samples, request: gr.Request = None, history=None) -> Iterator[dict]:
         """N samples of the prompt with the page's settings, seeds s..s+N-1 (s: the seed box, else
@@ -48,7 +41,7 @@ class SampleHandlers(Section):
         and the first step against the model. Stop ends them all; what ended is shown."""
         try:
             n = parse_samples(n_samples, self.limits.max_samples)
-            rec = self.run.prepare(c, None, history)  # the checks of a run, its token cap
+            rec = self.runs.prepare(c, None, history)  # the checks of a run, its token cap
         except TokenLabError as e:
             raise page_error(e) from None
         m = self.view(rec.model)

@@ -7,7 +7,6 @@ import gradio as gr
 
 from inference.samples import MAX_SAMPLES
 from ui.controls import NAMES
-from ui.handlers import Handlers
 from server.limits import ENGINE
 from ui.widgets import UNCHECKED
 
@@ -15,7 +14,7 @@ DEFAULT_N = 16
 OUTPUTS = ("samples_md", "samples_outcomes", "samples_first", "samples_data")
 
 
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     add = page.add
     most = min(MAX_SAMPLES, h.page.limits.max_samples or MAX_SAMPLES)
     with gr.Accordion("Many samples: draw N continuations at once and compare them with the model's "
@@ -37,7 +36,7 @@ def build(page, h: Handlers) -> None:
         add("samples_data", gr.JSON(visible=False, label="Samples"))
 
 
-def wire(page, h: Handlers) -> None:
+def wire(page, h, demo) -> None:
     # /samples for scripts: the same checks and refusals; no button of the page triggers it.
     # Wired first, so that it takes the name (the page's own event would get it otherwise).
     api = gr.Button(visible=False)

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import gradio as gr
 
-from ui.handlers import Handlers
 from server.limits import ENGINE
 from ui.text_score.render import scored_html
 
@@ -17,7 +16,7 @@ EXAMPLE = "The capital of France is Paris. The capital of Germany is Paris."
 OUTPUTS = ("score_view", "score_md", "score_data")
 
 
-def build(page, h: Handlers) -> None:
+def build(page, h) -> None:
     add = page.add
     with gr.Accordion("Probability of a text: how likely the model finds every token of any text",
                       open=False, elem_id="score-panel"):
@@ -34,7 +33,7 @@ def build(page, h: Handlers) -> None:
         add("score_data", gr.JSON(visible=False, label="Scores"))
 
 
-def wire(page, h: Handlers) -> None:
+def wire(page, h, demo) -> None:
     # /score_text for scripts refuses with an error; the page's click says why in the panel
     # (Gradio's error marks every output, and the prompt's the Text box, hiding what was typed).
     page.on(gr.Button(visible=False).click, h.text_score.score_text, inputs=("score_box", "model"), outputs=OUTPUTS,

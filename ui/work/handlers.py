@@ -4,21 +4,14 @@ unless a link was opened (the link wins)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import gradio as gr
 
 from inference.errors import TokenLabError
-from ui.base import PageContext, Section, named_args
-from ui.branches.render import tree_html
-from ui.chat import conversation_html
-from ui.controls import NAMES, Controls, controls_from_query
-from ui.share import MORE_SETTINGS
+from ui.base import Section, named_args
+from ui.controls import MORE_SETTINGS, NAMES, Controls, controls_from_query
+from ui.shared.conversation import conversation_html
+from ui.shared.tree import tree_html
 from ui.work.saved import VERSION, controls_json, read_run, summary, work_json
-
-if TYPE_CHECKING:
-    from ui.run.handlers import RunHandlers
-    from ui.branches.handlers import BranchHandlers
 
 LINK_WINS = ("Opened from a link: the link's settings are shown and kept in this browser in place of "
              "yours (the address drops them, so a reload keeps what you do next).")
@@ -36,10 +29,6 @@ def chat_history(value) -> list[dict]:
 
 
 class WorkHandlers(Section):
-    def __init__(self, page: PageContext, run: "RunHandlers", branches: "BranchHandlers"):
-        super().__init__(page)
-        self.run, self.branches = run, branches
-
     @named_args(*NAMES)
     def save_settings(self, *values, request: gr.Request = None) -> dict:
         """The controls, as typed: kept in the browser."""
@@ -113,7 +102,7 @@ class WorkHandlers(Section):
             if i not in records:
                 try:
                     data = runs[i]
-                    rec = read_run(data, lambda c, seed, h: self.run.prepare(Controls(**c), seed, h),
+                    rec = read_run(data, lambda c, seed, h: self.runs.prepare(Controls(**c), seed, h),
                                    self.view(data["controls"].get("model", "")).tokenizer.vocab_size)
                 except (TokenLabError, IndexError, TypeError, KeyError, AttributeError) as e:
                     rec = None
@@ -136,5 +125,5 @@ class WorkHandlers(Section):
         if rec is None:
             return out
         viewing = next((k for k, n in enumerate(nodes) if n["record"] is rec), None)
-        return {**out, **self.branches.show_run(rec), "branches": nodes, "branch_view": tree_html(nodes, viewing),
+        return {**out, **self.runs.show(rec), "branches": nodes, "branch_view": tree_html(nodes, viewing),
                 "edit_box": rec.answer_text}

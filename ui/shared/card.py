@@ -1,6 +1,7 @@
 """The model card: the model's name, family and every turn of its path, shapes, size, the GGUF
-file's types and bytes, and where it runs; in front of a server, which distribution its
-log-probabilities are. Pure functions of the engine's description (contract.EngineInfo)."""
+file's types and bytes, and where it runs (in front of a server, which
+distribution its log-probabilities are), each term marked with its definition (ui/glossary).
+Pure functions of the engine's EngineInfo."""
 
 from __future__ import annotations
 
@@ -9,34 +10,24 @@ import html
 from inference.device import dtype_name
 from inference.model.anatomy import decode_cost
 from inference.model.family_spec import FEATURES, SPECS
-from ui.format import approx_note, binary_size, si
-
-# Which distribution a server's log-probabilities are (contract.Capabilities.logprobs).
-LOGPROBS = {
-    "raw": "the model's own distribution (vLLM's default --logprobs-mode raw_logprobs)",
-    "processed": "the distribution after the sampling settings (--logprobs-mode processed_logprobs)",
-}
-NO_CONFIG = ("The served model's shapes are not known here: start the page with "
-             "`--engine-config PATH` (its config.json, or a local copy of the model) for them and "
-             "the KV-cache formula.")
-
+from ui.format import LOGPROBS, NO_CONFIG, approx_note, binary_size, count, si
+from ui.glossary import gloss
 
 
 def model_card(info) -> str:
     """The model's name, shapes, size and where it runs; in front of a server, which
-    distribution its log-probabilities are."""
-    return _local_card(info) if info.capabilities.internals else _served_card(info)
+    distribution its log-probabilities are. Each term marked with its definition (ui/glossary)."""
+    return gloss(_local_card(info) if info.capabilities.internals else _served_card(info))
 
 
 def _local_card(info) -> str:
     cfg = info.cfg
     params = cfg.param_counts()
     cost = decode_cost(cfg, 1, info.dtype.itemsize)
-    return (f"**{html.escape(info.name)}** · {cfg.n_layers} layers · hidden {cfg.hidden_size} · "
-            f"{cfg.n_heads} heads / {cfg.n_kv_heads} KV heads · head dim {cfg.head_dim} · "
+    return (f"**{html.escape(info.name)}** · {count(cfg.n_layers, 'layer')} · hidden {cfg.hidden_size} · "
+            f"{count(cfg.n_heads, 'head')} / {count(cfg.n_kv_heads, 'KV head')} · head dim {cfg.head_dim} · "
             f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
-            f"RoPE θ {cfg.rope_theta:g}{'' if cfg.rope_scaling.rope_type == 'default' else ' (' + cfg.rope_scaling.rope_type + ' scaling)'}"
-            f"{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
+            f"{rope_text(cfg)}{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
             f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'}"
             f"{blocks_text(info)} on "
@@ -77,6 +68,22 @@ def blocks_text(info) -> str:
     return f" (matrices read in the GGUF file's quantized blocks, {binary_size(size)}; {how})"
 
 
+def _theta(t: float) -> str:
+    return f"{t:,.0f}" if float(t).is_integer() else f"{t:g}"
+
+
+def rope_text(cfg) -> str:
+    """"RoPE θ B" (and its scaling); where the sliding-window layers have a base of their own
+    (Gemma 3: 10,000, the full-attention layers 1,000,000), each base with its layers."""
+    scaling = '' if cfg.rope_scaling.rope_type == 'default' else f" ({cfg.rope_scaling.rope_type} scaling)"
+    sliding = [i for i in range(cfg.n_layers) if cfg.is_sliding(i)]
+    if cfg.local_rope_theta is None or not sliding:
+        return f"RoPE θ {_theta(cfg.rope_theta)}{scaling}"
+    full = cfg.n_layers - len(sliding)
+    return (f"RoPE θ {_theta(cfg.rope_theta)} on the full-attention {'layer' if full == 1 else 'layers'}{scaling}, "
+            f"{_theta(cfg.local_rope_theta)} on the sliding ones")
+
+
 def sliding_text(cfg) -> str:
     """" · sliding window W on k of n layers (...)" for a model whose layers see only the last W
     positions, else "": what the card must say, since it bounds what a token attends to."""
@@ -84,9 +91,8 @@ def sliding_text(cfg) -> str:
     if not sliding:
         return ""
     full = [i for i in range(cfg.n_layers) if i not in sliding]
-    local = f"; their RoPE θ {cfg.local_rope_theta:g}" if cfg.local_rope_theta is not None else ""
     return (f" · sliding window {cfg.sliding_window:,} on {len(sliding)} of {cfg.n_layers} layers "
-            f"(full attention: {'layer' if len(full) == 1 else 'layers'} {', '.join(map(str, full)) or 'none'}{local})")
+            f"(full attention: {'layer' if len(full) == 1 else 'layers'} {', '.join(map(str, full)) or 'none'})")
 
 
 def _served_card(info) -> str:
@@ -98,7 +104,7 @@ def _served_card(info) -> str:
         return head + "  \n" + NO_CONFIG
     params = cfg.param_counts()
     return (head + "  \n"
-            f"{cfg.n_layers} layers · hidden {cfg.hidden_size} · {cfg.n_heads} heads / {cfg.n_kv_heads} "
-            f"KV heads · head dim {cfg.head_dim} · FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,}{sliding_text(cfg)} · "
+            f"{count(cfg.n_layers, 'layer')} · hidden {cfg.hidden_size} · {count(cfg.n_heads, 'head')} / "
+            f"{count(cfg.n_kv_heads, 'KV head')} · head dim {cfg.head_dim} · FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,}{sliding_text(cfg)} · "
             f"**{params['total'] / 1e6:.1f} M parameters** · ≈ {si(decode_cost(cfg, 1, 2).flops, 'FLOPs')} per "
             f"token at a 1-token context (from `{html.escape(info.config_source)}`)")

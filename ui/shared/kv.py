@@ -1,64 +1,15 @@
-"""The KV-cache panel: per-step memory, this run's blocks of the paged pool, the formula with
-this model's numbers, and in front of a server the whole server's load."""
+"""The KV cache as the page states it wherever a run is on view: the formula with this model's
+numbers, this run's blocks of the paged pool, and in front of a server the whole server's load."""
 
 from __future__ import annotations
 
 import html
 import time
 
-import pandas as pd
-
 from inference.events import StepEvent
 from inference.model.kv_cache import BLOCK_SIZE
-from ui.format import line_frame, mib
-from ui.run.render import NO_CONFIG
-from ui.run_state import RunRecord
-
-
-# Step 0's cache holds the prompt: its prefill is the first point's height, not a step of its own.
-KV_X_TITLE = "step (step 0: after the prompt's prefill)"
-# Step 0 is the prefill's (the statistics give its time): the chart starts at step 1.
-LATENCY_X_TITLE = "step (one decode pass each)"
-LATENCY_Y_TITLE = "time per token (ms)"
-
-
-def kv_frame(rec: RunRecord) -> pd.DataFrame:
-    """KV-cache MiB per step: used (the prompt at step 0, then one position per step) and
-    allocated. In front of a server, which does not say what one request holds: this run's
-    positions times the formula's bytes per position, where the model's config is known."""
-    rows = []
-    if rec.steps and rec.steps[0].kv_cache_bytes is None:
-        per, n = rec.kv_bytes_per_token, len(rec.prompt_ids)
-        if per:
-            rows = [{"step": s.step, "MiB": per * (n + s.step) / 2**20, "series": "this run, by the formula"}
-                    for s in rec.steps]
-        return line_frame(rows, "MiB", "series")
-    series = {"used": [s.kv_cache_bytes for s in rec.steps],
-              "allocated": [s.kv_cache_capacity_bytes for s in rec.steps]}
-    if rec.steps and all(s.pool is not None for s in rec.steps):
-        series["server pool, all runs"] = [s.pool.bytes_used for s in rec.steps]
-    for name, values in _merged(series).items():
-        rows += [{"step": s.step, "MiB": v / 2**20, "series": name} for s, v in zip(rec.steps, values)]
-    return line_frame(rows, "MiB", "series")
-
-
-def _merged(series: dict[str, list]) -> dict[str, list]:
-    """Series equal at every step drawn as one line named after all of them ("allocated =
-    server pool, all runs" while this run is the pool's only one): a line hidden under another
-    would leave a legend entry with nothing to see."""
-    out: dict[str, list] = {}
-    for name, values in series.items():
-        same = next((n for n, v in out.items() if v == values), None)
-        if same is None:
-            out[name] = values
-        else:
-            out[f"{same} = {name}"] = out.pop(same)
-    return out
-
-
-def latency_frame(rec: RunRecord) -> pd.DataFrame:
-    # A tenth of a ms (the tooltip's digits): finer is timer noise.
-    return line_frame([{"step": s.step, "ms": round(s.ms, 1)} for s in rec.steps[1:]], "ms")
+from ui.format import NO_CONFIG, count, mib
+from ui.glossary import gloss
 
 
 def pool_markdown(step: StepEvent | None) -> str:
@@ -82,6 +33,11 @@ def pool_markdown(step: StepEvent | None) -> str:
 
 
 def kv_formula(info, positions: int | None = None, measured_bytes: int | None = None) -> str:
+    """_kv_formula, each term marked with its definition (ui/glossary)."""
+    return gloss(_kv_formula(info, positions, measured_bytes))
+
+
+def _kv_formula(info, positions: int | None = None, measured_bytes: int | None = None) -> str:
     """The cache's formula with this model's numbers. measured_bytes: a step's cache use as the
     engine measured it (the positions it holds: the prompt and every token but the newest, not
     yet fed back); else positions, counted here (a server does not say what one request holds).
@@ -99,9 +55,9 @@ def kv_formula(info, positions: int | None = None, measured_bytes: int | None = 
     if not info.capabilities.measured_kv:
         text += f" ({b} bytes per value: {info.kv_value_bytes_source})"
     if measured_bytes:
-        text += f"; × {measured_bytes // per} positions held = {measured_bytes:,} bytes ({mib(measured_bytes)})"
+        text += f"; × {count(measured_bytes // per, 'position')} held = {measured_bytes:,} bytes ({mib(measured_bytes)})"
     elif positions:
-        text += (f"; × {positions} positions this run holds = {mib(per * positions)}, by the "
+        text += (f"; × {count(positions, 'position')} this run holds = {mib(per * positions)}, by the "
                  "formula (the server does not say what one request holds)")
     return text
 

@@ -1,11 +1,25 @@
-"""What the branch tree shows: each branch with where it split from its parent, the token taken
-there and its probability, and its text. Pure functions, no Gradio."""
+"""The branch tree, which the branches, the edit panel and the saved work all grow or show: a
+node per run (where it split from its parent, the token taken there, its run) and the tree as
+HTML, each branch under its parent with the token taken and its probability. Pure functions."""
 
 from __future__ import annotations
 
 import html
 
 from ui.format import fmt_p, visible
+from ui.run_state import RunRecord
+
+# Branches a tab keeps at once (each holds its run's record); a new run starts a new tree.
+MAX_BRANCHES = 16
+
+
+def node(rec: RunRecord, parent: int | None = None, at: int = 0, cand=None, prefix=()) -> dict:
+    """One branch: where it split from its parent (the step and the candidate taken there) and
+    its run (None while it runs)."""
+    return {"parent": parent, "at": at, "token": cand.id if cand else None, "piece": cand.piece if cand else "",
+            "raw": cand.raw_prob if cand else None, "final": cand.prob if cand else None,
+            "prefix": list(prefix), "record": rec}
+
 
 BRANCH_HINT = ("Click a candidate in the bars to continue the run from it (the same settings and seed, "
                "the tokens before it as given ids). Each branch is listed here; click one to view it.")
