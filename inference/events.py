@@ -68,14 +68,25 @@ class StepEvent:
     # The final probability of every token not among `top`, summed (exactly 0 where the stages
     # removed them all; None: not known, a server's).
     unlisted_prob: float | None = None
+    # What the run's constraint cost at this step (None: no constraint, or not known: a server's):
+    # KL(constrained ‖ free) of the final distributions in nats (inf where the constrained one can
+    # draw a token the free one's stages removed), the chosen token's probability in the free final
+    # distribution (the same stages without the constraint), and the free distribution's top tokens
+    # the constraint forbade (prob: their free probability).
+    constraint_kl: float | None = None
+    free_prob: float | None = None
+    constraint_removed: list[Candidate] | None = None
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "pool"}
         d["top"] = [asdict(c) for c in self.top]
+        if self.constraint_removed is not None:
+            d["constraint_removed"] = [asdict(c) for c in self.constraint_removed]
         if self.pool is not None:
             d["pool_blocks_used"], d["pool_blocks_total"] = self.pool.blocks_used, self.pool.blocks_total
             d["pool_active_runs"] = self.pool.active_runs
-        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused", "sampler_state", "unlisted_prob"):
+        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused", "sampler_state", "unlisted_prob",
+                    "constraint_kl", "free_prob", "constraint_removed"):
             if d[key] is None:
                 d.pop(key)
         return d
@@ -115,6 +126,11 @@ class DoneEvent:
     done: bool = True
     stop_string: str | None = None  # reason "stop": the stop string that ended the run
     constraint_complete: bool | None = None  # the output is a whole match of the constraint (None: no constraint)
+    # A constrained run's log-probability (None: no constraint): the sum of log p of its tokens in
+    # the distributions it sampled from (the constraint's renormalisation included), and in the
+    # same stages' distributions without the constraint (-inf once one gave its token 0).
+    logprob: float | None = None
+    free_logprob: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -50,6 +50,7 @@ class Run:
     beams: BeamSearch | None = None  # a beam search: a decode row per live beam, each its own table
     copied: int = 0  # a beam search's blocks copied on write this step
     forced: tuple[int, ...] = ()  # the tokens it makes, in order (RunRequest.forced), else sampled
+    costs: list[tuple[float, float]] = field(default_factory=list)  # a constrained run's (prob, free prob) per token
 
     @property
     def n_prompt(self) -> int:

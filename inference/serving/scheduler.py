@@ -371,6 +371,8 @@ class Scheduler:
         run.state.advance(token_id, info.prob, run.params)
         run.next_token = token_id
         run.generated.append(token_id)
+        if info.free_prob is not None:  # what the constraint cost, for the run's totals
+            run.costs.append((info.prob, info.free_prob))
         is_eos = token_id in self.eos_ids
         delta = "" if is_eos else run.stops.push(run.stream.push(token_id))
         run.parts.append(delta)
