@@ -227,3 +227,40 @@ class BeamDoneEvent:
                 "max_new_tokens": self.max_new_tokens, "capped": self.capped, "done": True,
                 "beams": [{"rank": i + 1, "text": t, "token_ids": b.tokens, "logprob": b.logprob, "score": b.score}
                           for i, (b, t) in enumerate(zip(self.beams, self.texts))]}
+
+
+@dataclass
+class TreeStepEvent:
+    """One level of a tree of continuations (decoding/tree.py): the nodes it added (TreeNode),
+    most probable path first, and the pool as a beam search's step says it."""
+    step: int
+    nodes: list  # [decoding.tree.TreeNode]
+    ms: float  # wall time of this step (step 0: from admission, the prompt's reading included)
+    kv_blocks: int  # the pool's blocks the nodes still to expand hold, each shared block once
+    kv_blocks_unshared: int  # what they would hold without sharing their prefix
+    blocks_copied: int  # blocks copied on write this step
+    pool: "PoolStats | None" = None
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "ms": self.ms, "kv_blocks": self.kv_blocks,
+                "kv_blocks_unshared": self.kv_blocks_unshared, "blocks_copied": self.blocks_copied,
+                "nodes": [n.to_json() for n in self.nodes]}
+
+
+@dataclass
+class TreeDoneEvent:
+    """A tree's end: every node, the root (the point it grew from) first, each after its parent."""
+    reason: str  # "depth", "budget", "complete" (nothing left above the threshold), "cancelled"
+    nodes: list  # [decoding.tree.TreeNode]
+    prompt_tokens: int  # the ids it grew from (prompt and given)
+    steps: int
+    depth: int
+    max_nodes: int
+    top_k: int | None
+    min_prob: float | None
+    done: bool = True
+
+    def to_json(self) -> dict:
+        return {"reason": self.reason, "prompt_tokens": self.prompt_tokens, "steps": self.steps, "depth": self.depth,
+                "max_nodes": self.max_nodes, "top_k": self.top_k, "min_prob": self.min_prob, "done": True,
+                "nodes": [n.to_json() for n in self.nodes]}

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import math
 
-from inference.events import BeamDoneEvent, Candidate, DoneEvent, StepEvent
+from inference.decoding.tree import TreeSearch
+from inference.events import BeamDoneEvent, Candidate, DoneEvent, StepEvent, TreeDoneEvent
 from inference.serving.kv_pool import BLOCK_SIZE, PoolStats
 from inference.serving.run import Run
 from inference.serving.step_stats import StepInfo, candidates
@@ -31,14 +32,13 @@ def step_event(run: Run, info: StepInfo, text: str, ms: float, tokenizer, bytes_
             Candidate(i, tokenizer.piece(i), p, raw, True, "constraint") for i, p, raw in info.constraint_removed])
 
 
-def ending(run: Run, reason: str, tokenizer, eos_ids) -> DoneEvent | BeamDoneEvent:
-    """The run's last event: a beam search's finished beams, or a run's DoneEvent."""
+def ending(run: Run, reason: str, tokenizer, eos_ids) -> DoneEvent | BeamDoneEvent | TreeDoneEvent:
+    """The run's last event: a beam search's finished beams, a tree's nodes, or a run's DoneEvent."""
     if run.beams is None:
         return done_event(run, reason)
-    b = run.beams
-    texts = [tokenizer.decode([t for t in f.tokens if t not in eos_ids]) for f in b.finished]
-    return BeamDoneEvent(reason, list(b.finished), texts, run.n_prompt, b.steps, b.width,
-                         b.length_penalty, run.max_new, run.capped)
+    if isinstance(run.beams, TreeSearch):
+        return run.beams.done_event(reason, run.n_prompt, tokenizer)
+    return run.beams.done_event(reason, run.n_prompt, tokenizer, run.max_new, run.capped)
 
 
 def done_event(run: Run, reason: str) -> DoneEvent:
