@@ -14,6 +14,7 @@ from inference.decoding.tree import TreeLimits
 from inference.errors import InputError, NotAvailable
 from inference.events import DoneEvent, StepEvent, TreeDoneEvent, TreeStepEvent
 from inference.sampling.params import SamplingParams
+from engine_hold import hold_passes
 
 PROMPT = "The quick brown"
 
@@ -98,12 +99,7 @@ def test_a_run_beside_a_tree_is_the_run_alone_and_the_pool_shows_both(tiny_engin
     params = SamplingParams(temperature=1.0, seed=4, max_new_tokens=6)
     alone = [ev for ev in e.generate_ids(ids, params) if isinstance(ev, StepEvent)]
     tree_alone = grow(e, ids, depth=3, max_nodes=30, min_prob=0.05)[-1].nodes
-    go, step = threading.Event(), e.scheduler._step
-
-    def held(active):
-        assert go.wait(60)
-        return step(active)
-    monkeypatch.setattr(e.scheduler, "_step", held)
+    go = hold_passes(monkeypatch, e)
     with ThreadPoolExecutor(2) as pool:
         run = pool.submit(lambda: [ev for ev in e.generate_ids(ids, params)])
         tree = pool.submit(grow, e, ids, depth=3, max_nodes=30, min_prob=0.05)
@@ -121,14 +117,7 @@ def test_a_run_beside_a_tree_is_the_run_alone_and_the_pool_shows_both(tiny_engin
 
 def test_a_cancelled_tree_ends_so_and_gives_its_blocks_back(tiny_engine, monkeypatch):
     e = tiny_engine
-    go, step, passes = threading.Event(), e.scheduler._step, []
-
-    def held(active):  # the first level goes; the second waits for the test
-        passes.append(1)
-        if len(passes) > 1:
-            assert go.wait(60)
-        return step(active)
-    monkeypatch.setattr(e.scheduler, "_step", held)
+    go = hold_passes(monkeypatch, e, free=1)  # the first level goes; the second waits for the test
     cancel = threading.Event()
     events = e.expand_tree(e.prompt_ids(PROMPT), depth=4, max_nodes=50, top_k=3, cancel=cancel)
     first = next(events)
