@@ -17,7 +17,8 @@ import time
 from contextlib import contextmanager
 
 from inference.errors import InputError, NotAvailable, TokenLabError
-from inference.factory import add_engine_args, add_model_args, open_engine
+from inference.factory import MODEL_HELP, add_engine_args, add_model_args, open_engine
+from inference.lenses import command as quantize_compare
 from inference.samples import MAX_SAMPLES, first_seed
 from inference.sampling.settings import CONSTRAINT_KINDS, MAX_CONSTRAINT_CHARS, SETTINGS, how_made
 
@@ -113,6 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the token followed: the most likely one at each step (default), or one drawn with the settings")
     ex.add_argument("--chat", action="store_true", help="read the prompt as a chat message in the model's template")
     ex.add_argument("--system", default=None, help="with --chat: the system prompt")
+
+    quantize_compare.add_parser(sub, MODEL_HELP)
 
     t = sub.add_parser("tokenize", help="print the ids and pieces the model is fed")
     add_model_args(t)
@@ -462,7 +465,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return {"generate": _cmd_generate, "explain": _cmd_explain, "tokenize": _cmd_tokenize, "score": _cmd_score,
-                "score-text": _cmd_score_text}[args.command](args)
+                "score-text": _cmd_score_text, "quantize-compare": quantize_compare.run}[args.command](args)
     except (InputError, NotAvailable) as e:  # (a setting the engine cannot run is a bad argument too)
         print(f"error: {e}", file=sys.stderr)
         return 2

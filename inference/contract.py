@@ -41,6 +41,9 @@ class Capabilities:
     local_timing: bool = True
     # The probability mass a constraint (JSON schema, regex, grammar) removed at each step.
     masked_mass: bool = True
+    # A tree of continuations grown from any point of a run (expand_tree): every node's children
+    # above a probability, from the model's whole distribution there.
+    tree: bool = False
     # The sampling settings (settings.SETTINGS names) it honours; the page offers only these.
     settings: frozenset = frozenset(s.name for s in SETTINGS)
 
@@ -173,6 +176,12 @@ class Engine(Protocol):
                      cancel: threading.Event | None = None, given: list[int] = ()
                      ) -> "Iterator[StepEvent | WaitEvent | PrefillEvent | DoneEvent]":
         """given: tokens generated already after the prompt ids (a branch continues after them)."""
+
+    def expand_tree(self, ids: list[int], given: list[int] = (), *, depth: int = 3, max_nodes: int = 64,
+                    top_k: "int | None" = None, min_prob: "float | None" = None, limits=None,
+                    cancel: threading.Event | None = None) -> "Iterator":
+        """The tree of continuations after ids and given (capabilities.tree): a TreeStepEvent per
+        level, then a TreeDoneEvent (decoding/tree.py); limits: a shared page's TreeLimits."""
 
     def score(self, context_ids: list[int], continuation: str) -> list[tuple[int, str, float]]: ...
 

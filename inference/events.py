@@ -68,14 +68,25 @@ class StepEvent:
     # The final probability of every token not among `top`, summed (exactly 0 where the stages
     # removed them all; None: not known, a server's).
     unlisted_prob: float | None = None
+    # What the run's constraint cost at this step (None: no constraint, or not known: a server's):
+    # KL(constrained ‖ free) of the final distributions in nats (inf where the constrained one can
+    # draw a token the free one's stages removed), the chosen token's probability in the free final
+    # distribution (the same stages without the constraint), and the free distribution's top tokens
+    # the constraint forbade (prob: their free probability).
+    constraint_kl: float | None = None
+    free_prob: float | None = None
+    constraint_removed: list[Candidate] | None = None
 
     def to_json(self) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k != "pool"}
         d["top"] = [asdict(c) for c in self.top]
+        if self.constraint_removed is not None:
+            d["constraint_removed"] = [asdict(c) for c in self.constraint_removed]
         if self.pool is not None:
             d["pool_blocks_used"], d["pool_blocks_total"] = self.pool.blocks_used, self.pool.blocks_total
             d["pool_active_runs"] = self.pool.active_runs
-        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused", "sampler_state", "unlisted_prob"):
+        for key in ("prefill_ms", "prompt_tokens", "wait_ms", "prompt_tokens_reused", "sampler_state", "unlisted_prob",
+                    "constraint_kl", "free_prob", "constraint_removed"):
             if d[key] is None:
                 d.pop(key)
         return d
@@ -117,6 +128,11 @@ class DoneEvent:
     constraint_complete: bool | None = None  # the output is a whole match of the constraint (None: no constraint)
     # reason "constraint": the stage (its setting's name) that removed the last token the constraint allowed
     emptied_by: str | None = None
+    # A constrained run's log-probability (None: no constraint): the sum of log p of its tokens in
+    # the distributions it sampled from (the constraint's renormalisation included), and in the
+    # same stages' distributions without the constraint (-inf once one gave its token 0).
+    logprob: float | None = None
+    free_logprob: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -215,3 +231,40 @@ class BeamDoneEvent:
                 "max_new_tokens": self.max_new_tokens, "capped": self.capped, "done": True,
                 "beams": [{"rank": i + 1, "text": t, "token_ids": b.tokens, "logprob": b.logprob, "score": b.score}
                           for i, (b, t) in enumerate(zip(self.beams, self.texts))]}
+
+
+@dataclass
+class TreeStepEvent:
+    """One level of a tree of continuations (decoding/tree.py): the nodes it added (TreeNode),
+    most probable path first, and the pool as a beam search's step says it."""
+    step: int
+    nodes: list  # [decoding.tree.TreeNode]
+    ms: float  # wall time of this step (step 0: from admission, the prompt's reading included)
+    kv_blocks: int  # the pool's blocks the nodes still to expand hold, each shared block once
+    kv_blocks_unshared: int  # what they would hold without sharing their prefix
+    blocks_copied: int  # blocks copied on write this step
+    pool: "PoolStats | None" = None
+
+    def to_json(self) -> dict:
+        return {"step": self.step, "ms": self.ms, "kv_blocks": self.kv_blocks,
+                "kv_blocks_unshared": self.kv_blocks_unshared, "blocks_copied": self.blocks_copied,
+                "nodes": [n.to_json() for n in self.nodes]}
+
+
+@dataclass
+class TreeDoneEvent:
+    """A tree's end: every node, the root (the point it grew from) first, each after its parent."""
+    reason: str  # "depth", "budget", "complete" (nothing left above the threshold), "cancelled"
+    nodes: list  # [decoding.tree.TreeNode]
+    prompt_tokens: int  # the ids it grew from (prompt and given)
+    steps: int
+    depth: int
+    max_nodes: int
+    top_k: int | None
+    min_prob: float | None
+    done: bool = True
+
+    def to_json(self) -> dict:
+        return {"reason": self.reason, "prompt_tokens": self.prompt_tokens, "steps": self.steps, "depth": self.depth,
+                "max_nodes": self.max_nodes, "top_k": self.top_k, "min_prob": self.min_prob, "done": True,
+                "nodes": [n.to_json() for n in self.nodes]}

@@ -173,6 +173,22 @@ def check_texts(prompt, system=None, history=None) -> None:
             check_unicode(turn["content"], f"earlier turn {i + 1}")
 
 
+def prepare_from_text(engine, settings: SamplingParams | Mapping[str, object], ids, at: int, *,
+                      candidate: int | None = None, **run) -> RunRequest:
+    """A run from a point of a scored text (Engine.score_ids over `ids`, the text as fed, a BOS
+    where the model adds one): the tokens before ids[at] are its prompt, and it makes what comes
+    next; with `candidate`, that token is put in ids[at]'s place and the run continues after it
+    (as a branch's given id: the stages count it as generated). `at` may be len(ids): the run
+    continues after the whole text. The rest (seed, stop, top_n, token_cap...) as prepare_run's."""
+    if isinstance(at, bool) or not isinstance(at, int) or not isinstance(ids, (list, tuple)):
+        raise InputError("the point of the text must be a token's place in it", field="at")
+    if not 1 <= at <= len(ids):
+        raise InputError("the first token has nothing before it: start from a later token" if at == 0 else
+                         f"the text has {len(ids)} tokens: start from one of tokens 1..{len(ids)}", field="at")
+    given = () if candidate is None else (candidate,)
+    return prepare_run(engine, settings, ids=list(ids[:at]), given=given, **run)
+
+
 def check_forced(params: SamplingParams, forced: list[int], vocab_size: int | None, token_cap: int | None) -> None:
     """Tokens a run makes instead of drawing them: ids of the vocabulary, within a shared page's
     cap, one sequence (no beams), each step's distribution a draw could come from (greedy's is

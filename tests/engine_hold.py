@@ -124,6 +124,20 @@ def wait_until(predicate, what: str = "the condition", timeout_s: float = TIMEOU
         time.sleep(0.01)
 
 
+def hold_passes(monkeypatch, engine, free: int = 0) -> threading.Event:
+    """Hold the scheduler's forward passes after the first `free` until the event returned is set
+    (runs of a test's own then meet in one step, or a test acts between two of them)."""
+    go, step, passes = threading.Event(), engine.scheduler._step, []
+
+    def held(active):
+        passes.append(1)
+        if len(passes) > free:
+            assert go.wait(TIMEOUT_S), f"forward pass {len(passes) - 1} was held for {TIMEOUT_S:.0f} s"
+        return step(active)
+    monkeypatch.setattr(engine.scheduler, "_step", held)
+    return go
+
+
 def fail_mid_run(monkeypatch, engine, error: Exception) -> None:
     """The engine's runs raise `error` after their first event (an engine error mid-run), for
     the rest of the test."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.errors import InputError, shown
+from inference.events import BeamDoneEvent, BeamStepEvent
 
 MAX_BEAMS = 8
 _NEG = -1.0e9  # transformers' "impossible" score, kept so that the comparisons are its own
@@ -148,6 +149,16 @@ class BeamSearch:
             if not self.finished:  # nothing to give: said, never an empty answer
                 self.ended = UNSCORED
         return [(h, h.parent) for h in hyps]
+
+    # ---------------------------------------------------------------- the run's events
+    def step_event(self, hyps, pieces: list[str], ms: float, kv_blocks: int, unshared: int, copied: int,
+                   pool) -> BeamStepEvent:
+        return BeamStepEvent(self.steps - 1, hyps, pieces, ms, kv_blocks, unshared, copied, pool)
+
+    def done_event(self, reason: str, prompt_tokens: int, tokenizer, max_new: int, capped: bool) -> BeamDoneEvent:
+        texts = [tokenizer.decode([t for t in f.tokens if t not in self.eos_ids]) for f in self.finished]
+        return BeamDoneEvent(reason, list(self.finished), texts, prompt_tokens, self.steps, self.width,
+                             self.length_penalty, max_new, capped)
 
 
 def check_beams(params, given=()) -> None:

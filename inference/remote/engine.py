@@ -431,6 +431,10 @@ class RemoteEngine:
     def replay(self, logits, params, state, chosen, shown=None):
         raise NotAvailable(REPLAY)
 
+    def expand_tree(self, ids, given=(), **tree):
+        raise NotAvailable("a tree of continuations needs the model's whole distribution at each node, and a "
+                           "server's log-probabilities list a few tokens (capabilities.tree)")
+
 
 # ---------------------------------------------------------------- helpers
 

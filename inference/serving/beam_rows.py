@@ -1,5 +1,6 @@
 """A beam search inside the scheduler's step: a decode row per live beam, and the search's step
-from those rows' logits (decoding/beams.py chooses; this keeps the beams' block tables)."""
+from those rows' logits (decoding/beams.py chooses; this keeps the beams' block tables). A tree of
+continuations (decoding/tree.py) runs the same way: its live beams are the nodes still to expand."""
 
 from __future__ import annotations
 
@@ -7,7 +8,6 @@ import time
 
 import torch
 
-from inference.events import BeamStepEvent
 from inference.serving.run import Run, tables_of
 
 
@@ -50,7 +50,7 @@ def beam_step(run: Run, logits: torch.Tensor, lock, pool_stats, tokenizer) -> No
     held = [t.blocks for t in tables_of(run)]
     with lock:
         pool = pool_stats()
-    run.events.put(BeamStepEvent(
-        search.steps - 1, hyps, [tokenizer.piece(h.token_id) for h in hyps], ms,
-        len({b for blocks in held for b in blocks}), sum(len(blocks) for blocks in held), run.copied, pool))
+    run.events.put(search.step_event(hyps, [tokenizer.piece(h.token_id) for h in hyps], ms,
+                                     len({b for blocks in held for b in blocks}), sum(len(blocks) for blocks in held),
+                                     run.copied, pool))
     run.copied = 0

@@ -16,7 +16,8 @@ from inference.loading.chat import chat_messages, default_system_prompt, render_
 from inference.model.config import ModelConfig
 from inference.contract import Capabilities, EngineInfo
 from inference.errors import EngineClosed, EngineDown, InputError, ModelError, NotAvailable, shown
-from inference.events import BeamDoneEvent, DoneEvent, PrefillEvent, StepEvent, WaitEvent
+from inference.decoding.tree import TreeLimits, TreeSearch, check_tree
+from inference.events import BeamDoneEvent, DoneEvent, PrefillEvent, StepEvent, TreeDoneEvent, TreeStepEvent, WaitEvent
 from inference.request import RunRequest, check_texts, prepare_run
 from inference.samples import Tagged, first_seed, merged
 from inference.model.products import describe as describe_products
@@ -64,7 +65,7 @@ def parse_ids(text, what: str = "prefix ids") -> list[int]:
 
 
 # The local engine computes everything: its numbers are the model's own.
-CAPABILITIES = Capabilities(internals=True, whole_distribution=True, measured_kv=True, server_load=False)
+CAPABILITIES = Capabilities(internals=True, whole_distribution=True, measured_kv=True, server_load=False, tree=True)
 
 
 class Engine(Scoring):
@@ -313,17 +314,41 @@ class Engine(Scoring):
         run = self.scheduler.submit(request.ids, request.params, request.top_n, cancel or threading.Event(),
                                     request.max_new, request.capped, request.seed, len(request.given),
                                     forced=request.forced)
+        yield from self._events(run)
+
+    def _events(self, run) -> Iterator:
+        """A submitted run's events until its last; what ended it early raised here. Closing the
+        generator ends the run and gives its blocks back before it returns."""
         try:
             while True:
                 ev = run.events.get()
                 if isinstance(ev, BaseException):
                     raise ev
                 yield ev
-                if isinstance(ev, (DoneEvent, BeamDoneEvent)):
+                if isinstance(ev, (DoneEvent, BeamDoneEvent, TreeDoneEvent)):
                     return
         finally:  # also reached when the consumer closes the generator (stop, closed tab)
             if not run.released.is_set():
                 self.scheduler.abandon(run)
+
+    def expand_tree(self, ids: list[int], given: list[int] = (), *, depth: int = 3, max_nodes: int = 64,
+                    top_k: int | None = None, min_prob: float | None = None, limits: TreeLimits | None = None,
+                    cancel: threading.Event | None = None) -> Iterator[TreeStepEvent | WaitEvent | PrefillEvent | TreeDoneEvent]:
+        """Grow the tree of continuations after ids (a prompt) and given (a run's tokens after
+        it): at each node every token of the model's own distribution with probability at least
+        min_prob and/or among the top_k, to `depth` tokens and at most `max_nodes` nodes, within
+        `limits` (a shared page's per visitor). One scheduler run, a level a step, its nodes' rows
+        batched with every other run (decoding/tree.py). Yields a TreeStepEvent per level, then a
+        TreeDoneEvent with every node; input errors raise before any event."""
+        check_tree(depth, max_nodes, top_k, min_prob, limits or TreeLimits())
+        request = prepare_run(self, SamplingParams(max_new_tokens=depth), ids=ids, given=given, top_n=0)
+        if request.capped:
+            raise InputError(f"the context window leaves room for {request.max_new} tokens after these ids: "
+                             f"grow a tree of depth at most {request.max_new}", field="depth")
+        tree = TreeSearch(depth, max_nodes, top_k, min_prob, frozenset(self.eos_ids))
+        yield from self._events(self.scheduler.submit(
+            request.ids, request.params, 0, cancel or threading.Event(), request.max_new, False, request.seed,
+            len(request.given), tree=tree))
 
     @property
     def max_seq_len(self) -> int:

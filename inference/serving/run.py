@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from inference.decoding.beams import BeamSearch
+from inference.decoding.tree import TreeSearch
 from inference.sampling.params import SamplingParams
 from inference.sampling.state import RunState
 from inference.serving.kv_pool import BlockTable
@@ -47,10 +48,11 @@ class Run:
     last_step_end: float | None = None
     wait_position: int | None = None
     given: int = 0  # of `ids`, the last ones already generated (a branch's): its stages count them
-    beams: BeamSearch | None = None  # a beam search: a decode row per live beam, each its own table
+    beams: BeamSearch | TreeSearch | None = None  # a beam search (or a tree): a decode row per live beam, each its own table
     copied: int = 0  # a beam search's blocks copied on write this step
     forced: tuple[int, ...] = ()  # the tokens it makes, in order (RunRequest.forced), else sampled
     emptied_by: str | None = None  # reason "constraint": the stage that removed the last allowed token
+    costs: list[tuple[float, float]] = field(default_factory=list)  # a constrained run's (prob, free prob) per token
 
     @property
     def n_prompt(self) -> int:

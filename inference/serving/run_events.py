@@ -3,7 +3,10 @@ DoneEvent, or a beam search's BeamDoneEvent)."""
 
 from __future__ import annotations
 
-from inference.events import BeamDoneEvent, DoneEvent, StepEvent
+import math
+
+from inference.decoding.tree import TreeSearch
+from inference.events import BeamDoneEvent, Candidate, DoneEvent, StepEvent, TreeDoneEvent
 from inference.serving.kv_pool import BLOCK_SIZE, PoolStats
 from inference.serving.run import Run
 from inference.serving.step_stats import StepInfo, candidates
@@ -24,17 +27,18 @@ def step_event(run: Run, info: StepInfo, text: str, ms: float, tokenizer, bytes_
         wait_ms=(run.admitted - run.submitted) * 1000 if first else None,
         prompt_tokens_reused=run.reused if first else None,
         kv_blocks=len(run.table.blocks), pool=pool, sampler_state=recorded, masked_mass=info.masked_mass,
-        unlisted_prob=info.unlisted_prob)
+        unlisted_prob=info.unlisted_prob, constraint_kl=info.constraint_kl, free_prob=info.free_prob,
+        constraint_removed=None if info.constraint_removed is None else [
+            Candidate(i, tokenizer.piece(i), p, raw, True, "constraint") for i, p, raw in info.constraint_removed])
 
 
-def ending(run: Run, reason: str, tokenizer, eos_ids) -> DoneEvent | BeamDoneEvent:
-    """The run's last event: a beam search's finished beams, or a run's DoneEvent."""
+def ending(run: Run, reason: str, tokenizer, eos_ids) -> DoneEvent | BeamDoneEvent | TreeDoneEvent:
+    """The run's last event: a beam search's finished beams, a tree's nodes, or a run's DoneEvent."""
     if run.beams is None:
         return done_event(run, reason)
-    b = run.beams
-    texts = [tokenizer.decode([t for t in f.tokens if t not in eos_ids]) for f in b.finished]
-    return BeamDoneEvent(reason, list(b.finished), texts, run.n_prompt, b.steps, b.width,
-                         b.length_penalty, run.max_new, run.capped)
+    if isinstance(run.beams, TreeSearch):
+        return run.beams.done_event(reason, run.n_prompt, tokenizer)
+    return run.beams.done_event(reason, run.n_prompt, tokenizer, run.max_new, run.capped)
 
 
 def done_event(run: Run, reason: str) -> DoneEvent:
@@ -49,4 +53,18 @@ def done_event(run: Run, reason: str) -> DoneEvent:
         seed=run.seed, max_new_tokens=run.max_new, capped=run.capped,
         stop_string=run.stops.matched if reason == "stop" else None,
         constraint_complete=None if run.state is None or run.state.constraint is None else run.state.constraint.complete,
-        emptied_by=run.emptied_by if reason == "constraint" else None)
+        emptied_by=run.emptied_by if reason == "constraint" else None,
+        **constrained_logprobs(run))
+
+
+def constrained_logprobs(run: Run) -> dict:
+    """A constrained run's log-probability with and without the constraint's renormalisation: the
+    sums over its steps of log prob and log free_prob (DoneEvent's logprob, free_logprob)."""
+    if run.state is None or run.state.constraint is None or not run.costs:
+        return {}
+    with_, free = zip(*run.costs)
+    return {"logprob": sum(map(_log, with_)), "free_logprob": sum(map(_log, free))}
+
+
+def _log(p: float) -> float:
+    return math.log(p) if p > 0 else -math.inf

@@ -26,6 +26,7 @@ import torch
 
 from inference.errors import EngineClosed, EngineDown, ResourceError
 from inference.decoding.beams import BeamSearch
+from inference.decoding.tree import TreeSearch
 from inference.events import PrefillEvent, WaitEvent
 from inference.serving.kv_pool import BLOCK_SIZE, BlockTable, KVPool, PoolStats, PrefixCache, blocks_for
 from inference.model.transformer import Transformer
@@ -72,20 +73,23 @@ class Scheduler:
 
     def submit(self, ids: list[int], params: SamplingParams, top_n: int, cancel: threading.Event,
                max_new: int, capped: bool, seed: int, given: int = 0, events=None,
-               keep_prefix: bool = True, forced: tuple[int, ...] = ()) -> Run:
+               keep_prefix: bool = True, forced: tuple[int, ...] = (), tree: TreeSearch | None = None) -> Run:
         """Queue a run. given: how many of ids' last tokens the run counts as generated already
         (a branch continuing after them): its sampling state starts after them, its text after
         them. events: where its events go (default: a queue of its own); keep_prefix: whether
         its blocks go to the prefix cache at its end (a batch of samples keeps one sample's,
         not 64 copies of one prompt that would push every chat out of the cache). forced: the
         tokens the run makes, one a step, instead of drawing them (its numbers are still each
-        step's distribution)."""
+        step's distribution). tree: a tree of continuations to grow (decoding/tree.py), its nodes
+        still to expand rows as a beam search's beams."""
         needed = blocks_for(len(ids) + max_new)
-        beams = None
-        if params.num_beams > 1:  # W beams share the prompt's whole blocks; the rest each its own
+        beams, width = tree, tree.width if tree is not None else 1
+        if params.num_beams > 1:
+            beams, width = BeamSearch(params.num_beams, params.length_penalty, frozenset(self.eos_ids), max_new), \
+                params.num_beams
+        if beams is not None:  # W beams (or a tree's widest level) share the prompt's whole blocks; the rest each its own
             shared = len(ids) // BLOCK_SIZE
-            needed = shared + params.num_beams * (needed - shared)
-            beams = BeamSearch(params.num_beams, params.length_penalty, frozenset(self.eos_ids), max_new)
+            needed = shared + width * (needed - shared)
             keep_prefix = False
         if needed > self.pool.n_blocks:
             raise ResourceError(
@@ -372,6 +376,8 @@ class Scheduler:
         run.state.advance(token_id, info.prob, run.params)
         run.next_token = token_id
         run.generated.append(token_id)
+        if info.free_prob is not None:  # what the constraint cost, for the run's totals
+            run.costs.append((info.prob, info.free_prob))
         is_eos = token_id in self.eos_ids
         delta = "" if is_eos else run.stops.push(run.stream.push(token_id))
         run.parts.append(delta)

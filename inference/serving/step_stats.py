@@ -13,6 +13,7 @@ import torch
 from inference.errors import InputError
 from inference.events import Candidate
 from inference.model import kernels
+from inference.sampling.constraint_cost import ConstraintCost, drawn_cost, greedy_cost
 from inference.sampling.params import SamplingParams
 from inference.sampling.settings import order
 from inference.sampling import constrain
@@ -38,6 +39,12 @@ class StepInfo:
     # sampled from: exactly 0 where the stages removed every other token.
     unlisted_prob: float | None = None
     emptied_by: str = ""  # nothing_left: the stage (setting name) that removed the last token the constraint allows
+    # What the constraint cost at this step (constraint_cost.py; None: no constraint): KL(constrained
+    # ‖ free) of the final distributions, the chosen token's free probability, and the free
+    # distribution's top tokens it forbade as (id, free p, raw p).
+    constraint_kl: float | None = None
+    free_prob: float | None = None
+    constraint_removed: list | None = None
 
     def __post_init__(self):
         self.removed_by = self.removed_by or {}
@@ -168,6 +175,7 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
 
     # ---- the chosen token's logit and rank: its place among the top-k where it is there (every
     # larger logit is there too), else a count over its row
+    costs = {i: _cost(logits[i], rows[i], finals.get(i), int(next_id[i])) for i in constrained if not bool(empty[i])}
     top_ids = ids[:, :top_n]  # (R, top_n)
     chosen_logit = logits.gather(1, next_id[:, None])  # (R, 1)
     listed = (ids == next_id[:, None]).any(dim=1)  # (R,)
@@ -215,10 +223,22 @@ def pick_rows(logits: torch.Tensor, rows: list[RowSampling]) -> list[StepInfo]:
     host = packed.to_host()  # Python numbers, once
     if any(host["overflowed"]):  # which row's: the scheduler samples each alone
         raise InputError(NO_DISTRIBUTION)
-    infos = [_info(host, r, row.top_n, row.params) for r, row in enumerate(rows)]
+    infos = [_info(host, r, row.top_n, row.params, costs.get(r)) for r, row in enumerate(rows)]
     for i, name in emptied.items():
         infos[i].emptied_by = name
     return infos
+
+
+def _cost(raw: torch.Tensor, row: RowSampling, final: tuple[Candidates, torch.Tensor] | None,
+          token: int) -> ConstraintCost:
+    """A constrained row's cost of its constraint, from the logits it was sampled from: a drawn
+    row's final logits (over the whole vocabulary again where a cutoff compacted them) against
+    its stages without the constraint; a greedy row's argmax against the free argmax."""
+    if final is None:
+        return greedy_cost(raw, row.params, row.state, token)
+    c = final[0]
+    full = c.values if c.ids is None else torch.full_like(raw, -math.inf).index_copy_(0, c.ids, c.values)  # (V,)
+    return drawn_cost(raw, full, row.params, row.state, token, row.top_n)
 
 
 def _removed_by(host: dict, r: int, top_n: int, params: SamplingParams, token_id: int) -> dict[int, str]:
@@ -230,7 +250,7 @@ def _removed_by(host: dict, r: int, top_n: int, params: SamplingParams, token_id
     return {int(i): names[int(k)] for i, k in zip(ids, host["removed"][r][:top_n]) if k >= 0}
 
 
-def _info(host: dict, r: int, top_n: int, params: SamplingParams) -> StepInfo:
+def _info(host: dict, r: int, top_n: int, params: SamplingParams, cost: ConstraintCost | None = None) -> StepInfo:
     """Row r's numbers from the host copy (Python lists), with its own number of candidates."""
     token_id = int(host["token"][r])
     if top_n == 0:
@@ -252,8 +272,12 @@ def _info(host: dict, r: int, top_n: int, params: SamplingParams) -> StepInfo:
         masked = host["forbidden_z"][r] / z
         forbidden = frozenset(i for (i, _, _), f in zip(top, host["top_forbidden"][r][:top_n]) if f)
         empty = bool(host["empty"][r])
-    return StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r]), masked, forbidden, empty,
+    info = StepInfo(token_id, prob, raw_prob, top, entropy, int(host["rank"][r]), masked, forbidden, empty,
                     _removed_by(host, r, top_n, params, token_id), _unlisted(host, r, top_n, token_id))
+    if cost is not None:  # a removed token's raw p as every candidate's: exp(logit - lse)
+        info.constraint_kl, info.free_prob = cost.kl, cost.free_prob
+        info.constraint_removed = [(i, p, math.exp(logit - lse)) for i, p, logit in cost.removed]
+    return info
 
 
 def _unlisted(host: dict, r: int, top_n: int, token_id: int) -> float:

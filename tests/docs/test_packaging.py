@@ -115,4 +115,4 @@ def test_token_lab_help_is_the_apps_and_a_subcommands_help_the_clis(capsys):
         app.token_lab(["--help"])
     out = capsys.readouterr().out
     assert exit_.value.code == 0
-    assert "{generate,score,score-text,explain,tokenize}" in out and "--share" in out and "--port" in out
+    assert "{generate,score,score-text,explain,quantize-compare,tokenize}" in out and "--share" in out and "--port" in out
