@@ -64,16 +64,18 @@ def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
+# gguf cannot quantize these in numpy: random blocks, each float16 scale (at these bytes of a
+# block) set so that the weights stay a model's size.
+RANDOM_BLOCKS = {"Q4_K": {0: 0.01, 2: 0.01}, "Q5_K": {0: 0.01, 2: 0.01}, "Q6_K": {208: 0.01},
+                 "Q2_K": {80: 0.01, 82: 0.01}, "Q3_K": {108: 0.002}, "IQ4_NL": {0: 0.002}, "IQ4_XS": {0: 0.0001}}
+
+
 def random_kquant_bytes(qtype, rows: int, cols: int, rng) -> np.ndarray:
-    """Random K-quant blocks with sane fp16 scales (gguf cannot quantize K types in numpy)."""
+    """Random blocks of a type in RANDOM_BLOCKS (any bits are valid weights, scales and mins)."""
     block, size = gguf.GGML_QUANT_SIZES[qtype]
     raw = rng.integers(0, 256, size=(rows, cols // block, size), dtype=np.uint8)
-    scale = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
-    if qtype.name in ("Q4_K", "Q5_K"):  # d, dmin lead the block
-        raw[..., 0:2] = scale
-        raw[..., 2:4] = scale
-    elif qtype.name == "Q6_K":  # d ends the block
-        raw[..., size - 2:size] = scale
+    for at, scale in RANDOM_BLOCKS[qtype.name].items():
+        raw[..., at:at + 2] = np.frombuffer(np.float16(scale).tobytes(), dtype=np.uint8)
     return raw.reshape(rows, cols // block * size)
 
 
@@ -135,7 +137,7 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", tokenizer: str = "ll
         q = gguf.GGMLQuantizationType[kind]
         if kind == "F32":
             data = t
-        elif kind in ("Q4_K", "Q5_K", "Q6_K"):
+        elif kind in RANDOM_BLOCKS:
             data = random_kquant_bytes(q, *t.shape, rng)
         else:
             data = quantize(t, q)

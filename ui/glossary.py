@@ -166,6 +166,10 @@ TERMS: dict[str, str] = {
     "Q5_0": "A GGUF block format: about 5.5 bits per weight.",
     "Q5_1": "A GGUF block format: about 6 bits per weight.",
     "Q5_K": "A GGUF block format: about 5.5 bits per weight.",
+    "Q2_K": "A GGUF block format: about 2.6 bits per weight (2-bit weights, a 4-bit scale and minimum per 16).",
+    "Q3_K": "A GGUF block format: about 3.4 bits per weight.",
+    "IQ4_NL": "A GGUF block format: 4-bit indices into a fixed table of 16 non-uniform values, about 4.5 bits per weight.",
+    "IQ4_XS": "A GGUF block format: IQ4_NL's non-uniform values with 6-bit scales per 32 weights, about 4.25 bits per weight.",
     "activations": "The vectors computed while the model runs (as opposed to its stored weights).",
     # --- cost
     "prefill": "Reading the whole prompt in one pass; it ends with the first new token.",

@@ -12,10 +12,10 @@ import numpy as np
 from inference.errors import ModelError
 
 MAX_DIMS = 4
-# Types we read: in their blocks (model/quant.BLOCK_TYPES) or, for now, expanded to float32
-# (Q5_1, Q2_K, Q3_K, Q8_K: until the integer kernels read them, a float32 copy of those tensors).
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1",
-                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K")
+# Types we read: F32, and those the kernels compute on their blocks (model/quant.BLOCK_TYPES). Any
+# other (IQ1-IQ3, TQ, MXFP4, Q8_K, ...) is refused, naming the tensor and its type.
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL",
+                   "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS")
 
 
 def check_type(file_name: str, tensor: str, type_id: int):

@@ -3,9 +3,9 @@ kernels compute (model/quant.BLOCK_TYPES) as its own blocks, memory-mapped (no c
 disk, and none in memory until the model lays it out); the rest in float32, tensor by tensor.
 
 No float32 copy of a block-type matrix is made unless one is asked for (`blocks=False`: --dtype
-float32, a GPU, or a CPU without the compiled kernels). Types the kernels do not read yet (Q5_1,
-Q2_K, Q3_K, Q8_K) are expanded to float32 as before; IQ*, TQ* and MXFP4 are refused at the file's
-reading, naming the tensor and its type (gguf_reader.check_type).
+float32, a GPU, or a CPU without the compiled kernels). Every quantized type the file may hold is
+such a type: any other (IQ1-IQ3, TQ, MXFP4, Q8_K) is refused at the file's reading, naming the
+tensor and its type (gguf_reader.check_type).
 """
 
 from __future__ import annotations

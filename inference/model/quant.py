@@ -17,14 +17,17 @@ import torch
 
 from inference.model import kernels
 
-# ggml's type ids (gguf.GGMLQuantizationType) the kernels read in their blocks; any other type
-# is expanded to float32 at load (a float32 part of the weight).
-F32, F16, Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K, BF16 = 0, 1, 2, 3, 6, 8, 12, 13, 14, 30
-BLOCK_TYPES = {F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q8_0: "Q8_0",
-               Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K", BF16: "BF16"}
+# ggml's type ids (gguf.GGMLQuantizationType) the kernels read in their blocks (a file's tensor of
+# any other type is refused at its reading: loading/gguf_reader.check_type).
+F32, F16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, BF16 = 0, 1, 2, 3, 6, 7, 8, 30
+Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_NL, IQ4_XS = 10, 11, 12, 13, 14, 20, 23
+BLOCK_TYPES = {F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q5_0: "Q5_0", Q5_1: "Q5_1", Q8_0: "Q8_0",
+               Q2_K: "Q2_K", Q3_K: "Q3_K", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K",
+               IQ4_NL: "IQ4_NL", IQ4_XS: "IQ4_XS", BF16: "BF16"}
+BLOCKS_OF_256 = (Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS)  # the others' blocks hold 32 weights
 # A file type's integers repacked 16 rows at a time for the integer products (kernels/islices.c):
-# its id there, and the inputs of one block.
-INT_OF = {Q4_0: 1002, Q4_1: 1003, Q5_0: 1006, Q8_0: 1008, Q4_K: 1012, Q5_K: 1013, Q6_K: 1014}
+# its id there (1000 + the file's).
+INT_OF = {t: 1000 + t for t in BLOCK_TYPES if t not in (F16, BF16)}
 FILE_OF = {v: k for k, v in INT_OF.items()}
 GROUP = 16  # rows repacked together: one output a lane of a 16-lane register
 PART_FIELDS = 4  # type, rows, address, bytes per row (a repacked part's: per group): quant.c's P_* order
@@ -108,7 +111,7 @@ class QuantWeight:
         first row on a group's boundary (the products hand out rows in groups of 16)."""
         out, first = [], 0
         for p in self.parts:
-            block = 256 if p.type in (Q4_K, Q5_K, Q6_K) else 32
+            block = 256 if p.type in BLOCKS_OF_256 else 32
             out.append(p.type in INT_OF and self.in_features % block == 0 and first % GROUP == 0)
             first += p.rows
         return out

@@ -15,18 +15,24 @@ from test_quant import random_blocks, weight
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler here: no integer products")
 
-TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]
+TYPES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
 U = 2.0 ** -24
 
 
 def mins(name: str, raw: np.ndarray, cols: int) -> np.ndarray:
-    """(rows, cols) float64: each weight's block min term |m| (Q4_1's m, a K-quant sub-block's dmin
-    mn), 0 for types without one: the bound's second sum counts it."""
+    """(rows, cols) float64: each weight's block min term |m| (Q4_1's and Q5_1's m, a K-quant
+    sub-block's dmin mn: Q2_K's for each 16 weights), 0 for types without one: the bound's second
+    sum counts it."""
     rows = raw.shape[0]
-    if name == "Q4_1":
-        blocks = raw.reshape(rows, cols // 32, 20)
+    if name in ("Q4_1", "Q5_1"):
+        blocks = raw.reshape(rows, cols // 32, -1)
         m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float64)  # (rows, blocks)
         return np.repeat(np.abs(m), 32, axis=1)
+    if name == "Q2_K":
+        blocks = raw.reshape(rows, cols // 256, 84)
+        dmin = blocks[..., 82:84].copy().view(np.float16)[..., 0].astype(np.float64)  # (rows, blocks)
+        mn = (blocks[..., :16] >> 4).astype(np.float64)  # (rows, blocks, 16): a min each 16 weights
+        return np.repeat(np.abs(dmin[..., None] * mn).reshape(rows, -1), 16, axis=1)
     if name in ("Q4_K", "Q5_K"):
         size = 144 if name == "Q4_K" else 176
         blocks = raw.reshape(rows, cols // 256, size)
@@ -97,10 +103,13 @@ def test_integer_products_are_within_the_stated_bound_of_float32(name):
 def test_the_bound_fails_when_a_slice_is_dropped(name):
     """Activations whose last slice carries all but one value of each block (127 sets the block's
     scale to 1; the rest just under 2^-15, signed as row 0's weights, so three slices round them
-    all to 0): with three slices row 0's error is ~2^-15 per weight, above the bound."""
+    all to 0): with three slices row 0's error is ~2^-15 per weight, above the bound. The 127 of
+    each block of 32 goes where row 0's |w| + |m| is least (Q2_K's mins, large beside its 2-bit
+    weights, would otherwise make the bound's rounding term at 127 the larger)."""
     w, ref, m, _ = cases(name, 64, 3, seed=2)
     x = 0.999 * 2.0 ** -15 * torch.sign(ref[:1])  # (1, n)
-    x[0, ::32] = 127.0
+    size = (ref[0].abs().double() + torch.from_numpy(m[0])).reshape(-1, 32)  # (blocks, 32)
+    x[0, torch.arange(size.shape[0]) * 32 + size.argmin(1)] = 127.0
     r = w.repacked()
     y_f32 = w.matmul(x, kernel_rows=16).double()
     assert ((r.matmul(x, kernel_rows=16).double() - y_f32).abs() <= bound(ref, m, x)).all()
@@ -109,7 +118,30 @@ def test_the_bound_fails_when_a_slice_is_dropped(name):
         y3 = r.matmul(x, kernel_rows=16).double()
     finally:
         kernels.set_slices(4)
-    assert (y3 - y_f32).abs()[0, 0] > bound(ref, m, x)[0, 0]
+    assert (y3 - y_f32).abs()[0, 0] > bound(ref, m, x)[0, 0], ((y3 - y_f32).abs()[0, 0] / bound(ref, m, x)[0, 0]).item()
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_the_largest_integers_stay_within_the_bound(name):
+    """Every weight bit set (each type's largest stored integers, scales and mins; Q8_0's -1s)
+    and activations of +-127 (each slice's largest a1): the widest int32 sums islices.c states
+    (Q2_K's scaled halves, the IQ4 values' unsigned bytes), still within the bound."""
+    from test_quant import SCALES_AT
+    rows, n_blocks = 16, 2
+    block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
+    cols = n_blocks * (256 if block == 256 else 32)
+    raw = np.full((rows, cols // block, size), 0xFF, dtype=np.uint8)
+    for at in SCALES_AT.get(name, (0, 2) if name in ("Q4_1", "Q5_1") else (0,)):
+        raw[..., at:at + 2] = np.frombuffer(np.float16(0.01).tobytes(), dtype=np.uint8)
+    raw = raw.reshape(rows, -1)
+    ref = torch.from_numpy(gguf.quants.dequantize(raw, gguf.GGMLQuantizationType[name]).reshape(rows, cols).astype(np.float32))
+    w = QuantWeight([Part(int(gguf.GGMLQuantizationType[name]), torch.from_numpy(raw))], cols)
+    x = torch.full((3, cols), 127.0)
+    x[1] = -127.0
+    x[2, 1::2] = -127.0
+    y_int = w.repacked().matmul(x, kernel_rows=16).double()
+    y_f32 = w.matmul(x, kernel_rows=16).double()
+    assert (ref.abs().sum() > 0) and ((y_int - y_f32).abs() <= bound(ref, mins(name, raw, cols), x)).all()
 
 
 @pytest.mark.parametrize("name", TYPES)

@@ -101,7 +101,7 @@ sys.path[:0] = ["tests", "tests/model"]
 from test_quant import weight
 from inference.model import kernels
 out = {"simd": kernels.int_products()}
-for name in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q4_K", "Q5_K", "Q6_K"]:
+for name in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]:
     w, _ = weight(name, 37, 2, seed=5)
     x = torch.randn(9, w.in_features, generator=torch.Generator().manual_seed(6)) * 3
     r = w.repacked()

@@ -1,8 +1,9 @@
 /* Integer products on a GGUF file's blocks (included by kernels.c, after ipack.c).
  *
- * A quantized weight is integers q with scales per block: w = d (q - offset), d q + m, or a
- * K-quant's d sc q - dmin mn. The activations are float32; each block of 32 of them is split here
- * into four int8 slices with one shared power-of-two scale s (the Ozaki scheme):
+ * A quantized weight is integers q with scales per block: w = d (q - offset), d q + m, d value[q]
+ * (IQ4's 16 non-linear int8 values), or a K-quant's d sc q - dmin mn. The activations are float32;
+ * each block of 32 of them is split here into four int8 slices with one shared power-of-two scale
+ * s (the Ozaki scheme):
  *
  *     x = s (a1 + a2 2^-7 + a3 2^-14 + a4 2^-21) + r,   |a1| <= 127, |a2..a4| <= 64, |r| <= s 2^-22,
  *
@@ -10,10 +11,23 @@
  * difference), and |r| at most 2^-28 of the block's largest |x|: below a float32's own rounding.
  * Each slice's sum with the weights' integers, sum(q a_k), is exact (AVX-512 VNNI's vpdpbusd
  * adds 64 byte products a cycle into int32 lanes); two slices at a time are combined exactly,
- * hi = T1 2^7 + T2 and lo = T3 2^7 + T4 (under 2^24 for weights of up to 6 bits, so exact as
- * floats too), and the block's scales are applied once, in float32:
+ * hi = T1 2^7 + T2 and lo = T3 2^7 + T4, and the block's scales are applied once, in float32:
  *
  *     y = fma(d s 2^-21, fma(float(hi), 2^14, float(lo)), y)     (and the min's term after it).
+ *
+ * The terms, in this order: a 32-input block's (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), then Q4_1's
+ * and Q5_1's m times the activations' sum; per 32 inputs of a K-quant, Q4_K's and Q5_K's d sc and
+ * then dmin mn times the sum, IQ4_XS's d sc; Q6_K's and Q3_K's scales cover 16 inputs, so each half
+ * is a term; Q2_K's 4-bit scales and mins cover 16 too, and are applied in int32 (sc0 hi0 + sc1 hi1,
+ * and mn0 and mn1 times the halves' activation sums): two terms per 32 inputs, as Q4_K's. Weights
+ * stored above the file's q (Q4_0 + 8, Q5_0 + 16, Q8_0's and the IQ4 values + 128 as unsigned
+ * bytes, Q3_K + 4, Q6_K + 32) have off times the activations' own hi and lo taken off, in int32.
+ *
+ * int32 ranges (|T1| <= inputs qmax 127, |T2| <= inputs qmax 64, so |hi| <= inputs qmax 16320):
+ * 4- and 5-bit weights' 32 inputs, Q6_K's and Q3_K's 16, and Q2_K's mins (15 x 2 x 16 x 16320)
+ * stay under 2^24: exact as floats too. Q2_K's scaled halves (15 x 2 x 16 x 3 x 16320 = 2.4e7) and
+ * the unsigned bytes' (32 x 255 x 16320 = 1.3e8, less 128 times the activations': 6.7e7) are above
+ * 2^24 and far below 2^31: exact in int32, rounded once more converted to float (the bound counts it).
  *
  * So the only differences from the float32 product of the dequantized weights are the slices'
  * remainder and float32 roundings, a few a block instead of one a weight: model/products.py's
@@ -25,15 +39,19 @@
  * of operations whatever else the weight or the step holds (the same bits alone or in a batch of
  * any size, on one thread or two). Per group of 16 rows and block, the layouts (bytes):
  *
- *   I4_0  q4 256, d 32                       I4_K  per 256 inputs: d 32, dmin 32, sc 8x16,
- *   I4_1  q4 256, d 32, m 32                       mn 8x16, then 8 x q4 256
- *   I5_0  q4 256, q5 64, d 32                I5_K  as I4_K, each 32 inputs q4 256 + q5 64
- *   I8_0  q8 512, d 32                       I6_K  d 32, sc 16x16 (int8), then 8 x (q4 256 + q2 128)
+ *   I4_0  q4 256, d 32                  I2_K  per 256 inputs: d 32, dmin 32, sc|mn 16x16 (the
+ *   I4_1  q4 256, d 32, m 32                  file's bytes), then 8 x q2 128
+ *   I5_0  q4 256, q5 64, d 32           I3_K  d 32, sc 16x16 (int8), then 8 x (q2 128 + q3 64)
+ *   I5_1  q4 256, q5 64, d 32, m 32     I4_K  d 32, dmin 32, sc 8x16, mn 8x16, then 8 x q4 256
+ *   I8_0  q8 512, d 32                  I5_K  as I4_K, each 32 inputs q4 256 + q5 64
+ *   IN_L  q4 256, d 32 (IQ4_NL)         I6_K  d 32, sc 16x16 (int8), then 8 x (q4 256 + q2 128)
+ *                                       IX_S  d 32, sc 8x16 (int8), then 8 x q4 256 (IQ4_XS)
  *
  * q4: register J' (0-3) of 64 bytes holds register J' in its low nibbles and J' + 4 in its high
- * ones; q5: register J's fifth bits as 64 bits; q2: Q6_K's top two bits, register 4p + m's in
- * bits 2m-2m+1 of plane p; q8: Q8_0's q + 128 (an unsigned byte). The file's bytes, but for
- * K-quants' unpacked scales (+2.3-2.8%).
+ * ones (IQ4's: indices, each made its value + 128 by a byte shuffle as it is read); q5 and q3:
+ * register J's fifth (third) bits as 64 bits; q2: two bits, register 4p + m's in bits 2m-2m+1 of
+ * plane p (Q6_K's top two bits; Q2_K's and Q3_K's low two); q8: Q8_0's q + 128 (an unsigned
+ * byte). The file's bytes, but for unpacked scales (Q3_K +3.6%, Q4_K +2.8%, Q5_K +2.3%, IQ4_XS +1.5%).
  *
  * Without AVX-512 VNNI the same integers and the same float32 operations in the same order run in
  * plain C (the same bits: tests/model/test_kernels_isa.py). */
@@ -142,13 +160,27 @@ static inline __attribute__((always_inline)) void planes(int64_t t, const uint8_
         for (int J = 0; J < 8; ++J) w[J] = _mm512_loadu_si512(g + 64 * J);
         return;
     }
+    if (t == I2_K || t == I3_K) {  /* two bits a weight in two planes, then Q3_K's third as masks */
+        const __m512i three = _mm512_set1_epi8(3), four = _mm512_set1_epi8(4);
+        for (int p = 0; p < 2; ++p) {
+            const __m512i v = _mm512_loadu_si512(g + 64 * p);
+            for (int m = 0; m < 4; ++m) w[4 * p + m] = _mm512_and_si512(_mm512_srli_epi16(v, 2 * m), three);
+        }
+        if (t == I3_K)
+            for (int J = 0; J < 8; ++J) {
+                uint64_t bits;
+                memcpy(&bits, g + 128 + 8 * J, 8);
+                w[J] = _mm512_mask_add_epi8(w[J], _cvtu64_mask64(bits), w[J], four);
+            }
+        return;
+    }
     const __m512i f = _mm512_set1_epi8(0xf);
     for (int J = 0; J < 4; ++J) {
         const __m512i v = _mm512_loadu_si512(g + 64 * J);
         w[J] = _mm512_and_si512(v, f);
         w[J + 4] = _mm512_and_si512(_mm512_srli_epi16(v, 4), f);
     }
-    if (t == I5_0 || t == I5_K) {
+    if (has_q5(t)) {
         const __m512i sixteen = _mm512_set1_epi8(16);
         for (int J = 0; J < 8; ++J) {
             uint64_t bits;
@@ -163,6 +195,9 @@ static inline __attribute__((always_inline)) void planes(int64_t t, const uint8_
                 w[4 * p + m] = _mm512_or_si512(w[4 * p + m],
                     _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(v, 2 * m), three), 4));
         }
+    } else if (is_iq4(t)) {  /* each index to its value + 128: a byte shuffle within each 16-byte lane */
+        const __m512i values = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)IQ4_STORED));
+        for (int J = 0; J < 8; ++J) w[J] = _mm512_shuffle_epi8(values, w[J]);
     }
 }
 /* Each slice's sums over inputs 0-15 (u) and 16-31 (v), exact. */
@@ -187,10 +222,14 @@ static inline __attribute__((always_inline)) void slice_dots(const wvec *w, cons
 #define FMA _mm512_fmadd_ps
 #define FNMA _mm512_fnmadd_ps
 #define TOF _mm512_cvtepi32_ps
+#define IMUL _mm512_mullo_epi32
 static inline ivec IPAIR(ivec a, ivec b) { return _mm512_add_epi32(_mm512_slli_epi32(a, 7), b); }
 static inline fvec f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline fvec u8x16f(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static inline fvec s8x16f(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
+static inline ivec u8x16i(const uint8_t *p) { return _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)); }
+static inline ivec ILOW4(ivec a) { return _mm512_and_si512(a, _mm512_set1_epi32(15)); }
+static inline ivec IHIGH4(ivec a) { return _mm512_srli_epi32(a, 4); }
 #else
 /* Plain C: 16 lanes in arrays, the same integers, the same float32 operations lane by lane. */
 #define INT_SIMD "portable C"
@@ -201,6 +240,10 @@ static inline ivec IADD(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] +=
 static inline ivec ISUB(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] -= b.l[i]; return a; }
 static inline ivec ISET(int32_t v) { ivec a; for (int i = 0; i < 16; ++i) a.l[i] = v; return a; }
 static inline ivec IPAIR(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] = a.l[i] * 128 + b.l[i]; return a; }
+static inline ivec IMUL(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] *= b.l[i]; return a; }
+static inline ivec u8x16i(const uint8_t *p) { ivec a; for (int i = 0; i < 16; ++i) a.l[i] = p[i]; return a; }
+static inline ivec ILOW4(ivec a) { for (int i = 0; i < 16; ++i) a.l[i] &= 15; return a; }
+static inline ivec IHIGH4(ivec a) { for (int i = 0; i < 16; ++i) a.l[i] >>= 4; return a; }
 static inline fvec FSET(float v) { fvec a; for (int i = 0; i < 16; ++i) a.l[i] = v; return a; }
 static inline fvec FMUL(fvec a, fvec b) { for (int i = 0; i < 16; ++i) a.l[i] *= b.l[i]; return a; }
 static inline fvec FMA(fvec a, fvec b, fvec c) { for (int i = 0; i < 16; ++i) c.l[i] = fmaf(a.l[i], b.l[i], c.l[i]); return c; }
@@ -209,12 +252,13 @@ static inline fvec TOF(ivec a) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (
 static inline fvec f16x16(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = f16(p + 2 * i); return f; }
 static inline fvec u8x16f(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (float)p[i]; return f; }
 static inline fvec s8x16f(const uint8_t *p) { fvec f; for (int i = 0; i < 16; ++i) f.l[i] = (float)(int8_t)p[i]; return f; }
-static inline __attribute__((always_inline)) void planes(int64_t t, const uint8_t *g, wvec *w) {
+/* These two are not inlined: copied into each type's and tile's loop they doubled the build's time. */
+static __attribute__((noinline)) void planes(int64_t t, const uint8_t *g, wvec *w) {
     for (int J = 0; J < 8; ++J)
         for (int r = 0; r < 16; ++r)
             for (int k = 0; k < 4; ++k) w[J].b[4 * r + k] = (uint8_t)plane_q(t, g, r, 4 * J + k);
 }
-static inline __attribute__((always_inline)) void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
+static __attribute__((noinline)) void slice_dots(const wvec *w, const xblk_t *xb, ivec *u, ivec *v) {
     for (int k = 0; k < SLICES; ++k)
         for (int r = 0; r < 16; ++r) {
             int32_t s = 0, t = 0;
@@ -241,22 +285,40 @@ static inline __attribute__((always_inline)) fvec legacy_terms(int64_t t, const 
     ivec u[SLICES], v[SLICES], s[SLICES];
     slice_dots(w, xb, u, v);
     for (int k = 0; k < SLICES; ++k) s[k] = IADD(u[k], v[k]);
-    const int off = t == I4_0 ? 8 : t == I5_0 ? 16 : t == I8_0 ? 128 : 0;
+    const int off = int_offset(t);
     y = FMA(FMUL(f16x16(sc), FSET(xb->unit)), value(s, off * (xb->hi[0] + xb->hi[1]), off * (xb->lo[0] + xb->lo[1])), y);
-    return t == I4_1 ? FMA(f16x16(sc + 32), FSET(xb->sx), y) : y;
+    return has_min(t) ? FMA(f16x16(sc + 32), FSET(xb->sx), y) : y;
 }
 
-/* Sub-block s (32 inputs) of a K-quant's 256 for one activation row. */
+/* fma(float(hi), 2^14, float(lo)) of two halves' sums each times its own integer (a Q2_K scale or
+ * min): sc0 (2^14 hi0 + lo0) + sc1 (2^14 hi1 + lo1), the products and sums in int32. */
+static inline __attribute__((always_inline)) fvec scaled_pair(ivec sc0, ivec sc1, ivec hi0, ivec lo0, ivec hi1, ivec lo1) {
+    const ivec hi = IADD(IMUL(sc0, hi0), IMUL(sc1, hi1)), lo = IADD(IMUL(sc0, lo0), IMUL(sc1, lo1));
+    return FMA(TOF(hi), FSET(16384.0f), TOF(lo));
+}
+
+/* Sub-block s (32 inputs) of a K-type's 256 for one activation row. */
 static inline __attribute__((always_inline)) fvec k_terms(int64_t t, const wvec *w, const uint8_t *g, int s, const xblk_t *xb, fvec y) {
     ivec u[SLICES], v[SLICES];
     slice_dots(w, xb, u, v);
     const fvec d = f16x16(g), unit = FSET(xb->unit);
-    if (t == I6_K) {  /* a scale for each half (16 inputs), q - 32 in each */
-        y = FMA(FMUL(FMUL(d, s8x16f(g + 32 + 16 * (2 * s))), unit), value(u, 32 * xb->hi[0], 32 * xb->lo[0]), y);
-        return FMA(FMUL(FMUL(d, s8x16f(g + 32 + 16 * (2 * s + 1))), unit), value(v, 32 * xb->hi[1], 32 * xb->lo[1]), y);
+    const int off = int_offset(t);
+    if (t == I6_K || t == I3_K) {  /* a signed scale for each half (16 inputs), q - off in each */
+        y = FMA(FMUL(FMUL(d, s8x16f(g + 32 + 16 * (2 * s))), unit), value(u, off * xb->hi[0], off * xb->lo[0]), y);
+        return FMA(FMUL(FMUL(d, s8x16f(g + 32 + 16 * (2 * s + 1))), unit), value(v, off * xb->hi[1], off * xb->lo[1]), y);
+    }
+    if (t == I2_K) {  /* each half's 4-bit scale and min applied in integers: two terms, as Q4_K's */
+        const ivec b0 = u8x16i(g + 64 + 16 * (2 * s)), b1 = u8x16i(g + 64 + 16 * (2 * s + 1));
+        y = FMA(FMUL(d, unit), scaled_pair(ILOW4(b0), ILOW4(b1), IPAIR(u[0], u[1]), IPAIR(u[2], u[3]),
+                                           IPAIR(v[0], v[1]), IPAIR(v[2], v[3])), y);
+        return FNMA(FMUL(f16x16(g + 32), unit), scaled_pair(IHIGH4(b0), IHIGH4(b1), ISET(xb->hi[0]), ISET(xb->lo[0]),
+                                                            ISET(xb->hi[1]), ISET(xb->lo[1])), y);
     }
     ivec q[SLICES];
     for (int k = 0; k < SLICES; ++k) q[k] = IADD(u[k], v[k]);
+    if (t == IX_S)  /* a signed scale for the 32, the values stored + 128 */
+        return FMA(FMUL(FMUL(d, s8x16f(g + 32 + 16 * s)), unit),
+                   value(q, off * (xb->hi[0] + xb->hi[1]), off * (xb->lo[0] + xb->lo[1])), y);
     y = FMA(FMUL(FMUL(d, u8x16f(g + 64 + 16 * s)), unit), value(q, 0, 0), y);
     return FNMA(FMUL(f16x16(g + 32), u8x16f(g + 192 + 16 * s)), FSET(xb->sx), y);
 }
@@ -271,21 +333,20 @@ static inline __attribute__((always_inline)) void tile_of(const int64_t t, const
     const int64_t nb = in / 32, bb = int_block_bytes(t);
     fvec acc[TILE];
     for (int r = 0; r < n; ++r) acc[r] = FSET(0.0f);
-    if (t < I4_K) {
+    if (!is_k(t)) {
         for (int64_t b = 0; b < nb; ++b) {
             const uint8_t *g = grp + b * bb;
             wvec w[8];
             planes(t, g, w);
-            const uint8_t *sc = g + bb - (t == I4_1 ? 64 : 32);
+            const uint8_t *sc = g + bb - (has_min(t) ? 64 : 32);
             for (int r = 0; r < n; ++r) acc[r] = legacy_terms(t, w, sc, xs + r * nb + b, acc[r]);
         }
     } else {
-        const int head = t == I6_K ? 288 : 320, plane = t == I4_K ? 256 : t == I5_K ? 320 : 384;
         for (int64_t b = 0; b < nb / 8; ++b) {
             const uint8_t *g = grp + b * bb;
             for (int s = 0; s < 8; ++s) {
                 wvec w[8];
-                planes(t, g + head + s * plane, w);
+                planes(t, g + k_head(t) + s * k_plane(t), w);
                 for (int r = 0; r < n; ++r) acc[r] = k_terms(t, w, g, s, xs + r * nb + 8 * b + s, acc[r]);
             }
         }
@@ -319,7 +380,8 @@ static void int_group(int64_t t, const uint8_t *grp, int64_t in, const xblk_t *x
                       int64_t y_stride, int l0, int l1) {
     switch (t) {
 #define ONE(T) case T: group_of(T, grp, in, xs, R, y, y_stride, l0, l1); break;
-    ONE(I4_0) ONE(I4_1) ONE(I5_0) ONE(I8_0) ONE(I4_K) ONE(I5_K) ONE(I6_K)
+    ONE(I4_0) ONE(I4_1) ONE(I5_0) ONE(I5_1) ONE(I8_0) ONE(IN_L)
+    ONE(I2_K) ONE(I3_K) ONE(I4_K) ONE(I5_K) ONE(I6_K) ONE(IX_S)
 #undef ONE
     default: abort();
     }

@@ -11,8 +11,9 @@
  * order. So a product on the blocks gives the same numbers as the float32 product on the
  * dequantized matrix, and a row's the same alone or beside others. */
 
-enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q8_0 = 8,
-       GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_BF16 = 30 };
+enum { GGML_F32 = 0, GGML_F16 = 1, GGML_Q4_0 = 2, GGML_Q4_1 = 3, GGML_Q5_0 = 6, GGML_Q5_1 = 7, GGML_Q8_0 = 8,
+       GGML_Q2_K = 10, GGML_Q3_K = 11, GGML_Q4_K = 12, GGML_Q5_K = 13, GGML_Q6_K = 14, GGML_IQ4_NL = 20,
+       GGML_IQ4_XS = 23, GGML_BF16 = 30 };
 enum { W_OUT, W_IN, W_PARTS, W_FIRST };  /* then per part: */
 enum { P_TYPE, P_ROWS, P_DATA, P_ROW_BYTES, PART_FIELDS };
 
@@ -92,6 +93,36 @@ static void row_q5_0(const uint8_t *b, float *y, int64_t n) {
     }
 }
 
+/* Q5_1: d, m, the fifth bits, then the nibbles (24 bytes); d q + m. */
+static void row_q5_1(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 32, b += 24) {
+        const float d = f16(b), m = f16(b + 2);
+        uint32_t qh;
+        memcpy(&qh, b + 4, 4);
+        const uint8_t *q = b + 8;
+        for (int j = 0; j < 16; ++j) {
+            const int lo = (q[j] & 0xf) | (int)((qh >> j) & 1) << 4;
+            const int hi = (q[j] >> 4) | (int)((qh >> (j + 16)) & 1) << 4;
+            y[i + j] = d * (float)lo + m;
+            y[i + j + 16] = d * (float)hi + m;
+        }
+    }
+}
+
+/* IQ4_NL and IQ4_XS: each 4-bit index picks one of 16 non-linear int8 values. */
+static const int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+static void row_iq4_nl(const uint8_t *b, float *y, int64_t n) {  /* d, then the nibbles (18 bytes) */
+    for (int64_t i = 0; i < n; i += 32, b += 18) {
+        const float d = f16(b);
+        const uint8_t *q = b + 2;
+        for (int j = 0; j < 16; ++j) {
+            y[i + j] = d * (float)IQ4_VALUES[q[j] & 0xf];
+            y[i + j + 16] = d * (float)IQ4_VALUES[q[j] >> 4];
+        }
+    }
+}
+
 /* Q4_K and Q5_K's eight 6-bit scales and mins, packed in 12 bytes. */
 static inline void scale_min_k4(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
     if (j < 4) {
@@ -135,6 +166,58 @@ static void row_q6_k(const uint8_t *b, float *y, int64_t n) {
     }
 }
 
+/* Q2_K (84 bytes): sixteen scale bytes (a scale in the low nibble, a min in the high one, each
+ * for 16 weights), 2-bit weights, d, dmin; (d sc) q - dmin mn. */
+static void row_q2_k(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 256, b += 84) {
+        const float d = f16(b + 80), dmin = f16(b + 82);
+        for (int e = 0; e < 256; ++e) {
+            const int h = e / 128, k = (e % 128) / 32, l = e % 32, sc = b[e / 16];  /* half, shift, lane */
+            const float dl = d * (float)(sc & 0xf), ml = dmin * (float)(sc >> 4);
+            y[i + e] = dl * (float)((b[16 + 32 * h + l] >> (2 * k)) & 3) - ml;
+        }
+    }
+}
+
+/* Q3_K's sixteen 6-bit signed scales (-32..31), packed in 12 bytes: low nibbles, then high pairs. */
+static inline int scale_q3_k(const uint8_t *s, int j) {
+    const int lo = (s[j % 8] >> (4 * (j / 8))) & 0xf, hi = (s[8 + j % 4] >> (2 * (j / 4))) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* Q3_K (110 bytes): a high-bit mask, 2-bit weights, the scales, d; (d sc) (q - 4 (1 - bit)). */
+static void row_q3_k(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 256, b += 110) {
+        const float d = f16(b + 108);
+        for (int e = 0; e < 256; ++e) {
+            const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+            const int q = ((b[32 + 32 * h + l] >> (2 * k)) & 3) - 4 * (((b[l] >> (e / 32)) & 1) ^ 1);
+            y[i + e] = (d * (float)scale_q3_k(b + 96, e / 16)) * (float)q;
+        }
+    }
+}
+
+/* IQ4_XS's eight 6-bit signed scales (-32..31): low nibbles at 4..7, high pairs in the u16 at 2. */
+static inline int scale_iq4_xs(const uint8_t *b, int s) {
+    const int lo = (b[4 + s / 2] >> (4 * (s % 2))) & 0xf, hi = ((b[2] | b[3] << 8) >> (2 * s)) & 3;
+    return (lo | hi << 4) - 32;
+}
+
+/* IQ4_XS (136 bytes): d, the scales, then per 32 weights 16 bytes of nibbles; (d sc) value. */
+static void row_iq4_xs(const uint8_t *b, float *y, int64_t n) {
+    for (int64_t i = 0; i < n; i += 256, b += 136) {
+        const float d = f16(b);
+        for (int s = 0; s < 8; ++s) {
+            const float dl = d * (float)scale_iq4_xs(b, s);
+            const uint8_t *q = b + 8 + 16 * s;
+            for (int j = 0; j < 16; ++j) {
+                y[i + 32 * s + j] = dl * (float)IQ4_VALUES[q[j] & 0xf];
+                y[i + 32 * s + j + 16] = dl * (float)IQ4_VALUES[q[j] >> 4];
+            }
+        }
+    }
+}
+
 static void row_f16(const uint8_t *b, float *y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] = f16(b + 2 * i);
 }
@@ -158,9 +241,14 @@ static int dequant_row(int64_t type, const uint8_t *data, int64_t row_bytes, int
     case GGML_Q4_0: row_q4_0(b, y, n); return 1;
     case GGML_Q4_1: row_q4_1(b, y, n); return 1;
     case GGML_Q5_0: row_q5_0(b, y, n); return 1;
+    case GGML_Q5_1: row_q5_1(b, y, n); return 1;
+    case GGML_IQ4_NL: row_iq4_nl(b, y, n); return 1;
+    case GGML_Q2_K: row_q2_k(b, y, n); return 1;
+    case GGML_Q3_K: row_q3_k(b, y, n); return 1;
     case GGML_Q4_K: row_k4(b, y, n, 0); return 1;
     case GGML_Q5_K: row_k4(b, y, n, 1); return 1;
     case GGML_Q6_K: row_q6_k(b, y, n); return 1;
+    case GGML_IQ4_XS: row_iq4_xs(b, y, n); return 1;
     default: return int_dequant_row(type, data, row_bytes, row, y, n);
     }
 }
