@@ -221,7 +221,7 @@ def _interrupt(signum, frame):
 
 def serve(args) -> None:
     """The page, with a shared page's limits, on args.serve_port (the benchmark's server process)."""
-    from bench.run import random_engine
+    from bench.shapes import random_engine
     from inference.serving.engine import Engine
     from ui.handlers import Handlers
     from app import serve
@@ -327,7 +327,7 @@ def to_markdown(r: dict) -> str:
 
 def main(argv=None) -> int:
     from inference.factory import add_model_args
-    from bench.run import RANDOM_SHAPES
+    from bench.shapes import RANDOM_SHAPES
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import resource
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,24 +22,8 @@ from pathlib import Path
 # Llama-3.1-8B's shapes
 VOCAB, HIDDEN, FFN, LAYERS, HEADS, KV_HEADS, HEAD_DIM = 128256, 4096, 14336, 32, 32, 8, 128
 THETA, ROPE = 500000.0, dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=8192)
-
-
-def _tensors():
-    """(name, shape rows first) of every tensor, in llama.cpp's order."""
-    yield "token_embd.weight", (VOCAB, HIDDEN)
-    for i in range(LAYERS):
-        p = f"blk.{i}."
-        yield p + "attn_norm.weight", (HIDDEN,)
-        yield p + "attn_q.weight", (HEADS * HEAD_DIM, HIDDEN)
-        yield p + "attn_k.weight", (KV_HEADS * HEAD_DIM, HIDDEN)
-        yield p + "attn_v.weight", (KV_HEADS * HEAD_DIM, HIDDEN)
-        yield p + "attn_output.weight", (HIDDEN, HEADS * HEAD_DIM)
-        yield p + "ffn_norm.weight", (HIDDEN,)
-        yield p + "ffn_gate.weight", (FFN, HIDDEN)
-        yield p + "ffn_up.weight", (FFN, HIDDEN)
-        yield p + "ffn_down.weight", (HIDDEN, FFN)
-    yield "output_norm.weight", (HIDDEN,)
-    yield "output.weight", (VOCAB, HIDDEN)
+HF = dict(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS, num_attention_heads=HEADS,
+          num_key_value_heads=KV_HEADS, head_dim=HEAD_DIM, max_position_embeddings=131072, rope_theta=THETA, rms_norm_eps=1e-5)
 
 
 def _rope_factors():
@@ -57,63 +40,16 @@ def _rope_factors():
     return np.array(out, dtype=np.float32)
 
 
-def _vocabulary():
-    """A small trained byte-level BPE (Llama 3's split), filled to Llama 3's 128,256 tokens."""
-    from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
-    split = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
-             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"),
-                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    text = ["The quick brown fox jumps over the lazy dog. Once upon a time, a model predicted the next token."] * 50
-    tok.train_from_iterator(text, trainers.BpeTrainer(vocab_size=600, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                                      special_tokens=["<|begin_of_text|>", "<|end_of_text|>"],
-                                                      show_progress=False))
-    spec = json.loads(tok.to_str())
-    tokens = [t for t, _ in sorted(spec["model"]["vocab"].items(), key=lambda kv: kv[1])]
-    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-    tokens += [f"fill{i}" for i in range(VOCAB - len(tokens))]  # never reached by a merge
-    return tokens, merges
-
-
 def build(out_dir: Path, llama_python: str) -> None:
-    import gguf
-    import numpy as np
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from bench.gguf_shape import quantize, write_f16
 
     out_dir.mkdir(parents=True, exist_ok=True)
     f16, q4 = out_dir / "llama-3.1-8b-random-F16.gguf", out_dir / "llama-3.1-8b-random-Q4_K_M.gguf"
     if not f16.exists():
-        w = gguf.GGUFWriter(str(f16), "llama")
-        w.add_block_count(LAYERS), w.add_context_length(131072), w.add_embedding_length(HIDDEN)
-        w.add_feed_forward_length(FFN), w.add_head_count(HEADS), w.add_head_count_kv(KV_HEADS)
-        w.add_rope_dimension_count(HEAD_DIM), w.add_rope_freq_base(THETA), w.add_layer_norm_rms_eps(1e-5)
-        w.add_vocab_size(VOCAB), w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-        tokens, merges = _vocabulary()
-        w.add_tokenizer_model("gpt2"), w.add_tokenizer_pre("llama-bpe"), w.add_token_list(tokens)
-        w.add_token_types([3 if t.startswith("<|") else 1 for t in tokens]), w.add_token_merges(merges)
-        w.add_bos_token_id(0), w.add_eos_token_id(1)
-        factors = _rope_factors()
-        w.add_tensor_info("rope_freqs.weight", factors.shape, np.dtype(np.float32), factors.nbytes)
-        for name, shape in _tensors():
-            dt = np.float16 if len(shape) == 2 else np.float32
-            w.add_tensor_info(name, shape, np.dtype(dt), int(np.prod(shape)) * np.dtype(dt).itemsize)
-        w.write_header_to_file(), w.write_kv_data_to_file(), w.write_ti_data_to_file()
-        w.write_tensor_data(factors)
-        rng = np.random.default_rng(0)
-        for name, shape in _tensors():
-            if len(shape) == 1:
-                w.write_tensor_data((1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
-                continue
-            # float16 of random sign and mantissa, exponent 2^-6: |w| in [0.0156, 0.031)
-            bits = (rng.integers(0, 1 << 16, size=shape, dtype=np.uint16) & 0x83FF) | (9 << 10)
-            w.write_tensor_data(bits.view(np.float16))
-            print(f"wrote {name}", file=sys.stderr, flush=True)
-        w.close()
+        write_f16(f16, HF, _rope_factors(), log=lambda name: print(f"wrote {name}", file=sys.stderr, flush=True))
     if not q4.exists():
-        script = ("import sys, llama_cpp; p = llama_cpp.llama_model_quantize_default_params(); "
-                  "p.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M; p.nthread = 2; "
-                  "sys.exit(llama_cpp.llama_model_quantize(sys.argv[1].encode(), sys.argv[2].encode(), p))")
-        subprocess.run([llama_python, "-c", script, str(f16), str(q4)], check=True)
+        quantize(llama_python, f16, q4, "Q4_K_M")
     print(json.dumps({"f16_bytes": f16.stat().st_size, "q4_k_m_bytes": q4.stat().st_size}))
 
 

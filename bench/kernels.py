@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench import prompts  # noqa: E402
-from bench.run import read_bandwidth_gbs, save  # noqa: E402
+from bench.report import save  # noqa: E402
+from bench.roofline import read_bandwidth_gbs  # noqa: E402
 from inference.model import kernels  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402

@@ -77,7 +77,7 @@ def main(argv=None) -> int:
                      f"{best['decode_tok_s']:.1f} (rounds: {', '.join('%.1f' % r['decode_tok_s'] for r in rs)}) | "
                      f"{best['p50_ms']:.1f} | {best['p95_ms']:.1f} |")
     md = "\n".join(lines) + "\n"
-    from bench.run import save
+    from bench.report import save
     save(args.out, "models", rounds, md)
     return 0
 

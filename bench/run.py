@@ -4,10 +4,12 @@
 
 Reports, ratios first: TTFT for 128- and 512-token prompts, decode tok/s with p50/p95 ms per
 token, the cost of the per-step instrumentation, achieved GB/s against a copy bandwidth measured
-in the same run, the step against the time its bytes take at the read bandwidth measured, peak
-RSS; and the same for transformers generate() on the same weights and llama-cpp-python on the
-same GGUF where installed, and a vLLM server given by --vllm-url; our command line's decode rate in
-a process of its own (a checkpoint only). Writes bench/results/bench.{md,json}.
+in the same run, peak RSS; the fraction of its read-bound time a step reaches (its bytes at the
+read bandwidth measured beside each round, against the round's step) for one row and for --rows
+runs at once; and the same for transformers generate() on the same weights, llama.cpp on the
+same GGUF in the builds at hand (bench/peers.py: native, and a portable build for time to first
+token where given), and a vLLM server given by --vllm-url; our command line's decode rate in a
+process of its own. Writes bench/results/bench.{md,json} (--model FILE.gguf: bench-FILE.*).
 """
 
 from __future__ import annotations
@@ -25,90 +27,17 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench import prompts  # noqa: E402
+from bench import prompts, roofline  # noqa: E402
+from bench.report import save, to_markdown  # noqa: E402
+from bench.peers import describe, start_llama_builds, transformers_peer  # noqa: E402
+from bench.roofline import copy_bandwidth_gbs, read_bandwidth_gbs, sync as _sync  # noqa: E402
+from bench.shapes import RANDOM_SHAPES, random_engine  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
-from inference.model.arena import Arena  # noqa: E402
-from inference.model.anatomy import decode_cost  # noqa: E402
 from inference.factory import add_model_args  # noqa: E402
 from inference.loading.gguf_import import gguf_source  # noqa: E402
 from inference.sampling.params import SamplingParams  # noqa: E402
 from inference.sampling.state import RunState  # noqa: E402
 from inference.serving.step_stats import pick  # noqa: E402
-
-def copy_bandwidth_gbs(device: torch.device, mib: int = 256) -> float:
-    """Bytes moved (read + written) per second by a large tensor copy: the memory roofline."""
-    a = torch.empty(mib * 2**20 // 4, device=device)
-    b = torch.empty_like(a)
-    for _ in range(2):
-        b.copy_(a)
-    _sync(device)
-    t = time.perf_counter()
-    n = 10
-    for _ in range(n):
-        b.copy_(a)
-    _sync(device)
-    return 2 * a.numel() * 4 * n / (time.perf_counter() - t) / 1e9
-
-
-def read_bandwidth_gbs(device: torch.device, mib: int = 1024) -> float:
-    """Bytes read per second by summing a tensor larger than the CPU's last-level cache: what a
-    decode step, which reads every weight once, can at best stream its weights at. On a CPU the
-    tensor lies in memory as the weights do (an arena of 2 MiB pages, inference/model/arena.py),
-    which two threads read ~1.6x faster than 4 KiB pages here."""
-    n = mib * 2**20 // 4
-    if device.type == "cpu":
-        a = Arena(n * 4).empty((n,), torch.float32).fill_(1.0)
-    else:
-        a = torch.ones(n, device=device)
-    a.sum()
-    _sync(device)
-    t = time.perf_counter()
-    n = 5
-    for _ in range(n):
-        a.sum()
-    _sync(device)
-    return a.numel() * 4 * n / (time.perf_counter() - t) / 1e9
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-RANDOM_SHAPES = {  # Hugging Face config fields of models measured with random weights
-    "llama-7b": dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
-                     num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096),
-    "smollm2-135m": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                         num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                         rope_theta=100000.0, tie_word_embeddings=True),
-    "tiny": dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024),
-}
-
-
-def random_engine(name: str, device: str, dtype: str) -> Engine:
-    """An engine with random weights of a published shape, built on the device (no checkpoint)
-    and a byte tokenizer: for speed measurements of models we cannot download."""
-    from inference.model.config import ModelConfig
-    from inference.device import resolve_device, resolve_dtype
-    from inference.model.transformer import Transformer
-    from inference.loading.tokenizer import Tokenizer
-
-    cfg = ModelConfig.from_hf_dict(RANDOM_SHAPES[name])
-    dev = resolve_device(device)
-    dt = resolve_dtype(dtype, dev)
-    g = torch.Generator(device=dev).manual_seed(0)
-    with torch.device("meta"):
-        shapes = {k: v.shape for k, v in Transformer(cfg).state_dict().items()}
-    state = {k: (torch.randn(shape, generator=g, device=dev, dtype=dt) * 0.02 if len(shape) == 2
-                 else torch.ones(shape, device=dev, dtype=dt))
-             for k, shape in shapes.items() if not (cfg.tie_word_embeddings and k == "output.weight")}
-    model = Transformer.from_state_dict(cfg, state, dev, dt)
-    table = [bytes([i % 256]) for i in range(cfg.vocab_size)]
-    tok = Tokenizer(encode_fn=lambda text: list(text.encode("utf-8")), token_bytes=table,
-                    raw_pieces=[t.decode("latin-1") for t in table], bos_id=None, eos_ids=(),
-                    add_bos=False, special_tokens={}, chat_template=None, kind="bytes")
-    return Engine(model, tok, f"{name} (random weights)")
 
 
 def prompt_ids(engine: Engine, n: int) -> list[int]:
@@ -165,62 +94,16 @@ def pick_overhead_ms(engine: Engine, top_n: int, n: int = 300) -> float:
     return 1000 * (statistics.median(times[top_n]) - statistics.median(times[0]))
 
 
-class PeerProcess:
-    """A peer in a process of its own, asked for one round at a time (so rounds alternate with
-    ours): measured as it runs best, not beside our loaded engine. It prints one JSON line when
-    ready, then one per "round" line it reads."""
-
-    def __init__(self, cmd: list[str], what: str):
-        import subprocess
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        self.ready = json.loads(self.proc.stdout.readline() or "null")  # after its own warm-up
-        if not self.ready:
-            self.close()
-            # A status below 0 is the signal that ended it (-11: a segmentation fault, as of the
-            # native llama.cpp build on an Intel VM with AMX: bench/measured/cpu-quant-smollm2-135m.md).
-            raise RuntimeError(f"the {what} peer did not start (it exited with status {self.proc.returncode}: "
-                               f"run {' '.join(cmd)} to see why)")
-
-    def measure(self) -> dict:
-        self.proc.stdin.write("round\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        self.proc.wait(timeout=60)
-
-
-def transformers_peer(model_dir: Path | None, tokens: int) -> PeerProcess | None:
-    """transformers generate() on the same weights, float32 (bench/peer_transformers.py), or
-    None without a checkpoint or without transformers installed."""
-    if model_dir is None:
-        return None
-    import importlib.util
-    if not importlib.util.find_spec("transformers"):
-        return None
-    return PeerProcess([sys.executable, "-m", "bench.peer_transformers", str(model_dir), str(tokens)], "transformers")
-
-
-def llama_python() -> Path | None:
-    """The Python of llama-cpp-python's own virtual environment (peer_llama_cpp.py), if built."""
-    import os
-    path = Path(os.environ.get("TOKEN_LAB_LLAMA_PYTHON") or Path.home() / ".cache/token-lab/llama-venv/bin/python")
-    return path if path.exists() else None
-
-
-def llama_cpp_peer(gguf: Path | None, engine: Engine, tokens: int, out_dir: Path) -> PeerProcess | None:
-    """llama-cpp-python on the same GGUF file, the same prompt ids, greedy, as many threads as
-    ours (bench/peer_llama_cpp.py), or None without a GGUF file or the peer's environment."""
-    python = llama_python()
-    if gguf is None or python is None:
-        return None
+def llama_cpp_peers(gguf: Path | None, engine: Engine, tokens: int, out_dir: Path) -> tuple[dict, dict]:
+    """llama.cpp on the same GGUF file, the same prompt ids, greedy, as many threads as ours
+    (bench/peer_llama_cpp.py), in every build at hand: ({build: peer}, {build: why it did not
+    start}); none without a GGUF file or a build."""
+    if gguf is None:
+        return {}, {}
     out_dir.mkdir(parents=True, exist_ok=True)
     ids_file = out_dir / "llama-prompt-ids.json"
     ids_file.write_text(json.dumps({n: prompt_ids(engine, n) for n in (32, 128, 512)}))
-    return PeerProcess([str(python), str(ROOT / "bench" / "peer_llama_cpp.py"), str(gguf), str(ids_file),
-                        str(tokens), str(torch.get_num_threads())], "llama.cpp")
+    return start_llama_builds("peer_llama_cpp.py", [gguf, ids_file, tokens, torch.get_num_threads()])
 
 
 def measure_vllm(url: str, model: str | None, tokenizer_engine: Engine, tokens: int, top_n: int) -> dict:
@@ -256,22 +139,24 @@ def measure_vllm(url: str, model: str | None, tokenizer_engine: Engine, tokens: 
 def combine(rounds: list[dict]) -> dict:
     """Rounds measured in turn with the peers (so drift hits all alike): best TTFT, median rest."""
     out = {}
-    for key in rounds[0]:
+    for key, first in rounds[0].items():
         values = [r[key] for r in rounds if r[key] is not None]
-        out[key] = None if not values else min(values) if key.startswith("ttft") else statistics.median(values)
+        out[key] = (first if isinstance(first, str) else None if not values  # (a string: what made it)
+                    else min(values) if key.startswith("ttft") else statistics.median(values))
     return out
 
 
-def measure_cli(model_dir: Path, device: str, dtype: str, prompt: str, tokens: int, top_n: int) -> dict:
+def measure_cli(model: Path | str, device: str, dtype: str, prompt: str, tokens: int, top_n: int,
+                products: str = "auto") -> dict:
     """Our command line as its users run it: `python -m inference generate --jsonl` in a process
     of its own (loading the model, then one run), decode tok/s from the arrival times of its step
     lines here, one line a token. A run ended early by an end-of-sequence token counts the steps
-    it made."""
+    it made. `model`: a checkpoint's folder or a GGUF file, as --model takes it."""
     import subprocess
 
-    cmd = [sys.executable, "-m", "inference", "generate", "--model", str(model_dir), "--device", device,
-           "--dtype", dtype, "--prompt", prompt, "--temperature", "0", "--max-new-tokens", str(tokens),
-           "--top", str(max(top_n, 1)), "--jsonl"]
+    cmd = [sys.executable, "-m", "inference", "generate", "--model", str(model), "--device", device,
+           "--dtype", dtype, "--products", products, "--prompt", prompt, "--temperature", "0",
+           "--max-new-tokens", str(tokens), "--top", str(max(top_n, 1)), "--jsonl"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     arrivals, summary = [], None
     for line in proc.stdout:
@@ -286,7 +171,8 @@ def measure_cli(model_dir: Path, device: str, dtype: str, prompt: str, tokens: i
         raise RuntimeError(f"the CLI run failed: {err.strip()[-500:]}")
     return {"ttft_128_ms": None, "ttft_512_ms": None, "p50_ms": None, "p95_ms": None,
             "decode_tok_s": (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]), "tokens": len(arrivals),
-            "generated_tokens": summary["generated_tokens"], "prompt_tokens": summary["prompt_tokens"]}
+            "generated_tokens": summary["generated_tokens"], "prompt_tokens": summary["prompt_tokens"],
+            "products": (summary.get("products") or {}).get("path")}  # a quantized model's: integer or float32
 
 
 def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict:
@@ -323,7 +209,7 @@ def measure_page(engine: Engine, tokens: int, rounds: int = 3) -> dict:
             "tokens_received": received}
 
 
-def main(argv=None) -> int:
+def parse(argv) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_args(p)
     p.add_argument("--random", choices=sorted(RANDOM_SHAPES), default=None,
@@ -331,6 +217,10 @@ def main(argv=None) -> int:
     p.add_argument("--tokens", type=int, default=128, help="decode tokens per run")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--top", type=int, default=10, help="candidates per step when instrumented")
+    p.add_argument("--rows", type=int, default=8, help="also this many runs at once (bench.users' prompts), "
+                   "for the step's fraction of its read-bound time at that many rows (0: not measured)")
+    p.add_argument("--read-mib", type=int, default=1024, help="MiB summed to measure the read bandwidth (more "
+                   "than the last-level cache)")
     p.add_argument("--gguf", default=None, help="GGUF of the same model for llama-cpp-python "
                    "(default: --model when it is a .gguf)")
     p.add_argument("--no-page", action="store_true", help="skip the page (gradio) measurement")
@@ -340,35 +230,46 @@ def main(argv=None) -> int:
                    "weights in float32 (scripts/test_vllm.sh starts one): measured in turn with the others")
     p.add_argument("--vllm-model", default=None)
     p.add_argument("--out", default=str(ROOT / "bench" / "results"))
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
 
+
+def main(argv=None) -> int:
+    from bench.users import engine_users, prompt
+
+    args = parse(argv)
     from inference.loading.default_model import resolve_model
     model_dir = None if args.random else resolve_model(args.model)
     engine = random_engine(args.random, args.device, args.dtype) if args.random else \
         Engine.from_hf_dir(model_dir, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products)
     info = engine.describe()
     device = engine.device
-    copy_gbs, read_gbs = copy_bandwidth_gbs(device), read_bandwidth_gbs(device)
+    copy_gbs, read_gbs = copy_bandwidth_gbs(device), read_bandwidth_gbs(device, args.read_mib)
     rows = {}
     peer = transformers_peer(model_dir, args.tokens) if device.type == "cpu" and not args.no_transformers else None
-    gguf = Path(args.gguf) if args.gguf else Path(args.model) if args.model and args.model.endswith(".gguf") \
+    given_gguf = args.model if args.model and args.model.endswith(".gguf") else None
+    gguf = Path(args.gguf) if args.gguf else Path(given_gguf) if given_gguf \
         else gguf_source(model_dir) if model_dir is not None else None
-    llama = llama_cpp_peer(gguf, engine, args.tokens, Path(args.out)) if device.type == "cpu" else None
+    llamas, not_started = llama_cpp_peers(gguf, engine, args.tokens, Path(args.out)) if device.type == "cpu" else ({}, {})
     measure_engine(engine, args.tokens, args.top)  # unmeasured: first passes pay one-time costs
-    rounds = {"ours": [], "bare": [], "cli": [], "peer": [], "vllm": [], "llama": []}
+    if args.rows > 1:
+        engine_users(engine, args.rows, args.tokens, args.top)
+    rounds = {"ours": [], "bare": [], "cli": [], "peer": [], "vllm": [], "rows": [], **{b: [] for b in llamas}}
     # The command line reads the text of the same 32 prompt ids the engine's decode rows read.
     cli_prompt = engine.tokenizer.decode(prompt_ids(engine, 32)) if model_dir is not None and not args.no_cli else None
-    reads = [read_gbs]  # the read bandwidth, measured again beside each of our rounds: it drifts
+    reads = [read_gbs]  # the read bandwidth, measured again beside each round: it drifts
     for _ in range(args.repeats):  # one round of each system in turn
-        reads.append(read_bandwidth_gbs(device))
+        reads.append(read_bandwidth_gbs(device, args.read_mib))
         rounds["ours"].append(measure_engine(engine, args.tokens, args.top))
         rounds["bare"].append(measure_engine(engine, args.tokens, 0))
+        if args.rows > 1:
+            rounds["rows"].append(engine_users(engine, args.rows, args.tokens, args.top))
         if cli_prompt is not None:
-            rounds["cli"].append(measure_cli(model_dir, args.device, args.dtype, cli_prompt, args.tokens, args.top))
+            rounds["cli"].append(measure_cli(given_gguf or model_dir, args.device, args.dtype, cli_prompt,
+                                             args.tokens, args.top, args.products))
         if peer is not None:
             rounds["peer"].append(peer.measure())
-        if llama is not None:
-            rounds["llama"].append(llama.measure())
+        for build, llama in llamas.items():
+            rounds[build].append(llama.measure())
         if args.vllm_url:
             rounds["vllm"].append(measure_vllm(args.vllm_url, args.vllm_model, engine, args.tokens, args.top))
     ours, bare = combine(rounds["ours"]), combine(rounds["bare"])
@@ -376,8 +277,9 @@ def main(argv=None) -> int:
     ours["instrumentation_ms"] = pick_overhead_ms(engine, args.top)
     ours["instrumentation_direct_pct"] = 100 * ours["instrumentation_ms"] * bare["decode_tok_s"] / 1000
     # Weights read per decode step at the decode dtype's width, or as a GGUF file's blocks; the KV cache at the model's.
-    bytes_per_token = decode_cost(engine.cfg, 32 + args.tokens // 2, info.decode_dtype.itemsize, engine.dtype.itemsize,
-                                  info.stored_bytes).bytes
+    context = 32 + args.tokens // 2  # the run's middle position
+    reads_one = roofline.engine_reads(engine, context)
+    bytes_per_token = reads_one.at(1)
     ours["achieved_gb_s"] = bytes_per_token * ours["decode_tok_s"] / 1e9
     ours["roofline_fraction"] = ours["achieved_gb_s"] / copy_gbs  # copy_gbs counts bytes read + written
     # The step if it only read its bytes at the read bandwidth (the median of its measurements in
@@ -387,8 +289,18 @@ def main(argv=None) -> int:
     ours["times_read_bound"] = 1000 / ours["decode_tok_s"] / ours["read_bound_ms"]
     rows["token-lab"] = ours
     rows["token-lab (no instrumentation)"] = bare
+    # Each round's step against the read bandwidth measured beside that round (reads[0] came before them all).
+    bound = {name: {"rows": 1, **roofline.by_round(bytes_per_token, [1000 / r["decode_tok_s"] for r in rounds[key]], reads[1:])}
+             for name, key in (("token-lab", "ours"), ("token-lab (no instrumentation)", "bare"),
+                               ("token-lab CLI", "cli")) if rounds[key]}
+    if rounds["rows"]:
+        n = args.rows
+        context_n = round(statistics.mean(len(engine.prompt_ids(prompt(i))) for i in range(n))) + args.tokens // 2
+        bound[f"token-lab, {n} runs at once"] = {
+            "rows": n, "aggregate_tok_s": statistics.median(r["aggregate_tok_s"] for r in rounds["rows"]),
+            **roofline.by_round(roofline.engine_reads(engine, context_n).at(n), [r["step_ms"] for r in rounds["rows"]], reads[1:])}
     if rounds["cli"]:
-        rows["token-lab CLI (generate --jsonl), own process"] = cli = combine(rounds["cli"])
+        rows["token-lab CLI (generate --jsonl), own process"] = combine(rounds["cli"])
     if peer is not None:
         rows["transformers generate() fp32, own process"] = combine(rounds["peer"])
         peer.close()
@@ -398,88 +310,70 @@ def main(argv=None) -> int:
     if page:
         ours["page_tok_s"], ours["page_engine_tok_s"] = page["tok_s"], page["engine_tok_s"]
         ours["page_fraction"] = page["fraction"]
-    if llama is not None:
-        rows[f"llama-cpp-python {llama.ready['version']} on {gguf.name}, own process"] = lcpp = combine(rounds["llama"])
-        llama.close()
-        ratios_llama = {"decode_vs_llama_cpp": ours["decode_tok_s"] / lcpp["decode_tok_s"],
-                        "bare_decode_vs_llama_cpp": bare["decode_tok_s"] / lcpp["decode_tok_s"],
-                        "ttft512_vs_llama_cpp": ours["ttft_512_ms"] / lcpp["ttft_512_ms"]}
-        # alternated rounds: each round's ratio, so drift between rounds cancels
-        ratios_llama["decode_vs_llama_cpp_by_round"] = [o["decode_tok_s"] / q["decode_tok_s"]
-                                                        for o, q in zip(rounds["bare"], rounds["llama"])]
-    else:
-        ratios_llama = {}
-
-    quality = vars(info.decode_error) if info.decode_error is not None else None
-
-    base = rows.get("transformers generate() fp32, own process")
-    ratios = dict(ratios_llama)
-    if base:
-        ratios["decode_vs_transformers"] = ours["decode_tok_s"] / base["decode_tok_s"]
-        ratios["ttft512_vs_transformers"] = ours["ttft_512_ms"] / base["ttft_512_ms"]
-        if rounds["cli"]:
-            ratios["cli_decode_vs_transformers"] = cli["decode_tok_s"] / base["decode_tok_s"]
-    if rounds["vllm"]:
-        vllm = rows[f"vLLM server, top-{args.top} log-probabilities"]
-        ratios["decode_vs_vllm"] = ours["decode_tok_s"] / vllm["decode_tok_s"]
-        ratios["ttft512_vs_vllm"] = ours["ttft_512_ms"] / vllm["ttft_512_ms"]
-        if rounds["cli"]:
-            ratios["cli_decode_vs_vllm"] = cli["decode_tok_s"] / vllm["decode_tok_s"]
+    ratios, llama_cpp = {}, None
+    if llamas:
+        lcpp = {build: combine(rounds[build]) for build in llamas}
+        for build, llama in llamas.items():
+            rows[f"{describe(llama.ready)} on {gguf.name}, own process"] = lcpp[build]
+            bound[f"llama.cpp {build}"] = {"rows": 1, **roofline.by_round(
+                roofline.gguf_reads(gguf, engine.cfg, context).at(1),
+                [1000 / r["decode_tok_s"] for r in rounds[build]], reads[1:])}
+            llama.close()
+        llama_cpp = llama_figures(llamas, lcpp, not_started)
+        ratios.update(llama_ratios(llama_cpp, ours, bare, rows.get("token-lab CLI (generate --jsonl), own process"),
+                                   lcpp, rounds))
+    ratios.update(other_ratios(rows, ours, args.top))
     result = {"model": engine.name, "device": str(device), "dtype": str(engine.dtype),
               "weights": "GGUF blocks" if info.stored_bytes else str(info.decode_dtype),
               "decode_dtype": str(info.decode_dtype), "copy_bandwidth_gb_s": copy_gbs,
-              "read_bandwidth_gb_s": read_gbs, "read_bandwidth_samples_gb_s": reads,
+              "read_bandwidth_gb_s": read_gbs, "read_bandwidth_samples_gb_s": reads, "read_mib": args.read_mib,
               "bytes_read_per_token": bytes_per_token, "peak_rss_mib": peak_rss_mib(),
-              "ratios": ratios, "systems": rows, "quality_guard": quality}
-    md = to_markdown(result)
-    save(args.out, f"bench-{args.random}" if args.random else "bench", result, md)
+              "ratios": ratios, "systems": rows, "read_bound": bound, "llama_cpp": llama_cpp,
+              "products": info.products, "quality_guard": vars(info.decode_error) if info.decode_error is not None else None}
+    stem = f"bench-{args.random}" if args.random else f"bench-{Path(given_gguf).stem}" if given_gguf else "bench"
+    save(args.out, stem, result, to_markdown(result))
     return 0
 
 
-def save(out_dir, stem: str, data, md: str) -> None:
-    """Write a benchmark's results as out_dir/stem.json and .md, and print the markdown."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(data, indent=2))
-    (out / f"{stem}.md").write_text(md)
-    print(md)
+def llama_figures(llamas: dict, combined: dict, not_started: dict) -> dict:
+    """Which llama.cpp build each of its figures comes from: decode from the native build where
+    it runs; time to first token from the fastest build that evaluated its prompt batched (none:
+    no TTFT compared); every build's version, CPU features and prompt feeding."""
+    batched = [b for b, llama in llamas.items() if llama.ready["prompt"] == "batched"]
+    return {"decode_from": "native" if "native" in llamas else next(iter(llamas)),
+            "ttft_from": min(batched, key=lambda b: combined[b]["ttft_512_ms"]) if batched else None,
+            "builds": {b: llama.ready for b, llama in llamas.items()}, "not_started": not_started}
 
 
-def to_markdown(r: dict) -> str:
-    lines = [f"# Token Lab benchmark: {r['model']} on {r['device']} ({r['dtype']}, decode weights "
-             f"{r.get('weights', r['decode_dtype'])})", ""]
-    for k, v in r["ratios"].items():
-        lines.append(f"- **{k}**: " + (", ".join(f"{x:.2f}×" for x in v) if isinstance(v, list) else f"{v:.2f}×"))
-    lines += ["", "| system | TTFT 128 | TTFT 512 | decode tok/s | p50 ms | p95 ms |", "|---|---|---|---|---|---|"]
-    for name, s in r["systems"].items():
-        if s is None:
-            lines.append(f"| {name} | not installed | | | | |")
-            continue
-        f = lambda v, fmt="{:.1f}": "–" if v is None else fmt.format(v)  # noqa: E731
-        lines.append(f"| {name} | {f(s['ttft_128_ms'], '{:.0f} ms')} | {f(s['ttft_512_ms'], '{:.0f} ms')} | "
-                     f"{f(s['decode_tok_s'])} | {f(s['p50_ms'])} | {f(s['p95_ms'])} |")
-    ours = r["systems"]["token-lab"]
-    lines += ["", f"- instrumentation overhead (top-N, raw and final probabilities, entropy, rank, stored "
-                  f"logits, KV stats): {ours['instrumentation_ms']:.2f} ms a step timed directly = "
-                  f"{ours['instrumentation_direct_pct']:.1f}% of a decode step; end to end "
-                  f"{ours['instrumentation_overhead_pct']:.1f}% (noisy)",
-              f"- bytes read per decode token: {r['bytes_read_per_token'] / 2**20:.0f} MiB; achieved "
-              f"{ours['achieved_gb_s']:.1f} GB/s = {100 * ours['roofline_fraction']:.0f}% of the copy "
-              f"bandwidth measured in this run ({r['copy_bandwidth_gb_s']:.1f} GB/s read + written); at the read "
-              f"bandwidth measured ({r['read_bandwidth_gb_s']:.1f} GB/s, a sum over 1 GiB; the median of "
-              f"{len(r['read_bandwidth_samples_gb_s'])} measurements in this run, "
-              f"{min(r['read_bandwidth_samples_gb_s']):.1f}-{max(r['read_bandwidth_samples_gb_s']):.1f}) those bytes take "
-              f"{ours['read_bound_ms']:.1f} ms: a decode step takes {ours['times_read_bound']:.2f}× that",
-              f"- peak RSS: {r['peak_rss_mib']:.0f} MiB"]
-    if "page_tok_s" in ours:
-        lines.append(f"- the page (bench/page_client.py streaming from the real app) receives {ours['page_tok_s']:.1f} "
-                     f"tok/s = {100 * ours['page_fraction']:.0f}% of the engine's decode rate alone on the same "
-                     f"prompt ({ours['page_engine_tok_s']:.1f} tok/s; runs alternated, medians)")
-    q = r.get("quality_guard")
-    if q:
-        lines.append(f"- quality guard vs float32: top-1 equal on {100 * q['top1_agreement']:.1f}% of "
-                     f"{q['steps']} steps; largest probability difference {q['max_prob_diff']:.4f}")
-    return "\n".join(lines) + "\n"
+def llama_ratios(figures: dict, ours: dict, bare: dict, cli: dict | None, lcpp: dict, rounds: dict) -> dict:
+    decode = lcpp[figures["decode_from"]]
+    out = {"decode_vs_llama_cpp": ours["decode_tok_s"] / decode["decode_tok_s"],
+           "bare_decode_vs_llama_cpp": bare["decode_tok_s"] / decode["decode_tok_s"]}
+    if cli:
+        out["cli_decode_vs_llama_cpp"] = cli["decode_tok_s"] / decode["decode_tok_s"]
+    if figures["ttft_from"]:
+        out["ttft512_vs_llama_cpp"] = ours["ttft_512_ms"] / lcpp[figures["ttft_from"]]["ttft_512_ms"]
+    # alternated rounds: each round's ratio, so drift between rounds cancels
+    out["decode_vs_llama_cpp_by_round"] = [o["decode_tok_s"] / q["decode_tok_s"]
+                                           for o, q in zip(rounds["bare"], rounds[figures["decode_from"]])]
+    if cli:
+        out["cli_decode_vs_llama_cpp_by_round"] = [o["decode_tok_s"] / q["decode_tok_s"]
+                                                   for o, q in zip(rounds["cli"], rounds[figures["decode_from"]])]
+    return out
+
+
+def other_ratios(rows: dict, ours: dict, top: int) -> dict:
+    out = {}
+    cli = rows.get("token-lab CLI (generate --jsonl), own process")
+    for peer, key in (("transformers generate() fp32, own process", "transformers"),
+                      (f"vLLM server, top-{top} log-probabilities", "vllm")):
+        base = rows.get(peer)
+        if base:
+            out[f"decode_vs_{key}"] = ours["decode_tok_s"] / base["decode_tok_s"]
+            out[f"ttft512_vs_{key}"] = ours["ttft_512_ms"] / base["ttft_512_ms"]
+            if cli:
+                out[f"cli_decode_vs_{key}"] = cli["decode_tok_s"] / base["decode_tok_s"]
+    return out
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.run import save  # noqa: E402
+from bench.report import save  # noqa: E402
 
 START_LIMIT_S = 1800  # a hang guard: a fresh install and model import on a busy 2-core machine take minutes
 
