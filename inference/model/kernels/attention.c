@@ -1,0 +1,170 @@
+/* exp sixteen lanes at a time, and attention over a paged cache: one query's scores, softmax and
+ * weighted values, each in one fixed order (included by kernels.c, after its vector helpers). */
+
+/* ---------------------------------------------------------------- exp, 16 at a time
+ * exp(x) for x <= 0 in float32, 16 lanes at a time (GCC's vectors: AVX-512 where the CPU has it),
+ * each lane the same operations (so the same bits on any vector width): x = n ln2 + r with
+ * |r| <= ln2 / 2, e^r by Cephes' degree-6 polynomial (within 2 ulp), times 2^n. Below -87.3 (a
+ * float32 subnormal or 0: at most 1e-38 of the sum, which holds 1 for the largest) it is 0. */
+typedef float v16 __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+static inline v16 exp16(v16 x) {
+    v16 n, r, p, y;
+    for (int l = 0; l < 16; ++l) n[l] = nearbyintf(x[l] * 1.44269504088896341f);
+    for (int l = 0; l < 16; ++l) r[l] = fmaf(n[l], -0.693359375f, x[l]);
+    for (int l = 0; l < 16; ++l) r[l] = fmaf(n[l], 2.12194440e-4f, r[l]);
+    for (int l = 0; l < 16; ++l) {
+        p[l] = fmaf(1.9875691500e-4f, r[l], 1.3981999507e-3f);
+        p[l] = fmaf(p[l], r[l], 8.3334519073e-3f);
+        p[l] = fmaf(p[l], r[l], 4.1665795894e-2f);
+        p[l] = fmaf(p[l], r[l], 1.6666665459e-1f);
+        p[l] = fmaf(p[l], r[l], 5.0000001201e-1f);
+        y[l] = fmaf(p[l] * r[l], r[l], r[l]) + 1.0f;
+    }
+    v16i bits = (__builtin_convertvector(n, v16i) + 127) << 23;
+    v16 scale;
+    memcpy(&scale, &bits, sizeof scale);
+    y *= scale;
+    const v16i keep = ~(x < -87.3f);  /* all ones where x >= -87.3 */
+    v16i ybits;
+    memcpy(&ybits, &y, sizeof y);
+    ybits &= keep;
+    memcpy(&y, &ybits, sizeof y);
+    return y;
+}
+/* Key j's slot: through a block table of blocks block_size (a power of two: the pool's 16, or 1
+ * for a table of slots) apart, or j itself (NULL: read in place). No division: a shift and a mask. */
+static inline int64_t key_slot(const int64_t *blocks, int64_t block_size, int64_t j) {
+    if (!blocks) return j;
+    const int shift = __builtin_ctzll((unsigned long long)block_size);
+    return (blocks[j >> shift] << shift) + (j & (block_size - 1));
+}
+
+/* ---------------------------------------------------------------- attention, one query
+ * Attention of one query per head over its keys, float32: a decode row.
+ *
+ * Key j of kv head g lies at k + row(j) * k_pos + g * k_head (likewise v), where row(j) = j for
+ * keys read in place, or, through a block table, blocks[j / block_size] * block_size + j %
+ * block_size (the paged pool's slots). Keys `first` .. L-1 are visible (a sliding window starts
+ * past 0). Query head h reads kv head h / (heads / kv_heads) (grouped-query attention); with cap > 0
+ * each score is soft-capped, cap tanh(score / cap) (Gemma 2). Scores,
+ * softmax and the weighted sum in float32 like SDPA's CPU kernel, in one order whatever the
+ * layout, so a row's output is the same bits read in place or through blocks. SDPA's dispatch
+ * costs ~100 us a call for one query; this is one pass over the keys and values. */
+/* o = sum_j p[j] v_j over keys first .. L-1, each output o[i] summed over j in order (a product
+ * then an addition, one rounding each). Up to 64 outputs at a time, eight registers of eight held
+ * across the keys: independent additions, where one register's would wait on each other. */
+static void weighted_values(const float *p, const float *v, float *o, const int64_t *blocks, int64_t block_size,
+                            int64_t first, int64_t L, int64_t v_pos, int64_t d) {
+    int64_t i = 0;
+    for (; i + 64 <= d; i += 64) {
+        v8 acc[8] = {{0}};
+        for (int64_t j = first; j < L; ++j) {
+            const float *vj = v + key_slot(blocks, block_size, j) * v_pos + i;
+            for (int c = 0; c < 8; ++c) acc[c] += p[j] * load8(vj + 8 * c);
+        }
+        memcpy(o + i, acc, sizeof acc);
+    }
+    for (; i + 8 <= d; i += 8) {
+        v8 acc = {0};
+        for (int64_t j = first; j < L; ++j) acc += p[j] * load8(v + key_slot(blocks, block_size, j) * v_pos + i);
+        memcpy(o + i, &acc, sizeof acc);
+    }
+    for (; i < d; ++i) {
+        float acc = 0.0f;
+        for (int64_t j = first; j < L; ++j) acc += p[j] * v[key_slot(blocks, block_size, j) * v_pos + i];
+        o[i] = acc;
+    }
+}
+
+/* The scores q . k_r of eight keys (rows kr[0..7], d floats each): each key's eight lanes of
+ * fused multiply-adds over the chunks of 8, then its lanes added as ((0+1)+(2+3))+((4+5)+(6+7)),
+ * the eight keys' sums at once (a transpose of the eight registers), then the tail in order. */
+static inline void scores8(const float *q, const float *const *kr, int64_t d, float *out) {
+    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};  /* in registers */
+    const float *k0 = kr[0], *k1 = kr[1], *k2 = kr[2], *k3 = kr[3], *k4 = kr[4], *k5 = kr[5], *k6 = kr[6], *k7 = kr[7];
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) {
+        const v8 qv = load8(q + i);
+        a0 = fma8(load8(k0 + i), qv, a0); a1 = fma8(load8(k1 + i), qv, a1);
+        a2 = fma8(load8(k2 + i), qv, a2); a3 = fma8(load8(k3 + i), qv, a3);
+        a4 = fma8(load8(k4 + i), qv, a4); a5 = fma8(load8(k5 + i), qv, a5);
+        a6 = fma8(load8(k6 + i), qv, a6); a7 = fma8(load8(k7 + i), qv, a7);
+    }
+    const v8 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+    v8 pair[4], quad[2];
+    for (int r = 0; r < 4; ++r)  /* lanes: (2r's 0+1, 2r+1's 0+1, 2r's 2+3, 2r+1's 2+3, ...) */
+        pair[r] = __builtin_shufflevector(acc[2 * r], acc[2 * r + 1], 0, 8, 2, 10, 4, 12, 6, 14)
+                + __builtin_shufflevector(acc[2 * r], acc[2 * r + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+    for (int r = 0; r < 2; ++r)  /* lanes: each of four keys' (0+1)+(2+3), then their (4+5)+(6+7) */
+        quad[r] = __builtin_shufflevector(pair[2 * r], pair[2 * r + 1], 0, 1, 8, 9, 4, 5, 12, 13)
+                + __builtin_shufflevector(pair[2 * r], pair[2 * r + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+    const v8 sum = __builtin_shufflevector(quad[0], quad[1], 0, 1, 2, 3, 8, 9, 10, 11)
+                 + __builtin_shufflevector(quad[0], quad[1], 4, 5, 6, 7, 12, 13, 14, 15);
+    for (int r = 0; r < 8; ++r) {
+        float t = sum[r];
+        for (int64_t j = i; j < d; ++j) t = fmaf(kr[r][j], q[j], t);
+        out[r] = t;
+    }
+}
+
+static void attend_head(const float *qh, const float *k, const float *v, float *o, float *p,
+                        const int64_t *blocks, int64_t block_size, int64_t first, int64_t L,
+                        int64_t k_pos, int64_t v_pos, int64_t d, float scale, float cap) {
+    float m = -INFINITY;
+    for (int64_t j = first; j < L; j += 8) {  /* eight keys at a time; past L, key L - 1 again */
+        const float *kr[8];
+        float sc[8];
+        for (int r = 0; r < 8; ++r) kr[r] = k + key_slot(blocks, block_size, j + r < L ? j + r : L - 1) * k_pos;
+        scores8(qh, kr, d, sc);
+        for (int r = 0; r < 8 && j + r < L; ++r) {
+            p[j + r] = sc[r] * scale;
+            if (cap > 0.0f) p[j + r] = tanhf(p[j + r] / cap) * cap;  /* Gemma 2's soft cap, as transformers' */
+            if (p[j + r] > m) m = p[j + r];
+        }
+    }
+    for (int64_t j = first; j < L; j += 16) {  /* exp(p - m), 16 at a time; then summed in order */
+        v16 x;
+        for (int l = 0; l < 16; ++l) x[l] = j + l < L ? p[j + l] - m : -INFINITY;
+        const v16 e = exp16(x);
+        for (int l = 0; l < 16 && j + l < L; ++l) p[j + l] = e[l];
+    }
+    float z = 0.0f;
+    for (int64_t j = first; j < L; ++j) z += p[j];
+    for (int64_t j = first; j < L; ++j) p[j] = p[j] / z;
+    weighted_values(p, v, o, blocks, block_size, first, L, v_pos, d);
+}
+
+/* rows queries q (rows, heads, d) -> out (rows, heads, d). Row r sees keys first[r] .. L[r]-1
+ * through its block table blocks + r * n_blocks, or (blocks NULL, one row) keys 0 .. L-1 in place. */
+typedef struct {
+    const float *q, *k, *v;
+    float *out;
+    const int64_t *blocks, *first, *L;
+    int64_t n_blocks, block_size, max_L, k_pos, k_head, v_pos, v_head, heads, rep, d, rows;
+    float scale, cap;
+} attend_t;
+
+static void attend_range(void *ctx, int64_t begin, int64_t end) {
+    const attend_t *a = ctx;
+    float *p = malloc(sizeof(float) * (a->max_L > 0 ? a->max_L : 1));
+    if (!p) abort();
+    for (int64_t rh = begin; rh < end; ++rh) {
+        const int64_t r = rh / a->heads, g = rh % a->heads / a->rep;
+        attend_head(a->q + rh * a->d, a->k + g * a->k_head, a->v + g * a->v_head, a->out + rh * a->d, p,
+                    a->blocks ? a->blocks + r * a->n_blocks : NULL, a->block_size, a->first[r], a->L[r],
+                    a->k_pos, a->v_pos, a->d, a->scale, a->cap);
+    }
+    free(p);
+}
+
+void token_lab_attend(const float *q, const float *k, const float *v, float *out, int64_t rows,
+                      const int64_t *blocks, int64_t n_blocks, int64_t block_size,
+                      const int64_t *first, const int64_t *L, int64_t max_L,
+                      int64_t k_pos, int64_t k_head, int64_t v_pos, int64_t v_head,
+                      int64_t heads, int64_t kv_heads, int64_t d, float scale, float cap, int threads) {
+    attend_t a = {q, k, v, out, blocks, first, L, n_blocks, block_size, max_L,
+                  k_pos, k_head, v_pos, v_head, heads, heads / kv_heads, d, rows, scale, cap};
+    split(attend_range, &a, rows * heads, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float), threads,
+          by_size(attend_costs, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float)));
+}
