@@ -16,6 +16,7 @@ import threading
 import time
 from contextlib import contextmanager
 
+from inference.cli_scoring import cmd_score, cmd_score_text, cmd_tokenize, tokens_text
 from inference.errors import InputError, NotAvailable, TokenLabError
 from inference.factory import MODEL_HELP, add_engine_args, add_model_args, open_engine
 from inference.lenses import command as quantize_compare
@@ -225,10 +226,6 @@ def _cmd_generate(args) -> int:
         return _print_run(engine.run(request, cancel), args.jsonl, cancel, request.params, name, given)
 
 
-def _tokens(n: int) -> str:
-    return f"{n} token" + ("" if n == 1 else "s")
-
-
 def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model: dict | None = None,
                prefix_ids=()) -> int:
     """Print a run's steps and its summary; 130 if Ctrl-C ended it ("interrupted"), else 0."""
@@ -246,7 +243,7 @@ def _print_run(events, jsonl: bool, cancel: threading.Event, params=None, model:
         elif isinstance(ev, DoneEvent):
             printed = "".join(shown)
             sys.stdout.write(ev.text[len(printed):] + "\n")
-            print(f"[{ev.reason}: {_tokens(ev.generated_tokens)}, TTFT {ev.ttft_ms:.0f} ms, "
+            print(f"[{ev.reason}: {tokens_text(ev.generated_tokens)}, TTFT {ev.ttft_ms:.0f} ms, "
                   f"{ev.decode_tokens_per_s:.1f} tok/s, seed {ev.seed}"
                   + (f", max new tokens capped at {ev.max_new_tokens}" if ev.capped else "")
                   + (", the constraint is not complete" if ev.constraint_complete is False else "") + "]",
@@ -303,7 +300,7 @@ def _speculative(args, engine, request, cancel: threading.Event, model: dict | N
             else:
                 accepted = ev.acceptance_rate
                 sys.stdout.write(ev.text[len("".join(printed)):] + "\n")
-                print(f"[{reason}: {_tokens(ev.generated_tokens)} in {ev.rounds} target passes, "
+                print(f"[{reason}: {tokens_text(ev.generated_tokens)} in {ev.rounds} target passes, "
                       f"{ev.accepted} of {ev.proposed} proposals accepted"
                       + (f" ({accepted:.0%})" if accepted is not None else "")
                       + f", {ev.drafter}, {ev.draft_tokens} a round, seed {ev.seed}; "
@@ -378,7 +375,7 @@ def _print_samples(samples, jsonl: bool, cancel: threading.Event, params, model:
                 print(json.dumps({"sample": k, **line}, ensure_ascii=False), flush=True)
             else:
                 print(f"--- sample {k} (seed {ev.seed}) ---\n{ev.text}", flush=True)
-                print(f"[sample {k}: {line['reason']}: {_tokens(ev.generated_tokens)}, seed {ev.seed}]", file=sys.stderr)
+                print(f"[sample {k}: {line['reason']}: {tokens_text(ev.generated_tokens)}, seed {ev.seed}]", file=sys.stderr)
         elif jsonl:  # the first seed is chosen before the samples start: sample k's is seed + k
             print(json.dumps({"sample": k, "seed": params.seed + k, **ev.to_json()}, ensure_ascii=False), flush=True)
     return 130 if interrupted else 0
@@ -403,69 +400,11 @@ def _cmd_explain(args) -> int:
     return 0
 
 
-def _cmd_tokenize(args) -> int:
-    with open_engine(args) as engine:
-        tok = engine.tokenizer
-        ids = tok.encode(args.text)
-        print(json.dumps([{"id": i, "piece": tok.piece(i)} for i in ids], ensure_ascii=False))
-    return 0
-
-
-def _cmd_score(args) -> int:
-    import math
-
-    with open_engine(args) as engine:
-        scores = engine.score(engine.prompt_ids(args.prompt, args.chat), args.continuation)
-    total = sum(lp for _, _, lp in scores)
-    for i, piece, lp in scores:
-        if args.jsonl:
-            print(json.dumps({"token_id": i, "piece": piece, "logprob": lp, "prob": math.exp(lp)},
-                             ensure_ascii=False))
-        else:
-            print(f"{i:>8}  {piece!r:<24} logp {lp:9.4f}  p {math.exp(lp):.4f}")
-    if args.jsonl:
-        print(json.dumps({"done": True, "tokens": len(scores), "sum_logprob": total,
-                          "perplexity": math.exp(-total / len(scores))}))
-    else:
-        print(f"sum logp {total:.4f} over {_tokens(len(scores))} (perplexity {math.exp(-total / len(scores)):.3f})")
-    return 0
-
-
-def _cmd_score_text(args) -> int:
-    from inference.events import perplexity
-
-    if args.top < 0:
-        raise InputError(f"--top must be >= 0, got {args.top}")
-    with open_engine(args) as engine:
-        ids, before = engine.text_ids(args.text)
-        scores = engine.score_ids(ids, args.top)[before:]
-    ppl = perplexity(scores)
-    for sc in scores:
-        if args.jsonl:
-            print(json.dumps(sc.to_json(), ensure_ascii=False))
-        else:
-            # Below 1e-4 three significant digits, never 0.0000 (as the page shows them).
-            p = "–" if sc.prob is None else f"{sc.prob:.4f}" if sc.prob >= 1e-4 else f"{sc.prob:.3g}"
-            bits = "–" if sc.surprisal_bits is None else f"{sc.surprisal_bits:.3f}"
-            top = "  ".join(f"{c.piece!r} {c.raw_prob:.4f}" for c in sc.top)
-            print(f"{sc.id:>8}  {sc.piece!r:<24} p {p:>8}  rank {sc.rank if sc.rank is not None else '–':>6}  "
-                  f"surprisal {bits} bits" + (f"  · preferred: {top}" if top else ""))
-    scored = sum(sc.logprob is not None for sc in scores)
-    if args.jsonl:
-        print(json.dumps({"done": True, "tokens": len(scores), "scored": scored, "bos": bool(before),
-                          "perplexity": ppl}))
-    else:
-        print(f"{_tokens(len(scores))}, {scored} with a probability"
-              + (" (after the BOS token the model adds)" if before else " (the first has nothing before it)")
-              + (f"; perplexity {ppl:.3f}" if ppl is not None else ""))
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return {"generate": _cmd_generate, "explain": _cmd_explain, "tokenize": _cmd_tokenize, "score": _cmd_score,
-                "score-text": _cmd_score_text, "quantize-compare": quantize_compare.run}[args.command](args)
+        return {"generate": _cmd_generate, "explain": _cmd_explain, "tokenize": cmd_tokenize, "score": cmd_score,
+                "score-text": cmd_score_text, "quantize-compare": quantize_compare.run}[args.command](args)
     except (InputError, NotAvailable) as e:  # (a setting the engine cannot run is a bad argument too)
         print(f"error: {e}", file=sys.stderr)
         return 2

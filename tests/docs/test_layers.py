@@ -27,6 +27,7 @@ RANKS = {
     "inference.serving": 7, "inference.remote": 7,
     "inference.factory": 8, "inference.lesson": 8,  # the lesson: numbers of a run on an engine it is given
     "inference.lenses": 8,  # the quantization lens: engines of its own, one per precision
+    "inference.cli_scoring": 8.5,  # the CLI's text commands: read by cli.py alone
     "inference.cli": 9,
     "inference.__main__": 10,
     "server": 11,
