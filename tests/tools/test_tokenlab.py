@@ -324,7 +324,7 @@ def test_clean_knows_every_name_the_code_makes_in_its_cache():
 def test_help_lists_the_commands_and_the_pages_options_without_installing():
     result = run_tokenlab(ROOT, "--help")
     assert result.returncode == 0, result.stderr
-    for text in ("./tokenlab test", "./tokenlab clean", "generate|tokenize|score|score-text|explain", "--port",
+    for text in ("./tokenlab test", "./tokenlab clean", "generate|tokenize|score|score-text|explain|quantize-compare", "--port",
                  "--share", "--model"):
         assert text in result.stdout, text
     assert "install" not in result.stderr
