@@ -571,8 +571,11 @@ def test_tokens_show_their_alternatives_and_the_run_can_be_copied_and_downloaded
         page.click("#download-run")
     lines = [json.loads(x) for x in Path(d.value.path()).read_text().splitlines()]
     assert len(lines) == 10 and lines[-1]["done"] and lines[-1]["seed"] == 8
-    # StepEvent.to_json's fields (those of step 0 included), then DoneEvent.to_json's.
-    assert set(StepEvent.__dataclass_fields__) - {"pool", "wait_ms", "sampler_state"} <= set(lines[0]) and lines[0]["prompt_tokens"] > 0
+    # StepEvent.to_json's fields (those of step 0 included; a constraint's cost only in a constrained
+    # run), then DoneEvent.to_json's.
+    unconstrained = {"constraint_kl", "free_prob", "constraint_removed"}
+    assert set(StepEvent.__dataclass_fields__) - {"pool", "wait_ms", "sampler_state"} - unconstrained <= set(lines[0])
+    assert not unconstrained & set(lines[0]) and lines[0]["prompt_tokens"] > 0
     assert "prefill_ms" not in lines[1] and set(lines[-1]) == set(DoneEvent.__dataclass_fields__) | {"settings", "sampler_order", "model"}
     # The tiny model can emit a NUL byte, which no HTML page holds (its parser shows U+FFFD).
     text = "".join(x["text"] for x in lines[:-1]) + lines[-1]["tail"]
