@@ -21,28 +21,33 @@ def model_card(info) -> str:
 
 
 def _local_card(info) -> str:
+    """The shapes, then the size and where it runs; folded below them, so that the card leaves the
+    prompt and Generate in a phone's first screen: the cost per token, the family's turns, the
+    GGUF file's types and how its products are computed."""
     cfg = info.cfg
     params = cfg.param_counts()
     cost = decode_cost(cfg, 1, info.dtype.itemsize)
+    more = [line for line in (
+        f"≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context (2 × matmul parameters + attention) · "
+        f"every probability on this page is computed at {dtype_name(info.decode_dtype)}",
+        family_text(cfg), file_text(info), blocks_text(info)) if line]
     return (f"**{html.escape(info.name)}** · {count(cfg.n_layers, 'layer')} · hidden {cfg.hidden_size} · "
             f"{count(cfg.n_heads, 'head')} / {count(cfg.n_kv_heads, 'KV head')} · head dim {cfg.head_dim} · "
             f"FFN {cfg.intermediate_size} · vocab {cfg.vocab_size:,} · context {cfg.max_seq_len:,} · "
             f"{rope_text(cfg)}{sliding_text(cfg)} · {'tied' if cfg.tie_word_embeddings else 'untied'} LM head  \n"
             f"**{params['total'] / 1e6:.1f} M parameters** · {dtype_name(info.dtype)}"
             f"{'' if info.decode_dtype == info.dtype else ' (decode matmuls in ' + dtype_name(info.decode_dtype) + ')'}"
-            f"{blocks_text(info)} on "
-            f"{info.where} · ≈ {si(cost.flops, 'FLOPs')} per token at a 1-token context "
-            f"(2 × matmul parameters + attention) · every probability on this page is computed at "
-            f"{dtype_name(info.decode_dtype)}"
-            + f"  \n{family_text(cfg)}{file_text(info)}"
-            + (f"  \n⚠ {approx_note(info)}" if info.decode_error else ""))
+            f"{' in quantized blocks' if getattr(info, 'stored_bytes', None) else ''} on {info.where}"
+            + (f"  \n⚠ {approx_note(info)}" if info.decode_error else "")
+            + f"\n\n<details class='tl-card-more'><summary>Its cost, family, file and products</summary>"
+              f"{'<br>'.join(more)}</details>")
 
 
 def family_text(cfg) -> str:
     """The family and every turn of its path a token takes (family_spec.FEATURES' words)."""
     spec = SPECS[cfg.family]
     turns = "; ".join(FEATURES[f] for f in sorted(cfg.features()))
-    return (f"**family {spec.name}** ({spec.example}) · " + (f"its turns: {turns}" if turns
+    return (f"<b>family {spec.name}</b> ({spec.example}) · " + (f"its turns: {turns}" if turns
             else "the plain LLaMA path: pre-norms, SwiGLU, RoPE on every layer"))
 
 
@@ -52,11 +57,12 @@ def file_text(info) -> str:
     if not types:
         return ""
     parts = ", ".join(f"{t} {binary_size(n)}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))
-    return f"  \n**GGUF file** {binary_size(sum(types.values()))}: {parts}"
+    return f"<b>GGUF file</b> {binary_size(sum(types.values()))}: {parts}"
 
 
 def blocks_text(info) -> str:
-    """" (matrices in the GGUF file's quantized blocks, N MiB)" for a model computing on them."""
+    """"Products: matrices read in the GGUF file's quantized blocks, N MiB; how" for a model
+    computing on them."""
     stored = getattr(info, "stored_bytes", None)
     if not stored:
         return ""
@@ -65,7 +71,7 @@ def blocks_text(info) -> str:
     how = ("products in integers: each block of 32 activations in four int8 slices, exact integer sums, "
            "the scales applied in float32, within a stated bound of the float32 product"
            if products.get("path") == "integer" else "activations and sums float32")
-    return f" (matrices read in the GGUF file's quantized blocks, {binary_size(size)}; {how})"
+    return f"<b>Products</b>: matrices read in the GGUF file's quantized blocks, {binary_size(size)}; {how}"
 
 
 def _theta(t: float) -> str:

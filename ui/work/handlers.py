@@ -13,8 +13,8 @@ from ui.shared.conversation import conversation_html
 from ui.shared.tree import tree_html
 from ui.work.saved import VERSION, controls_json, read_run, summary, work_json
 
-LINK_WINS = ("Opened from a link: the link's settings are shown and kept in this browser in place of "
-             "yours (the address drops them, so a reload keeps what you do next).")
+# (The address then drops the link's query, so a reload keeps what the visitor does next.)
+LINK_WINS = "Opened from a link: its settings replace yours, and this browser keeps them."
 NOTHING = "Your settings, conversation, branches and last run are kept in this browser as you work."
 
 
