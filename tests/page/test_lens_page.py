@@ -157,7 +157,9 @@ def test_the_lens_is_an_engine_job_one_at_a_time_and_refuses_what_it_cannot_read
     loaded = load_hf_dir(tiny_dirs["mha"], "cpu", "float32")
     with Engine(loaded.model, loaded.tokenizer, "in memory") as engine:
         out = last(Handlers(engine), "", PROMPT, ["q8_0"], STEPS, False)
+        note = Handlers(engine).lens.model_note("")
     assert out["lens_md"].startswith("The quantization lens reads the model's own weights again in float32")
+    assert "reads the model's own weights again" in note and Handlers(shared.page.engine).lens.model_note("") == ""
 
 
 def test_a_gguf_source_says_its_float32_is_its_blocks_and_its_own_blocks_never_fork(tiny_dirs, tmp_path):
@@ -166,7 +168,11 @@ def test_a_gguf_source_says_its_float32_is_its_blocks_and_its_own_blocks_never_f
     from inference.serving.engine import Engine
     write_gguf(tiny_dirs["gqa_tied"], tmp_path / "m.gguf", "Q4_1")
     with Engine.from_hf_dir(resolve_model(str(tmp_path / "m.gguf")), device="cpu") as engine:
-        out = last(Handlers(engine, limits=Limits.shared()), "", PROMPT, ["file"], 4, False)
+        h = Handlers(engine, limits=Limits.shared())
+        above = re.sub(r"<[^>]+>", "", h.lens.model_note(""))  # the section's line for the model picked
+        out = last(h, "", PROMPT, ["file"], 4, False)
+    assert above == "⚠ The model picked: the source is a 4-bit GGUF file (Q4_1): its float32 is its blocks " \
+                    "dequantized, so each precision here quantizes a quantized model again.", above
     md = re.sub(r"<[^>]+>", "", out["lens_md"])
     assert md.startswith("⚠ The source is a 4-bit GGUF file (Q4_1): its float32 is its blocks dequantized, so each "
                          "precision here quantizes a quantized model again."), md

@@ -21,8 +21,6 @@ from ui.lens import render
 
 BUSY = ("Another quantization lens is running on this server (each holds the model twice in memory, so they "
         "run one at a time): try again when it has ended.")
-LOCAL_ONLY = ("The quantization lens reads the model's own weights again in float32: this model's are not here "
-              "(a model behind a server, or one made in memory).")
 
 
 def parse_tokens(value, cap: int | None) -> int:
@@ -58,9 +56,20 @@ class LensHandlers(Section):
         self._one_at_a_time = threading.Lock()
         self.available = available_memory_bytes  # the memory a lens may take (a test's stand-in)
 
+    def model_note(self, model) -> str:
+        """The line under the section's intro for the model picked (at the build, and after a pick:
+        Page.after_pick): that its float32 is a quantized file's blocks, or that the lens cannot
+        read its weights. Outside the queue: never raises."""
+        try:
+            info = self.view(model).info
+            note = None if info.model_dir is None else source_note(info.model_dir)
+        except (TokenLabError, OSError, ValueError):
+            return ""
+        return render.model_note_md(note, info.model_dir is not None and info.capabilities.internals)
+
     def lens(self, model, prompt, precisions, max_new_tokens, chat, request: gr.Request = None) -> Iterator[dict]:
         """Measure each precision against float32: progress as each is done, then the table, the
-        charts per step and the texts where they fork. Stop (a reload, a closed tab) ends it after
+        charts per step and the texts where they fork. A stop (a reload, a closed tab) ends it after
         the precision being measured; what was measured is shown."""
         try:
             picked = picked_precisions(precisions)
@@ -71,7 +80,7 @@ class LensHandlers(Section):
             m = self.view(model)
             model_dir = m.info.model_dir
             if model_dir is None or not m.caps.internals:
-                raise InputError(LOCAL_ONLY)
+                raise InputError(render.LOCAL_ONLY)
             note = source_note(model_dir)
         except TokenLabError as e:
             yield {"lens_md": page_message(e, one_line=True), "lens_view": ""}

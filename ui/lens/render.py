@@ -13,6 +13,9 @@ from ui.format import count
 from ui.glossary import gloss
 from ui.widgets import SERIES_COLORS
 
+LOCAL_ONLY = ("The quantization lens reads the model's own weights again in float32: this model's are not here "
+              "(a model behind a server, or one made in memory).")
+
 # The charts are drawn at about a phone's width (their 13 px labels stay readable there), as the lesson's.
 W, H, L, R, T, B = 400, 230, 56, 12, 12, 42
 KL_FLOOR = 1e-12  # a KL of 0 (or a rounding's -1e-17) is drawn here, on the log axis's floor
@@ -31,6 +34,13 @@ def short_name(precision: str) -> str:
 
 def _colors(results) -> dict[str, str]:
     return {r.precision: SERIES_COLORS[i % len(SERIES_COLORS)] for i, r in enumerate(results[1:])}
+
+
+def model_note_md(note: str | None, local: bool) -> str:
+    """What the lens measures on the model picked: its note where the source is a quantized file."""
+    if not local:
+        return gloss("⚠ " + LOCAL_ONLY)
+    return gloss(f"⚠ The model picked: {note}.") if note else ""
 
 
 def progress_md(done: list, wanted: list[str]) -> str:

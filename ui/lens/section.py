@@ -31,6 +31,10 @@ def build(page, h) -> None:
     with gr.Accordion("Quantization lens: the model at several precisions, token by token", open=False,
                       elem_id="lens-panel"):
         gr.Markdown(INTRO, elem_id="lens-intro")
+        # Our own text, escaped: not sanitized, so that its terms keep their definitions.
+        add("lens_note", gr.Markdown(h.lens.model_note(""), elem_id="lens-note", sanitize_html=False))
+        # It follows the model picked (ui/run/section.wire runs these hooks once it is loaded).
+        page.after_pick.append((h.lens.model_note, ("model",), ("lens_note",)))
         add("lens_prompt", gr.Textbox(PROMPT, label="Prompt", lines=2, elem_id="lens-prompt"))
         with gr.Row():
             add("lens_precisions", gr.CheckboxGroup(
@@ -44,7 +48,6 @@ def build(page, h) -> None:
                                              elem_classes=[UNCHECKED]))  # the handler checks it, naming the cap
                 add("lens_chat", gr.Checkbox(False, label="Read the prompt as a chat message", elem_id="lens-chat"))
         add("lens_button", gr.Button("Compare the precisions", variant="primary", elem_id="lens-run"))
-        # Our own text, every value in it escaped: not sanitized, so that its terms keep their definitions.
         add("lens_md", gr.Markdown("", label="Quantization lens summary", elem_id="lens-summary",
                                    sanitize_html=False))
         add("lens_view", gr.HTML("", label="Quantization lens per step", elem_id="lens-view"))
