@@ -12,7 +12,7 @@ def test_the_lens_draws_each_precision_per_step_and_where_it_forks(live_app, bro
     url, _, _ = live_app
     page = open_at(browser, url, width, height, "")
     page.get_by_text("Quantization lens: the model at several precisions").click()
-    page.locator("#lens-prompt textarea").fill("The quick brown fox")
+    # The section's own prompt: on the tiny model both 4-bit precisions fork from float32's text.
     page.get_by_label("Q8_0", exact=True).uncheck()
     page.get_by_label("Q4_1", exact=True).check()  # with Q4_0, checked already: two precisions beside float32
     set_slider(page, "#lens-tokens", 8)
@@ -23,8 +23,9 @@ def test_the_lens_draws_each_precision_per_step_and_where_it_forks(live_app, bro
     assert [rows.nth(i).get_attribute("data-precision") for i in range(rows.count())] == ["float32", "q4_1", "q4_0"]
     assert page.locator("#lens-kl polyline").count() == 2 and page.locator("#lens-rank polyline").count() == 2
     assert page.locator("#lens-agree rect").count() > 8
-    forks = page.locator(".tl-lens-fork").count()
-    assert forks == page.locator("#lens-kl .tl-fork").count()  # each fork marked, its texts given
+    forks = page.locator(".tl-qlens-fork").count()
+    assert forks >= 1 and forks == page.locator("#lens-kl .tl-fork").count()  # each fork marked, its texts given
+    assert page.locator(".tl-qlens-fork mark").count() == 2 * forks  # float32's text and its own, from the fork
     for chart in ("#lens-kl", "#lens-rank", "#lens-agree"):
         b = page.locator(chart).bounding_box()
         assert b["width"] > 250 and b["x"] >= 0 and b["x"] + b["width"] <= width, (chart, b)
@@ -33,9 +34,8 @@ def test_the_lens_draws_each_precision_per_step_and_where_it_forks(live_app, bro
     shot(page, f"lens-summary-{width}")
     page.locator("#lens-kl").scroll_into_view_if_needed()
     shot(page, f"lens-charts-{width}")
-    if forks:
-        page.locator(".tl-lens-fork").first.scroll_into_view_if_needed()
-        shot(page, f"lens-forks-{width}")
+    page.locator(".tl-qlens-fork").first.scroll_into_view_if_needed()
+    shot(page, f"lens-forks-{width}")
     # A term of the table explained on a tap (the glossary's tooltip).
     term = page.locator("#lens-table .tl-term[data-term='fork step']").first
     term.scroll_into_view_if_needed()

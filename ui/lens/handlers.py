@@ -14,6 +14,7 @@ import gradio as gr
 from inference.device import available_memory_bytes
 from inference.errors import InputError, TokenLabError, shown
 from inference.lenses.precisions import MAX_NEW_TOKENS, compare, source_note
+from inference.lenses.quantize import TYPES
 from inference.request import tokens_message
 from ui.base import Section, failure_line
 from ui.controls import page_message
@@ -45,7 +46,8 @@ def picked_precisions(value) -> list[str]:
     names = [n for n in names if n.strip().lower() != "float32"]
     if not names:
         raise InputError("pick at least one precision to compare with float32")
-    return names
+    order = [*TYPES, "file"]  # most bits first, whatever order they were ticked in
+    return sorted(names, key=lambda n: order.index(n.strip().lower()) if n.strip().lower() in order else len(order))
 
 
 class LensHandlers(Section):

@@ -89,30 +89,32 @@ def table_html(results: list) -> str:
                     f"<td class='tl-num'>{fork}</td></tr>")
     head = ("<tr><th>precision</th><th>bytes per token</th><th>decode tok/s</th><th>perplexity</th><th>mean KL</th>"
             "<th>max KL</th><th>top-1 agreement</th><th>fork step</th></tr>")
-    return f"<div class='tl-lens-wrap'><table class='tl-lens' id='lens-table'>{head}{''.join(rows)}</table></div>"
+    return f"<div class='tl-qlens-wrap'><table class='tl-qlens' id='lens-table'>{head}{''.join(rows)}</table></div>"
 
 
 def _x(i: int, n: int) -> float:
     return L + (i + 0.5) / max(n, 1) * (W - L - R)
 
 
-def _axes(n: int, ylabel: str, yticks: list[tuple[float, str]]) -> list[str]:
-    parts = [f"<rect x='{L}' y='{T}' width='{W - L - R}' height='{H - T - B}' fill='none' stroke='#ccc'/>"]
+def _axes(n: int, ylabel: str, yticks: list[tuple[float, str]], h: int = H) -> list[str]:
+    """The frame, the steps along x and the y ticks of a chart `h` high."""
+    parts = [f"<rect x='{L}' y='{T}' width='{W - L - R}' height='{h - T - B}' fill='none' stroke='#ccc'/>"]
     every = max(1, math.ceil(n / 10))
-    parts += [f"<text x='{_x(i, n):.1f}' y='{H - B + 15}' font-size='13' text-anchor='middle'>{i}</text>"
+    parts += [f"<text x='{_x(i, n):.1f}' y='{h - B + 15}' font-size='13' text-anchor='middle'>{i}</text>"
               for i in range(0, n, every)]
     parts += [f"<text x='{L - 4}' y='{y + 4:.1f}' font-size='13' text-anchor='end'>{label}</text>"
               f"<line x1='{L}' x2='{W - R}' y1='{y:.1f}' y2='{y:.1f}' stroke='#eee'/>" for y, label in yticks]
-    parts.append(f"<text x='{(L + W) / 2}' y='{H - 6}' font-size='13' text-anchor='middle'>step</text>")
-    parts.append(f"<text x='12' y='{(H - B) / 2}' font-size='13' text-anchor='middle' "
-                 f"transform='rotate(-90 12 {(H - B) / 2})'>{escape(ylabel)}</text>")
+    parts.append(f"<text x='{(L + W) / 2}' y='{h - 6}' font-size='13' text-anchor='middle'>step</text>")
+    if ylabel:
+        parts.append(f"<text x='12' y='{(h - B) / 2}' font-size='13' text-anchor='middle' "
+                     f"transform='rotate(-90 12 {(h - B) / 2})'>{escape(ylabel)}</text>")
     return parts
 
 
-def _forks(results, colors, n: int) -> list[str]:
+def _forks(results, colors, n: int, h: int = H) -> list[str]:
     """Each precision's fork step: a dashed line in its colour."""
     return [f"<line class='tl-fork' data-precision='{escape(r.precision, quote=True)}' x1='{_x(r.fork_step, n):.1f}' "
-            f"x2='{_x(r.fork_step, n):.1f}' y1='{T}' y2='{H - B}' stroke='{colors[r.precision]}' "
+            f"x2='{_x(r.fork_step, n):.1f}' y1='{T}' y2='{h - B}' stroke='{colors[r.precision]}' "
             "stroke-dasharray='4 3' stroke-width='1.5'/>" for r in results[1:] if r.fork_step is not None]
 
 
@@ -136,18 +138,18 @@ def _log_chart(results, values, ylabel: str, floor: float, name: str) -> str:
         parts.append(f"<polyline points='{' '.join(f'{a:.1f},{b:.1f}' for a, b in pts)}' fill='none' "
                      f"stroke='{colors[r.precision]}' stroke-width='2'/>")
         parts += [f"<circle cx='{a:.1f}' cy='{b:.1f}' r='2.5' fill='{colors[r.precision]}'/>" for a, b in pts]
-    return (f"<svg class='tl-lens-svg' id='{name}' viewBox='0 0 {W} {H}' role='img' "
+    return (f"<svg class='tl-qlens-svg' id='{name}' viewBox='0 0 {W} {H}' role='img' "
             f"aria-label='{escape(ylabel)} per step, one line per precision'>" + "".join(parts) + "</svg>")
 
 
 def _agree_chart(results) -> str:
     """A row of cells per precision: filled where its top token is float32's, hollow where not;
-    its fork step framed."""
+    its fork step a dashed line. As high as its rows."""
     colors, n = _colors(results), len(results[0].steps)
-    rows = results[1:]
-    row_h = min(28, (H - T - B) / max(len(rows), 1))
+    rows, row_h = results[1:], 28
+    h = T + row_h * len(rows) + B
     cell = (W - L - R) / max(n, 1)
-    parts = _axes(n, "", [])
+    parts = _axes(n, "", [], h)
     for k, r in enumerate(rows):
         top = T + k * row_h
         parts.append(f"<text x='{L - 4}' y='{top + row_h / 2 + 4:.1f}' font-size='12' text-anchor='end'>"
@@ -156,8 +158,8 @@ def _agree_chart(results) -> str:
             fill = colors[r.precision] if s.top1_agree else "#fff"
             parts.append(f"<rect x='{L + s.step * cell + 1:.1f}' y='{top + 3:.1f}' width='{max(cell - 2, 1):.1f}' "
                          f"height='{row_h - 6:.1f}' fill='{fill}' stroke='{colors[r.precision]}'/>")
-    parts += _forks(results, colors, n)
-    return (f"<svg class='tl-lens-svg' id='lens-agree' viewBox='0 0 {W} {H}' role='img' "
+    parts += _forks(results, colors, n, h)
+    return (f"<svg class='tl-qlens-svg' id='lens-agree' viewBox='0 0 {W} {h}' role='img' "
             "aria-label='top-1 agreement per step, one row per precision'>" + "".join(parts) + "</svg>")
 
 
@@ -166,36 +168,42 @@ def charts_html(results: list) -> str:
     if len(results) < 2:
         return ""
     colors = _colors(results)
-    legend = " ".join(f"<span class='tl-lens-key' style='--c:{c}'>{escape(shown_name(p))}</span>"
+    legend = " ".join(f"<span class='tl-qlens-key' style='--c:{c}'>{escape(shown_name(p))}</span>"
                       for p, c in colors.items())
     charts = (("KL(float32 ‖ precision) per step, nats (log scale)",
                _log_chart(results, lambda r: [s.kl for s in r.steps], "KL (nats)", KL_FLOOR, "lens-kl")),
               ("Rank of float32's top token per step (1: still the top; log scale)",
                _log_chart(results, lambda r: [s.rank for s in r.steps], "rank", 1, "lens-rank")),
               ("Top-1 agreement per step (filled: the same top token)", _agree_chart(results)))
-    return (f"<div class='tl-lens-legend'>{legend} <span class='tl-lens-fork-key'>dashed line: the fork step"
-            "</span></div><div class='tl-lens-charts'>"
-            + "".join(f"<figure class='tl-lens-chart'><figcaption>{escape(title)}</figcaption>{svg}</figure>"
+    return (f"<div class='tl-qlens-legend'>{legend} <span class='tl-qlens-fork-key'>dashed line: the fork step"
+            "</span></div><div class='tl-qlens-charts'>"
+            + "".join(f"<figure class='tl-qlens-chart'><figcaption>{escape(title)}</figcaption>{svg}</figure>"
                       for title, svg in charts) + "</div>")
+
+
+def _shown(text: str) -> str:
+    """A text escaped, each character that would print as nothing but a line break or a tab (a
+    control character, a zero-width space) written as its code point: ⟨U+000B⟩."""
+    return escape("".join(ch if ch.isprintable() or ch in " \n\t" else f"⟨U+{ord(ch):04X}⟩" for ch in text))
 
 
 def forks_html(results: list, common: dict[str, str]) -> str:
     """float32's greedy text; for each precision that forks, both texts from the fork on
     (common[precision]: the text they share before it)."""
     ref = results[0]
-    out = [f"<p class='tl-lens-text'><b>float32's greedy text</b>: <q>{escape(ref.text)}</q></p>"]
+    out = [f"<p class='tl-qlens-text'><b>float32's greedy text</b>: <q>{_shown(ref.text)}</q></p>"]
     for r in results[1:]:
         name = escape(shown_name(r.precision))
         if r.fork_step is None:
-            out.append(f"<p class='tl-lens-text'><b>{name}</b> writes the same greedy text, token for token.</p>")
+            out.append(f"<p class='tl-qlens-text'><b>{name}</b> writes the same greedy text, token for token.</p>")
             continue
         same = common.get(r.precision, "")
         ref_rest = ref.text[len(same):] if ref.text.startswith(same) else ref.text
         rest = r.text[len(same):] if r.text.startswith(same) else r.text
-        out.append(f"<div class='tl-lens-fork' data-precision='{escape(r.precision, quote=True)}'>"
+        out.append(f"<div class='tl-qlens-fork' data-precision='{escape(r.precision, quote=True)}'>"
                    f"<b>{name}</b> forks at step {r.fork_step}:"
-                   f"<div>float32: <q>{escape(same)}<mark>{escape(ref_rest)}</mark></q></div>"
-                   f"<div>{name}: <q>{escape(same)}<mark>{escape(rest)}</mark></q></div></div>")
+                   f"<div>float32: <q>{_shown(same)}<mark>{_shown(ref_rest)}</mark></q></div>"
+                   f"<div>{name}: <q>{_shown(same)}<mark>{_shown(rest)}</mark></q></div></div>")
     return "".join(out)
 
 
@@ -214,8 +222,8 @@ def steps_html(results: list) -> str:
                          f"<td class='tl-num' data-precision='{p}' data-metric='top1'>{'✓' if s.top1_agree else '✗'}</td>"
                          f"<td class='tl-num' data-precision='{p}' data-metric='rank'>{s.rank}</td>")
         rows.append(f"<tr data-step='{k}'><td class='tl-num'>{k}</td>{''.join(cells)}</tr>")
-    return ("<details class='tl-lens-steps'><summary>Every step's numbers</summary><div class='tl-lens-wrap'>"
-            f"<table class='tl-lens' id='lens-steps'>{head}{''.join(rows)}</table></div></details>")
+    return ("<details class='tl-qlens-steps'><summary>Every step's numbers</summary><div class='tl-qlens-wrap'>"
+            f"<table class='tl-qlens' id='lens-steps'>{head}{''.join(rows)}</table></div></details>")
 
 
 def view_html(results: list, common: dict[str, str]) -> str:
