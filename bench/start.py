@@ -77,8 +77,8 @@ class Page:
     def stop(self) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=120)
+            try:  # (a stop beside a CI machine's other jobs took over 120 s: only a hang waits 300)
+                self.proc.wait(timeout=300)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
