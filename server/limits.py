@@ -51,12 +51,13 @@ class Limits:
     session_capacity: int | None = None  # sessions the server keeps state for, all clients
     max_samples: int | None = None  # samples drawn at once by "Many samples" (at most samples.MAX_SAMPLES)
     max_score_tokens: int | None = None  # tokens of a text scored in one pass (a prompt's log-probabilities)
+    max_tree_nodes: int | None = None  # nodes of one loom's tree (at most decoding.tree.MAX_NODES)
 
     @classmethod
     def shared(cls, **overrides) -> "Limits":
         """The defaults of a --share page; overrides of None keep the default, 0 means no limit."""
         base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, session_capacity=256,
-                   max_samples=16, max_score_tokens=2048)
+                   max_samples=16, max_score_tokens=2048, max_tree_nodes=64)
         values = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **{k: (None if v == 0 else v) for k, v in values.items()})
 
@@ -67,7 +68,8 @@ class Limits:
     @property
     def any(self) -> bool:
         return any(v is not None for v in (self.max_new_tokens, self.runs_per_client, self.sessions_per_client,
-                                           self.max_samples, self.max_score_tokens))
+                                           self.max_samples, self.max_score_tokens,
+                                           self.max_tree_nodes))
 
     def score_refusal(self, n_tokens: int) -> str | None:
         """Why a text of n_tokens is not scored here (a shared page's bound), else None."""

@@ -15,6 +15,7 @@ from ui.edit.handlers import EditHandlers
 from ui.experiments.handlers import ExperimentHandlers
 from ui.inside.handlers import InsideHandlers
 from ui.lesson.handlers import LessonHandlers
+from ui.loom.handlers import LoomHandlers
 from ui.run.handlers import RunHandlers
 from ui.run.picker import PickerHandlers
 from ui.samples.handlers import SampleHandlers
@@ -48,3 +49,4 @@ class Handlers:
         self.work = WorkHandlers(self.page)
         self.lesson = LessonHandlers(self.page)
         self.decoding = DecodingHandlers(self.page)
+        self.loom = LoomHandlers(self.page)

@@ -99,4 +99,6 @@ def limits_markdown(limits: Limits) -> str:
         parts.append(f"{limits.sessions_per_client} open tabs per visitor")
     if limits.max_samples is not None:
         parts.append(f"at most {limits.max_samples} samples at once")
+    if limits.max_tree_nodes is not None:
+        parts.append(f"at most {limits.max_tree_nodes} nodes in a loom's tree")
     return ("**Shared page:** " + "; ".join(parts) + ".") if parts else ""
