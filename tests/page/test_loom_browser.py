@@ -64,6 +64,9 @@ def test_a_tree_grows_is_kept_continues_a_leaf_and_opens_from_its_link(live_app,
     page.wait_for_selector("#loom-link-text")
     link = page.input_value("#loom-link-text")
     assert "loom=" in link and page.locator("#loom-download").count() == 1
+    href = page.get_attribute("#loom-download", "href")
+    kept = page.evaluate(f"fetch({href!r}).then((r) => r.json())")  # the download: the tree as JSON
+    assert len(kept["nodes"]) == 15 and kept["depth"] == 3 and kept["top_k"] == 2 and kept["min_prob"] is None
     other = open_page(browser, viewport={"width": width, "height": height})
     other.goto(link)
     wait_loaded(other)
