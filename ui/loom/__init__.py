@@ -1,1 +1,0 @@
-"""The loom: a tree of continuations grown from a point of a run (section, handlers, render, store)."""
