@@ -1,1 +1,0 @@
-"""The quantization lens: the model at several precisions on one prompt, token by token."""
