@@ -44,6 +44,8 @@ def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
     lim.add_argument("--max-score-tokens", type=count, default=None, metavar="N",
                      help="at most N tokens of a text scored in one pass: a prompt's log-probabilities, "
                           "\"The probability of a text\" (2048)")
+    lim.add_argument("--lens-precisions", type=count, default=None, metavar="N",
+                     help="at most N precisions besides float32 in one quantization lens (2)")
     lim.add_argument("--sessions-per-client", type=count, default=None, metavar="N",
                      help="open sessions (tabs, API clients) per visitor; one idle for 15 minutes "
                           "stops counting (8)")
@@ -59,7 +61,7 @@ def limits_for(args):
     from server.limits import Limits
     values = dict(max_new_tokens=args.max_new_tokens_cap, runs_per_client=args.runs_per_client,
                   sessions_per_client=args.sessions_per_client, max_samples=args.max_samples,
-                  max_score_tokens=args.max_score_tokens)
+                  max_score_tokens=args.max_score_tokens, lens_precisions=args.lens_precisions)
     return Limits.shared(**values) if args.share else Limits.local(**values)
 
 

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Iterator, Protocol, runtime_checkable
 from inference.sampling.settings import SETTINGS
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import torch
 
     from inference.events import DoneEvent, PrefillEvent, PromptToken, StepEvent, TokenScore, WaitEvent
@@ -79,6 +81,9 @@ class EngineInfo:
     config_dtype: str | None = None
     # Chat mode is offered: the model has a chat template (a server's: its own to refuse).
     chat: bool = True
+    # The local model's directory, which the quantization lens reads again in float32 (None: a
+    # server's model, or one made in memory).
+    model_dir: "Path | None" = None
 
     @property
     def kv_bytes_per_position(self) -> int | None:

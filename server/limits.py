@@ -38,6 +38,12 @@ def score_message(cap: int, n: int) -> str:
             f"this one is {n:,}. Shorten it.")
 
 
+def lens_message(cap: int, asked: int) -> str:
+    return (f"The server's quantization lens measures at most {cap} precision{'s' if cap != 1 else ''} besides "
+            f"float32 per visitor (each is a copy of the model held while it is measured); {asked} were picked. "
+            "Pick fewer.")
+
+
 class Refused(Exception):
     """A limit said no; the message is shown as is."""
 
@@ -51,12 +57,13 @@ class Limits:
     session_capacity: int | None = None  # sessions the server keeps state for, all clients
     max_samples: int | None = None  # samples drawn at once by "Many samples" (at most samples.MAX_SAMPLES)
     max_score_tokens: int | None = None  # tokens of a text scored in one pass (a prompt's log-probabilities)
+    lens_precisions: int | None = None  # precisions besides float32 one quantization lens measures (each held in turn)
 
     @classmethod
     def shared(cls, **overrides) -> "Limits":
         """The defaults of a --share page; overrides of None keep the default, 0 means no limit."""
         base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, session_capacity=256,
-                   max_samples=16, max_score_tokens=2048)
+                   max_samples=16, max_score_tokens=2048, lens_precisions=2)
         values = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **{k: (None if v == 0 else v) for k, v in values.items()})
 
@@ -67,12 +74,18 @@ class Limits:
     @property
     def any(self) -> bool:
         return any(v is not None for v in (self.max_new_tokens, self.runs_per_client, self.sessions_per_client,
-                                           self.max_samples, self.max_score_tokens))
+                                           self.max_samples, self.max_score_tokens, self.lens_precisions))
 
     def score_refusal(self, n_tokens: int) -> str | None:
         """Why a text of n_tokens is not scored here (a shared page's bound), else None."""
         cap = self.max_score_tokens
         return score_message(cap, n_tokens) if cap is not None and n_tokens > cap else None
+
+    def lens_refusal(self, asked: int) -> str | None:
+        """Why a quantization lens of `asked` precisions besides float32 is not run here (a shared
+        page's bound per visitor), else None."""
+        cap = self.lens_precisions
+        return lens_message(cap, asked) if cap is not None and asked > cap else None
 
 
 def client_key(request) -> str:

@@ -62,6 +62,14 @@ TERMS: dict[str, str] = {
     "perplexity": "e to the mean surprisal of a text's tokens: as if the model chose among this many equally likely "
                   "tokens each step; lower means the text was more expected.",
     "KL": "Kullback-Leibler divergence, KL(A‖B): how far B's distribution is from A's, in nats (0: the same).",
+    "fork step": "The first step where a precision's own greedy text writes another token than float32's.",
+    "top-1 agreement": "Whether a precision's most likely next token is float32's at a step (and at how many steps).",
+    "quantization lens": "The model at several precisions on one prompt: how far each one's next-token "
+                         "distribution is from float32's, step by step.",
+    "bytes per token": "The bytes of weights one decode step reads: every matrix as stored, an embedding row, "
+                       "the norms.",
+    "dequantized": "Quantized blocks turned back into float32 numbers (each weight its block's scale times its "
+                   "stored integer): what the quantized model computes with.",
     "masked mass": "The raw probability the constraint removed at a step: the share of the model's choice it forbade.",
     "chi-square": "A test of whether observed counts fit expected ones; a small p-value says they do not.",
     "p-value": "The chance of counts at least this far from the expected ones if the model's probabilities were right.",

@@ -14,6 +14,7 @@ from ui.decoding.handlers import DecodingHandlers
 from ui.edit.handlers import EditHandlers
 from ui.experiments.handlers import ExperimentHandlers
 from ui.inside.handlers import InsideHandlers
+from ui.lens.handlers import LensHandlers
 from ui.lesson.handlers import LessonHandlers
 from ui.run.handlers import RunHandlers
 from ui.run.picker import PickerHandlers
@@ -48,3 +49,4 @@ class Handlers:
         self.work = WorkHandlers(self.page)
         self.lesson = LessonHandlers(self.page)
         self.decoding = DecodingHandlers(self.page)
+        self.lens = LensHandlers(self.page)

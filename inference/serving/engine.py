@@ -93,6 +93,9 @@ class Engine(Scoring):
         self._work_cv = threading.Condition()
         self._working = 0  # forward passes on callers' threads (score, capture, ...)
         self._closed = False
+        # The directory its weights were read from (from_hf_dir): what the quantization lens
+        # reads again in float32. None for a model made in memory.
+        self.model_dir: Path | None = None
 
     # ------------------------------------------------------------ shutting down
 
@@ -161,7 +164,9 @@ class Engine(Scoring):
         """kv_pool_mib: the paged KV cache's size (default: from the memory available)."""
         from inference.loading.load import load_hf_dir
         m = load_hf_dir(model_dir, device, dtype, decode_dtype, products)
-        return cls(m.model, m.tokenizer, m.name, m.generation_defaults, kv_pool_mib, prefill_chunk)
+        engine = cls(m.model, m.tokenizer, m.name, m.generation_defaults, kv_pool_mib, prefill_chunk)
+        engine.model_dir = Path(model_dir)
+        return engine
 
     def describe(self) -> EngineInfo:
         """What the engine is; a reduced-precision decode path is measured (once, about a
@@ -176,7 +181,8 @@ class Engine(Scoring):
                           self.dtype, self.model.decode_dtype, self.scheduler.pool.n_blocks,
                           self._decode_error, chat=bool(self.tokenizer.chat_template),
                           stored_bytes=self.model.stored_bytes(), file_types=self.model.file_types,
-                          products=describe_products(self.model.products) if self.model.quantized else None)
+                          products=describe_products(self.model.products) if self.model.quantized else None,
+                          model_dir=self.model_dir)
 
     def server_load(self):
         """A server's whole load: the local engine's is its pool, in every step's event."""

@@ -11,7 +11,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
-from gguf.quants import dequantize, quantize
+from gguf.quants import dequantize
 from safetensors.torch import load_file
 
 from inference.cli import main
@@ -20,17 +20,13 @@ from inference.lenses.precisions import compare, fork_step, parse_precisions, so
 from inference.lenses.quantize import TYPES, quantized_model, quantized_state
 from inference.loading.load import load_hf_dir
 from inference.model.layers import Linear
+from quant_reference import blocks, greedy, hf_model
 
 PROMPT = "The quick brown"
 STEPS = 8
 FUSED = {"attention.wqkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
          "attention.wo": ("self_attn.o_proj",), "feed_forward.w13": ("mlp.gate_proj", "mlp.up_proj"),
          "feed_forward.w2": ("mlp.down_proj",)}
-
-
-def blocks(w: torch.Tensor, name: str) -> np.ndarray:
-    """gguf's blocks of a Hugging Face matrix (rows, bytes a row)."""
-    return quantize(w.float().numpy(), gguf.GGMLQuantizationType[name.upper()]).view(np.uint8).reshape(w.shape[0], -1)
 
 
 def hf_matrices(model_dir, cfg) -> dict[str, list[torch.Tensor]]:
@@ -67,26 +63,6 @@ def test_every_matrix_is_ggufs_blocks_of_its_hf_tensors_and_reads_back_as_gguf_d
         want = np.concatenate([dequantize(blocks(t, name), gguf.GGMLQuantizationType[name.upper()]) for t in tensors])
         assert torch.equal(module.qweight.dequantize(), torch.from_numpy(want.reshape(module.qweight.shape)))
     assert all(m.weight is None for m in model.modules() if isinstance(m, Linear))
-
-
-def hf_model(model_dir, name: str | None):
-    """transformers' float32 model on the original weights, or on gguf's dequantized blocks of
-    every matrix (embedding and head included) in type `name`."""
-    transformers = pytest.importorskip("transformers")
-    ref = transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    if name is not None:
-        qtype = gguf.GGMLQuantizationType[name.upper()]
-        with torch.no_grad():
-            for p in ref.parameters():
-                if p.dim() == 2:  # a tied head is the embedding's parameter: once
-                    p.copy_(torch.from_numpy(dequantize(blocks(p, name), qtype).reshape(p.shape)))
-    return ref
-
-
-def greedy(ref, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = ref.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("which", ["mha", "gqa_tied"])

@@ -31,7 +31,8 @@ JARGON = ("logit", "softmax", "entropy", "perplexity", "surprisal", "prefill", "
           "chat template", "context window", "KV cache", "parameters", "activations", "latency", "logit bias",
           "repetition penalty", "presence penalty", "frequency penalty", "min-p", "top-k", "top-p", "typical-p",
           "nats", "forbidden", "replay", "pre-norm", "full attention", "prompt lookup", "early exit",
-          "acceptance rate", "length penalty", "max new tokens", "stop strings", "system prompt")
+          "acceptance rate", "length penalty", "max new tokens", "stop strings", "system prompt", "fork step",
+          "top-1 agreement", "dequantized", "quantization lens", "bytes per token")
 RULES = (
     r"\b[A-Z][A-Z0-9_]*[A-Z0-9](?:-\d+)?s?\b(?!/)",  # acronyms: KV, TTFT, GQA, Q4_K, UTF-8
     r"\b[a-zA-Z]*[a-z][A-Z][A-Za-z0-9]*\b",  # mixed capitals: RoPE, RMSNorm, SwiGLU, MiB, kFLOPs
@@ -91,6 +92,10 @@ def blocks(tiny_engine):
     from ui.experiments.render import compare_summary
     from ui.run_state import divergence
     out["compare"] = compare_summary(rec, rec, divergence(rec, rec))
+    lens = {}  # the quantization lens's summary, table, charts' legend, forks and every step's numbers
+    for o in h.lens.lens("", "The quick brown fox", ["q8_0", "q4_0"], 4, False, request=REQ):
+        lens.update(o)
+    out["lens"] = lens["lens_md"] + lens["lens_view"]
     return out, h
 
 

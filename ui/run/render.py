@@ -99,4 +99,6 @@ def limits_markdown(limits: Limits) -> str:
         parts.append(f"{limits.sessions_per_client} open tabs per visitor")
     if limits.max_samples is not None:
         parts.append(f"at most {limits.max_samples} samples at once")
+    if limits.lens_precisions is not None:
+        parts.append(f"at most {limits.lens_precisions} precisions besides float32 in a quantization lens")
     return ("**Shared page:** " + "; ".join(parts) + ".") if parts else ""
