@@ -176,11 +176,47 @@ def removed_mark(stage: str | None) -> str:
 
 
 def masked_html(step: StepEvent) -> str:
-    """The line a constrained step's bars carry: the raw mass its constraint removed."""
+    """The lines a constrained step's bars carry: the raw mass its constraint removed, and what
+    it cost the distribution sampled from (cost_html)."""
     if step.masked_mass is None:
         return "<div class='tl-approx'>Constrained: the mass the constraint removed is not reported by the server.</div>"
+    tagged = (" The candidates it forbids here are tagged “forbidden”." if any(c.forbidden for c in step.top) else "")
     return (f"<div class='tl-masked'>Constraint removed <b>{fmt_p(step.masked_mass)}</b> of the raw "
-            f"probability at this step (masked mass).</div>")
+            f"probability at this step (masked mass).{tagged}</div>" + cost_html(step))
+
+
+def fmt_kl(kl: float | None) -> str:
+    """A KL divergence in nats as the page prints it: as a probability's digits (fmt_p), ∞ where
+    the constrained distribution can draw a token the free one cannot."""
+    if kl is None:
+        return "–"
+    return "∞" if math.isinf(kl) else fmt_p(max(kl, 0.0))  # (float64 rounding can leave -1e-17)
+
+
+def cost_html(step: StepEvent) -> str:
+    """What the constraint cost at this step (the engine's, computed from the logits the step
+    sampled from; "" where not known, a server's): KL(constrained ‖ free) of the final
+    distributions, the chosen token's p in the free one, and the free one's top tokens it removed."""
+    if step.constraint_kl is None:
+        return ""
+    why = (" (it can draw a token the free distribution cannot)" if math.isinf(step.constraint_kl) else "")
+    removed = removed_html(step)
+    return (f"<div class='tl-masked tl-cost'>KL(constrained ‖ free) = <b>{fmt_kl(step.constraint_kl)}</b> nats{why}: "
+            f"the free distribution is the same stages without the constraint, and gives the chosen token "
+            f"p = {prob_html(step.free_prob)}.</div>"
+            f"<div class='tl-masked tl-removed-top'>"
+            + (f"Top tokens of the free distribution it removed: {removed}" if removed else
+               "It removed none of the free distribution's top tokens.") + "</div>")
+
+
+def piece_html(piece: str) -> str:
+    """A token's label in a line of text (code: never marked as a term; no byte hint beneath it)."""
+    return f"<code class='tl-piece'>{html.escape(token_label(piece))}</code>"
+
+
+def removed_html(step: StepEvent) -> str:
+    """The free distribution's top tokens a step's constraint removed, each with its free p."""
+    return " · ".join(f"{piece_html(c.piece)}&nbsp;{prob_html(c.prob)}" for c in step.constraint_removed or [])
 
 
 PICK_TITLE = " · click to continue the run from this token"

@@ -71,6 +71,11 @@ TERMS: dict[str, str] = {
     "dequantized": "Quantized blocks turned back into float32 numbers (each weight its block's scale times its "
                    "stored integer): what the quantized model computes with.",
     "masked mass": "The raw probability the constraint removed at a step: the share of the model's choice it forbade.",
+    "free distribution": "What a constrained run would have sampled from at a step without its constraint: the "
+                         "same stages, the same step, the constraint left out.",
+    "free p": "A token's probability in the free distribution: the same stages at the same step without the constraint.",
+    "renormalisation": "Dividing what is left of a distribution by its sum, so it sums to 1 again: a constraint's "
+                       "allowed tokens share the probability it removed.",
     "chi-square": "A test of whether observed counts fit expected ones; a small p-value says they do not.",
     "p-value": "The chance of counts at least this far from the expected ones if the model's probabilities were right.",
     "degrees of freedom": "The number of groups compared in the chi-square test, minus one.",
@@ -237,6 +242,7 @@ SPELLINGS: dict[str, tuple[str, ...]] = {
     "decode": (r"decod(?:e|ing)(?![\w-])",),
     "prefill": (r"prefill(?:s|ed)?\b",),
     "quantized": (r"quantiz(?:ed|ation)\b",),
+    "renormalisation": (r"renormali[sz](?:es?|ed|ing|ation)\b",),
     "layers": (r"layers?(?![\w-])",),
     "cuda": (r"cuda(?::\d+)?\b",),
     "CPU": (r"cpu\b",),
@@ -269,7 +275,8 @@ def entries() -> dict[str, str]:
 # term itself where SPELLINGS adds none; a spelling is a regular expression).
 HINTS = {"FLOPs": "flop", "FLOP/s": "flop/s", "B/s": "b/s", "KV cache": "kv", "KV heads": "kv head", "θ": "θ",
          "RoPE θ": "rope θ", "heads": "head", "tied": "tied", "untied": "untied", "step": "step", "bytes": "byte",
-         "stage": "stage", "decode": "decod", "prefill": "prefill", "quantized": "quantiz", "layers": "layer"}
+         "stage": "stage", "decode": "decod", "prefill": "prefill", "quantized": "quantiz", "layers": "layer",
+         "renormalisation": "renormali"}
 
 
 def _hint(term: str) -> str:

@@ -45,7 +45,7 @@ from ui.work import section as work
 # lesson's entry first (in view on the first screen, wide or narrow), the model card, the saved
 # work's line, the run (the main grid: chat, edit, branches and share are built in its slots),
 # then the panels to explore with. The run section's chain (Page.chain_run) is wired before the
-# sections that start a run by it (chat, edit, branches, decoding).
+# sections that start a run by it (chat, edit, branches, text_score, decoding).
 SECTIONS = (lesson, card, work, run, chat, edit, branches, share, experiments, samples, text_score, decoding, lens, inside)
 
 # The page's styles, those of the panels to explore with (many samples, a text's probability),

@@ -26,6 +26,20 @@ class Opened:
     label: str  # "beam 1 of 3"
 
 
+@dataclass(frozen=True)
+class FromText:
+    """A point of a scored text ("the probability of a text"), to be run from: the next run of
+    its tab reads the text's ids before token `at` as its prompt (inference.request's
+    prepare_from_text), on the model that scored them; with `candidate`, that token is put in
+    token `at`'s place (given: the stages count it as generated) and the run continues after it."""
+    model: str
+    ids: tuple[int, ...]  # the text as scored (a BOS where the model adds one)
+    at: int  # the token's place in ids
+    candidate: int | None = None
+    text: str = ""  # the text of the ids before `at`, as the scored text has it (the prompt's text)
+    label: str = ""  # the token as the panel numbers it: "token 6 of the scored text"
+
+
 @dataclass
 class RunRecord:
     """Everything the page keeps about one run, per browser session."""

@@ -96,6 +96,15 @@ def blocks(tiny_engine):
     for o in h.lens.lens("", "The quick brown fox", ["q8_0", "q4_0"], 4, False, request=REQ):
         lens.update(o)
     out["lens"] = lens["lens_md"] + lens["lens_view"]
+    # A constrained run: its bars and statistics say what the constraint cost.
+    cc = Controls(prompt="The quick brown fox", max_new_tokens=4, seed="3", temperature=1.0, constraint="regex",
+                  constraint_text="[a-z ]{3,40}")
+    constrained = list(h.run.generate(*cc.values(), REQ))[-1]["record"]
+    out["constrained bars"] = h.page.bars(constrained.steps[1], rec=constrained, pick=True)
+    out["constrained stats"] = view.stats_markdown(tiny_engine.describe(), constrained)
+    # A scored text's token clicked: the choices to run from it.
+    scored = h.text_score.score_text_shown("The quick brown fox", "", REQ)
+    out["run from a text"] = h.text_score.pick_token(scored["score_state"], SimpleNamespace(index=2))
     return out, h
 
 

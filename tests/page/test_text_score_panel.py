@@ -55,7 +55,7 @@ def test_score_the_prompt_of_the_run_as_fed(tiny_engine, tiny_dirs, monkeypatch)
     # Before a run: one line where the summary goes, the Text box left as typed (not an output).
     assert h.text_score.score_prompt(None, REQ) == {"score_md": "⚠ Generate first: this scores the prompt of the run.",
                                          "score_view": h.text_score.score_text_shown("", "", REQ)["score_view"],
-                                         "score_data": None}
+                                         "score_data": None, "score_state": None, "score_branch": ""}
     c = Controls(prompt="Hello there", mode="chat", temperature=0.0, max_new_tokens=2)
     rec = list(h.run.generate(*c.values(), REQ))[-1]["record"]
     out = h.text_score.score_prompt(rec, REQ)

@@ -41,8 +41,9 @@ class RunHandlers(Section):
         every panel kept as it was; `generate` refuses it too. A session with a job going, or a
         client at its share, is refused here with a page error (begin runs in the queue,
         unlimited, so that this is no HTTP 500), and the run is not queued."""
+        # A beam to open, or a scored text's point to run from: this click's only, refused or not.
+        opened = self.runs.take_opened(session_of(request))
         session = self.admit(request)
-        opened = self.runs.take_opened(session)  # a beam to open: this run only
         try:
             # every control that cannot be used, named as the page labels it
             rec = self.runs.prepare(c, None, history, opened=opened)

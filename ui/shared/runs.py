@@ -2,8 +2,9 @@
 the page's controls through inference.request.prepare_run, the function every door calls), its
 stream (RUN_OUTPUTS' values, under the session's one engine job), what an ended run shows, and a
 run put on view again. Generate, a branch, an edit's continue, compare, the samples, the beam
-search, the saved work: each prepares its run here and streams it here, never through another
-section's events. One object for the page (ui/handlers.py makes it), over its PageContext."""
+search, a run from a scored text, the saved work: each prepares its run here and streams it
+here, never through another section's events. One object for the page (ui/handlers.py makes
+it), over its PageContext."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from typing import Iterator
 import gradio as gr
 
 from inference.errors import TokenLabError, shown
-from inference.request import prepare_run
+from inference.request import prepare_from_text, prepare_run
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS, SHAPING_SETTINGS, decode_logit_bias
 from inference.serving.engine import parse_ids
 from ui.base import PageContext, session_of
 from ui.controls import MODES, NAMES, Controls, parse_seed, sampling_params
-from ui.format import count
-from ui.run_state import Opened, RunRecord
+from ui.format import count, token_label
+from ui.run_state import FromText, Opened, RunRecord
 from ui.shared import view
 from ui.shared.charts import charts, entropy_frame, kv_frame, latency_frame, rank_axis, run_chart_frames
 from ui.shared.downloads import Downloads
@@ -37,10 +38,31 @@ def raising(e: Exception) -> Iterator:
     yield  # (a generator)
 
 
+def opened_text(opened: Opened, tok) -> str:
+    """What the page says of a beam opened as a run."""
+    n = len(opened.tokens)
+    return (f"{opened.label.capitalize()} opened as a run: its {count(n, 'token')} {'is' if n == 1 else 'are'} "
+            "given, one a step; each step's bars are the model's distribution there (the sampling settings set "
+            "aside, as in the beam search).")
+
+
+def from_text(point: FromText, tok) -> str:
+    """What the page says of a run from a point of a scored text (Markdown: pieces as code)."""
+    def piece(i: int) -> str:
+        return "`" + token_label(tok.piece(i)).replace("`", "ˋ") + "`"
+    said = (f"A run from {point.label or f'token {point.at + 1} of the scored ids'}: the {count(point.at, 'token')} "
+            "before it are the prompt, as scored")
+    if point.candidate is None:
+        return said + (f"; the run makes what comes in the place of {piece(point.ids[point.at])}."
+                       if point.at < len(point.ids) else "; the run continues after the whole text.")
+    return (said + f"; {piece(point.candidate)} is put in the place of {piece(point.ids[point.at])} (given: the "
+            "settings count it as generated) and the run continues after it.")
+
+
 class Runs:
     """The page's runs: prepared once, streamed under the session's engine job; the clicks the
     engine has not yet taken (their time, a Stop that came first), the run each click prepared,
-    and the beam a session asked to open as its next run."""
+    and the beam (or the scored text's point) a session asked to open as its next run."""
 
     def __init__(self, page: PageContext, downloads: Downloads | None = None):
         self.page, self.downloads = page, downloads or Downloads()
@@ -50,21 +72,26 @@ class Runs:
         self._stopped_waiting: set[str] = set()
         # The run each session's click prepared (the run section's begin), run as it is.
         self._prepared: dict[str, RunRecord] = {}
-        # The beam each session asked to open as a run: its next prepared click makes its tokens.
-        self._opened: dict[str, Opened] = {}
+        # The beam each session asked to open as a run (its next prepared click makes its tokens),
+        # or the point of a scored text it asked to run from.
+        self._opened: dict[str, Opened | FromText] = {}
         self._lock = threading.Lock()
         page.forgetters.append(self.forget)
 
     # -------------------------------------------------------- the one prepared request
 
     def prepare(self, c: Controls, seed: int | None, history=None, beams: bool = False,
-                opened: Opened | None = None, given_in_prompt: bool = False, **override) -> RunRecord:
+                opened: Opened | FromText | None = None, given_in_prompt: bool = False, **override) -> RunRecord:
         """A run of the page's controls, prepared by the one function every door calls
         (inference.request.prepare_run), in an empty record ready to run. seed: the run's
         (None: the one typed, else chosen there); opened: a beam whose tokens the run makes, its
-        sampling stages set aside as the beam search set them; override: settings that replace
-        the controls' (compare's B); given_in_prompt: a branch's given ids are read as part of the
-        prompt (a beam search continuing after them: beams take no given ids)."""
+        sampling stages set aside as the beam search set them, or a point of a scored text the
+        run starts from (its ids before that token the prompt, not the controls' text:
+        prepare_from_text); override: settings that replace the controls' (compare's B);
+        given_in_prompt: a branch's given ids are read as part of the prompt (a beam search
+        continuing after them: beams take no given ids)."""
+        point = opened if isinstance(opened, FromText) else None
+        opened = opened if isinstance(opened, Opened) else None
         if c.mode not in MODES:
             raise TokenLabError(f"mode must be one of {', '.join(MODES)}, got {shown(c.mode)}")
         if opened is not None:
@@ -74,36 +101,43 @@ class Runs:
             params = replace(params, seed=parse_seed(c.seed))
         if opened is not None:
             params = replace(params, stop=())  # the beam's tokens, all of them (a beam search has no stops)
-        chat, m = c.mode == "chat", self.page.view(c.model)
-        if opened is not None and opened.model != m.label:
-            raise TokenLabError(f"the beam search ran on {opened.model}, not on {m.label}: pick that model or run "
-                                "the beam search again")
+        chat, m = c.mode == "chat" and point is None, self.page.view(c.model)
+        made = opened or point
+        if made is not None and made.model != m.label:
+            raise TokenLabError(f"the beam search ran on {made.model}, not on {m.label}: pick that model or run the "
+                                "beam search again" if opened is not None else
+                                f"the text was scored on {made.model}, not on {m.label}: pick that model or score "
+                                "the text again")
         if chat and isinstance(c.prompt, str) and not c.prompt.strip():  # the API's may be empty; here a slip
             raise TokenLabError("the message is empty: type what you say to the model")
         turns = list(history or []) if chat else []
         given, ids = parse_ids(c.prefix_ids, "prefix ids"), None
         if given_in_prompt and given:  # the prompt as fed, then the given ids, as one prompt
             ids, given = [*m.engine.prompt(c.prompt, chat, c.system, turns)[1], *given], []
-        request = prepare_run(m.engine, params, prompt=c.prompt if ids is None else None, ids=ids, chat=chat,
-                              system=c.system, history=turns, given=given, top_n=self.page.top_n,
-                              token_cap=self.page.limits.max_new_tokens, forced=opened.tokens if opened else ())
+        run = dict(top_n=self.page.top_n, token_cap=self.page.limits.max_new_tokens)
+        if point is not None:
+            request = prepare_from_text(m.engine, params, list(point.ids), point.at, candidate=point.candidate, **run)
+        else:
+            request = prepare_run(m.engine, params, prompt=c.prompt if ids is None else None, ids=ids, chat=chat,
+                                  system=c.system, history=turns, given=given,
+                                  forced=opened.tokens if opened else (), **run)
         if opened is not None and request.ids != list(opened.prompt_ids):
             raise TokenLabError("the prompt changed since the beam search: run the beam search again to open its beams")
         if request.params.num_beams > 1 and not beams:
             raise TokenLabError("Beams is above 1: run the beam search with \"Run beam search\" in the decoding "
                                 "section, or set Beams to 1 to sample")
-        given = list(request.given)
-        said = (f"{opened.label.capitalize()} opened as a run: its {count(len(opened.tokens), 'token')} "
-                f"{'is' if len(opened.tokens) == 1 else 'are'} given, one a step; "
-                "each step's bars are the model's distribution there (the sampling settings set aside, as in the "
-                "beam search).") if opened else ""
-        return RunRecord(m.label, request.prompt_text, list(request.prompt_ids), seed=request.seed,
-                         given=given, given_text=m.tokenizer.continuation_text(given),
-                         params=request.params, bias=dict(decode_logit_bias(request.params.logit_bias, m.tokenizer)),
-                         mode=c.mode, user_message=c.prompt, system=c.system or "",
-                         history=turns, max_steps=request.max_new,
+        given, tok = list(request.given), m.tokenizer
+        prompt_text = request.prompt_text if point is None else point.text
+        if prompt_text is None:  # ids (a beam search's after given ids): their text, after the BOS the view adds
+            prompt_ids = list(request.prompt_ids)
+            prompt_text = tok.decode(prompt_ids[1:] if prompt_ids[:1] == [tok.bos_id] else prompt_ids)
+        return RunRecord(m.label, prompt_text, list(request.prompt_ids), seed=request.seed,
+                         given=given, given_text=tok.continuation_text(given),
+                         params=request.params, bias=dict(decode_logit_bias(request.params.logit_bias, tok)),
+                         mode="completion" if point is not None else c.mode, user_message=c.prompt,
+                         system=c.system or "", history=turns, max_steps=request.max_new,
                          controls=c, kv_bytes_per_token=m.info.kv_bytes_per_position, request=request,
-                         opened=said)
+                         opened=opened_text(opened, tok) if opened else from_text(point, tok) if point else "")
 
     # -------------------------------------------------------- a click not yet taken by the engine
 
@@ -120,12 +154,13 @@ class Runs:
         with self._lock:
             return self._prepared.pop(session, None)
 
-    def open_next(self, session: str, opened: Opened) -> None:
-        """The session's next prepared click makes a beam's tokens."""
+    def open_next(self, session: str, opened: Opened | FromText) -> None:
+        """The session's next prepared click makes a beam's tokens, or starts from a point of a
+        scored text (prepare's `opened`)."""
         with self._lock:
             self._opened[session] = opened
 
-    def take_opened(self, session: str) -> Opened | None:
+    def take_opened(self, session: str) -> Opened | FromText | None:
         with self._lock:
             return self._opened.pop(session, None)
 
@@ -178,9 +213,9 @@ class Runs:
         notice, m = rec.opened, self.page.view(rec.model)
         n = len(rec.prompt_ids) + len(rec.given)
         room = m.context - n
-        if rec.params.max_new_tokens > room and not rec.opened:
-            notice = (f"Max new tokens lowered from {rec.params.max_new_tokens} to {room}: the prompt "
-                      f"uses {n} of the {m.context}-token context window.")
+        if rec.params.max_new_tokens > room and not rec.request.forced:  # (a beam's tokens are its length)
+            notice = " ".join(filter(None, (notice, f"Max new tokens lowered from {rec.params.max_new_tokens} to "
+                                                    f"{room}: the prompt uses {n} of the {m.context}-token context window.")))
         try:
             events = m.engine.run(rec.request, cancel)
         except Exception as e:  # noqa: BLE001 - a server's engine refuses at once (it is no generator):

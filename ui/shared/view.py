@@ -17,6 +17,7 @@ from ui.format import (BUCKETS, binary_size, bucket, bucket_class, chosen_prob_h
                        ordinal, prob_html, reason_text, shown_prob, si, token_html, token_label, visible)
 from ui.glossary import gloss
 from ui.run_state import RunRecord
+from ui.shared import cost as constraint_cost
 
 
 @dataclass
@@ -271,10 +272,12 @@ def _engine_stats(info, rec: RunRecord) -> str:
             ("generated", f"{n}"), ("decode speed", f"{tps:.1f} tok/s"),
             (f"FLOPs / token (at {ctx} ctx)", f"{si(cost.flops)} ({si(cost.attention_flops)} attention)"),
             (f"bytes read / token (at {ctx} ctx)", bytes_text(info, ctx, cost.bytes)),
-            ("seed", f"{rec.seed}")]
+            ("seed", f"{rec.seed}"), *constraint_cost.cost_rows(rec)]
     lines = ["| measure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if rec.done is not None:
         lines.append(ended_markdown(rec.done, "the context window", info.max_seq_len))
+    if constraint_cost.cost_rows(rec):  # a constrained run: what its constraint cost, each step (folded)
+        lines += ["", constraint_cost.cost_note(rec), "", constraint_cost.steps_html(rec)]
     return "\n".join(lines)
 
 

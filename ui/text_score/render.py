@@ -1,6 +1,7 @@
 """What the "probability of a text" panel shows: every token coloured by its probability given the
-text before it, its rank and surprisal on hover or tap, the tokens the model preferred on a click,
-and the text's perplexity. Pure functions of the engine's TokenScores, no Gradio."""
+text before it, its rank and surprisal on hover or tap, the tokens the model preferred on a click
+(and, under the text, the choices to run from there), and the text's perplexity. Pure functions
+of the engine's TokenScores, no Gradio."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import html
 import math
 
 from inference.events import TokenScore, perplexity
-from ui.format import BUCKETS, bucket_class, fmt_p, prob_html, token_label
+from ui.format import BUCKETS, bucket_class, fmt_p, piece_html, prob_html, token_html, token_label
+from ui.glossary import gloss
 
 TOP = 10  # the alternatives a click on a token lists
 
@@ -53,7 +55,9 @@ def scored_html(scores: list[TokenScore], tokenizer=None) -> str:
         text = group[0].piece if len(group) == 1 else tokenizer.decode([s.id for s in group])
         probs = [s.prob for s in group]
         prob = None if None in probs else math.prod(probs)
-        chips.append(f"<span class='tl-t {bucket_class(prob)}' tabindex='0'>{_shown(text)}{_popover(group)}</span>")
+        # data-i: the chip's first token, in scores (a click selects it: the choices to run from there)
+        chips.append(f"<span class='tl-t {bucket_class(prob)}' tabindex='0' data-i='{positions.start}'>"
+                     f"{_shown(text)}{_popover(group)}</span>")
     legend = ("<div class='tl-legend'>colour = probability given the text before it: "
               + "".join(f"<span class='tl-key {bucket_class(t)}'>{html.escape(name)}</span>" for t, name in BUCKETS)
               + "<span class='tl-key tl-bu'>no text before it</span></div>")
@@ -92,3 +96,39 @@ def scores_json(scores: list[TokenScore], before: int) -> dict:
     ppl = perplexity(scores)
     return {"tokens": [s.to_json() for s in scores], "perplexity": ppl, "bos": bool(before),
             "scored": sum(s.logprob is not None for s in scores)}
+
+
+# Under a scored text, before a token is clicked.
+BRANCH_HINT = ("<div class='tl-from-text tl-hint'>Click a token to start a run from it: the text before it as the "
+               "prompt, or one of the model's candidates put in its place.</div>")
+
+
+def branch_html(scores: list[TokenScore], i: int, before: int) -> str:
+    """The choices a click on token i of the scored text opens: a run from there (the tokens
+    before it, as scored, its prompt), or with one of the model's candidates there put in its
+    place. Each a [data-pick] (assets/pick.js) "at:" or "at:id", `at` the token's place in the
+    ids as scored (the `before` tokens fed ahead of the text counted). The words around the
+    choices are marked with the glossary's definitions, the choices' own are not (a tap on a
+    term would also start the run)."""
+    if not 0 <= i < len(scores):
+        return BRANCH_HINT
+    s, at = scores[i], before + i
+    head = f"Token {i + 1} of the text, {piece_html(s.piece)}"
+    if at == 0 or s.logprob is None:
+        return gloss(f"<div class='tl-from-text'><div class='tl-title'>{head}: nothing is before it to run from; "
+                     "click a later token.</div></div>")
+    rank = "" if s.rank is None else f", rank {s.rank}"
+    n = len(s.top[:TOP])
+    title = gloss(f"<div class='tl-title'>{head} (p {prob_html(s.prob)}{rank})</div>")
+    here = gloss(f"<span class='tl-hint'>the {at:,} token{'s' if at != 1 else ''} before it, as scored, are the "
+                 "prompt</span>")
+    also = gloss(f"<div class='tl-hint'>or put one of the model's top {n} here in its place, and the run continues "
+                 "after it:</div>")
+    rows = "".join(
+        f"<div class='tl-pick tl-cand{' tl-alt-chosen' if c.id == s.id else ''}' role='button' tabindex='0' "
+        f"data-pick='{at}:{c.id}' title='id {c.id} · run with this token in its place'>"
+        f"<span class='tl-tok'>{token_html(c.piece)}</span><span class='tl-num'>{prob_html(c.raw_prob)}</span>"
+        f"<span class='tl-cand-note'>{'the text’s own' if c.id == s.id else ''}</span></div>" for c in s.top[:TOP])
+    return (f"<div class='tl-from-text'>{title}<div class='tl-from-row'><span class='tl-pick tl-from-here' "
+            f"role='button' tabindex='0' data-pick='{at}:'>▶ Run from here</span> {here}</div>{also}"
+            f"<div class='tl-cands'>{rows}</div></div>")

@@ -7,6 +7,7 @@ model, another tokenizer) is refused, never shown with the wrong tokens. Pure fu
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import asdict
 
@@ -27,10 +28,23 @@ def controls_json(values) -> dict:
     return dict(zip(NAMES, values))
 
 
+# What a constraint cost can be infinite (KL, the log p in the free distribution), which JSON cannot
+# say: the page's messages would carry null. Kept as text ("inf", "-inf") and read back as numbers.
+INFINITE = ("constraint_kl", "logprob", "free_logprob")
+
+
+def _kept(d: dict) -> dict:
+    return {k: (str(v) if k in INFINITE and isinstance(v, float) and math.isinf(v) else v) for k, v in d.items()}
+
+
+def _read(d: dict) -> dict:
+    return {k: (float(v) if k in INFINITE and v in ("inf", "-inf") else v) for k, v in d.items()}
+
+
 def run_json(rec: RunRecord) -> dict:
     return {"controls": controls_json(rec.controls.values()), "seed": rec.seed, "history": list(rec.history),
             "prompt_ids": list(rec.prompt_ids), "given": list(rec.given),
-            "steps": [asdict(s) for s in rec.steps], "done": asdict(rec.done)}
+            "steps": [_kept(asdict(s)) for s in rec.steps], "done": _kept(asdict(rec.done))}
 
 
 def work_json(rec: RunRecord | None, nodes: list[dict], history: list) -> tuple[dict, str]:
@@ -84,9 +98,11 @@ def summary(data: dict, note: str = "") -> str:
 
 
 def step_from_json(d: dict) -> StepEvent:
-    pool = d.get("pool")
+    d = _read(d)
+    pool, removed = d.get("pool"), d.get("constraint_removed")
     return StepEvent(**{**d, "top": [Candidate(**c) for c in d["top"]],
-                        "pool": PoolStats(**pool) if pool else None})
+                        "pool": PoolStats(**pool) if pool else None,
+                        "constraint_removed": None if removed is None else [Candidate(**c) for c in removed]})
 
 
 def read_run(data: dict, prepare, vocab: int) -> RunRecord:
@@ -95,7 +111,7 @@ def read_run(data: dict, prepare, vocab: int) -> RunRecord:
     try:
         rec = prepare(data["controls"], data["seed"], list(data["history"]))
         steps = [step_from_json(s) for s in data["steps"]]
-        done = DoneEvent(**data["done"])
+        done = DoneEvent(**_read(data["done"]))
     except (KeyError, TypeError, ValueError) as e:
         raise InputError(f"the saved run could not be read ({type(e).__name__})") from None
     if rec.prompt_ids != data["prompt_ids"] or rec.given != data["given"]:
