@@ -46,6 +46,8 @@ def parse_args(argv=None, environ=os.environ) -> argparse.Namespace:
                           "\"The probability of a text\" (2048)")
     lim.add_argument("--lens-precisions", type=count, default=None, metavar="N",
                      help="at most N precisions besides float32 in one quantization lens (2)")
+    lim.add_argument("--max-tree-nodes", type=count, default=None, metavar="N",
+                     help="at most N nodes in one tree the loom grows (64; without a limit 256)")
     lim.add_argument("--sessions-per-client", type=count, default=None, metavar="N",
                      help="open sessions (tabs, API clients) per visitor; one idle for 15 minutes "
                           "stops counting (8)")
@@ -61,7 +63,8 @@ def limits_for(args):
     from server.limits import Limits
     values = dict(max_new_tokens=args.max_new_tokens_cap, runs_per_client=args.runs_per_client,
                   sessions_per_client=args.sessions_per_client, max_samples=args.max_samples,
-                  max_score_tokens=args.max_score_tokens, lens_precisions=args.lens_precisions)
+                  max_score_tokens=args.max_score_tokens, lens_precisions=args.lens_precisions,
+                  max_tree_nodes=args.max_tree_nodes)
     return Limits.shared(**values) if args.share else Limits.local(**values)
 
 

@@ -58,12 +58,13 @@ class Limits:
     max_samples: int | None = None  # samples drawn at once by "Many samples" (at most samples.MAX_SAMPLES)
     max_score_tokens: int | None = None  # tokens of a text scored in one pass (a prompt's log-probabilities)
     lens_precisions: int | None = None  # precisions besides float32 one quantization lens measures (each held in turn)
+    max_tree_nodes: int | None = None  # nodes of one loom's tree (at most decoding.tree.MAX_NODES)
 
     @classmethod
     def shared(cls, **overrides) -> "Limits":
         """The defaults of a --share page; overrides of None keep the default, 0 means no limit."""
         base = cls(max_new_tokens=512, runs_per_client=1, sessions_per_client=8, session_capacity=256,
-                   max_samples=16, max_score_tokens=2048, lens_precisions=2)
+                   max_samples=16, max_score_tokens=2048, lens_precisions=2, max_tree_nodes=64)
         values = {k: v for k, v in overrides.items() if v is not None}
         return replace(base, **{k: (None if v == 0 else v) for k, v in values.items()})
 
@@ -74,7 +75,8 @@ class Limits:
     @property
     def any(self) -> bool:
         return any(v is not None for v in (self.max_new_tokens, self.runs_per_client, self.sessions_per_client,
-                                           self.max_samples, self.max_score_tokens, self.lens_precisions))
+                                           self.max_samples, self.max_score_tokens, self.lens_precisions,
+                                           self.max_tree_nodes))
 
     def score_refusal(self, n_tokens: int) -> str | None:
         """Why a text of n_tokens is not scored here (a shared page's bound), else None."""

@@ -121,6 +121,17 @@ def parse_seed(text) -> int | None:
 MAX_STOP_TEXT = MAX_STOP_STRINGS * (2 * MAX_STOP_LENGTH + 1)
 
 
+def parse_whole(value, what: str) -> int:
+    """A box's whole number (4, 4.0, "4"); InputError naming `what` for anything else."""
+    try:
+        n = float(value)
+        if n.is_integer():
+            return int(n)
+    except (TypeError, ValueError, OverflowError):
+        pass
+    raise InputError(f"{what} must be a whole number, got {shown(value)}")
+
+
 def parse_stop(text: str | None) -> tuple[str, ...]:
     """One stop string per line; \\n and \\t written literally stand for newline and tab."""
     if not text:
@@ -235,7 +246,7 @@ def controls_from_query(query: dict, base: Controls | None = None,
             continue
         setattr(c, name, value)
     for key in query:
-        if key not in NAMES and not key.startswith("__"):
+        if key not in NAMES and key not in LINK_EXTRAS and not key.startswith("__"):
             problems.append(f"Ignored unknown link parameter {shown(key)}")
     return c, problems
 
@@ -253,6 +264,8 @@ def query_value(v) -> str:
 # Written into every link: a link without a mode is a completion link (links from before chat
 # became a default named only chat).
 ALWAYS_IN_LINK = ("prompt", "mode", "seed")
+# A link's parameters that are not controls: a section restores them itself (ui/loom: its tree).
+LINK_EXTRAS = ("loom",)
 
 
 def share_url(base: str, c: Controls, default: Controls | None = None, seed=None) -> str:

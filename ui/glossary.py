@@ -105,6 +105,18 @@ TERMS: dict[str, str] = {
     "acceptance rate": "The share of proposed tokens the model kept.",
     "branch": "A run continued from a token you clicked, with the tokens before it given.",
     "given": "Tokens a run reads after the prompt as if it had made them (a branch's, an edit's).",
+    "loom": "A tree of continuations: from one point of a text, every likely next token as a branch, and so on, "
+            "each with the model's probability.",
+    "node": "One token of the loom's tree: its place is its path of tokens from the point the tree grows from.",
+    "leaf": "A node of the loom's tree that was not expanded (its depth reached, an end of sequence, or the "
+            "budget spent); a click continues it as a run.",
+    "node budget": "The most nodes the loom's tree may hold; past it the most probable paths are kept.",
+    "threshold p": "In the loom, a token becomes a node when the model gives it at least this probability.",
+    "path p": "The probability of a node's whole path from the point the tree grows from: the product of "
+              "its tokens' probabilities.",
+    "greedy path": "The path of each step's most likely token: what greedy decoding writes.",
+    "not expanded": "The probability of the tokens the loom left out at a node: the picture never shows more "
+                    "than was explored.",
     "replay": "The step's distribution recomputed under other settings, without sampling.",
     "A/B": "Two runs of the same prompt and seed, A with the page's settings and B with others.",
     # --- the model
@@ -226,6 +238,8 @@ SPELLINGS: dict[str, tuple[str, ...]] = {
     "id": (r"(?<![\w-])ids?(?![\w-])",),
     "p": (r"(?<![\w.-])p(?=\s*(?:=|\(|$|[,;:)]|\s(?:sampled|of|entering|penalised)))",),
     "log p": (r"log p(?!\w)",),
+    "leaf": (r"lea(?:f|ves)\b",),
+    "path p": (r"path p(?!\w)",),
     "raw": (r"raw(?= (?:p|probability|model|logits?|distribution|entropy|rank|mass))",),
     "final": (r"final(?= (?:p|probability|distribution|\(sampled))",),
     "θ": (r"θ(?!\w)",),

@@ -16,6 +16,7 @@ from ui.experiments.handlers import ExperimentHandlers
 from ui.inside.handlers import InsideHandlers
 from ui.lens.handlers import LensHandlers
 from ui.lesson.handlers import LessonHandlers
+from ui.loom.handlers import LoomHandlers
 from ui.run.handlers import RunHandlers
 from ui.run.picker import PickerHandlers
 from ui.samples.handlers import SampleHandlers
@@ -50,3 +51,4 @@ class Handlers:
         self.lesson = LessonHandlers(self.page)
         self.decoding = DecodingHandlers(self.page)
         self.lens = LensHandlers(self.page)
+        self.loom = LoomHandlers(self.page)

@@ -34,6 +34,7 @@ from ui.handlers import Handlers
 from ui.inside import section as inside
 from ui.lens import section as lens
 from ui.lesson import section as lesson
+from ui.loom import section as loom
 from ui.run import section as run
 from ui.samples import section as samples
 from ui.shared.downloads import DOWNLOAD_ROUTE
@@ -45,13 +46,13 @@ from ui.work import section as work
 # lesson's entry first (in view on the first screen, wide or narrow), the model card, the saved
 # work's line, the run (the main grid: chat, edit, branches and share are built in its slots),
 # then the panels to explore with. The run section's chain (Page.chain_run) is wired before the
-# sections that start a run by it (chat, edit, branches, text_score, decoding).
-SECTIONS = (lesson, card, work, run, chat, edit, branches, share, experiments, samples, text_score, decoding, lens, inside)
+# sections that start a run by it (chat, edit, branches, text_score, decoding, loom).
+SECTIONS = (lesson, card, work, run, chat, edit, branches, share, experiments, samples, text_score, decoding, loom, lens, inside)
 
 # The page's styles, those of the panels to explore with (many samples, a text's probability),
 # of editing and saved work, the lesson, decoding and the quantization lens.
 PAGE_CSS = "\n".join((Path(__file__).parent / "assets" / name).read_text(encoding="utf-8")
-                     for name in ("page.css", "explore.css", "work.css", "lesson.css", "decoding.css", "lens.css"))
+                     for name in ("page.css", "explore.css", "work.css", "lesson.css", "decoding.css", "lens.css", "loom.css"))
 # Wide tables (in Markdown and our HTML) say when they scroll sideways (page.css draws it).
 SCROLL_JS = (Path(__file__).parent / "assets" / "scroll.js").read_text(encoding="utf-8")
 # Each term's definition on hover, tap and focus; the controls' labels that are terms marked.

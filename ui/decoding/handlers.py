@@ -13,23 +13,13 @@ from inference.events import BeamStepEvent, StepEvent
 from inference.sampling.settings import BY_NAME, FILTER_SETTINGS
 from inference.serving.engine import parse_ids
 from ui.base import Section, session_of, takes_controls
-from ui.controls import Controls, page_message
+from ui.controls import Controls, page_message, parse_whole
 from ui.decoding import render
 from ui.run_state import Opened
 
 
 NO_BEAMS = {"beam_state": None, "open_beam": gr.update(interactive=False),
             "beam_pick": gr.update(choices=[], value=None, interactive=False)}
-
-
-def whole(value, what: str) -> int:
-    try:
-        n = float(value)
-        if n.is_integer():
-            return int(n)
-    except (TypeError, ValueError, OverflowError):
-        pass
-    raise InputError(f"{what} must be a whole number, got {value!r}")
 
 
 class DecodingHandlers(Section):
@@ -98,7 +88,7 @@ class DecodingHandlers(Section):
                 raise InputError("speculative decoding needs the model's own forward passes (a local engine)")
             rec = self.runs.prepare(c, None)
             m = self.view(rec.model)
-            k, layer = whole(draft_tokens, "proposals a round"), whole(exit_layer, "the early exit's layer")
+            k, layer = parse_whole(draft_tokens, "proposals a round"), parse_whole(exit_layer, "the early exit's layer")
             spec = f"early-exit:{layer}" if drafter == "early-exit" else str(drafter)  # make_drafter refuses others
             made = make_drafter(spec, m.engine, len(rec.request.ids) + rec.request.max_new + k + 1,
                                 models=self._draft_model)

@@ -101,4 +101,6 @@ def limits_markdown(limits: Limits) -> str:
         parts.append(f"at most {limits.max_samples} samples at once")
     if limits.lens_precisions is not None:
         parts.append(f"at most {limits.lens_precisions} precisions besides float32 in a quantization lens")
+    if limits.max_tree_nodes is not None:
+        parts.append(f"at most {limits.max_tree_nodes} nodes in a loom's tree")
     return ("**Shared page:** " + "; ".join(parts) + ".") if parts else ""
