@@ -51,14 +51,12 @@ def wait_loaded(page) -> None:
     page.wait_for_selector("body[data-tl-restored='1']")
 
 
-def set_slider(page, elem: str, value, key: str = "Enter") -> None:
-    """Type `value` into the number box of the slider `elem` ("#n-samples"), confirm it with `key`
-    as a person does, and wait until the slider holds it. Gradio can reset a box typed into while
-    it is still mounting the slider (an accordion just opened, on a busy machine): the typing is
-    repeated until the slider holds the value, for WAIT_MS at most."""
+def type_until(page, elem: str, value, key: str, holds: str) -> None:
+    """Type `value` into the number box of `elem`, confirm it with `key` as a person does, and wait
+    until the page's `holds` is true. Gradio can put a field's first value back over what was typed
+    while it is still mounting it (an accordion just opened, on a busy machine): the typing is
+    repeated until it holds, for WAIT_MS at most."""
     box = page.locator(f"{elem} input[type=number]")
-    holds = (f"parseFloat(document.querySelector({elem + ' input[type=range]'!r})?.value) === {float(value)!r} && "
-             f"parseFloat(document.querySelector({elem + ' input[type=number]'!r})?.value) === {float(value)!r}")
     for _ in range(WAIT_MS // 2_000):
         box.fill(str(value))
         box.press(key)
@@ -68,6 +66,20 @@ def set_slider(page, elem: str, value, key: str = "Enter") -> None:
         except sync_api.TimeoutError:
             continue
     raise AssertionError(f"{elem} never took {value}: it shows {box.input_value()}")
+
+
+def number_is(elem: str, value, kind: str = "number") -> str:
+    return f"parseFloat(document.querySelector({elem + f' input[type={kind}]'!r})?.value) === {float(value)!r}"
+
+
+def set_slider(page, elem: str, value, key: str = "Enter") -> None:
+    """`value` typed into the slider `elem`'s number box ("#n-samples"), until the slider holds it."""
+    type_until(page, elem, value, key, number_is(elem, value, "range") + " && " + number_is(elem, value))
+
+
+def set_number(page, elem: str, value, key: str = "Tab") -> None:
+    """`value` typed into the number box `elem` ("#loom-k"), until it holds it."""
+    type_until(page, elem, value, key, number_is(elem, value))
 
 
 def open_page(browser, **kwargs):

@@ -27,7 +27,9 @@ def test_compare_turns_generate_off_and_its_bars_fit(live_app, browser, hold, wi
     page.wait_for_function("document.querySelector('#generate').disabled && !document.querySelector('#stop').disabled "
                            "&& document.querySelector('#likely').disabled")
     held.open()
-    page.wait_for_function("(document.querySelector('#compare-summary')?.innerText || '').includes('perplexity')")
+    # The summary's last value, once gradio's "processing" line over it (the event still open) is gone.
+    page.wait_for_function("(document.querySelector('#compare-summary')?.innerText || '').includes('perplexity') && "
+                           "!document.querySelector('#compare-summary').innerText.startsWith('processing')")
     assert page.inner_text("#compare-summary").startswith("B differs from A in 1 setting: Temperature: 0.5 → 1.5.")
     page.wait_for_function("!document.querySelector('#generate').disabled && document.querySelector('#stop').disabled "
                            "&& !document.querySelector('#likely').disabled")

@@ -4,7 +4,7 @@ tree's link opened in a fresh tab. Screenshots go to test-results/shots/test_loo
 
 import pytest
 
-from browser import open_at, open_page, overflows, run_to_end, shot, wait_loaded, wait_text
+from browser import open_at, open_page, overflows, run_to_end, set_number, shot, wait_loaded, wait_text
 
 QUERY = "prompt=The%20quick%20brown&temperature=0&seed=1&max_new_tokens=5"
 NODES = "#loom-tree .loom-node:not(.loom-rest):not(.loom-root)"
@@ -25,11 +25,12 @@ def open_loom(page) -> None:
 def test_a_tree_grows_is_kept_continues_a_leaf_and_opens_from_its_link(live_app, browser, width, height):
     url, _, _ = live_app
     page = open_at(browser, url, width, height, QUERY)
-    run_to_end(page, lambda: page.click("#generate"))
+    # Opened before the run: gradio mounts an accordion's fields when it first opens and, on a busy
+    # machine, can put back their first values over what was typed while it mounts them.
     open_loom(page)
-    page.fill("#loom-p input", "0")
-    page.fill("#loom-k input", "2")
-    page.locator("#loom-k input").press("Tab")
+    run_to_end(page, lambda: page.click("#generate"))
+    set_number(page, "#loom-p", 0)
+    set_number(page, "#loom-k", 2)
     page.click("#loom-grow")
     wait_text(page, "#loom-summary", "The loom on")
     summary = page.inner_text("#loom-summary")

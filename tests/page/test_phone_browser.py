@@ -34,6 +34,9 @@ def test_on_a_phone_the_output_comes_into_view_and_hints_do_not_cover(live_app, 
     page.wait_for_selector("#score-view .tl-t")
     page.locator("#score").scroll_into_view_if_needed()
     page.evaluate("window.scrollBy(0, -(window.innerHeight - document.querySelector('#score').getBoundingClientRect().bottom - 40))")
+    # A phone has no pointer left hovering: the mouse that clicked "Score the text" is moved off the
+    # text, or the token the scroll put under it shows its popover instead of the focused one's.
+    page.mouse.move(1, 1)
     token = page.locator("#score-view .tl-t").first
     token.focus()
     pop = token.locator(".tl-pop")
