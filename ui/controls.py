@@ -132,6 +132,21 @@ def parse_whole(value, what: str) -> int:
     raise InputError(f"{what} must be a whole number, got {shown(value)}")
 
 
+def parse_count(value, what: str, most: int, cap: int | None, over_cap) -> int:
+    """A box's whole number from 1 to `most`, within a shared page's `cap` (over_cap(cap, n): its
+    one-line refusal); InputError naming `what` for anything else (True is not 1)."""
+    try:
+        n = float(value)
+        ok = n.is_integer() and 1 <= n <= most
+    except (TypeError, ValueError, OverflowError):
+        ok = False
+    if isinstance(value, bool) or not ok:
+        raise InputError(f"{what} must be a whole number from 1 to {most}, got {shown(value)}")
+    if cap is not None and n > cap:
+        raise InputError(over_cap(cap, int(n)))
+    return int(n)
+
+
 def parse_stop(text: str | None) -> tuple[str, ...]:
     """One stop string per line; \\n and \\t written literally stand for newline and tab."""
     if not text:

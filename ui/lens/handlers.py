@@ -12,30 +12,16 @@ from typing import Iterator
 import gradio as gr
 
 from inference.device import available_memory_bytes
-from inference.errors import InputError, TokenLabError, shown
+from inference.errors import InputError, TokenLabError
 from inference.lenses.precisions import MAX_NEW_TOKENS, compare, source_note
 from inference.lenses.quantize import TYPES
 from inference.request import tokens_message
 from ui.base import Section, failure_line
-from ui.controls import page_message
+from ui.controls import page_message, parse_count
 from ui.lens import render
 
 BUSY = ("Another quantization lens is running on this server (each holds the model twice in memory, so they "
         "run one at a time): try again when it has ended.")
-
-
-def parse_tokens(value, cap: int | None) -> int:
-    """Max new tokens: a whole number from 1 to the lens's most, within a shared page's cap."""
-    try:
-        n = float(value)
-        ok = n.is_integer() and 1 <= n <= MAX_NEW_TOKENS
-    except (TypeError, ValueError, OverflowError):
-        ok = False
-    if isinstance(value, bool) or not ok:
-        raise InputError(f"max new tokens must be a whole number from 1 to {MAX_NEW_TOKENS}, got {shown(value)}")
-    if cap is not None and n > cap:
-        raise InputError(tokens_message(cap, int(n)))
-    return int(n)
 
 
 def picked_precisions(value) -> list[str]:
@@ -78,7 +64,7 @@ class LensHandlers(Section):
             refusal = self.limits.lens_refusal(len(picked))
             if refusal is not None:
                 raise InputError(refusal)
-            n = parse_tokens(max_new_tokens, self.limits.max_new_tokens)
+            n = parse_count(max_new_tokens, "max new tokens", MAX_NEW_TOKENS, self.limits.max_new_tokens, tokens_message)
             m = self.view(model)
             model_dir = m.info.model_dir
             if model_dir is None or not m.caps.internals:

@@ -7,30 +7,16 @@ from typing import Iterator
 
 import gradio as gr
 
-from inference.errors import InputError, TokenLabError, shown
+from inference.errors import TokenLabError
 from inference.samples import MAX_SAMPLES
 from ui.base import Section, failure_line, page_error, takes_controls
-from ui.controls import Controls
+from ui.controls import Controls, parse_count
 from server.limits import samples_message
 from ui.samples import render
 from ui.streaming import EventPump
 
 SAMPLE_TOP = 20  # candidates each step reports: the first step's table lists these
 UPDATE_S = 0.5  # the panel's progress line, at most twice a second
-
-
-def parse_samples(value, cap: int | None) -> int:
-    """The number of samples asked for: a whole number from 1 to MAX_SAMPLES, within the page's cap."""
-    try:
-        n = float(value)
-        ok = n.is_integer() and 1 <= n <= MAX_SAMPLES
-    except (TypeError, ValueError, OverflowError):
-        ok = False
-    if isinstance(value, bool) or not ok:
-        raise InputError(f"the number of samples must be a whole number from 1 to {MAX_SAMPLES}, got {shown(value)}")
-    if cap is not None and n > cap:
-        raise InputError(samples_message(cap, int(n)))
-    return int(n)
 
 
 class SampleHandlers(Section):
@@ -40,7 +26,7 @@ class SampleHandlers(Section):
         random), as N runs in one batch; the panel shows the progress, then the distinct texts
         and the first step against the model. Stop ends them all; what ended is shown."""
         try:
-            n = parse_samples(n_samples, self.limits.max_samples)
+            n = parse_count(n_samples, "the number of samples", MAX_SAMPLES, self.limits.max_samples, samples_message)
             rec = self.runs.prepare(c, None, history)  # the checks of a run, its token cap
         except TokenLabError as e:
             raise page_error(e) from None
