@@ -114,6 +114,9 @@ def test_a_shared_page_bounds_the_precisions_per_visitor_and_says_so(shared):
     assert len(shared.page.registry) == 0  # refused before any job
     out = last(Handlers(shared.page.engine, limits=Limits(max_new_tokens=8)), "", PROMPT, ["q8_0"], 9, False)
     assert out["lens_md"] == "The server allows at most 8 new tokens; got 9."  # a server's cap on a run's
+    for bad in (0, 2.5, True, "many"):
+        out = last(shared, "", PROMPT, ["q8_0"], bad, False)
+        assert out["lens_md"].startswith("max new tokens must be a whole number from 1 to "), (bad, out["lens_md"])
     from ui.run.render import limits_markdown
     assert "at most 2 precisions besides float32 in a quantization lens" in limits_markdown(shared.page.limits)
     # A local page has no bound: four precisions are taken (their refusal here is the empty prompt's).
