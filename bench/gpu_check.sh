@@ -5,9 +5,9 @@
 # users at once. Reports tok/s, the fraction of the copy bandwidth (HBM) reached, and each step
 # against its read-bound time: the bytes a step of 1 or 8 rows reads at the HBM read bandwidth
 # measured beside each round (a sum over 4 GiB), over the step's time; the goal at 1 row is >= 65%.
-# Then the fixed-shape step's tests and the same benchmarks with it replayed as CUDA graphs
-# (TOKEN_LAB_CUDA_GRAPHS=1). The SmolLM2 and 1B parts were written without a GPU at hand (issue 58):
-# their CPU paths are tested (tests/tools/test_bench.py), this script is not.
+# First with eager steps (TOKEN_LAB_CUDA_GRAPHS=0), then the fixed-shape step's tests and the same
+# benchmarks with its steps replayed as CUDA graphs (the default on a GPU). Run on an H100 on
+# 2026-12-06 in two parts (bench/measured/h100-cuda-graphs.md); the 7B and 64-user parts were not run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -20,6 +20,7 @@ else
 fi
 RUN=(--device cuda --repeats 2 --no-page --rows 8 --read-mib 4096 --out "$OUT")
 USERS=(--device cuda --tokens 128 --no-page --read-mib 4096 --out "$OUT")
+export TOKEN_LAB_CUDA_GRAPHS=0
 "$PY" -m bench.run "${RUN[@]}" "${SMOL[@]}" --tokens 256
 "$PY" -m bench.run "${RUN[@]}" --random llama-3.2-1b --tokens 256
 "$PY" -m bench.run "${RUN[@]}" --random llama-7b --tokens 128
@@ -31,9 +32,10 @@ USERS=(--device cuda --tokens 128 --no-page --read-mib 4096 --out "$OUT")
 "$PY" -m bench.report --goal 0.65 "$OUT/bench$SMOL_STEM.json" "$OUT/bench-llama-3.2-1b.json" \
   "$OUT/users$SMOL_STEM.json" "$OUT/users-llama-3.2-1b.json"
 # CUDA graphs: the fixed-shape step's tests on the device, then the benchmarks with graphs on.
+unset TOKEN_LAB_CUDA_GRAPHS
 "$PY" -m pytest -q -p no:cacheprovider tests/serving/test_static_step.py tests/serving/test_cuda_graphs.py
-TOKEN_LAB_CUDA_GRAPHS=1 "$PY" -m bench.run "${RUN[@]}" "${SMOL[@]}" --tokens 256
-TOKEN_LAB_CUDA_GRAPHS=1 "$PY" -m bench.run "${RUN[@]}" --random llama-3.2-1b --tokens 256
-TOKEN_LAB_CUDA_GRAPHS=1 "$PY" -m bench.run "${RUN[@]}" --random llama-7b --tokens 128
-TOKEN_LAB_CUDA_GRAPHS=1 "$PY" -m bench.users "${USERS[@]}" "${SMOL[@]}" --users 1 8 64
+"$PY" -m bench.run "${RUN[@]}" "${SMOL[@]}" --tokens 256
+"$PY" -m bench.run "${RUN[@]}" --random llama-3.2-1b --tokens 256
+"$PY" -m bench.run "${RUN[@]}" --random llama-7b --tokens 128
+"$PY" -m bench.users "${USERS[@]}" "${SMOL[@]}" --users 1 8 64
 "$PY" -m bench.report --goal 0.65 "$OUT/bench$SMOL_STEM.json" "$OUT/bench-llama-3.2-1b.json" "$OUT/users$SMOL_STEM.json"
