@@ -112,6 +112,15 @@ def write_gguf(hf_dir: Path, out: Path, qtype: str = "F32", tokenizer: str = "ll
         w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
     elif rs.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_rope_factors(cfg))
+    if arch == "phi3":  # Phi3MiniModel: the dims RoPE turns; LongRoPE's factors as tensors
+        w.add_rope_dimension_count(int(rs.get("partial_rotary_factor", 1.0) * cfg["hidden_size"]) // cfg["num_attention_heads"])
+        if rs.get("rope_type") == "longrope":
+            import math
+            original = cfg["original_max_position_embeddings"]
+            w.add_rope_scaling_orig_ctx_len(original)
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(cfg["max_position_embeddings"] / original) / math.log(original)))
+            w.add_tensor("rope_factors_long.weight", np.array(rs["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(rs["short_factor"], dtype=np.float32))
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])

@@ -41,6 +41,17 @@ FAMILIES = {
         "original_max_position_embeddings": 32}, rope_theta=10_000.0)),
     "qwen2_yarn": ("Qwen2Config", "Qwen2ForCausalLM", dict(rope_scaling={
         "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, rope_theta=10_000.0)),
+    # Phi-3.5-mini's LongRoPE: its short factors up to the original 64 positions (of 256), cos and
+    # sin times sqrt(1 + ln 4 / ln 64); the long ones differ, so using them would show.
+    "phi3_longrope": ("Phi3Config", "Phi3ForCausalLM", dict(
+        sliding_window=8, original_max_position_embeddings=64, rope_scaling={
+            "rope_type": "longrope", "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.6, 3.3, 4.1],
+            "long_factor": [1.0, 1.5, 2.5, 4.0, 6.5, 10.0, 16.0, 24.0]})),
+    # Phi-4-mini's shape: RoPE on the first 12 of 16 dims of each head (0.75), and LongRoPE.
+    "phi4_mini": ("Phi3Config", "Phi3ForCausalLM", dict(
+        partial_rotary_factor=0.75, original_max_position_embeddings=64, tie_word_embeddings=True, rope_scaling={
+            "rope_type": "longrope", "short_factor": [1.0, 1.2, 1.5, 1.9, 2.4, 3.0],
+            "long_factor": [1.0, 2.0, 3.5, 6.0, 10.0, 17.0]})),
 }
 
 

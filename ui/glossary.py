@@ -155,6 +155,8 @@ TERMS: dict[str, str] = {
     "RoPE": "Rotary position embedding: turns queries and keys by angles that grow with the position, so "
             "attention depends on the distance between tokens.",
     "YaRN": "A way of stretching RoPE's frequencies so a model reads past the context it was trained on.",
+    "LongRoPE": "Phi-3.5's and Phi-4-mini's RoPE scaling: each frequency divided by a factor of its own, one set "
+                "within the context the model was trained on (computed here) and one past it (not computed).",
     "RoPE θ": "RoPE's base: the larger θ, the slower the rotations, the longer the distances it tells apart.",
     "θ": "RoPE's base: the larger θ, the slower the rotations, the longer the distances it tells apart.",
     "embedding": "The matrix that turns each token id into a vector of numbers (one row per token).",

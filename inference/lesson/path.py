@@ -50,8 +50,8 @@ def rope(model, ids: list[int]) -> dict:
     scored at positions moved together: the score depends only on their distance."""
     cfg: ModelConfig = model.cfg
     local = cfg.is_sliding(0) and cfg.local_rope_theta is not None
-    inv = rope_inv_freq(cfg, local).double()  # (head_dim / 2,)
-    half = cfg.head_dim // 2
+    inv = rope_inv_freq(cfg, local).double()  # (rotary_dim / 2,): dim i pairs with i + rotary_dim / 2
+    half = cfg.rotary_dim // 2
     pairs = sorted({0, half // 2, half - 1})
     n = len(ids)
     angles = [{"pair": i, "dims": [i, i + half], "radians_per_position": float(inv[i]),
@@ -71,7 +71,7 @@ def rope(model, ids: list[int]) -> dict:
                "score": float(rotated(q, dist) @ rotated(k, 0)) * cfg.attn_scale}
               for dist in OTHER_DISTANCES if dist != n - 1 and dist < cfg.max_seq_len]
     return {"theta": cfg.local_rope_theta if local else cfg.rope_theta, "other_distances": others,
-            "layer0_sliding": local, "full_theta": cfg.rope_theta, "head_dim": cfg.head_dim,
+            "layer0_sliding": local, "full_theta": cfg.rope_theta, "head_dim": cfg.head_dim, "rotary_dim": cfg.rotary_dim,
             "scaling": cfg.rope_scaling.rope_type, "layer": 0, "pairs": angles, "positions": list(range(n)),
             "layers_without_rope": list(cfg.nope_layers),
             "scores": scores, "scale": cfg.attn_scale}

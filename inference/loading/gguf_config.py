@@ -8,27 +8,47 @@ import numpy as np
 from inference.errors import ModelError
 from inference.loading.gguf_reader import Meta
 from inference.model.config import ModelConfig
+from inference.model.families import partial_rotary_factor
 from inference.model.family_spec import spec_for_gguf
 
-# Tensors a file may hold beside the model's own, read into the config (rope_freqs) or refused.
+# Tensors a file may hold beside the model's own, read into the config, not weights.
 ROPE_FREQS = "rope_freqs.weight"
 LONGROPE = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
+def _vector(meta: Meta, tensors: dict, name: str) -> list[float]:
+    t = tensors[name]
+    if t.qtype.name != "F32" or len(t.dims) != 1:
+        raise ModelError(f"{meta.file_name}: {name} must be a float32 vector")
+    return np.frombuffer(t.data, dtype=np.float32).tolist()
+
+
+def _longrope(meta: Meta, arch: str, tensors: dict) -> dict:
+    """Phi-3.5's and Phi-4-mini's LongRoPE as llama.cpp's converter stores it: both factor sets as
+    tensors, the original context and the attention factor (sqrt(1 + ln(factor) / ln(original)))
+    in the metadata."""
+    if not all(t in tensors for t in LONGROPE):
+        raise ModelError(f"{meta.file_name}: LongRoPE needs both {LONGROPE[0]} and {LONGROPE[1]}")
+    original = meta.require(f"{arch}.rope.scaling.original_context_length", int)
+    return {"rope_type": "longrope", "short_factor": _vector(meta, tensors, LONGROPE[1]),
+            "long_factor": _vector(meta, tensors, LONGROPE[0]), "original_max_position_embeddings": original,
+            "factor": meta.get(f"{arch}.context_length", original, int) / original,
+            "attention_factor": meta.get(f"{arch}.rope.scaling.attn_factor", None, float)}
+
+
 def _rope(meta: Meta, arch: str, tensors: dict) -> dict | None:
     """The rope_scaling a file stores: llama.cpp's rope_freqs.weight factors (Llama 3.1's llama3
-    scaling, as the converter computed them), YaRN or linear in the metadata."""
+    scaling, as the converter computed them), LongRoPE's factors, YaRN or linear in the metadata."""
     name = meta.file_name
-    if any(t in tensors for t in LONGROPE):
-        raise ModelError(f"{name}: LongRoPE scaling (rope_factors_long/short) is not supported")
     kind = meta.get(f"{arch}.rope.scaling.type", None, str)
+    if any(t in tensors for t in LONGROPE):
+        if kind not in (None, "none") or ROPE_FREQS in tensors:
+            raise ModelError(f"{name}: LongRoPE factors beside another rope scaling are ambiguous")
+        return _longrope(meta, arch, tensors)
     if ROPE_FREQS in tensors:
         if kind not in (None, "none"):
             raise ModelError(f"{name}: rope_freqs.weight beside rope scaling {kind!r} is ambiguous")
-        t = tensors[ROPE_FREQS]
-        if t.qtype.name != "F32" or len(t.dims) != 1:
-            raise ModelError(f"{name}: rope_freqs.weight must be a float32 vector")
-        return {"rope_type": "factors", "factors": np.frombuffer(t.data, dtype=np.float32).tolist()}
+        return {"rope_type": "factors", "factors": _vector(meta, tensors, ROPE_FREQS)}
     if kind in (None, "none"):
         return None
     factor = float(meta.require(f"{arch}.rope.scaling.factor", float))
@@ -63,12 +83,12 @@ def config_from_gguf(meta: Meta, tensors: dict, vocab_size: int) -> ModelConfig:
     n_heads = meta.require(f"{arch}.attention.head_count", int)
     hidden = meta.require(f"{arch}.embedding_length", int)
     n_layers = meta.require(f"{arch}.block_count", int)
-    head_dim = meta.get(f"{arch}.attention.key_length", None, int) or meta.get(
-        f"{arch}.rope.dimension_count", None, int)
+    # llama.cpp: a head is key_length dims (else hidden / heads), of which RoPE turns the first
+    # dimension_count (else all)
+    head_dim = meta.get(f"{arch}.attention.key_length", None, int)
     rope_dims = meta.get(f"{arch}.rope.dimension_count", None, int)
-    if rope_dims is not None and rope_dims != (head_dim or hidden // n_heads):
-        raise ModelError(f"{meta.file_name}: partial rotary embeddings ({rope_dims} of "
-                         f"{head_dim or hidden // n_heads} dims) are not supported")
+    if rope_dims is not None and rope_dims > (head_dim or hidden // n_heads):
+        raise ModelError(f"{meta.file_name}: RoPE on {rope_dims} dims of heads of {head_dim or hidden // n_heads}")
     eos = stop_ids(meta)
     cfg = {
         "model_type": spec.hf_types[0],
@@ -87,6 +107,8 @@ def config_from_gguf(meta: Meta, tensors: dict, vocab_size: int) -> ModelConfig:
         "bos_token_id": meta.get("tokenizer.ggml.bos_token_id", None, int),
         "eos_token_id": eos[0] if len(eos) == 1 else (eos or None),
     }
+    if rope_dims is not None and rope_dims != (head_dim or hidden // n_heads):  # Phi-4-mini: partial rotary
+        cfg["partial_rotary_factor"] = partial_rotary_factor(rope_dims, head_dim or hidden // n_heads)
     window = meta.get(f"{arch}.attention.sliding_window", None, int)
     if arch in ("gemma2", "gemma3"):  # what llama.cpp assumes of every Gemma file
         d = head_dim or hidden // n_heads

@@ -18,7 +18,7 @@ import torch
 
 from inference.errors import ModelError
 from inference.loading.checkpoint import expected_hf_shapes, layer_tensors
-from inference.loading.gguf_config import ROPE_FREQS
+from inference.loading.gguf_config import LONGROPE, ROPE_FREQS
 from inference.loading.gguf_index import TensorInfo, read_tensors
 from inference.loading.progress import say
 from inference.model.arena import release_pages
@@ -28,7 +28,7 @@ from inference.model.quant import BLOCK_TYPES, Part, QuantWeight
 
 TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
        "output.weight": "lm_head.weight"}
-EXTRAS = (ROPE_FREQS,)  # read into the config at import, not weights
+EXTRAS = (ROPE_FREQS, *LONGROPE)  # read into the config at import, not weights
 
 
 def gguf_names(cfg: ModelConfig) -> dict[str, str]:

@@ -79,9 +79,13 @@ def family_path(cfg: ModelConfig) -> list[str]:
     attn += f", RoPE θ {cfg.rope_theta:g}"
     if cfg.local_rope_theta:
         attn += f" (sliding layers θ {cfg.local_rope_theta:g})"
+    if cfg.partial_rotary_dim:
+        attn += f" on each head's first {cfg.rotary_dim} of {cfg.head_dim} dims"
     if cfg.rope_scaling.rope_type != "default":
         kind = cfg.rope_scaling.rope_type
-        attn += ", the file's per-frequency RoPE factors" if kind == "factors" else f", {kind} scaling"
+        attn += (", the file's per-frequency RoPE factors" if kind == "factors" else
+                 f", LongRoPE's short factors (the context capped at the original {cfg.max_seq_len:,})"
+                 if kind == "longrope" else f", {kind} scaling")
     if cfg.nope_layers:
         attn += f" (layers {_ranges(list(cfg.nope_layers))} apply no RoPE)"
     attn += (f"; {cfg.n_heads} query heads share {cfg.n_kv_heads} KV heads" if cfg.n_rep > 1 else "")

@@ -50,6 +50,7 @@ class ModelConfig:
     sliding_window: int | None = None  # keys a sliding layer's query sees, itself included
     layer_types: tuple[str, ...] = ()  # per layer "full" or "sliding"; () means all full
     local_rope_theta: float | None = None  # Gemma 3: sliding layers' own RoPE base (unscaled)
+    partial_rotary_dim: int | None = None  # Phi-4-mini: RoPE turns each head's first this many dims; None: all
 
     # Derived once, in __post_init__.
     head_dim: int = field(init=False)
@@ -87,6 +88,15 @@ class ModelConfig:
             raise ModelError("config: q/k norms are per head or over the whole vector, not both")
         if self.local_rope_theta is not None and self.nope_layers:
             raise ModelError("config: layers without RoPE beside sliding layers' own base are not supported")
+        if self.partial_rotary_dim == head_dim:  # every dim: not partial
+            object.__setattr__(self, "partial_rotary_dim", None)
+        r = self.rotary_dim
+        if r <= 0 or r > head_dim or r % 2:
+            raise ModelError(f"config: RoPE must turn an even number of a head's {head_dim} dims, got {r}")
+        rs = self.rope_scaling
+        if rs.rope_type == "longrope" and not len(rs.short_factor) == len(rs.long_factor) == r // 2:
+            raise ModelError(f"config: LongRoPE needs {r // 2} short and long factors (one per frequency), "
+                             f"got {len(rs.short_factor)} and {len(rs.long_factor)}")
 
     def features(self) -> frozenset[str]:
         """The features (family_spec.FEATURES) this model's path needs: what a forward path must
@@ -102,6 +112,7 @@ class ModelConfig:
             "residual_scale": self.residual_multiplier != 1.0, "sliding_window": "sliding" in self.layer_types,
             "local_rope_theta": self.local_rope_theta is not None, "nope_layers": bool(self.nope_layers),
             "rope_scaled": self.rope_scaling.rope_type != "default",
+            "partial_rotary": self.partial_rotary_dim is not None,
         }
         return frozenset(k for k, on in checks.items() if on)
 
@@ -114,6 +125,11 @@ class ModelConfig:
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer`'s queries see only the last sliding_window positions."""
         return bool(self.layer_types) and self.layer_types[layer] == "sliding"
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims of each head RoPE turns (the first ones; the rest pass through unturned)."""
+        return self.partial_rotary_dim or self.head_dim
 
     @property
     def attn_scale(self) -> float:

@@ -6,7 +6,7 @@ operators and ~120 thread-team starts around them. Its products read each weight
 says (kernels/quant.c): float32, or a GGUF file's quantized blocks. It serves CPU models with
 float32 activations for steps of at most KERNEL_ROWS decoding runs, of every family whose features
 it computes (family_spec.PATHS["DecodeStep"]: q/k/v biases, per-head q/k norms, norms around each
-branch, sliding windows, any RoPE tables); a model needing another feature (soft-capped scores,
+branch, sliding windows, any RoPE tables, RoPE on a head's first dims only); a model needing another feature (soft-capped scores,
 layers without RoPE, OLMo 2's norms, Granite's residual multiplier) never takes it, and the
 model's own path serves it and the rest.
 """
@@ -62,8 +62,8 @@ class DecodeStep:
             blocks, n_blocks, offset, max_length = None, 0, ctx.start, ctx.stop - ctx.start
         else:
             blocks, n_blocks, offset, max_length = ctx.contiguous(), ctx.shape[1], 0, ctx.shape[1] * BLOCK_SIZE
-        (cos, sin), (cos_l, sin_l) = ropes["full"], ropes["local"]  # each (N, 1, head_dim)
-        cos, sin, cos_l, sin_l = (t.reshape(N, -1).contiguous() for t in (cos, sin, cos_l, sin_l))  # (N, head_dim)
+        (cos, sin), (cos_l, sin_l) = ropes["full"], ropes["local"]  # each (N, 1, rotary_dim)
+        cos, sin, cos_l, sin_l = (t.reshape(N, -1).contiguous() for t in (cos, sin, cos_l, sin_l))  # (N, rotary_dim)
         first, first_l = (batch.decode_first[w].contiguous() for w in (False, True))
         lengths, slots = batch.decode_lengths.contiguous(), batch.write_slots.contiguous()
         model = self.model
@@ -73,7 +73,7 @@ class DecodeStep:
                     0 if blocks is None else blocks.data_ptr(), first.data_ptr(), first_l.data_ptr(),
                     lengths.data_ptr(), model.norm.weight.data_ptr(), self._descs[model.output].data_ptr(), logits.data_ptr()]
         kv_bytes = N * max_length * 2 * cfg.kv_dim * 4 * cfg.n_layers
-        ran = kernels.decode([N, *self.dims[1:], n_blocks, BLOCK_SIZE, offset, max_length],
+        ran = kernels.decode([N, *self.dims[1:], n_blocks, BLOCK_SIZE, offset, max_length, cfg.rotary_dim],
                              self._table(k_pool, v_pool), pointers, model.norm.eps, self.scale, self.weight_bytes + kv_bytes)
         return logits if ran else None
 

@@ -12,14 +12,15 @@ from dataclasses import dataclass
 from inference.errors import ModelError
 from inference.model.family_spec import SPECS, spec_for_hf
 
-ROPE_TYPES = ("default", "linear", "llama3", "yarn", "factors")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope", "factors")
 LAYER_TYPES = {"full_attention": "full", "sliding_attention": "sliding"}
 
 
 @dataclass(frozen=True)
 class RopeScaling:
     """A config's RoPE scaling (rope_scaling, or rope_parameters in transformers >= 5); "factors":
-    a GGUF file's per-frequency divisors (llama.cpp's rope_freqs.weight)."""
+    a GGUF file's per-frequency divisors (llama.cpp's rope_freqs.weight); "longrope": Phi-3.5's
+    and Phi-4-mini's, of which the short factors are computed (docs/design.md: LongRoPE)."""
     rope_type: str = "default"
     factor: float = 1.0
     low_freq_factor: float = 1.0
@@ -27,8 +28,12 @@ class RopeScaling:
     original_max_position_embeddings: int = 8192
     beta_fast: float = 32.0  # YaRN's ramp
     beta_slow: float = 1.0
-    attention_factor: float | None = None  # YaRN: cos and sin times this (None: 0.1 ln(factor) + 1)
+    # YaRN, LongRoPE: cos and sin times this (None: YaRN's 0.1 ln(factor) + 1, LongRoPE's
+    # sqrt(1 + ln(factor) / ln(original_max_position_embeddings)))
+    attention_factor: float | None = None
     factors: tuple[float, ...] = ()  # "factors": one per frequency
+    short_factor: tuple[float, ...] = ()  # "longrope": per frequency, up to the original context
+    long_factor: tuple[float, ...] = ()  # "longrope": beyond it (read, kept, not computed)
 
 
 def config_fields(cfg: dict) -> dict:
@@ -49,18 +54,23 @@ def config_fields(cfg: dict) -> dict:
         raise ModelError("config: attention_bias / mlp_bias are not supported")
     if cfg.get("attn_logit_softcapping") and spec.name != "gemma2" or cfg.get("use_bidirectional_attention"):
         raise ModelError("config: attention soft-capping and bidirectional attention are not supported")
-    if float((cfg.get("rope_parameters") or {}).get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise ModelError("config: partial rotary embeddings (partial_rotary_factor) are not supported")
     act = cfg.get("hidden_activation") or cfg.get("hidden_act") or spec.activation
     if act not in ("silu", "gelu_pytorch_tanh", "gelu_tanh"):
         raise ModelError(f"config: hidden_act {act!r} is not supported (silu or gelu_pytorch_tanh)")
     try:
         eos = cfg.get("eos_token_id")
+        partial = _partial_rotary_factor(cfg)
+        if partial != 1.0 and "partial_rotary" not in spec.may:
+            raise ModelError(f"config: partial rotary embeddings (partial_rotary_factor) are not supported for {spec.name}")
         n_heads = int(cfg["num_attention_heads"])
         n_layers = int(cfg["num_hidden_layers"])
         hidden = int(cfg["hidden_size"])
         window, layer_types = _sliding(cfg, spec.name, n_layers)
-        theta, scaling, local_theta = _rope(cfg, spec.name == "gemma3_text")
+        theta, scaling, local_theta = _rope(cfg, spec.name)
+        max_len = int(cfg.get("max_position_embeddings", 2048))
+        if scaling.rope_type == "longrope":  # its short factors only: see _longrope
+            max_len = min(max_len, scaling.original_max_position_embeddings)
+        head_dim = int(cfg["head_dim"]) if cfg.get("head_dim") else (256 if gemma else hidden // n_heads)
         cap, attn_cap = cfg.get("final_logit_softcapping"), cfg.get("attn_logit_softcapping")
         granite = spec.name == "granite"
         return dict(
@@ -70,12 +80,13 @@ def config_fields(cfg: dict) -> dict:
             n_layers=n_layers,
             n_heads=n_heads,
             n_kv_heads=int(cfg.get("num_key_value_heads") or n_heads),
-            max_seq_len=int(cfg.get("max_position_embeddings", 2048)),
+            max_seq_len=max_len,
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6 if gemma else 1e-5)),
             rope_theta=float(theta),
             rope_scaling=scaling,
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", gemma)),
             explicit_head_dim=int(cfg["head_dim"]) if cfg.get("head_dim") else (256 if gemma else None),
+            partial_rotary_dim=int(head_dim * partial) if partial != 1.0 else None,  # transformers' int()
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_ids=tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),)),
             family=spec.name,
@@ -146,10 +157,18 @@ def _sliding(cfg: dict, family: str, n_layers: int) -> tuple[int | None, tuple[s
     return (int(window), ours) if "sliding" in ours else (None, ())
 
 
-def _rope(cfg: dict, gemma3: bool):
+def _partial_rotary_factor(cfg: dict) -> float:
+    """The share of each head's dims RoPE turns: rope_parameters' (or Phi-3's rope_scaling's), else
+    the config's own."""
+    rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    return float(rs.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 1.0)) if isinstance(rs, dict)
+                 else cfg.get("partial_rotary_factor", 1.0))
+
+
+def _rope(cfg: dict, family: str):
     """(global theta, global scaling, sliding layers' theta or None)."""
-    if not gemma3:
-        return _rope_theta(cfg, 10000.0), _rope_scaling(cfg), None
+    if family != "gemma3_text":
+        return _rope_theta(cfg, 10000.0), _rope_scaling(cfg, family), None
     params = cfg.get("rope_parameters") or {}
     if "full_attention" in params:  # transformers >= 5: one set per layer type
         full, local = params["full_attention"] or {}, params.get("sliding_attention") or {}
@@ -158,6 +177,8 @@ def _rope(cfg: dict, gemma3: bool):
         local = {"rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
     if local.get("rope_type", local.get("type", "default")) != "default":
         raise ModelError("config: scaled RoPE on sliding layers is not supported")
+    if full.get("rope_type", full.get("type")) == "longrope":
+        raise ModelError("config: LongRoPE on gemma3 is not supported")
     return (float(full.get("rope_theta", 1_000_000.0)), _rope_scaling({"rope_scaling": full}),
             float(local.get("rope_theta", 10_000.0)))
 
@@ -167,12 +188,14 @@ def _rope_theta(cfg: dict, default: float) -> float:
     return params.get("rope_theta", cfg.get("rope_theta", default))
 
 
-def _rope_scaling(cfg: dict) -> RopeScaling:
+def _rope_scaling(cfg: dict, family: str = "") -> RopeScaling:
     # Older configs say rope_scaling; transformers >= 5 writes rope_parameters.
     rs = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
     if not isinstance(rs, dict):
         raise ModelError(f"config: rope_scaling must be an object, got {rs!r}")
     rope_type = rs.get("rope_type", rs.get("type", "default"))
+    if family == "phi3" and rope_type in ("su", "yarn"):  # Phi3Config's older names for LongRoPE
+        rope_type = "longrope"
     if rope_type not in ROPE_TYPES:
         raise ModelError(f"config: rope type {rope_type!r} is not supported "
                          f"(supported: {', '.join(ROPE_TYPES)})")
@@ -180,6 +203,8 @@ def _rope_scaling(cfg: dict) -> RopeScaling:
         return RopeScaling()
     if rope_type == "factors":
         return RopeScaling(rope_type="factors", factors=tuple(float(f) for f in rs["factors"]))
+    if rope_type == "longrope":
+        return _longrope(cfg, rs, family)
     factor = float(rs.get("factor", 1.0))
     if not math.isfinite(factor) or factor <= 0:
         raise ModelError(f"config: rope scaling factor must be positive, got {factor}")
@@ -200,6 +225,30 @@ def _rope_scaling(cfg: dict) -> RopeScaling:
     )
 
 
+def _longrope(cfg: dict, rs: dict, family: str) -> RopeScaling:
+    """LongRoPE as transformers computes it (_compute_longrope_parameters): each frequency divided
+    by its short factor while the positions a forward pass holds stay within the original context,
+    by its long factor beyond (longrope_frequency_update), cos and sin times the attention factor.
+    Which set a position gets in transformers depends on how the text was cut into forward passes
+    (a prompt past the bound: long for all of it; a run that grows past it: short keys, then long),
+    so past the bound no one number is the model's: the context is capped at the original
+    (config_fields), where every pass takes the short factors."""
+    max_len = int(cfg.get("max_position_embeddings", 2048))
+    if "original_max_position_embeddings" in cfg or family == "phi3":  # Phi3Config's, first (4096 if unset)
+        original = int(cfg.get("original_max_position_embeddings") or 4096)
+    else:
+        original = int(rs.get("original_max_position_embeddings") or max_len)
+    factor = rs.get("factor")
+    factor = max_len / original if factor is None else float(factor)
+    attention = rs.get("attention_factor")
+    if not math.isfinite(factor) or factor <= 0 or original <= 0:
+        raise ModelError(f"config: LongRoPE needs a positive factor and original context, got {factor}, {original}")
+    return RopeScaling(rope_type="longrope", factor=factor, original_max_position_embeddings=original,
+                       attention_factor=None if attention is None else float(attention),
+                       short_factor=tuple(float(f) for f in rs["short_factor"]),
+                       long_factor=tuple(float(f) for f in rs["long_factor"]))
+
+
 # ---------------------------------------------------------------- writing a config.json
 
 def _scaling_dict(rs: RopeScaling) -> dict | None:
@@ -208,6 +257,11 @@ def _scaling_dict(rs: RopeScaling) -> dict | None:
     if rs.rope_type == "factors":
         return {"rope_type": "factors", "factors": list(rs.factors)}
     out = {"rope_type": rs.rope_type, "factor": rs.factor}
+    if rs.rope_type == "longrope":
+        out.update(short_factor=list(rs.short_factor), long_factor=list(rs.long_factor),
+                   original_max_position_embeddings=rs.original_max_position_embeddings)
+        if rs.attention_factor is not None:
+            out["attention_factor"] = rs.attention_factor
     if rs.rope_type == "llama3":
         out.update(low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor,
                    original_max_position_embeddings=rs.original_max_position_embeddings)
@@ -244,6 +298,10 @@ def hf_config(c) -> dict:
     }
     if scaling:
         out["rope_scaling"] = scaling
+    if c.rope_scaling.rope_type == "longrope":  # Phi3Config reads it here first
+        out["original_max_position_embeddings"] = c.rope_scaling.original_max_position_embeddings
+    if c.partial_rotary_dim is not None:
+        out["partial_rotary_factor"] = partial_rotary_factor(c.partial_rotary_dim, c.head_dim)
     types = [{"full": "full_attention", "sliding": "sliding_attention"}[t] for t in c.layer_types]
     if c.family in ("mistral", "phi3"):
         out["sliding_window"] = c.sliding_window
@@ -273,6 +331,14 @@ def hf_config(c) -> dict:
             rope_parameters={"full_attention": full, "sliding_attention": {
                 "rope_type": "default", "rope_theta": c.local_rope_theta or 10_000.0}})
     return out
+
+
+def partial_rotary_factor(rotary_dim: int, head_dim: int) -> float:
+    """The partial_rotary_factor from which transformers' int(head_dim * factor) is rotary_dim."""
+    factor = rotary_dim / head_dim
+    if int(head_dim * factor) != rotary_dim:
+        raise ModelError(f"config: RoPE on {rotary_dim} of {head_dim} dims is no partial_rotary_factor")
+    return factor
 
 
 def _int_if_whole(x: float) -> int | float:

@@ -32,7 +32,8 @@ FEATURES = {
     "sliding_window": "some layers see only the last W positions",
     "local_rope_theta": "sliding layers rotate at a RoPE base of their own",
     "nope_layers": "some layers apply no RoPE at all",
-    "rope_scaled": "RoPE frequencies rescaled (linear, llama3, YaRN, or a file's factors)",
+    "rope_scaled": "RoPE frequencies rescaled (linear, llama3, YaRN, LongRoPE's short factors, or a file's factors)",
+    "partial_rotary": "RoPE turns only each head's first dims; the rest pass through unturned",
 }
 
 # ---------------------------------------------------------------- tensor names by role
@@ -114,8 +115,8 @@ SPECS = {s.name: s for s in (
                norm_unit_offset=True, activation="gelu_tanh",
                may=_ROPE | {"embed_scale", "attn_scale", "attn_softcap", "final_softcap", "sliding_window"},
                example="Gemma 2"),
-    FamilySpec("phi3", ("phi3",), "Phi3ForCausalLM", "phi3", fused=True, may=_ROPE | {"sliding_window"},
-               example="Phi-3-mini"),
+    FamilySpec("phi3", ("phi3",), "Phi3ForCausalLM", "phi3", fused=True,
+               may=_ROPE | {"sliding_window", "partial_rotary"}, example="Phi-3-mini, Phi-3.5-mini, Phi-4-mini"),
     FamilySpec("smollm3", ("smollm3",), "SmolLM3ForCausalLM", "smollm3", gguf_permutes_qk=True, may=_ROPE | {"nope_layers", "sliding_window"},
                example="SmolLM3"),
     FamilySpec("olmo2", ("olmo2",), "Olmo2ForCausalLM", "olmo2", norms=dict(OLMO2_HF_NORMS), qk_norm="full",
@@ -149,11 +150,13 @@ def spec_for_gguf(arch: str, file_name: str) -> FamilySpec:
 # tests/model/test_family_spec.py.
 TORCH = frozenset({"qkv_bias", "qk_norm", "qk_norm_full", "no_pre_norms", "post_norms", "norm_unit_offset", "gelu",
                    "embed_scale", "attn_scale", "attn_softcap", "final_softcap", "logit_scale", "residual_scale",
-                   "sliding_window", "local_rope_theta", "nope_layers", "rope_scaled"})
+                   "sliding_window", "local_rope_theta", "nope_layers", "rope_scaled", "partial_rotary"})
 # kernels.c's one-call step: the embedding, the logits' scale and cap stay in Python around it;
-# RoPE comes in as two tables a row (full and sliding layers); norms before each branch.
+# RoPE comes in as two tables a row (full and sliding layers), as wide as the dims it turns;
+# norms before each branch.
 ONE_CALL = frozenset({"qkv_bias", "qk_norm", "post_norms", "norm_unit_offset", "gelu", "embed_scale", "attn_scale",
-                      "final_softcap", "logit_scale", "sliding_window", "local_rope_theta", "rope_scaled"})
+                      "final_softcap", "logit_scale", "sliding_window", "local_rope_theta", "rope_scaled",
+                      "partial_rotary"})
 PATHS = {  # path -> (computes, lacks)
     "Transformer.forward": (TORCH, frozenset()),  # torch, static cache
     "Transformer.forward_paged": (TORCH, frozenset()),  # torch layer by layer over the paged pool

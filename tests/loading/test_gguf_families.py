@@ -73,7 +73,9 @@ CASES = {
     "gemma2": ("gemma2", "Q8_0", "Q6_K", "sentencepiece", None, GEMMA2, False),
     # transformers' GGUF config takes Phi-3's pad id as 32000, past a tiny vocabulary
     "phi3": ("phi3", "Q8_0", "Q4_K", "sentencepiece", None, dict(sliding_window=None), False),
-    "phi4-mini": ("phi3", "Q8_0", "Q6_K", "gpt-4o", "phi", dict(sliding_window=None), False),
+    "phi3.5-mini": ("phi3_longrope", "Q8_0", "Q4_K", "sentencepiece", None, dict(sliding_window=None), False),
+    # partial rotary (12 of 16 dims) and LongRoPE: Phi-4-mini's shape and vocabulary
+    "phi4-mini": ("phi4_mini", "Q8_0", "Q6_K", "gpt-4o", "phi", {}, False),
     "smollm3": ("smollm3", "Q8_0", "Q4_K", "llama-bpe", "chatml", dict(num_hidden_layers=4, no_rope_layer_interval=4), False),
     "olmo2": ("olmo2", "Q8_0", "Q6_K", "dbrx", "olmo2", {}, False),
     "granite": ("granite", "Q8_0", "Q4_K", "refact", "granite", {}, False),
@@ -118,8 +120,7 @@ def test_family_gguf_matches_transformers(tmp_path, sp_model_bytes, case):
     assert not list(out.glob("*.safetensors"))  # no copy of the weights
     ids = torch.randint(5, 370, (1, 30), generator=torch.Generator().manual_seed(3))
     with Engine.from_hf_dir(out) as engine, torch.inference_mode():  # the file's blocks
-        assert engine.cfg.family == ("llama" if family.startswith("llama") else family.split("_")[0]
-                                     if family != "gemma3_text" else family)
+        assert engine.cfg.family == ref.config.model_type
         assert engine.model.quantized
         ours = engine.model(ids, engine.model.new_cache(30), 0, all_logits=True)[0]
         expected = ref(input_ids=ids).logits[0]

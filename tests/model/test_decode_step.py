@@ -14,7 +14,8 @@ from inference.serving.static_step import StaticDecode
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler here: torch's operators serve")
 
-FAMILIES = ["gqa_tied", "linear_headdim", "qwen2", "qwen2_window", "mistral", "qwen3", "gemma3_text"]  # biases, windows, head dims, q/k norms, norms after each branch
+FAMILIES = ["gqa_tied", "linear_headdim", "qwen2", "qwen2_window", "mistral", "qwen3", "gemma3_text",
+            "phi4_mini"]  # biases, windows, head dims, q/k norms, norms after each branch, RoPE on 12 of 16 dims
 
 
 def model_dir(name, tiny_dirs, tmp_path, sp_model_bytes):
@@ -83,7 +84,7 @@ def test_the_step_is_the_layer_paths_bits_for_every_row(tiny_dirs, tmp_path, sp_
         assert {1, 4, 8} == {rows for rows, _ in calls} and not any(in_place for _, in_place in calls)
 
 
-@pytest.mark.parametrize("name", ["gqa_tied", "qwen2_window", "mistral", "qwen3", "gemma3_text"])
+@pytest.mark.parametrize("name", ["gqa_tied", "qwen2_window", "mistral", "qwen3", "gemma3_text", "phi4_mini"])
 def test_a_lone_run_read_in_place_matches_transformers_and_the_layers(tiny_dirs, tmp_path, sp_model_bytes,
                                                                       monkeypatch, name):
     """A lone run reads its consecutive blocks in place: 24 greedy tokens past the window through

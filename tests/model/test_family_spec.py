@@ -26,6 +26,7 @@ TURNS = {
     "residual_multiplier": (0.5, "residual_scale"), "sliding_window": (8, None),
     "layer_types": (("sliding", "full"), "sliding_window"), "local_rope_theta": (10_000.0, "local_rope_theta"),
     "nope_layers": ((1,), "nope_layers"), "rope_scaling": (RopeScaling("linear", 2.0), "rope_scaled"),
+    "partial_rotary_dim": (4, "partial_rotary"),
 }
 
 
@@ -61,8 +62,8 @@ def test_a_path_lacking_a_feature_refuses_in_one_line():
 
 
 @pytest.mark.skipif(not kernels.available(), reason="the one-call step needs the compiled kernels")
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3_text", "gemma2", "phi3", "smollm3",
-                                    "olmo2", "granite"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "gemma3_text", "gemma2", "phi3", "phi4_mini",
+                                    "smollm3", "olmo2", "granite"])
 def test_the_one_call_step_is_taken_only_where_it_computes_every_feature(tmp_path, sp_model_bytes, family):
     """Gemma 2 (soft-capped scores), SmolLM3 (layers without RoPE), OLMo 2 (its norms) and Granite
     (its residual multiplier) decode layer by layer; the rest in one call. Their numbers on either

@@ -161,12 +161,13 @@ def test_without_a_compiler_nothing_is_built_and_torch_serves(monkeypatch, tmp_p
     assert kernels.available()
 
 
-def test_rope_store_equals_torch_rotation_and_writes_only_its_slots():
+@pytest.mark.parametrize("r", [16, 12])  # every dim turned; the first 12 (partial rotary, the rest as they are)
+def test_rope_store_equals_torch_rotation_and_writes_only_its_slots(r):
     from inference.model.rope import apply_rope
     gen = torch.Generator().manual_seed(7)
     n, heads, kv_heads, d = 3, 6, 2, 16
     qkv = torch.randn(n, (heads + 2 * kv_heads) * d, generator=gen)
-    cos, ssin = torch.randn(n, d, generator=gen), torch.randn(n, d, generator=gen)
+    cos, ssin = torch.randn(n, r, generator=gen), torch.randn(n, r, generator=gen)
     k_pool, v_pool = torch.randn(20, kv_heads, d, generator=gen), torch.randn(20, kv_heads, d, generator=gen)
     k_before, v_before = k_pool.clone(), v_pool.clone()
     slots = torch.tensor([17, 2, 9])
@@ -176,6 +177,7 @@ def test_rope_store_equals_torch_rotation_and_writes_only_its_slots():
     assert torch.allclose(q, rotated[:, :heads], rtol=1e-6, atol=1e-6)
     assert torch.allclose(k_pool[slots], rotated[:, heads:], rtol=1e-6, atol=1e-6)
     assert torch.equal(v_pool[slots], parts[:, heads + kv_heads:])
+    assert torch.equal(q[..., r:], parts[:, :heads, r:])  # the dims past r pass through
     others = torch.ones(20, dtype=torch.bool)
     others[slots] = False
     assert torch.equal(k_pool[others], k_before[others]) and torch.equal(v_pool[others], v_before[others])

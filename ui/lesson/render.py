@@ -124,7 +124,14 @@ def _rope(c: dict) -> tuple[str, str]:
     if c.get("layers_without_rope"):
         text += (f" This model's layers {', '.join(map(str, c['layers_without_rope']))} apply no RoPE at all: there "
                  "query and key are compared as they are, so those layers see order only through the mask.")
-    if c.get("scaling") not in (None, "default"):
+    if c.get("rotary_dim", c["head_dim"]) < c["head_dim"]:
+        text += (f" This model turns only each head's first {c['rotary_dim']} of its {c['head_dim']} dimensions "
+                 f"(pair <i>i</i> is dims <i>i</i> and <i>i</i> + {c['rotary_dim'] // 2}, θ<sup>−2i/{c['rotary_dim']}</sup> "
+                 "radians a position); the rest pass through as they are.")
+    if c.get("scaling") == "longrope":
+        text += (" Its frequencies are divided by LongRoPE's short factors (one a pair; cos and sin scaled): its long "
+                 "ones, for texts past the context it was trained on, are not computed here, so its context stops there.")
+    elif c.get("scaling") not in (None, "default"):
         text += f" Its frequencies are rescaled ({c['scaling']}), to reach past the context it was trained on."
     n = len(c["positions"])
     shown = list(range(n)) if n <= 12 else [*range(6), *range(n - 6, n)]

@@ -111,7 +111,7 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_attend": [ptr, ptr, ptr, ptr, i64, ptr, i64, i64, ptr, ptr, i64,
                              i64, i64, i64, i64, i64, i64, i64, f32, f32, ctypes.c_int],
         "token_lab_rms_norm": [ptr, ptr, ptr, i64, i64, f32],
-        "token_lab_rope_store": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64],
+        "token_lab_rope_store": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64],
         "token_lab_glu": [ptr, ptr, i64, i64, ctypes.c_int],
         "token_lab_decode": [ptr, ptr, ptr, f32, f32, i64, ctypes.c_int],
         "token_lab_top_k": [ptr, i64, i64, i64, ptr, ptr, ptr],
@@ -237,7 +237,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
 def rope_store(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k_pool: torch.Tensor,
                v_pool: torch.Tensor, slots: torch.Tensor, heads: int) -> torch.Tensor | None:
     """qkv (n, (heads + 2 kv_heads) * d) -> q (n, heads, d) rotated; k rotated and v written to
-    the pool (slots, kv_heads, d) at slots (n,) int64. cos, signed_sin: (n, d) tables."""
+    the pool (slots, kv_heads, d) at slots (n,) int64. cos, signed_sin: (n, r) tables, r <= d:
+    the first r dims of each head are turned, the rest copied (partial rotary)."""
     lib = _library()
     if (lib is None or not _f32_cpu(qkv, cos, signed_sin, k_pool, v_pool) or slots.dtype != torch.int64
             or not all(t.is_contiguous() for t in (qkv, cos, signed_sin, k_pool, v_pool, slots))):
@@ -245,7 +246,8 @@ def rope_store(qkv: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor, k
     n, (kv_heads, d) = qkv.shape[0], k_pool.shape[1:]
     q = torch.empty(n, heads, d, dtype=torch.float32)
     lib.token_lab_rope_store(qkv.data_ptr(), cos.data_ptr(), signed_sin.data_ptr(), q.data_ptr(),
-                             k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), n, heads, kv_heads, d)
+                             k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), n, heads, kv_heads, d,
+                             cos.shape[-1])
     return q
 
 

@@ -296,25 +296,26 @@ void token_lab_rms_norm(const float *x, const float *w, float *y, int64_t n, int
 }
 
 /* ---------------------------------------------------------------- RoPE, and the cache write
- * Rows of a fused q/k/v projection, qkv (n, (heads + 2 kv_heads) * d): each q and k head rotated
- * by its row's tables, cos and signed_sin (n, d) ("rotate half": dimension i pairs with
- * i + d/2, x * cos + roll(x, d/2) * signed_sin), q into q_out (n, heads, d), k and v into the
- * pool's slot for the row (k_pool, v_pool: (slots, kv_heads, d)). Seven operators of torch's for
- * a decode row, in one pass. */
-static inline void rotate(const float *x, const float *c, const float *s, float *out, int64_t d) {
-    const int64_t half = d / 2;
-    for (int64_t i = 0; i < d; ++i) out[i] = x[i] * c[i] + x[(i + half) % d] * s[i];
+ * Rows of a fused q/k/v projection, qkv (n, (heads + 2 kv_heads) * d): the first rd dims of each
+ * q and k head rotated by its row's tables, cos and signed_sin (n, rd) ("rotate half": dimension
+ * i pairs with i + rd/2, x * cos + roll(x, rd/2) * signed_sin), the rest (partial rotary, rd < d)
+ * copied; q into q_out (n, heads, d), k and v into the pool's slot for the row (k_pool, v_pool:
+ * (slots, kv_heads, d)). Seven operators of torch's for a decode row, in one pass. */
+static inline void rotate(const float *x, const float *c, const float *s, float *out, int64_t d, int64_t rd) {
+    const int64_t half = rd / 2;
+    for (int64_t i = 0; i < rd; ++i) out[i] = x[i] * c[i] + x[(i + half) % rd] * s[i];
+    for (int64_t i = rd; i < d; ++i) out[i] = x[i];
 }
 
 void token_lab_rope_store(const float *qkv, const float *cos, const float *signed_sin, float *q_out,
                           float *k_pool, float *v_pool, const int64_t *slots, int64_t n,
-                          int64_t heads, int64_t kv_heads, int64_t d) {
+                          int64_t heads, int64_t kv_heads, int64_t d, int64_t rd) {
     const int64_t width = (heads + 2 * kv_heads) * d;
     for (int64_t r = 0; r < n; ++r) {
-        const float *row = qkv + r * width, *c = cos + r * d, *s = signed_sin + r * d;
-        for (int64_t h = 0; h < heads; ++h) rotate(row + h * d, c, s, q_out + (r * heads + h) * d, d);
+        const float *row = qkv + r * width, *c = cos + r * rd, *s = signed_sin + r * rd;
+        for (int64_t h = 0; h < heads; ++h) rotate(row + h * d, c, s, q_out + (r * heads + h) * d, d, rd);
         float *k = k_pool + slots[r] * kv_heads * d, *v = v_pool + slots[r] * kv_heads * d;
-        for (int64_t g = 0; g < kv_heads; ++g) rotate(row + (heads + g) * d, c, s, k + g * d, d);
+        for (int64_t g = 0; g < kv_heads; ++g) rotate(row + (heads + g) * d, c, s, k + g * d, d, rd);
         memcpy(v, row + (heads + kv_heads) * d, sizeof(float) * kv_heads * d);
     }
 }

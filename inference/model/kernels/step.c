@@ -23,7 +23,7 @@
 enum { L_ATTN_NORM, L_WQKV, L_BQKV, L_Q_NORM, L_K_NORM, L_WO, L_POST_ATTN_NORM, L_FFN_NORM, L_W13, L_W2,
        L_POST_FFN_NORM, L_K_POOL, L_V_POOL, L_SLIDING, L_FIELDS };
 enum { D_N, D_HIDDEN, D_HEADS, D_KV_HEADS, D_HEAD_DIM, D_FFN, D_VOCAB, D_LAYERS, D_GELU, D_N_BLOCKS,
-       D_BLOCK_SIZE, D_CTX_OFFSET, D_MAX_L, D_FIELDS };
+       D_BLOCK_SIZE, D_CTX_OFFSET, D_MAX_L, D_ROTARY, D_FIELDS };
 enum { P_H, P_COS, P_SIN, P_COS_LOCAL, P_SIN_LOCAL, P_SLOTS, P_BLOCKS, P_FIRST, P_FIRST_LOCAL, P_LENGTHS,
        P_NORM, P_HEAD, P_LOGITS, P_FIELDS };
 
@@ -135,7 +135,8 @@ static void add_product(step_t *s, int nth, const int64_t *w, const float *x, in
 static void decode_body(step_t *s, int nth) {
     const int64_t *dm = s->dims;
     const int64_t n = dm[D_N], hidden = dm[D_HIDDEN], heads = dm[D_HEADS], kv_heads = dm[D_KV_HEADS],
-                  d = dm[D_HEAD_DIM], ffn = dm[D_FFN], vocab = dm[D_VOCAB], n_layers = dm[D_LAYERS];
+                  d = dm[D_HEAD_DIM], ffn = dm[D_FFN], vocab = dm[D_VOCAB], n_layers = dm[D_LAYERS],
+                  rd = dm[D_ROTARY];
     const int64_t units = heads + 2 * kv_heads, width = units * d, kv_width = kv_heads * d;
     float *h = s->ptrs[P_H];
     const int64_t *slots = s->ptrs[P_SLOTS], *blocks = s->ptrs[P_BLOCKS], *lengths = s->ptrs[P_LENGTHS];
@@ -168,9 +169,9 @@ static void decode_body(step_t *s, int nth) {
                         for (int64_t i = 0; i < d; ++i) row[i] = row[i] + bqkv[u * d + i];
                     if (q_norm && u < heads + kv_heads)
                         token_lab_rms_norm(row, u < heads ? q_norm : k_norm, row, 1, d, s->eps);
-                    const float *c = cos + r * d, *sn = sin + r * d;
-                    if (u < heads) rotate(row, c, sn, s->q + (r * heads + u) * d, d);
-                    else if (u < heads + kv_heads) rotate(row, c, sn, k_pool + slots[r] * kv_width + (u - heads) * d, d);
+                    const float *c = cos + r * rd, *sn = sin + r * rd;  /* tables (n, rd): the dims RoPE turns */
+                    if (u < heads) rotate(row, c, sn, s->q + (r * heads + u) * d, d, rd);
+                    else if (u < heads + kv_heads) rotate(row, c, sn, k_pool + slots[r] * kv_width + (u - heads) * d, d, rd);
                     else memcpy(v_pool + slots[r] * kv_width + (u - heads - kv_heads) * d, row, sizeof(float) * d);
                 }
         }
