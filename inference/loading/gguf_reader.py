@@ -36,8 +36,8 @@ def check_extent(file_name: str, name: str, dims: list[int], qtype, start: int, 
     """The end byte of a tensor of `dims` (ne0 first) and `qtype` starting at `start`, checked."""
     import gguf
 
-    if len(dims) > MAX_DIMS:
-        raise ModelError(f"{file_name}: tensor {name} has {len(dims)} dims (at most {MAX_DIMS})")
+    if not 1 <= len(dims) <= MAX_DIMS:
+        raise ModelError(f"{file_name}: tensor {name} has {len(dims)} dims (1 to {MAX_DIMS})")
     if any(d <= 0 for d in dims):
         raise ModelError(f"{file_name}: tensor {name} has a zero or negative dim {dims}")
     block, type_size = gguf.GGML_QUANT_SIZES[qtype]

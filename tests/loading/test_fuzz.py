@@ -60,3 +60,12 @@ def test_safetensors_corruption_is_a_model_error(tiny_dirs, tmp_path_factory, ch
         Engine.from_hf_dir(d)
     except ModelError:
         pass
+
+
+@pytest.mark.parametrize("dims", [[], [32, 0], [32] * 5])
+def test_a_tensor_of_no_dims_or_too_many_is_a_model_error(dims):
+    # Found by the fuzzing above: a header byte set to 0 left a tensor with no dims (an IndexError).
+    import gguf
+    from inference.loading.gguf_reader import check_extent
+    with pytest.raises(ModelError, match="m.gguf: tensor t has"):
+        check_extent("m.gguf", "t", dims, gguf.GGMLQuantizationType.F32, 0, 1 << 20)
