@@ -314,6 +314,13 @@ def main(argv=None) -> int:
     args = parse(argv)
     engine = (random_engine(args.random, args.device, args.dtype) if args.random else
               Engine.load(args.model, args.device, args.dtype, args.decode_dtype, args.kv_pool_mib, products=args.products))
+    # Closed (its scheduler's thread joined) before the interpreter ends: left running, it ended
+    # once in "terminate called without an active exception" (exit 134) after the results were written.
+    with engine:
+        return measure(args, engine)
+
+
+def measure(args, engine) -> int:
     gguf = model_gguf(args) if engine.device.type == "cpu" else None
     llamas, not_started = llama_peers(engine, gguf, args.users, args.tokens, Path(args.out))
     systems = {"engine": lambda n: engine_users(engine, n, args.tokens)}
