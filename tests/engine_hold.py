@@ -28,6 +28,7 @@ class Hold:
         self._held: set[int] = set()  # id() of the cancel flags of held runs
         self._monkeypatch = monkeypatch
         step, run, generate_many = engine.scheduler._step, engine.run, engine.generate_many
+        expand_tree = engine.expand_tree
 
         def held_while(events, cancel):
             if cancel is not None:
@@ -46,6 +47,9 @@ class Hold:
 
         def tracked_many(ids, params, n, top_n=10, cancel=None):  # a batch of samples: one flag
             return held_while(generate_many(ids, params, n, top_n, cancel), cancel)
+
+        def tracked_tree(*args, cancel=None, **kwargs):  # a loom's tree: one run, a level a pass
+            return held_while(expand_tree(*args, cancel=cancel, **kwargs), cancel)
 
         chunk = engine.scheduler.prefill_chunk
 
@@ -67,6 +71,7 @@ class Hold:
 
         monkeypatch.setattr(engine, "run", tracked)
         monkeypatch.setattr(engine, "generate_many", tracked_many)
+        monkeypatch.setattr(engine, "expand_tree", tracked_tree)
         monkeypatch.setattr(engine.scheduler, "_step", held)
 
     def allow(self, n: int = 1) -> None:

@@ -181,3 +181,16 @@ def test_a_gguf_source_says_its_float32_is_its_blocks_and_its_own_blocks_never_f
                          "precision here quantizes a quantized model again."), md
     cells = table(out["lens_view"])["file"]
     assert cells[6] == "never" and float(cells[4]) < 1e-8  # the same numbers, within the integer bound
+
+
+def test_stop_ends_the_lens_after_the_precision_being_measured(shared):
+    # The lens's Stop (ui/lens/section.py wires it to the run section's stop: the session's one job)
+    # during float32's measurement: float32 is shown, no quantized precision is made.
+    h = Handlers(shared.page.engine)
+    lens = h.lens.lens("", PROMPT, ["q8_0", "q4_0"], STEPS, False, REQ)
+    assert "float32" in next(lens)["lens_md"]  # the progress line, before any precision is measured
+    h.run.stop(REQ)
+    out = list(lens)[-1]
+    assert "Stopped: the precisions measured before the stop are shown." in out["lens_md"], out["lens_md"]
+    assert set(table(out["lens_view"])) == {"float32"}
+    assert len(h.page.registry) == 0

@@ -190,3 +190,24 @@ def test_the_tree_is_kept_in_the_browser_and_a_link_and_read_back_as_it_was(grow
     monkeypatch.setattr(store, "MAX_LINK_CHARS", 100)
     long = h.loom.link(tree, "http://127.0.0.1:7860/")
     assert "too large for a link" in long and "loom-download" in long and "loom-link-text" not in long
+
+
+def test_stop_ends_a_growing_tree_within_its_level_and_the_section_has_it(h, tiny_engine, hold):
+    from concurrent.futures import ThreadPoolExecutor
+    r = req("loom-stop")
+    c = Controls(prompt=PROMPT, max_new_tokens=3)
+    held = hold(tiny_engine)
+    with ThreadPoolExecutor(1) as pool:  # top 2 to depth 4: 30 nodes unstopped
+        growing = pool.submit(lambda: list(h.loom.grow(*c.values(), None, [], 0, FROM_PROMPT, 0, 2, 4, 64, r)))
+        held.step(1)  # the first level made, the second held
+        h.run.stop(r)  # the loom's Stop (and the run's): the session's one job
+        out = growing.result(timeout=240)
+    tree = out[-1]["loom_state"]
+    assert "was stopped" in out[-1]["loom_md"] and tree["reason"] == "cancelled", out[-1]["loom_md"]
+    assert 1 < len(tree["nodes"]) - 1 < 30 and max(n["depth"] for n in tree["nodes"]) < 4
+    assert tiny_engine.active_runs == 0 and len(h.page.registry) == 0
+    from ui.layout import build_ui
+    demo = build_ui(tiny_engine, h)
+    stops = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "stop"
+             and any(getattr(demo.blocks.get(b), "elem_id", None) in ("loom-stop", "lens-stop") for b, _ in f.targets)]
+    assert len(stops) == 2 and all(not f.queue for f in stops)  # Stop never waits behind the job it ends

@@ -47,7 +47,10 @@ def build(page, h) -> None:
                                              info="greedy tokens of float32's text", elem_id="lens-tokens",
                                              elem_classes=[UNCHECKED]))  # the handler checks it, naming the cap
                 add("lens_chat", gr.Checkbox(False, label="Read the prompt as a chat message", elem_id="lens-chat"))
-        add("lens_button", gr.Button("Compare the precisions", variant="primary", elem_id="lens-run"))
+        with gr.Row():
+            add("lens_button", gr.Button("Compare the precisions", variant="primary", elem_id="lens-run", scale=3))
+            # Ends the session's one job (the lens, after the precision being measured), as Stop does a run.
+            add("lens_stop", gr.Button("Stop", variant="secondary", elem_id="lens-stop", scale=1))
         add("lens_md", gr.Markdown("", label="Quantization lens summary", elem_id="lens-summary",
                                    sanitize_html=False))
         add("lens_view", gr.HTML("", label="Quantization lens per step", elem_id="lens-view"))
@@ -57,3 +60,4 @@ def wire(page, h, demo) -> None:
     page.on(page["lens_button"].click, h.lens.lens,
             inputs=("model", "lens_prompt", "lens_precisions", "lens_tokens", "lens_chat"), outputs=OUTPUTS,
             concurrency_id=ENGINE, api_visibility="private", show_progress="minimal")
+    page["lens_stop"].click(h.run.stop, inputs=None, outputs=None, queue=False, api_visibility="private")

@@ -38,6 +38,8 @@ def build(page, h) -> None:
                                         label=f"Node budget (at most {most})", elem_id="loom-nodes"))
         with gr.Row():
             add("loom_button", gr.Button("Grow the tree", variant="primary", elem_id="loom-grow"))
+            # Ends the session's one job (a growing tree: within its level), as Stop does a run.
+            add("loom_stop", gr.Button("Stop", variant="secondary", elem_id="loom-stop"))
             add("loom_link_button", gr.Button("Link and download", elem_id="loom-link"))
         add("loom_md", gr.HTML("", elem_id="loom-summary"))
         add("loom_links", gr.HTML(render.links_html(None, None), elem_id="loom-links"))
@@ -56,6 +58,7 @@ def wire(page, h, demo) -> None:
     page.on(page["loom_button"].click, h.loom.grow,
             inputs=(*NAMES, "record", "history", "step", "loom_from", "loom_p", "loom_k", "loom_depth", "loom_nodes"),
             outputs=LOOM_OUTPUTS, concurrency_id=ENGINE, api_visibility="private", show_progress="hidden")
+    page["loom_stop"].click(h.run.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
     # Queued (unlimited), so that its refusal is a message; only then does the run start.
     picked = page.on(page["loom_view"].select, h.loom.continue_leaf, inputs=("loom_state",),
                      outputs=(*NAMES, "history", "conversation"), api_visibility="private", concurrency_limit=None,
