@@ -108,15 +108,16 @@ TERMS: dict[str, str] = {
     "loom": "A tree of continuations: from one point of a text, every likely next token as a branch, and so on, "
             "each with the model's probability.",
     "node": "One token of the loom's tree: its place is its path of tokens from the point the tree grows from.",
-    "leaf": "A node of the loom's tree that was not expanded (its depth reached, an end of sequence, or the "
-            "budget spent); a click continues it as a run.",
+    "leaf": "A node of the loom's tree that was not grown further (its depth reached, an end of sequence, or "
+            "the budget spent); a click continues it as a run, unless it ends the text.",
     "node budget": "The most nodes the loom's tree may hold; past it the most probable paths are kept.",
-    "threshold p": "In the loom, a token becomes a node when the model gives it at least this probability.",
+    "threshold p": "In the loom, a token becomes a node only if the model gives it at least this probability "
+                   "(and, with a top k too, it is among the top k).",
     "path p": "The probability of a node's whole path from the point the tree grows from: the product of "
               "its tokens' probabilities.",
     "greedy path": "The path of each step's most likely token: what greedy decoding writes.",
-    "not expanded": "The probability of the tokens the loom left out at a node: the picture never shows more "
-                    "than was explored.",
+    "not grown": "The probability of the tokens the loom left out at a node (the other tokens): the picture "
+                 "never shows more than was explored.",
     "replay": "The step's distribution recomputed under other settings, without sampling.",
     "A/B": "Two runs of the same prompt and seed, A with the page's settings and B with others.",
     # --- the model

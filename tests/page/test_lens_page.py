@@ -189,7 +189,7 @@ def test_stop_ends_the_lens_after_the_precision_being_measured(shared):
     h = Handlers(shared.page.engine)
     lens = h.lens.lens("", PROMPT, ["q8_0", "q4_0"], STEPS, False, REQ)
     assert "float32" in next(lens)["lens_md"]  # the progress line, before any precision is measured
-    h.run.stop(REQ)
+    h.run.stop_job(REQ)
     out = list(lens)[-1]
     assert "Stopped: the precisions measured before the stop are shown." in out["lens_md"], out["lens_md"]
     assert set(table(out["lens_view"])) == {"float32"}

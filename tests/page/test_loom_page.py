@@ -88,11 +88,11 @@ def test_every_node_against_a_forward_pass_of_its_own_and_each_leaf_against_the_
     greedy = sorted((n for n in nodes[1:] if n["greedy"]), key=lambda n: n["depth"])
     assert [n["token_id"] for n in greedy] == [s.token_id for s in rec.steps[2:2 + len(greedy)]]
     # The picture: every node with its p and path p, the greedy ones marked, the left-out mass under each
-    # expanded node, every leaf a button that continues it.
+    # expanded node, every leaf a button that continues it but those that end the text.
     view = out[-1]["loom_view"]
     assert view.count("class='loom-node loom-greedy") == len(greedy)
     assert view.count("loom-rest") == sum(1 for n in nodes if n["expanded"])
-    assert view.count("data-pick=") == len(leaves)
+    assert view.count("data-pick=") == sum(not n["eos"] for n in leaves) and any(n["eos"] for n in leaves)
     for n in nodes[1:]:
         assert f"p {fmt_p(n['prob'])}" in view and f"path p {fmt_p(n['path_prob'])}" in view
     for n in nodes:
@@ -118,6 +118,24 @@ def test_a_leaf_continues_as_a_run_with_its_path_given(grown, tiny_engine):
     assert abs(cont.steps[0].raw_prob - float(p.max())) < 1e-4
     with pytest.raises(gr.Error, match="click one of its leaves"):
         h.loom.continue_leaf(tree, SimpleNamespace(value="0"), r)  # the root is no leaf
+    # A leaf that ends the text: nothing to continue (a run would write past the end), and not offered.
+    from ui.loom.render import tree_html
+    ended = {**tree, "nodes": [{**n, "eos": n["id"] == leaf["id"]} for n in tree["nodes"]]}
+    with pytest.raises(gr.Error, match="ends the text"):
+        h.loom.continue_leaf(ended, SimpleNamespace(value=str(leaf["id"])), r)
+    view = tree_html(ended["nodes"], "")
+    assert f"data-pick='{leaf['id']}'" not in view and "data-pick=" in view
+
+
+def test_a_leaf_of_a_random_run_continues_with_a_random_seed(h, tiny_engine):
+    # The seed field as it was: the tree's run's drawn seed written into it would fix every later run's.
+    r = req("loom-random")
+    c = Controls(prompt=PROMPT, max_new_tokens=3, seed="")
+    rec = ran(h, c, r)
+    tree = grow(h, c, rec, r, depth=1, k=2)[-1]["loom_state"]
+    assert tree["seed"] == rec.seed and tree["controls"]["seed"] == ""
+    controls = h.loom.continue_leaf(tree, SimpleNamespace(value=str(tree["nodes"][1]["id"])), r)
+    assert controls["seed"] == "" and controls["prefix_ids"]
 
 
 def test_from_the_end_and_from_the_prompt(h, tiny_engine):
@@ -200,7 +218,7 @@ def test_stop_ends_a_growing_tree_within_its_level_and_the_section_has_it(h, tin
     with ThreadPoolExecutor(1) as pool:  # top 2 to depth 4: 30 nodes unstopped
         growing = pool.submit(lambda: list(h.loom.grow(*c.values(), None, [], 0, FROM_PROMPT, 0, 2, 4, 64, r)))
         held.step(1)  # the first level made, the second held
-        h.run.stop(r)  # the loom's Stop (and the run's): the session's one job
+        h.run.stop_job(r)  # the loom's Stop: the session's one job
         out = growing.result(timeout=240)
     tree = out[-1]["loom_state"]
     assert "was stopped" in out[-1]["loom_md"] and tree["reason"] == "cancelled", out[-1]["loom_md"]
@@ -208,6 +226,22 @@ def test_stop_ends_a_growing_tree_within_its_level_and_the_section_has_it(h, tin
     assert tiny_engine.active_runs == 0 and len(h.page.registry) == 0
     from ui.layout import build_ui
     demo = build_ui(tiny_engine, h)
-    stops = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "stop"
+    stops = [f for f in demo.fns.values() if getattr(f.fn, "__name__", "") == "stop_job"
              and any(getattr(demo.blocks.get(b), "elem_id", None) in ("loom-stop", "lens-stop") for b, _ in f.targets)]
     assert len(stops) == 2 and all(not f.queue for f in stops)  # Stop never waits behind the job it ends
+
+
+def test_a_stop_before_the_tree_starts_stops_it_and_an_idle_stop_stops_nothing_later(h, tiny_engine):
+    r = req("loom-early")
+    c = Controls(prompt=PROMPT, max_new_tokens=3)
+    # Clicked before the tree's job started (queued behind others): it starts stopped, nothing grown.
+    h.run.stop_job(r)
+    out = grow(h, c, None, r, where=FROM_PROMPT, p=0, k=2, depth=4, nodes=64)
+    assert "it was stopped" in out[-1]["loom_md"] and len(out[-1]["loom_state"]["nodes"]) == 1  # the root alone
+    # A Stop with nothing going, then a new click (its event clears the stop, as the page's guard does
+    # for every event a session asks for): the tree grows whole.
+    h.run.stop_job(r)
+    h.page.registry.resume(r.session_hash)
+    out = grow(h, c, None, r, where=FROM_PROMPT, p=0, k=2, depth=4, nodes=64)
+    assert out[-1]["loom_state"]["reason"] != "cancelled" and len(out[-1]["loom_state"]["nodes"]) > 1
+    assert tiny_engine.active_runs == 0 and len(h.page.registry) == 0

@@ -60,4 +60,4 @@ def wire(page, h, demo) -> None:
     page.on(page["lens_button"].click, h.lens.lens,
             inputs=("model", "lens_prompt", "lens_precisions", "lens_tokens", "lens_chat"), outputs=OUTPUTS,
             concurrency_id=ENGINE, api_visibility="private", show_progress="minimal")
-    page["lens_stop"].click(h.run.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
+    page["lens_stop"].click(h.run.stop_job, inputs=None, outputs=None, queue=False, api_visibility="private")

@@ -110,7 +110,8 @@ class LoomHandlers(Section):
         except TokenLabError as e:
             yield {"loom_md": f"⚠ {unquoted(e)}"}
             return
-        if done is None:
+        if done is None:  # stopped before its first level (its job started stopped)
+            yield {"loom_md": "Stopped before the tree grew a level.", "loom_view": render.tree_html([])}
             return
         tree = store.tree_json(done, model=model, prompt_ids=prompt_ids, given=given,
                                controls=dict(zip(NAMES, controls.values())), seed=seed, history=turns, where=said)
@@ -130,20 +131,24 @@ class LoomHandlers(Section):
 
     def continue_leaf(self, tree, evt: gr.SelectData, request: gr.Request = None) -> dict:
         """A leaf clicked: the controls set to the run the tree grew from (its model, settings and
-        seed), continuing after the tree's given ids and the leaf's path as token ids, as a branch
+        seed field), continuing after the tree's given ids and the leaf's path as token ids, as a branch
         does; the run section's chain then runs it. A page error if it cannot run here."""
         try:
             node = tree["nodes"][int(evt.value)]
             assert node["parent"] is not None and not node["expanded"]
         except (TypeError, ValueError, AttributeError, IndexError, KeyError, AssertionError):
             raise gr.Error("Grow a tree, then click one of its leaves to continue it.", print_exception=False) from None
+        if node["eos"]:
+            raise gr.Error("This leaf ends the text (its end-of-sequence token): there is nothing after it to "
+                           "continue.", print_exception=False)
         path, n = [], node
         while n["parent"] is not None:
             path.append(n["token_id"])
             n = tree["nodes"][n["parent"]]
         given = [*tree["given"], *path[::-1]]
-        c = Controls(**{**tree["controls"], "prefix_ids": ",".join(map(str, given)),
-                        "seed": "" if tree["seed"] is None else str(tree["seed"])})
+        # The seed as its field was (empty: random stays random): the tree's run's drawn seed written
+        # into the field would fix every later run's, unsaid.
+        c = Controls(**{**tree["controls"], "prefix_ids": ",".join(map(str, given))})
         try:  # the checks the run's own begin makes, and that it reads what the tree grew after
             rec = self.runs.prepare(c, None, list(tree["history"]))
         except TokenLabError as e:

@@ -1,6 +1,6 @@
 """The loom's HTML: the tree, each node under its parent (most probable first) with its token, its
 probability and its path's, the greedy path marked, under each expanded node the probability its
-children left out ("not expanded"), so that the picture never shows more than was explored; a leaf
+children left out ("other tokens (not grown)"), so that the picture never shows more than was explored; a leaf
 clicked continues as a run. And the summary line (how the tree ended, the pool per level) and the
 link and download line."""
 
@@ -46,7 +46,9 @@ def tree_html(nodes: list[dict], context: str = "", growing: bool = False) -> st
             rows.append(f"<div class='loom-node loom-root' style='--d:0'><span class='loom-tok'>"
                         f"{html.escape(context) or 'the point it grows from'}</span></div>")
         else:
-            leaf = not n["expanded"] and not growing
+            # A leaf continues as a run, unless it ends the text: after an end of sequence the model
+            # has nothing left to write (a run would write past its own end).
+            leaf = not n["expanded"] and not growing and not n["eos"]
             cls = "loom-node" + (" loom-greedy" if n["greedy"] else "") + (" loom-leaf" if leaf else "") + \
                 (" loom-eos" if n["eos"] else "")
             pick = (f" data-pick='{n['id']}' tabindex='0' role='button' title='continue this path as a run'"
@@ -61,7 +63,7 @@ def tree_html(nodes: list[dict], context: str = "", growing: bool = False) -> st
             walk(c)
         if n["expanded"] and n.get("unexpanded_mass") is not None:
             rows.append(f"<div class='loom-node loom-rest' style='--d:{n['depth'] + 1}'><span class='loom-tok'>"
-                        f"not expanded</span> {_bar(n['unexpanded_mass'])}<span class='loom-p'>"
+                        f"other tokens (not grown)</span> {_bar(n['unexpanded_mass'])}<span class='loom-p'>"
                         f"p {fmt_p(n['unexpanded_mass'])}</span> <span class='loom-pp'>the other tokens here"
                         f"{', ' + count(len(kids), 'child', 'children') + ' shown' if kids else ''}</span></div>")
 

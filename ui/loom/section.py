@@ -26,7 +26,8 @@ def build(page, h) -> None:
     most = h.loom.tree_limits().nodes
     with gr.Accordion("Loom: grow the tree of continuations", open=False, elem_id="loom-panel"):
         gr.Markdown("From a step of the run on view, every next token the model gives at least the threshold "
-                    "p (and/or the top k) becomes a node, and so on to the depth, within the node budget: one "
+                    "p and ranks in the top k (0 turns either off) becomes a node, and so on to the depth, within "
+                    "the node budget: one "
                     "scheduler run, a level a step, beside everyone else's runs. The probabilities are the model's "
                     "own; under each node, the probability of the tokens left out.")
         with gr.Row(elem_id="loom-controls"):
@@ -58,7 +59,7 @@ def wire(page, h, demo) -> None:
     page.on(page["loom_button"].click, h.loom.grow,
             inputs=(*NAMES, "record", "history", "step", "loom_from", "loom_p", "loom_k", "loom_depth", "loom_nodes"),
             outputs=LOOM_OUTPUTS, concurrency_id=ENGINE, api_visibility="private", show_progress="hidden")
-    page["loom_stop"].click(h.run.stop, inputs=None, outputs=None, queue=False, api_visibility="private")
+    page["loom_stop"].click(h.run.stop_job, inputs=None, outputs=None, queue=False, api_visibility="private")
     # Queued (unlimited), so that its refusal is a message; only then does the run start.
     picked = page.on(page["loom_view"].select, h.loom.continue_leaf, inputs=("loom_state",),
                      outputs=(*NAMES, "history", "conversation"), api_visibility="private", concurrency_limit=None,

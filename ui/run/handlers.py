@@ -204,6 +204,12 @@ class RunHandlers(Section):
     def stop(self, request: gr.Request | None = None) -> None:
         self.runs.stop(session_of(request))
 
+    def stop_job(self, request: gr.Request | None = None) -> None:
+        """A section's own Stop (the lens, the loom): the session's job ends within its step, and
+        one clicked but not started yet (queued behind others) starts stopped; the session's next
+        event (its next click) clears that, so a Stop with nothing going stops nothing later."""
+        self.page.registry.stop(session_of(request), starting=True)
+
     def closed(self, request: gr.Request | None = None) -> None:
         """The tab was closed: its run ends, a run it still waited for no longer counts, its
         session no longer counts to its client, and its state goes after a grace period."""
