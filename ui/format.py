@@ -90,10 +90,17 @@ def visible(text: str) -> str:
 
 def fmt_p(p: float | None) -> str:
     """A probability as shown everywhere: 4 decimals, or 3 significant digits below 1e-4 so that
-    small numbers stay visible; a dash where the engine does not know it."""
+    small numbers stay visible, and as many decimals as it takes (to 9) for one just under 1 not to
+    read as 1 (a constraint that removed 0.99997 of the raw probability did not remove all of it);
+    a dash where the engine does not know it."""
     if not known(p):
         return "–"
-    return f"{p:.4f}" if p >= 1e-4 or p == 0 else f"{p:.3g}"
+    if p < 1e-4 and p != 0:
+        return f"{p:.3g}"
+    digits = 4
+    while p < 1 and digits < 9 and f"{p:.{digits}f}" == f"{1:.{digits}f}":
+        digits += 1
+    return f"{p:.{digits}f}"
 
 
 def plotted_p(p: float) -> float:

@@ -175,3 +175,12 @@ def test_a_constrained_run_kept_in_the_browser_comes_back_with_what_its_constrai
     assert (back.done.logprob, back.done.free_logprob) == (rec.done.logprob, rec.done.free_logprob)
     assert [h.page.bars(s, rec=back) for s in back.steps] == [h.page.bars(s, rec=rec) for s in rec.steps]
     assert view.stats_markdown(tiny_engine.describe(), back) == view.stats_markdown(tiny_engine.describe(), rec)
+
+
+def test_a_probability_just_under_1_never_reads_as_1():
+    # A constraint that removed 0.99997 of the raw probability did not remove all of it: every
+    # panel's one formatter says so (and a chart's tooltip parses the same number).
+    from ui.format import fmt_p, plotted_p
+    assert fmt_p(0.99997) == "0.99997" and fmt_p(0.999968) == "0.99997" and fmt_p(1.0) == "1.0000"
+    assert fmt_p(0.99994) == "0.9999" and fmt_p(0.5) == "0.5000" and fmt_p(1e-5) == "1e-05"
+    assert plotted_p(0.99997) == 0.99997 and fmt_p(float.fromhex("0x1.fffffep-1")) == "0.9999999"  # float32 below 1

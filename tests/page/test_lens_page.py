@@ -191,6 +191,6 @@ def test_stop_ends_the_lens_after_the_precision_being_measured(shared):
     assert "float32" in next(lens)["lens_md"]  # the progress line, before any precision is measured
     h.run.stop_job(REQ)
     out = list(lens)[-1]
-    assert "Stopped: the precisions measured before the stop are shown." in out["lens_md"], out["lens_md"]
+    assert out["lens_md"].startswith("**Stopped**: the precisions measured before the stop are shown."), out["lens_md"]
     assert set(table(out["lens_view"])) == {"float32"}
     assert len(h.page.registry) == 0

@@ -57,7 +57,7 @@ def summary_md(results: list, note: str | None, stopped: bool = False, busy_note
     quantized file."""
     ref = results[0]
     n = len(ref.steps)
-    parts = []
+    parts = ["**Stopped**: the precisions measured before the stop are shown."] if stopped else []
     if note:
         parts.append(f"⚠ {note[:1].upper()}{note[1:]}.")
     parts.append(f"**Quantization lens**: float32's greedy text of {count(n, 'token')}, read by every precision "
@@ -66,9 +66,8 @@ def summary_md(results: list, note: str | None, stopped: bool = False, busy_note
                  "token) and the rank of float32's top token (1: still the top). Each precision's own greedy text "
                  "gives its fork step (the first step where it writes another token than float32), marked on the "
                  "charts. Bytes per token: the weights one decode step reads; tok/s: its own greedy run's decode, "
-                 "measured here" + busy_note + "; perplexity: of float32's text under each.")
-    if stopped:
-        parts.append("Stopped: the precisions measured before the stop are shown.")
+                 "measured here" + busy_note + " (one greedy run each: compare them within one lens, not across "
+                 "lenses); perplexity: of float32's text under each.")
     return gloss(" ".join(parts))
 
 
