@@ -57,6 +57,9 @@ def test_a_tree_grows_is_kept_continues_a_leaf_and_opens_from_its_link(live_app,
     leaf.scroll_into_view_if_needed()
     run_to_end(page, lambda: leaf.click())
     assert "7 given" in page.inner_text("#status"), page.inner_text("#status")
+    # The run streams in the output far above the tree: the page went there (nothing by the leaf says it).
+    top = page.evaluate("document.querySelector('#output-caption').getBoundingClientRect().top")
+    assert -2 <= top < height, top  # (scrolled to its top: a fraction of a pixel either way)
     page.locator("#output").scroll_into_view_if_needed()
     shot(page, f"leaf-continued-{width}")
     # The tree's link, opened in a fresh tab (no storage): the same tree, from the link.

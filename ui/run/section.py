@@ -36,10 +36,15 @@ CLAMP_JS = (ASSETS / "clamp.js").read_text(encoding="utf-8")
 # The bars' candidates start a branch when clicked (the branches section's events: the bars' select).
 PICK_JS = (ASSETS / "pick.js").read_text(encoding="utf-8")
 # On a narrow screen (one column: page.css) a run's text comes under the prompt, the settings and
-# the examples: once the run starts the output is brought to the top of the window.
+# the examples: once the run starts the output is brought to the top of the window. On any screen a
+# run started from far below (a loom's leaf, a scored text's token) brings it into view: it streams
+# there, and nothing where the click was would say so.
 OUTPUT_IN_VIEW_JS = """() => {
-  if (window.matchMedia('(max-width: 860px)').matches) {
-    document.querySelector('#output-caption')?.scrollIntoView({block: 'start'});
+  const cap = document.querySelector('#output-caption');
+  if (!cap) return [];
+  const r = cap.getBoundingClientRect();
+  if (window.matchMedia('(max-width: 860px)').matches || r.bottom < 0 || r.top > window.innerHeight) {
+    cap.scrollIntoView({block: 'start'});
   }
   return [];
 }"""
