@@ -36,9 +36,20 @@ REASONS = {"eos": "the model emitted its end-of-sequence token", "length": "max 
            "constraint": "no token the constraint allows was left to draw from"}
 
 
-def reason_text(done) -> str:
+def forced_end(step) -> bool:
+    """Whether a step's end-of-sequence token was the only token its constraint allowed: the raw
+    probability the constraint kept is that token's alone (the constraint was complete, the model
+    did not choose to end)."""
+    masked, raw = getattr(step, "masked_mass", None), getattr(step, "raw_prob", None)
+    return bool(masked) and raw is not None and abs((1.0 - masked) - raw) <= 1e-6 * max(raw, 1e-30) + 1e-12
+
+
+def reason_text(done, last_step=None) -> str:
     """Why a run ended, as the page says it after "Run ended:"; under a sampler order that left no
-    token the constraint allows, the stage that removed the last one, by its label."""
+    token the constraint allows, the stage that removed the last one, by its label; an end of
+    sequence the constraint forced (last_step: the run's last step), said as the constraint's."""
+    if done.reason == "eos" and last_step is not None and forced_end(last_step):
+        return "the constraint was complete (its end-of-sequence token was the only token it allowed)"
     said = REASONS.get(done.reason, done.reason)
     stage = getattr(done, "emptied_by", None)
     if done.reason != "constraint" or not stage or stage == "constraint" or stage not in STAGES:
@@ -304,9 +315,9 @@ def ordinal(n: int) -> str:
     return f"{n}{'th' if 10 <= n % 100 <= 20 else {1: 'st', 2: 'nd', 3: 'rd'}.get(n % 10, 'th')}"
 
 
-def ended_markdown(done: DoneEvent, window: str, context: int) -> str:
+def ended_markdown(done: DoneEvent, window: str, context: int, last_step=None) -> str:
     """Why the run ended, under its statistics (the local engine's and a server's alike)."""
-    return (f"\nRun ended: **{reason_text(done)}**."
+    return (f"\nRun ended: **{reason_text(done, last_step)}**."
             + (f" Max new tokens was capped at {done.max_new_tokens} to fit {window} of {context}."
                if done.capped else ""))
 

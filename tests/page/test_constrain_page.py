@@ -109,3 +109,23 @@ def test_a_run_whose_stages_leave_no_allowed_token_names_the_stage_in_its_end(h)
     assert status.startswith("Run ended: logit bias removed the last token the constraint allows")
     assert "move constraint before logit_bias in the sampler order" in status
     assert "logit bias removed the last token" in plain(render.stats_markdown(h.page.info, rec))
+
+
+def test_an_end_the_constraint_forced_is_said_as_the_constraints(h):
+    # "abc" allows one text. After it, where the end-of-sequence token is the only token the
+    # constraint allows, the run ends whatever the model would have written: the page says so,
+    # and does not say the model chose it; where other tokens were allowed too, the model chose.
+    from dataclasses import replace
+    from ui.format import forced_end
+    from ui.shared.view import stats_markdown, status_text
+    rec = run(h, constraint="regex", constraint_text="abc")
+    last = rec.steps[-1]
+    assert rec.done.reason == "eos" and rec.done.text == "abc"
+    kept = 1.0 - last.masked_mass  # the raw mass the constraint allowed: here more than the end's own
+    assert kept > last.raw_prob * 1.01 and last.prob < 1.0  # other tokens (beyond the bars' top) were allowed
+    assert not forced_end(last) and "the model emitted its end-of-sequence token" in status_text(rec, 256, 0.0)
+    # The same step where the end was all the constraint kept (its raw p is 1 - the masked mass).
+    only = replace(last, masked_mass=1.0 - last.raw_prob, prob=1.0)
+    forced = replace(rec, steps=[*rec.steps[:-1], only])
+    said = "the constraint was complete (its end-of-sequence token was the only token it allowed)"
+    assert forced_end(only) and said in status_text(forced, 256, 0.0) and said in plain(stats_markdown(h.page.info, forced))

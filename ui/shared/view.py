@@ -240,7 +240,7 @@ def status_text(rec: RunRecord | None, context: int, now: float, ahead: tuple[in
     ctx = context_text(n, g, None, context, len(rec.given))
     if rec.done is None:
         return f"Generating: {g:,} of at most {count(rec.max_steps, 'token')} · {ctx}"
-    return f"Run ended: {reason_text(rec.done)} · {count(g, 'token')} · {ctx}"
+    return f"Run ended: {reason_text(rec.done, rec.steps[-1] if rec.steps else None)} · {count(g, 'token')} · {ctx}"
 
 
 def stats_markdown(info, rec: RunRecord) -> str:
@@ -275,7 +275,7 @@ def _engine_stats(info, rec: RunRecord) -> str:
             ("seed", f"{rec.seed}"), *constraint_cost.cost_rows(rec)]
     lines = ["| measure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if rec.done is not None:
-        lines.append(ended_markdown(rec.done, "the context window", info.max_seq_len))
+        lines.append(ended_markdown(rec.done, "the context window", info.max_seq_len, rec.steps[-1]))
     if constraint_cost.cost_rows(rec):  # a constrained run: what its constraint cost, each step (folded)
         lines += ["", constraint_cost.cost_note(rec), "", constraint_cost.steps_html(rec)]
     return "\n".join(lines)
@@ -309,5 +309,6 @@ def _page_stats(info, rec: RunRecord) -> str:
         "Times are measured at this page: they include the network and the server's queue.",
     ]
     if rec.done is not None:
-        lines.append(ended_markdown(rec.done, "the server's context window", info.max_seq_len))
+        lines.append(ended_markdown(rec.done, "the server's context window", info.max_seq_len,
+                                    rec.steps[-1] if rec.steps else None))
     return "\n".join(lines)
