@@ -104,6 +104,11 @@ def test_the_pages_numbers_are_transformers_on_the_dequantized_weights(shared, t
             assert f"class='tl-fork' data-precision='{name}'" in view
             assert f"forks at step {want_fork}" in re.sub(r"<[^>]+>", "", view)
     assert forks >= 1  # 4 bits fork these random weights' texts: the fork's checks check something
+    # Each step of the table with float32's token there (transformers' greedy text), so a rank reads against a word.
+    shown = [html.unescape(t) for t in re.findall(r"data-metric='token'><code class='tl-piece'>([^<]*)<", view)]
+    from ui.format import token_label
+    assert shown == [token_label(shared.page.engine.tokenizer.piece(t)) for t in ref_tokens[:len(shown)]]
+    assert len(shown) == len(ref_tokens) == STEPS
     assert "Quantization lens" in out["lens_md"] and "⚠" not in out["lens_md"]  # a safetensors source: no note
 
 

@@ -74,7 +74,7 @@ def test_a_tree_grows_is_kept_continues_a_leaf_and_opens_from_its_link(live_app,
     other = open_page(browser, viewport={"width": width, "height": height})
     other.goto(link)
     wait_loaded(other)
-    open_loom(other)
+    other.wait_for_selector("#loom-grow", state="visible")  # a link's tree opens its section: no click
     wait_text(other, "#loom-summary", "Opened from a link")
     assert other.locator(NODES).count() == 14
     assert "4 given" in other.inner_text("#context-count")  # the link's prompt and given ids: the tree's point

@@ -108,4 +108,4 @@ class LensHandlers(Section):
                   for r in done[1:] if r.fork_step is not None}
         busy = " (beside other runs on this server, which share its processor)" if shared else ""
         yield {"lens_md": render.summary_md(done, note, stopped=len(done) < len(wanted), busy_note=busy),
-               "lens_view": render.view_html(done, common)}
+               "lens_view": render.view_html(done, common, tok.piece)}

@@ -9,7 +9,7 @@ import math
 from html import escape
 
 from inference.lenses.quantize import TYPES
-from ui.format import count
+from ui.format import count, token_label
 from ui.glossary import gloss
 from ui.widgets import SERIES_COLORS
 
@@ -206,24 +206,29 @@ def forks_html(results: list, common: dict[str, str]) -> str:
     return "".join(out)
 
 
-def steps_html(results: list) -> str:
-    """Every step's numbers, as the charts draw them (the charts' text for a screen reader)."""
+def steps_html(results: list, piece=None) -> str:
+    """Every step's numbers, as the charts draw them (the charts' text for a screen reader), each
+    step with float32's token there (piece: a token id's piece), so that a rank reads against a word."""
     if len(results) < 2:
         return ""
     names = [(r.precision, escape(shown_name(r.precision))) for r in results[1:]]
-    head = "<tr><th>step</th>" + "".join(f"<th>{n} KL</th><th>{n} top-1</th><th>{n} rank</th>" for _, n in names) + "</tr>"
+    head = ("<tr><th>step</th>" + ("<th>float32's token</th>" if piece else "")
+            + "".join(f"<th>{n} KL</th><th>{n} top-1</th><th>{n} rank</th>" for _, n in names) + "</tr>")
     rows = []
+    tokens = results[0].tokens
     for k in range(len(results[0].steps)):
+        token = (f"<td data-metric='token'><code class='tl-piece'>{escape(token_label(piece(tokens[k])))}</code></td>"
+                 if piece and k < len(tokens) else ("<td></td>" if piece else ""))
         cells = []
         for r in results[1:]:
             s, p = r.steps[k], escape(r.precision, quote=True)
             cells.append(f"<td class='tl-num' data-precision='{p}' data-metric='kl'>{s.kl:.3e}</td>"
                          f"<td class='tl-num' data-precision='{p}' data-metric='top1'>{'✓' if s.top1_agree else '✗'}</td>"
                          f"<td class='tl-num' data-precision='{p}' data-metric='rank'>{s.rank}</td>")
-        rows.append(f"<tr data-step='{k}'><td class='tl-num'>{k}</td>{''.join(cells)}</tr>")
+        rows.append(f"<tr data-step='{k}'><td class='tl-num'>{k}</td>{token}{''.join(cells)}</tr>")
     return ("<details class='tl-qlens-steps'><summary>Every step's numbers</summary><div class='tl-qlens-wrap'>"
             f"<table class='tl-qlens' id='lens-steps'>{head}{''.join(rows)}</table></div></details>")
 
 
-def view_html(results: list, common: dict[str, str]) -> str:
-    return gloss(table_html(results) + charts_html(results) + forks_html(results, common) + steps_html(results))
+def view_html(results: list, common: dict[str, str], piece=None) -> str:
+    return gloss(table_html(results) + charts_html(results) + forks_html(results, common) + steps_html(results, piece))

@@ -23,7 +23,7 @@ FROM_STEP, FROM_END, FROM_PROMPT = "the step on view", "the run's end", "the pro
 FROM = (FROM_STEP, FROM_END, FROM_PROMPT)
 LOOM_OUTPUTS = ("loom_md", "loom_view", "loom_state", "loom_saved", "loom_links")
 # At load also the controls, set to the tree's own choice of children.
-RESTORE_OUTPUTS = (*LOOM_OUTPUTS, "loom_p", "loom_k", "loom_depth", "loom_nodes")
+RESTORE_OUTPUTS = (*LOOM_OUTPUTS, "loom_p", "loom_k", "loom_depth", "loom_nodes", "loom_panel")
 
 
 def whole(value, what: str) -> int:
@@ -209,4 +209,6 @@ class LoomHandlers(Section):
         if isinstance(tree["depth"], int) and isinstance(tree["max_nodes"], int):
             shape.update(loom_depth=min(max(tree["depth"], 1), MAX_DEPTH),
                          loom_nodes=min(max(tree["max_nodes"], 1), self.tree_limits().nodes))
-        return {**self._shown(tree, note=note, download=False), "loom_saved": gr.skip(), **shape}
+        # A link's tree is what the link is for: its section opens (one kept in this browser stays folded).
+        opened = {"loom_panel": gr.update(open=True)} if "loom" in query else {}
+        return {**self._shown(tree, note=note, download=False), "loom_saved": gr.skip(), **shape, **opened}

@@ -24,7 +24,7 @@ BASE_JS = "() => window.location.origin + window.location.pathname"
 def build(page, h) -> None:
     add = page.add
     most = h.loom.tree_limits().nodes
-    with gr.Accordion("Loom: grow the tree of continuations", open=False, elem_id="loom-panel"):
+    with add("loom_panel", gr.Accordion("Loom: grow the tree of continuations", open=False, elem_id="loom-panel")):
         gr.Markdown("From a step of the run on view, every next token the model gives at least the threshold "
                     "p and ranks in the top k (0 turns either off) becomes a node, and so on to the depth, within "
                     "the node budget: one "

@@ -51,12 +51,12 @@ def from_text(point: FromText, tok) -> str:
     def piece(i: int) -> str:
         return "`" + token_label(tok.piece(i)).replace("`", "ˋ") + "`"
     said = (f"A run from {point.label or f'token {point.at + 1} of the scored ids'}: the {count(point.at, 'token')} "
-            "before it are the prompt, as scored")
+            "before it are the prompt, as scored (so the mode is now completion)")
     if point.candidate is None:
         return said + (f"; the run makes what comes in the place of {piece(point.ids[point.at])}."
                        if point.at < len(point.ids) else "; the run continues after the whole text.")
-    return (said + f"; {piece(point.candidate)} is put in the place of {piece(point.ids[point.at])} (given: the "
-            "settings count it as generated) and the run continues after it.")
+    return (said + f"; {piece(point.candidate)} is put in the place of {piece(point.ids[point.at])} as if the run "
+            "had written it (penalties count it) and the run continues after it.")
 
 
 class Runs:
