@@ -2,7 +2,7 @@
 LM head, as one decode step reads them) multiplied by 1, 2, 4, 8 and 16 activation rows, with the
 integer products and with the float32 products on the same blocks, alternated in one run. The
 step's products cost a + b·rows: `a` is what a step pays once (reading the weights, unpacking
-their planes), `b` what each row adds (on the integer path its four int8 slices' dot products).
+their planes), `b` what each row adds (on the integer path its three int8 slices' dot products).
 Where b is large beside a, eight rows cost far more than one, whatever the rest of the step.
 (Python calls each matrix here; a decode step calls the kernels once, so `a` is lower there.)
 

@@ -68,7 +68,7 @@ def blocks_text(info) -> str:
         return ""
     size = sum(v for k, v in stored.items() if k != "embed_row")
     products = getattr(info, "products", None) or {}
-    how = ("products in integers: each block of 32 activations in four int8 slices, exact integer sums, "
+    how = ("products in integers: each block of 32 activations in three int8 slices, exact integer sums, "
            "the scales applied in float32, within a stated bound of the float32 product"
            if products.get("path") == "integer" else "activations and sums float32")
     return f"<b>Products</b>: matrices read in the GGUF file's quantized blocks, {binary_size(size)}; {how}"

@@ -2,18 +2,19 @@
  *
  * A quantized weight is integers q with scales per block: w = d (q - offset), d q + m, d value[q]
  * (IQ4's 16 non-linear int8 values), or a K-quant's d sc q - dmin mn. The activations are float32;
- * each block of 32 of them is split here into four int8 slices with one shared power-of-two scale
- * s (the Ozaki scheme):
+ * each block of 32 of them is split here into three int8 slices with one shared power-of-two scale
+ * s (the Ozaki scheme: three bytes carry a float32's 24 bits):
  *
- *     x = s (a1 + a2 2^-7 + a3 2^-14 + a4 2^-21) + r,   |a1| <= 127, |a2..a4| <= 64, |r| <= s 2^-22,
+ *     X = round(x 2^16 / s) = a1 2^16 + a2 2^8 + a3,   x = s 2^-16 X + r,   |r| <= s 2^-17,
  *
- * every step exact in float32 (s is a power of two; each remainder is a float's exact
- * difference), and |r| at most 2^-28 of the block's largest |x|: below a float32's own rounding.
- * Each slice's sum with the weights' integers, sum(q a_k), is exact (AVX-512 VNNI's vpdpbusd
- * adds 64 byte products a cycle into int32 lanes); two slices at a time are combined exactly,
- * hi = T1 2^7 + T2 and lo = T3 2^7 + T4, and the block's scales are applied once, in float32:
+ * X's balanced base-256 digits (a2, a3 in [-128, 127]; |a1| <= 127 as |X| <= 127 2^16), every step
+ * exact (s is a power of two; the digits are integer operations), and |r| under 2^-16 / 127 (about
+ * 2^-23) of the block's largest |x|: a float32's own rounding of it. Each slice's sum with the weights' integers,
+ * T_k = sum(q a_k), is exact (AVX-512 VNNI's vpdpbusd adds 64 byte products an instruction into
+ * int32 lanes); hi = T1 2^8 + T2 is exact in int32, and the block's scales are applied once, in
+ * float32:
  *
- *     y = fma(d s 2^-21, fma(float(hi), 2^14, float(lo)), y)     (and the min's term after it).
+ *     y = fma(d s 2^-16, fma(float(hi), 2^8, float(T3)), y)     (and the min's term after it).
  *
  * The terms, in this order: a 32-input block's (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL), then Q4_1's
  * and Q5_1's m times the activations' sum; per 32 inputs of a K-quant, Q4_K's and Q5_K's d sc and
@@ -23,11 +24,13 @@
  * stored above the file's q (Q4_0 + 8, Q5_0 + 16, Q8_0's and the IQ4 values + 128 as unsigned
  * bytes, Q3_K + 4, Q6_K + 32) have off times the activations' own hi and lo taken off, in int32.
  *
- * int32 ranges (|T1| <= inputs qmax 127, |T2| <= inputs qmax 64, so |hi| <= inputs qmax 16320):
- * 4- and 5-bit weights' 32 inputs, Q6_K's and Q3_K's 16, and Q2_K's mins (15 x 2 x 16 x 16320)
- * stay under 2^24: exact as floats too. Q2_K's scaled halves (15 x 2 x 16 x 3 x 16320 = 2.4e7) and
- * the unsigned bytes' (32 x 255 x 16320 = 1.3e8, less 128 times the activations': 6.7e7) are above
- * 2^24 and far below 2^31: exact in int32, rounded once more converted to float (the bound counts it).
+ * int32 ranges (|T1| <= inputs qmax 127, |T2|, |T3| <= inputs qmax 128, so |hi| <= inputs qmax
+ * 32640, qmax the largest |q| after the offset): 4-bit weights' 32 inputs (15.7e6), Q5_0's
+ * (16 x 32 x 32640 = 16.7e6), Q6_K's and Q3_K's 16, and Q2_K's mins (15 x 2 x 16 x 32640) stay under
+ * 2^24 = 16.8e6: exact as floats too. Q5_1's and Q5_K's (3.2e7), Q2_K's scaled halves
+ * (15 x 2 x 16 x 3 x 32640 = 4.7e7) and the unsigned bytes' (32 x 255 x 32640 = 2.7e8, less 128
+ * times the activations': 1.3e8) are above 2^24 and below 2^31: exact in int32, rounded once more
+ * converted to float (the bound counts it).
  *
  * So the only differences from the float32 product of the dequantized weights are the slices'
  * remainder and float32 roundings, a few a block instead of one a weight: model/products.py's
@@ -59,22 +62,22 @@
 #include <immintrin.h>
 #endif
 
-enum { SLICES = 4 };
+enum { SLICES = 3 };
 
 /* ---------------------------------------------------------------- the activations' slices */
 typedef struct {
     int8_t a[SLICES][32];
-    float unit;     /* s 2^-21: the value of 1 in lo (and of 2^14 in hi) */
-    int32_t hi[2];  /* each half's (16 values) a1 2^7 + a2 sums */
-    int32_t lo[2];  /* and a3 2^7 + a4 */
-    float sx;       /* the block's sum as its slices carry it: unit (2^14 hi + lo) */
-    int32_t pad[2];
-} xblk_t;  /* 160 bytes */
+    float unit;     /* s 2^-16: the value of 1 in lo (and of 2^8 in hi) */
+    int32_t hi[2];  /* each half's (16 values) a1 2^8 + a2 sums */
+    int32_t lo[2];  /* and a3 */
+    float sx;       /* the block's sum as its slices carry it: unit (2^8 hi + lo) */
+    int32_t pad[6];
+} xblk_t;  /* 128 bytes */
 
 static int slices_kept = SLICES;  /* tests only (token_lab_set_slices): fewer drops the last ones */
 void token_lab_set_slices(int n) { slices_kept = n; }
 
-/* The exponent e of s = 2^e, the least with 127 s >= mx, clamped so that s 2^-21 stays normal. */
+/* The exponent e of s = 2^e, the least with 127 s >= mx, clamped so that s 2^-16 stays normal. */
 static inline int slice_exponent(float mx) {
     if (!(mx > 0.0f) || !isfinite(mx)) return -100;
     int e;
@@ -84,56 +87,72 @@ static inline int slice_exponent(float mx) {
     return e < -100 ? -100 : e;
 }
 
+/* X = round(x 2^16 / s) (|X| <= 127 2^16: exact in float32 and int32) as three balanced base-256
+ * digits, X = a1 2^16 + a2 2^8 + a3 with a2, a3 in [-128, 127] (then |a1| <= 127): integer steps,
+ * exact. Slices past slices_kept are 0 (their value dropped). */
+static inline void digits(int32_t X, int32_t *a1, int32_t *a2, int32_t *a3) {
+    *a3 = ((X + 128) & 255) - 128;
+    const int32_t X2 = (X - *a3) >> 8;  /* exact: X - a3 is a multiple of 256 */
+    *a2 = ((X2 + 128) & 255) - 128;
+    *a1 = (X2 - *a2) >> 8;
+    if (slices_kept < 3) *a3 = 0;
+    if (slices_kept < 2) *a2 = 0;
+}
+
 /* The sums of each half's slices, sums[half][k], into the block's hi, lo and sx. */
 static void slice_sums(xblk_t *o, int e, int finite, const int32_t sums[2][SLICES]) {
     for (int h = 0; h < 2; ++h) {
-        o->hi[h] = sums[h][0] * 128 + sums[h][1];
-        o->lo[h] = sums[h][2] * 128 + sums[h][3];
+        o->hi[h] = sums[h][0] * 256 + sums[h][1];
+        o->lo[h] = sums[h][2];
     }
-    o->unit = finite ? ldexpf(1.0f, e - 21) : NAN;  /* an infinite or NaN activation: NaN out */
-    o->sx = o->unit * fmaf((float)(o->hi[0] + o->hi[1]), 16384.0f, (float)(o->lo[0] + o->lo[1]));
+    o->unit = finite ? ldexpf(1.0f, e - 16) : NAN;  /* an infinite or NaN activation: NaN out */
+    o->sx = o->unit * fmaf((float)(o->hi[0] + o->hi[1]), 256.0f, (float)(o->lo[0] + o->lo[1]));
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 static void slice_block(const float *x, xblk_t *o) {
-    __m512 r[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
+    const __m512 r[2] = {_mm512_loadu_ps(x), _mm512_loadu_ps(x + 16)};
     const __m512 inf = _mm512_set1_ps(INFINITY);  /* not below infinity: an infinity or a NaN */
     const int finite = !(_mm512_cmp_ps_mask(_mm512_abs_ps(r[0]), inf, _CMP_NLT_UQ)
                          | _mm512_cmp_ps_mask(_mm512_abs_ps(r[1]), inf, _CMP_NLT_UQ));
     const int e = slice_exponent(finite ? _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(r[0]), _mm512_abs_ps(r[1]))) : NAN);
+    const __m512 inv = _mm512_set1_ps(ldexpf(1.0f, 16 - e));
+    const __m512i c128 = _mm512_set1_epi32(128), c255 = _mm512_set1_epi32(255);
     int32_t sums[2][SLICES];
-    for (int k = 0; k < SLICES; ++k) {
-        const __m512 inv = _mm512_set1_ps(ldexpf(1.0f, 7 * k - e)), step = _mm512_set1_ps(ldexpf(1.0f, e - 7 * k));
-        for (int h = 0; h < 2; ++h) {
-            __m512 a = _mm512_roundscale_ps(_mm512_mul_ps(r[h], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-            if (!finite || k >= slices_kept) a = _mm512_setzero_ps();
-            r[h] = _mm512_fnmadd_ps(a, step, r[h]);
-            const __m512i ai = _mm512_cvtps_epi32(a);
-            sums[h][k] = _mm512_reduce_add_epi32(ai);
-            _mm_storeu_si128((__m128i *)(o->a[k] + 16 * h), _mm512_cvtepi32_epi8(ai));
+    for (int h = 0; h < 2; ++h) {
+        __m512 X = _mm512_roundscale_ps(_mm512_mul_ps(r[h], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        if (!finite) X = _mm512_setzero_ps();
+        const __m512i Xi = _mm512_cvtps_epi32(X);
+        const __m512i a3 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(Xi, c128), c255), c128);
+        const __m512i X2 = _mm512_srai_epi32(_mm512_sub_epi32(Xi, a3), 8);
+        const __m512i a2 = _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(X2, c128), c255), c128);
+        const __m512i a1 = _mm512_srai_epi32(_mm512_sub_epi32(X2, a2), 8);
+        const __m512i a[SLICES] = {a1, slices_kept < 2 ? _mm512_setzero_si512() : a2,
+                                   slices_kept < 3 ? _mm512_setzero_si512() : a3};
+        for (int k = 0; k < SLICES; ++k) {
+            sums[h][k] = _mm512_reduce_add_epi32(a[k]);
+            _mm_storeu_si128((__m128i *)(o->a[k] + 16 * h), _mm512_cvtepi32_epi8(a[k]));
         }
     }
     slice_sums(o, e, finite, sums);
 }
 #else
 static void slice_block(const float *x, xblk_t *o) {
-    float mx = 0.0f, r[32];
+    float mx = 0.0f;
     int finite = 1;
     for (int i = 0; i < 32; ++i) {
-        r[i] = x[i];
         finite &= isfinite(x[i]) != 0;
         mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx;
     }
     const int e = slice_exponent(finite ? mx : NAN);
+    const float inv = ldexpf(1.0f, 16 - e);
     int32_t sums[2][SLICES] = {{0}};
-    for (int k = 0; k < SLICES; ++k) {
-        const float inv = ldexpf(1.0f, 7 * k - e), step = ldexpf(1.0f, e - 7 * k);
-        for (int i = 0; i < 32; ++i) {
-            float a = nearbyintf(r[i] * inv);
-            if (!finite || k >= slices_kept) a = 0.0f;
-            r[i] = fmaf(-a, step, r[i]);
-            o->a[k][i] = (int8_t)a;
-            sums[i / 16][k] += (int32_t)a;
+    for (int i = 0; i < 32; ++i) {
+        int32_t a[SLICES];
+        digits(finite ? (int32_t)nearbyintf(x[i] * inv) : 0, &a[0], &a[1], &a[2]);
+        for (int k = 0; k < SLICES; ++k) {
+            o->a[k][i] = (int8_t)a[k];
+            sums[i / 16][k] += a[k];
         }
     }
     slice_sums(o, e, finite, sums);
@@ -223,7 +242,7 @@ static inline __attribute__((always_inline)) void slice_dots(const wvec *w, cons
 #define FNMA _mm512_fnmadd_ps
 #define TOF _mm512_cvtepi32_ps
 #define IMUL _mm512_mullo_epi32
-static inline ivec IPAIR(ivec a, ivec b) { return _mm512_add_epi32(_mm512_slli_epi32(a, 7), b); }
+static inline ivec IPAIR(ivec a, ivec b) { return _mm512_add_epi32(_mm512_slli_epi32(a, 8), b); }
 static inline fvec f16x16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 static inline fvec u8x16f(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p))); }
 static inline fvec s8x16f(const uint8_t *p) { return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p))); }
@@ -239,7 +258,7 @@ typedef struct { uint8_t b[64]; } wvec;
 static inline ivec IADD(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] += b.l[i]; return a; }
 static inline ivec ISUB(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] -= b.l[i]; return a; }
 static inline ivec ISET(int32_t v) { ivec a; for (int i = 0; i < 16; ++i) a.l[i] = v; return a; }
-static inline ivec IPAIR(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] = a.l[i] * 128 + b.l[i]; return a; }
+static inline ivec IPAIR(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] = a.l[i] * 256 + b.l[i]; return a; }
 static inline ivec IMUL(ivec a, ivec b) { for (int i = 0; i < 16; ++i) a.l[i] *= b.l[i]; return a; }
 static inline ivec u8x16i(const uint8_t *p) { ivec a; for (int i = 0; i < 16; ++i) a.l[i] = p[i]; return a; }
 static inline ivec ILOW4(ivec a) { for (int i = 0; i < 16; ++i) a.l[i] &= 15; return a; }
@@ -273,11 +292,11 @@ static __attribute__((noinline)) void slice_dots(const wvec *w, const xblk_t *xb
 }
 #endif
 
-/* The block's value in units of s 2^-21 from its slices' sums (less `off` times the activations'
- * own where the weights are stored as q + off): 2^14 hi + lo, rounded once. */
+/* The block's value in units of s 2^-16 from its slices' sums (less `off` times the activations'
+ * own where the weights are stored as q + off): 2^8 hi + lo, rounded once. */
 static inline __attribute__((always_inline)) fvec value(const ivec *s, int32_t off_hi, int32_t off_lo) {
-    const ivec hi = ISUB(IPAIR(s[0], s[1]), ISET(off_hi)), lo = ISUB(IPAIR(s[2], s[3]), ISET(off_lo));
-    return FMA(TOF(hi), FSET(16384.0f), TOF(lo));
+    const ivec hi = ISUB(IPAIR(s[0], s[1]), ISET(off_hi)), lo = ISUB(s[2], ISET(off_lo));
+    return FMA(TOF(hi), FSET(256.0f), TOF(lo));
 }
 
 /* Block b's terms for one activation row, added to y: the types' formulas. */
@@ -290,11 +309,11 @@ static inline __attribute__((always_inline)) fvec legacy_terms(int64_t t, const 
     return has_min(t) ? FMA(f16x16(sc + 32), FSET(xb->sx), y) : y;
 }
 
-/* fma(float(hi), 2^14, float(lo)) of two halves' sums each times its own integer (a Q2_K scale or
- * min): sc0 (2^14 hi0 + lo0) + sc1 (2^14 hi1 + lo1), the products and sums in int32. */
+/* fma(float(hi), 2^8, float(lo)) of two halves' sums each times its own integer (a Q2_K scale or
+ * min): sc0 (2^8 hi0 + lo0) + sc1 (2^8 hi1 + lo1), the products and sums in int32. */
 static inline __attribute__((always_inline)) fvec scaled_pair(ivec sc0, ivec sc1, ivec hi0, ivec lo0, ivec hi1, ivec lo1) {
     const ivec hi = IADD(IMUL(sc0, hi0), IMUL(sc1, hi1)), lo = IADD(IMUL(sc0, lo0), IMUL(sc1, lo1));
-    return FMA(TOF(hi), FSET(16384.0f), TOF(lo));
+    return FMA(TOF(hi), FSET(256.0f), TOF(lo));
 }
 
 /* Sub-block s (32 inputs) of a K-type's 256 for one activation row. */
@@ -309,8 +328,8 @@ static inline __attribute__((always_inline)) fvec k_terms(int64_t t, const wvec 
     }
     if (t == I2_K) {  /* each half's 4-bit scale and min applied in integers: two terms, as Q4_K's */
         const ivec b0 = u8x16i(g + 64 + 16 * (2 * s)), b1 = u8x16i(g + 64 + 16 * (2 * s + 1));
-        y = FMA(FMUL(d, unit), scaled_pair(ILOW4(b0), ILOW4(b1), IPAIR(u[0], u[1]), IPAIR(u[2], u[3]),
-                                           IPAIR(v[0], v[1]), IPAIR(v[2], v[3])), y);
+        y = FMA(FMUL(d, unit), scaled_pair(ILOW4(b0), ILOW4(b1), IPAIR(u[0], u[1]), u[2],
+                                           IPAIR(v[0], v[1]), v[2]), y);
         return FNMA(FMUL(f16x16(g + 32), unit), scaled_pair(IHIGH4(b0), IHIGH4(b1), ISET(xb->hi[0]), ISET(xb->lo[0]),
                                                             ISET(xb->hi[1]), ISET(xb->lo[1])), y);
     }
