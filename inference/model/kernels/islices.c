@@ -407,12 +407,15 @@ static void int_group(int64_t t, const uint8_t *grp, int64_t in, const xblk_t *x
 }
 
 /* Rows [o0, o1) of a repacked part (its own numbering) for R activation rows: Y[r, o] at
- * y[r * y_stride + o - o0]. A range that cuts a group computes the group and keeps its rows. */
+ * y[r * y_stride + o - o0]. A range that cuts a group computes the group and keeps its rows.
+ * The groups are read in order, one stream the hardware's prefetcher follows: asking for the whole
+ * next group at each group's start (5-11 KiB, 90-170 lines at once) stalled the loads behind it,
+ * and without it decoding ran 1.37x (SmolLM2) and 1.36x (Gemma 3 270M) as fast on this AMD EPYC;
+ * asking for each block's lines 4 KiB ahead as it is read gained nothing over none. */
 static void int_rows(int64_t t, const uint8_t *data, int64_t group_bytes, int64_t in, const xblk_t *xs,
                      int64_t R, float *y, int64_t y_stride, int64_t o0, int64_t o1) {
     for (int64_t g0 = o0 / GROUP * GROUP; g0 < o1; g0 += GROUP) {
         const uint8_t *grp = data + (g0 / GROUP) * group_bytes;
-        for (int64_t c = 0; c < group_bytes; c += 64) __builtin_prefetch(grp + group_bytes + c);
         const int l0 = o0 > g0 ? (int)(o0 - g0) : 0, l1 = o1 - g0 < GROUP ? (int)(o1 - g0) : GROUP;
         int_group(t, grp, in, xs, R, y + (g0 + l0 - o0), y_stride, l0, l1);
     }
