@@ -101,6 +101,8 @@ def test_users_bench_through_the_page(tiny_dirs, tmp_path, client):
     page = result["systems"]["page"]
     assert page["2"]["users"] == 2 and 2 <= page["2"]["tokens"] <= 8 and page["2"]["clients_cpu_s"] > 0
     assert page["2"]["updates"] >= 2 and page["2"]["server_cpu_s"] > 0
+    # The page's time ends at the last client's last update, before the clients' processes exit.
+    assert 0 < page["2"]["wall_s"] <= page["2"]["wall_to_exits_s"]
     assert [page["2"]["same_as_alone"], result["systems"]["engine"]["2"]["same_as_alone"]] == [2, 2]
     assert "page: aggregate 2 users / 1 user" in result["ratios"]
     md = (tmp_path / "users.md").read_text()
@@ -393,3 +395,28 @@ def test_a_published_shape_written_as_gguf_reads_back_as_that_shape(tmp_path):
     assert done.generated_tokens == 3
     # Llama-3.2-1B's shapes: its published parameter count (tied embeddings).
     assert ModelConfig.from_hf_dict(RANDOM_SHAPES["llama-3.2-1b"]).param_counts()["total"] == 1_235_814_400
+
+
+def test_page_client_opens_its_session_before_its_run(tiny_dirs):
+    """A page client opens its session as a page's load does (a fresh session costs gradio ~20 ms
+    of its event loop, paid at a visitor's page load): after open_session the server holds the
+    session and no run or stop is pending for it, and the run then streams in that session."""
+    from app import serve
+    from bench.page_client import PageClient
+    from inference.serving.engine import Engine
+    from ui.controls import Controls
+    from ui.handlers import Handlers
+    from ui.layout import build_ui
+    engine = Engine.load(str(tiny_dirs["gqa_tied"]), "cpu")
+    demo = build_ui(engine, Handlers(engine))
+    _, url, _ = serve(demo, engine, block=False)
+    try:
+        client = PageClient(url)
+        assert client.session not in demo.state_holder
+        client.open_session()
+        assert client.session in demo.state_holder
+        arrivals, text = client.run(Controls(prompt="Hello", temperature=0.0, max_new_tokens=3, seed="1").values())
+        assert arrivals[-1][1] == 3 and text  # the run was not stopped by the /stop that opened the session
+    finally:
+        demo.close()
+        engine.close()
