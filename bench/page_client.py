@@ -8,10 +8,10 @@ sharing the server's machine take as little of its CPU as a client can.
 Prints one JSON line: the arrivals [(seconds since the start, tokens generated so far)] of
 every page update, the text the run generated, the CPU seconds the client took, and when its last
 update came (`end`: time.perf_counter(), the system's monotonic clock, which the caller's process
-reads alike). With --wait
-it connects (opening its session, as a page's load does), prints "ready" and starts when a line
-arrives on stdin (so that many clients start together). With --gradio-client the run goes through gradio_client instead (what a Python user
-of the API runs; its threads cost the machine more CPU).
+reads alike). It opens its session first, as a page's load does. With --wait it connects, prints
+"ready" and starts when a line arrives on stdin (so that many clients start together). With
+--gradio-client the run goes through gradio_client instead (what a Python user of the API runs;
+its threads cost the machine more CPU).
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from inference.model import kernels
 CHOICES = ("auto", "integer", "float32")
 # |y - y_f32| for one output y = sum_i w_i x_i of a weight row w (as gguf dequantizes it) and
 # activations x, where s_b is block b's slice scale (the least power of two with 127 s_b >= the
-# block's largest |x|: s_b 2^-17 is under 2^-23 of it), m_i the block's min term where the type
+# block's largest |x|: s_b 2^-17 is under 2^-16/127, about 2^-23, of it), m_i the block's min term where the type
 # has one (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) and n the inputs (docs/design.md derives it; tests/model/test_islices.py).
 BOUND = ("|y - y_f32| <= 2^-17 sum_b s_b sum_{i in b} |w_i| "
          "+ 1.01 (3n/32 + 16) 2^-24 sum_i (|w_i| + |m_i|) |x_i|")

@@ -9,10 +9,10 @@
  *
  * X's balanced base-256 digits (a2, a3 in [-128, 127]; |a1| <= 127 as |X| <= 127 2^16), every step
  * exact (s is a power of two; the digits are integer operations), and |r| under 2^-16 / 127 (about
- * 2^-23) of the block's largest |x|: a float32's own rounding of it. Each slice's sum with the weights' integers,
- * T_k = sum(q a_k), is exact (AVX-512 VNNI's vpdpbusd adds 64 byte products an instruction into
- * int32 lanes); hi = T1 2^8 + T2 is exact in int32, and the block's scales are applied once, in
- * float32:
+ * 2^-23) of the block's largest |x|: a float32's own rounding of it. Each slice's sum with the
+ * weights' integers, T_k = sum(q a_k), is exact (AVX-512 VNNI's vpdpbusd adds 64 byte products an
+ * instruction into int32 lanes); hi = T1 2^8 + T2 is exact in int32, and the block's scales are
+ * applied once, in float32:
  *
  *     y = fma(d s 2^-16, fma(float(hi), 2^8, float(T3)), y)     (and the min's term after it).
  *
