@@ -72,13 +72,15 @@ def limits_for(args):
 def stop_on_signals():
     """SIGTERM (a service manager, `kill`) stops the page as Ctrl-C does: as a KeyboardInterrupt
     in the main thread, which ends Gradio's wait. Yields a list of callables the first signal
-    runs before that. Later signals are ignored: they come while the page and the engine close,
-    and a close cut short could leave a thread computing while the interpreter finalizes."""
+    runs before that, and an event it sets: the wait ends at it too, since a KeyboardInterrupt
+    raised where the signal lands in code that swallows exceptions (a weakref's callback) is
+    lost. Later signals are ignored: they come while the page and the engine close, and a close
+    cut short could leave a thread computing while the interpreter finalizes."""
     before_stop: list = []
-    if threading.current_thread() is not threading.main_thread():  # only there can they be caught
-        yield before_stop
-        return
     stopping = threading.Event()
+    if threading.current_thread() is not threading.main_thread():  # only there can they be caught
+        yield before_stop, stopping
+        return
 
     def stop(signum, frame):
         if not stopping.is_set():
@@ -89,7 +91,7 @@ def stop_on_signals():
 
     previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield before_stop
+        yield before_stop, stopping
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -126,9 +128,9 @@ def main(argv=None) -> int:
     if (problem := port_problem(args.port)) is not None:
         print(f"error: {problem}", file=sys.stderr)
         return 2
-    with stop_on_signals() as before_stop:
+    with stop_on_signals() as (before_stop, stopping):
         try:
-            return _serve(args, before_stop)
+            return _serve(args, before_stop, stopping)
         except KeyboardInterrupt:  # stopped before the page was up (the engine is closed)
             return 0
 
@@ -153,7 +155,7 @@ def serve(demo, engine, *, auth=None, **kwargs):
     return launch(demo, engine, auth=auth, beside=[API(engine, h.page.registry, h.page.limits, logins, h.page.models)], **kwargs)
 
 
-def _serve(args, before_stop: list) -> int:
+def _serve(args, before_stop: list, stopping: threading.Event) -> int:
     from inference.factory import open_models
     from inference.errors import InputError, TokenLabError
 
@@ -188,9 +190,9 @@ def _serve(args, before_stop: list) -> int:
         handlers = Handlers(engine, limits=limits, models=models)
         demo = build_ui(engine, handlers)
         before_stop.append(lambda: _end_streams(demo, models))
-        try:  # launch returns when Gradio's wait ends (Ctrl-C, SIGTERM)
+        try:  # launch returns when Gradio's wait ends (Ctrl-C, SIGTERM, whose KeyboardInterrupt may be lost)
             serve(demo, engine, host=args.host, port=args.port, share=args.share,
-                   auth=args.logins or None)
+                   auth=args.logins or None, stopped=stopping)
         finally:
             demo.close(verbose=False)
     print("Token Lab stopped", file=sys.stderr)

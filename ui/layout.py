@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Sequence
@@ -190,11 +191,12 @@ class PageEvents:
 
 def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None = None,
            share: bool = False, auth: tuple[str, str] | list[tuple[str, str]] | None = None, block: bool = True,
-           queue_size: int = 16, concurrency: int = CONCURRENCY, beside: Sequence[Beside] = ()):
-    """Serve the page; with block, print where and wait until interrupted. Returns gradio's
-    (app, local URL, share URL). concurrency: runs Gradio hands the scheduler at once. beside:
-    services mounted on the same server (app.py's serve: the OpenAI-compatible API), behind the
-    same route guard and logins."""
+           queue_size: int = 16, concurrency: int = CONCURRENCY, beside: Sequence[Beside] = (),
+           stopped: threading.Event | None = None):
+    """Serve the page; with block, print where and wait until interrupted or `stopped` is set.
+    Returns gradio's (app, local URL, share URL). concurrency: runs Gradio hands the scheduler at
+    once. beside: services mounted on the same server (app.py's serve: the OpenAI-compatible API),
+    behind the same route guard and logins."""
     configure_queue(demo, engine, queue_size, concurrency)
     h = getattr(demo, "tokenlab_handlers", None)
     limits = h.page.limits if h is not None else Limits()
@@ -227,17 +229,20 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
         print(f"Token Lab is running on {local_url}"
               + (f" and publicly on {share_url}" if share_url else " (python app.py --share makes a public link)"),
               flush=True)
-        wait_until_stopped(demo)
+        wait_until_stopped(demo, stopped)
     return served
 
 
-def wait_until_stopped(demo: gr.Blocks) -> None:
+def wait_until_stopped(demo: gr.Blocks, stopped: threading.Event | None = None) -> None:
     """Gradio's block_thread without its "Keyboard interruption in main thread" line (printed at
-    SIGTERM too, which app.py raises as one): the wait ends at Ctrl-C or SIGTERM, or when the
-    page closes; the caller closes the page, and a share link's tunnel goes with it."""
+    SIGTERM too, which app.py raises as one): the wait ends at Ctrl-C or SIGTERM, when `stopped`
+    is set, or when the page closes; the caller closes the page, and a share link's tunnel goes
+    with it. `stopped`: app.py sets it at the signal, since the KeyboardInterrupt its handler
+    raises is lost where the signal lands in code that swallows exceptions (a weakref callback
+    while the page started: the page then served on, with its engine closed, until killed)."""
     from gradio.tunneling import CURRENT_TUNNELS
     try:
-        while demo.is_running:
+        while demo.is_running and not (stopped is not None and stopped.is_set()):
             time.sleep(0.1)
     except (KeyboardInterrupt, OSError):
         for tunnel in CURRENT_TUNNELS:
