@@ -265,6 +265,7 @@ def _engine_stats(info, rec: RunRecord) -> str:
     tps = (n - 1) / (decode_ms / 1000) if decode_ms > 0 else 0.0
     ttft = f"{first.prefill_ms:.0f} ms" + (f" (+ {first.wait_ms / 1000:.1f} s queued)"
                                             if first.wait_ms and first.wait_ms >= 50 else "")
+    costs = constraint_cost.cost_rows(rec)  # (none for a run without a constraint)
     reused = first.prompt_tokens_reused or 0
     prompt = f"{len(rec.prompt_ids)}" + (f" ({reused} read from the KV cache of an earlier run)" if reused else "")
     rows = [("prompt tokens", prompt), *([("given tokens (continued after)", f"{len(rec.given)}")] if rec.given else []),
@@ -272,11 +273,11 @@ def _engine_stats(info, rec: RunRecord) -> str:
             ("generated", f"{n}"), ("decode speed", f"{tps:.1f} tok/s"),
             (f"FLOPs / token (at {ctx} ctx)", f"{si(cost.flops)} ({si(cost.attention_flops)} attention)"),
             (f"bytes read / token (at {ctx} ctx)", bytes_text(info, ctx, cost.bytes)),
-            ("seed", f"{rec.seed}"), *constraint_cost.cost_rows(rec)]
+            ("seed", f"{rec.seed}"), *costs]
     lines = ["| measure | value |", "|---|---|"] + [f"| {k} | {v} |" for k, v in rows]
     if rec.done is not None:
         lines.append(ended_markdown(rec.done, "the context window", info.max_seq_len, rec.steps[-1]))
-    if constraint_cost.cost_rows(rec):  # a constrained run: what its constraint cost, each step (folded)
+    if costs:  # a constrained run: what its constraint cost, each step (folded)
         lines += ["", constraint_cost.cost_note(rec), "", constraint_cost.steps_html(rec)]
     return "\n".join(lines)
 
