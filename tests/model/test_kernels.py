@@ -44,6 +44,20 @@ def test_a_rows_product_gives_each_row_the_bits_it_has_alone():
         assert ((together.double() - exact).abs() <= bound).all()
 
 
+@pytest.mark.parametrize("out, inn, rows", [(960, 576, 130), (37, 1539, 41), (5, 33, 4), (6, 64, 9)])
+def test_many_rows_tiles_give_each_row_the_bits_it_has_alone(out, inn, rows):
+    """gemm_tiles (a prompt's rows, tiles of 4 weight rows by 3 rows, the X rows in blocks): every
+    row equal to gemv of that row alone, with and without a tail past the chunks of 32 (the
+    endings summed eight outputs at once, or one by one), the last tiles short."""
+    gen = torch.Generator().manual_seed(out + rows)
+    w, x = torch.randn(out, inn, generator=gen), torch.randn(rows, inn, generator=gen)
+    together = kernels.gemm_tiles(w, x)
+    assert all(torch.equal(together[r], kernels.gemv(w, x[r])) for r in range(rows))
+    exact = x.double() @ w.double().t()
+    bound = 1e-6 * (x.double().abs() @ w.double().abs().t()) * inn ** 0.5 + 1e-7
+    assert ((together.double() - exact).abs() <= bound).all()
+
+
 def test_linear_layers_route_every_row_through_the_kernels(tiny_dirs):
     """Any number of rows reads the weight through our kernels (gemm_rows up to KERNEL_ROWS,
     gemm_tiles beyond: a prompt's rows), each row the same bits as gemv gives it alone, so a row's
@@ -113,6 +127,28 @@ def test_attention_through_blocks_equals_in_place_bit_for_bit_and_sees_its_windo
         sdpa = F.scaled_dot_product_attention(q[b][:, None], k_pool[slots].transpose(0, 1), v_pool[slots].transpose(0, 1),
                                               attn_mask=visible, scale=0.25, enable_gqa=True)[:, 0]
         assert (got[b] - sdpa).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("heads, kv_heads, d", [(9, 3, 64), (4, 1, 256), (8, 2, 72), (12, 4, 40), (6, 6, 16)])
+@pytest.mark.parametrize("softcap", [None, 30.0])
+def test_a_prompts_rows_attend_with_the_bits_each_has_alone(heads, kv_heads, d, softcap):
+    """A prompt's rows (enough to share a kv head's query heads, their keys loaded once for 2 or 3
+    heads) give each row the bits it has alone (a decode row's heads one by one), and match SDPA."""
+    gen = torch.Generator().manual_seed(heads * d)
+    n, L = 40, 100
+    q = torch.randn(n, heads, d, generator=gen)
+    k, v = torch.randn(L, kv_heads, d, generator=gen), torch.randn(L, kv_heads, d, generator=gen)
+    lengths, slots = torch.arange(L - n + 1, L + 1), torch.arange(L)
+    many = kernels.attend(q, k, v, 0.125, torch.zeros_like(lengths), lengths, slots, 1, max_length=L, softcap=softcap)
+    for r in range(n):
+        alone = kernels.attend(q[r:r + 1], k, v, 0.125, torch.zeros(1, dtype=torch.int64), lengths[r:r + 1], slots, 1,
+                               softcap=softcap)
+        assert torch.equal(many[r], alone[0]), r
+    if softcap is None:
+        mask = torch.ones(n, L, dtype=torch.bool).tril(L - n)
+        sdpa = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+                                              attn_mask=mask, scale=0.125, enable_gqa=heads != kv_heads)[0].transpose(0, 1)
+        assert (many - sdpa).abs().max() < 1e-5
 
 
 def test_rms_norm_equals_torch():

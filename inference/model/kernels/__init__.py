@@ -112,7 +112,7 @@ def _library() -> ctypes.CDLL | None:
                              i64, i64, i64, i64, i64, i64, i64, f32, f32, ctypes.c_int],
         "token_lab_rms_norm": [ptr, ptr, ptr, i64, i64, f32],
         "token_lab_rope_store": [ptr, ptr, ptr, ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64],
-        "token_lab_glu": [ptr, ptr, i64, i64, ctypes.c_int],
+        "token_lab_glu": [ptr, ptr, i64, i64, ctypes.c_int, ctypes.c_int],
         "token_lab_decode": [ptr, ptr, ptr, f32, f32, i64, ctypes.c_int],
         "token_lab_top_k": [ptr, i64, i64, i64, ptr, ptr, ptr],
         "token_lab_row_sums": [ptr, ptr, i64, i64, ptr, ptr, ptr, ptr],
@@ -258,7 +258,7 @@ def glu(x: torch.Tensor, gelu: bool) -> torch.Tensor | None:
         return None
     f = x.shape[-1] // 2
     y = torch.empty(*x.shape[:-1], f, dtype=torch.float32)
-    lib.token_lab_glu(x.data_ptr(), y.data_ptr(), x.numel() // (2 * f), f, int(gelu))
+    lib.token_lab_glu(x.data_ptr(), y.data_ptr(), x.numel() // (2 * f), f, int(gelu), torch.get_num_threads())
     return y
 
 

@@ -77,62 +77,117 @@ static void weighted_values(const float *p, const float *v, float *o, const int6
     }
 }
 
-/* The scores q . k_r of eight keys (rows kr[0..7], d floats each): each key's eight lanes of
- * fused multiply-adds over the chunks of 8, then its lanes added as ((0+1)+(2+3))+((4+5)+(6+7)),
- * the eight keys' sums at once (a transpose of the eight registers), then the tail in order. */
-static inline void scores8(const float *q, const float *const *kr, int64_t d, float *out) {
-    v8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};  /* in registers */
-    const float *k0 = kr[0], *k1 = kr[1], *k2 = kr[2], *k3 = kr[3], *k4 = kr[4], *k5 = kr[5], *k6 = kr[6], *k7 = kr[7];
+/* The scores q . k_r of eight keys (rows kr[0..7], d floats each) for Q queries qs[0..Q-1] (query
+ * heads that share the keys' kv head: each key chunk loaded once for all Q): each key's eight
+ * lanes of fused multiply-adds over the chunks of 8, then its lanes added as
+ * ((0+1)+(2+3))+((4+5)+(6+7)), the eight keys' sums at once (a transpose of the eight registers),
+ * then the tail in order. A query's scores are the same bits whatever Q. Q is a constant where
+ * it is inlined (1 to 3: 8 Q accumulators held in registers). */
+static inline __attribute__((always_inline)) void scores8q(const int Q, const float *const *qs,
+                                                           const float *const *kr, int64_t d, float out[][8]) {
+    v8 acc[3][8];
+    for (int c = 0; c < Q; ++c)
+        for (int r = 0; r < 8; ++r) acc[c][r] = (v8){0};
     int64_t i = 0;
     for (; i + 8 <= d; i += 8) {
-        const v8 qv = load8(q + i);
-        a0 = fma8(load8(k0 + i), qv, a0); a1 = fma8(load8(k1 + i), qv, a1);
-        a2 = fma8(load8(k2 + i), qv, a2); a3 = fma8(load8(k3 + i), qv, a3);
-        a4 = fma8(load8(k4 + i), qv, a4); a5 = fma8(load8(k5 + i), qv, a5);
-        a6 = fma8(load8(k6 + i), qv, a6); a7 = fma8(load8(k7 + i), qv, a7);
+        v8 qv[3];
+        #pragma GCC unroll 3
+        for (int c = 0; c < Q; ++c) qv[c] = load8(qs[c] + i);
+        #pragma GCC unroll 8
+        for (int r = 0; r < 8; ++r) {
+            const v8 kv = load8(kr[r] + i);
+            #pragma GCC unroll 3
+            for (int c = 0; c < Q; ++c) acc[c][r] = fma8(kv, qv[c], acc[c][r]);
+        }
     }
-    const v8 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-    v8 pair[4], quad[2];
-    for (int r = 0; r < 4; ++r)  /* lanes: (2r's 0+1, 2r+1's 0+1, 2r's 2+3, 2r+1's 2+3, ...) */
-        pair[r] = __builtin_shufflevector(acc[2 * r], acc[2 * r + 1], 0, 8, 2, 10, 4, 12, 6, 14)
-                + __builtin_shufflevector(acc[2 * r], acc[2 * r + 1], 1, 9, 3, 11, 5, 13, 7, 15);
-    for (int r = 0; r < 2; ++r)  /* lanes: each of four keys' (0+1)+(2+3), then their (4+5)+(6+7) */
-        quad[r] = __builtin_shufflevector(pair[2 * r], pair[2 * r + 1], 0, 1, 8, 9, 4, 5, 12, 13)
-                + __builtin_shufflevector(pair[2 * r], pair[2 * r + 1], 2, 3, 10, 11, 6, 7, 14, 15);
-    const v8 sum = __builtin_shufflevector(quad[0], quad[1], 0, 1, 2, 3, 8, 9, 10, 11)
-                 + __builtin_shufflevector(quad[0], quad[1], 4, 5, 6, 7, 12, 13, 14, 15);
-    for (int r = 0; r < 8; ++r) {
-        float t = sum[r];
-        for (int64_t j = i; j < d; ++j) t = fmaf(kr[r][j], q[j], t);
-        out[r] = t;
+    for (int c = 0; c < Q; ++c) {
+        const v8 *a = acc[c];
+        v8 pair[4], quad[2];
+        for (int r = 0; r < 4; ++r)  /* lanes: (2r's 0+1, 2r+1's 0+1, 2r's 2+3, 2r+1's 2+3, ...) */
+            pair[r] = __builtin_shufflevector(a[2 * r], a[2 * r + 1], 0, 8, 2, 10, 4, 12, 6, 14)
+                    + __builtin_shufflevector(a[2 * r], a[2 * r + 1], 1, 9, 3, 11, 5, 13, 7, 15);
+        for (int r = 0; r < 2; ++r)  /* lanes: each of four keys' (0+1)+(2+3), then their (4+5)+(6+7) */
+            quad[r] = __builtin_shufflevector(pair[2 * r], pair[2 * r + 1], 0, 1, 8, 9, 4, 5, 12, 13)
+                    + __builtin_shufflevector(pair[2 * r], pair[2 * r + 1], 2, 3, 10, 11, 6, 7, 14, 15);
+        const v8 sum = __builtin_shufflevector(quad[0], quad[1], 0, 1, 2, 3, 8, 9, 10, 11)
+                     + __builtin_shufflevector(quad[0], quad[1], 4, 5, 6, 7, 12, 13, 14, 15);
+        for (int r = 0; r < 8; ++r) {
+            float t = sum[r];
+            for (int64_t j = i; j < d; ++j) t = fmaf(kr[r][j], qs[c][j], t);
+            out[c][r] = t;
+        }
     }
 }
 
+/* weighted_values for Q queries over the same values (Q a constant where inlined, 1 to 3): each
+ * value chunk of 64 loaded once for all Q, every output the same sum in the same order as
+ * weighted_values gives it (lanes are independent: sixteen of them or eight, the same bits). */
+static inline __attribute__((always_inline)) void weighted_values_q(
+        const int Q, float *const *p, const float *v, float *const *o, const int64_t *blocks,
+        int64_t block_size, int64_t first, int64_t L, int64_t v_pos, int64_t d) {
+    int64_t i = 0;
+    for (; i + 64 <= d; i += 64) {
+        v16 acc[3][4];
+        for (int c = 0; c < Q; ++c)
+            for (int m = 0; m < 4; ++m) acc[c][m] = (v16){0};
+        for (int64_t j = first; j < L; ++j) {
+            const float *vj = v + key_slot(blocks, block_size, j) * v_pos + i;
+            v16 vv[4];
+            for (int m = 0; m < 4; ++m) memcpy(&vv[m], vj + 16 * m, sizeof vv[m]);
+            #pragma GCC unroll 3
+            for (int c = 0; c < Q; ++c) {
+                const float pj = p[c][j];
+                #pragma GCC unroll 4
+                for (int m = 0; m < 4; ++m) acc[c][m] += pj * vv[m];
+            }
+        }
+        for (int c = 0; c < Q; ++c) memcpy(o[c] + i, acc[c], sizeof acc[c]);
+    }
+    if (i < d)  /* the rest of each output, chunks of 8 and a tail */
+        for (int c = 0; c < Q; ++c) weighted_values(p[c], v + i, o[c] + i, blocks, block_size, first, L, v_pos, d - i);
+}
+
+/* Attention of Q query heads qs[0..Q-1] sharing one kv head (Q a constant where inlined, 1 to
+ * 3), each query's numbers the same bits whatever Q: scores, each query's softmax, the weighted
+ * values. p[c]: room for L floats each. */
+static inline __attribute__((always_inline)) void attend_heads(
+        const int Q, const float *const *qs, const float *k, const float *v, float *const *o, float *const *p,
+        const int64_t *blocks, int64_t block_size, int64_t first, int64_t L,
+        int64_t k_pos, int64_t v_pos, int64_t d, float scale, float cap) {
+    float m[3] = {-INFINITY, -INFINITY, -INFINITY};
+    for (int64_t j = first; j < L; j += 8) {  /* eight keys at a time; past L, key L - 1 again */
+        const float *kr[8];
+        float sc[3][8];
+        for (int r = 0; r < 8; ++r) kr[r] = k + key_slot(blocks, block_size, j + r < L ? j + r : L - 1) * k_pos;
+        scores8q(Q, qs, kr, d, sc);
+        for (int c = 0; c < Q; ++c)
+            for (int r = 0; r < 8 && j + r < L; ++r) {
+                float *pj = &p[c][j + r];
+                *pj = sc[c][r] * scale;
+                if (cap > 0.0f) *pj = tanhf(*pj / cap) * cap;  /* Gemma 2's soft cap, as transformers' */
+                if (*pj > m[c]) m[c] = *pj;
+            }
+    }
+    for (int c = 0; c < Q; ++c) {
+        float *pc = p[c];
+        for (int64_t j = first; j < L; j += 16) {  /* exp(p - m), 16 at a time; then summed in order */
+            v16 x;
+            for (int l = 0; l < 16; ++l) x[l] = j + l < L ? pc[j + l] - m[c] : -INFINITY;
+            const v16 e = exp16(x);
+            for (int l = 0; l < 16 && j + l < L; ++l) pc[j + l] = e[l];
+        }
+        float z = 0.0f;
+        for (int64_t j = first; j < L; ++j) z += pc[j];
+        for (int64_t j = first; j < L; ++j) pc[j] = pc[j] / z;
+    }
+    weighted_values_q(Q, p, v, o, blocks, block_size, first, L, v_pos, d);
+}
+
+/* One query head: a decode row's (step.c's too). */
 static void attend_head(const float *qh, const float *k, const float *v, float *o, float *p,
                         const int64_t *blocks, int64_t block_size, int64_t first, int64_t L,
                         int64_t k_pos, int64_t v_pos, int64_t d, float scale, float cap) {
-    float m = -INFINITY;
-    for (int64_t j = first; j < L; j += 8) {  /* eight keys at a time; past L, key L - 1 again */
-        const float *kr[8];
-        float sc[8];
-        for (int r = 0; r < 8; ++r) kr[r] = k + key_slot(blocks, block_size, j + r < L ? j + r : L - 1) * k_pos;
-        scores8(qh, kr, d, sc);
-        for (int r = 0; r < 8 && j + r < L; ++r) {
-            p[j + r] = sc[r] * scale;
-            if (cap > 0.0f) p[j + r] = tanhf(p[j + r] / cap) * cap;  /* Gemma 2's soft cap, as transformers' */
-            if (p[j + r] > m) m = p[j + r];
-        }
-    }
-    for (int64_t j = first; j < L; j += 16) {  /* exp(p - m), 16 at a time; then summed in order */
-        v16 x;
-        for (int l = 0; l < 16; ++l) x[l] = j + l < L ? p[j + l] - m : -INFINITY;
-        const v16 e = exp16(x);
-        for (int l = 0; l < 16 && j + l < L; ++l) p[j + l] = e[l];
-    }
-    float z = 0.0f;
-    for (int64_t j = first; j < L; ++j) z += p[j];
-    for (int64_t j = first; j < L; ++j) p[j] = p[j] / z;
-    weighted_values(p, v, o, blocks, block_size, first, L, v_pos, d);
+    attend_heads(1, &qh, k, v, &o, &p, blocks, block_size, first, L, k_pos, v_pos, d, scale, cap);
 }
 
 /* rows queries q (rows, heads, d) -> out (rows, heads, d). Row r sees keys first[r] .. L[r]-1
@@ -143,19 +198,36 @@ typedef struct {
     const int64_t *blocks, *first, *L;
     int64_t n_blocks, block_size, max_L, k_pos, k_head, v_pos, v_head, heads, rep, d, rows;
     float scale, cap;
+    int grouped;  /* units of a kv head's rep query heads (their keys loaded once), else of one head */
 } attend_t;
 
 static void attend_range(void *ctx, int64_t begin, int64_t end) {
     const attend_t *a = ctx;
-    float *p = malloc(sizeof(float) * (a->max_L > 0 ? a->max_L : 1));
-    if (!p) abort();
-    for (int64_t rh = begin; rh < end; ++rh) {
-        const int64_t r = rh / a->heads, g = rh % a->heads / a->rep;
-        attend_head(a->q + rh * a->d, a->k + g * a->k_head, a->v + g * a->v_head, a->out + rh * a->d, p,
-                    a->blocks ? a->blocks + r * a->n_blocks : NULL, a->block_size, a->first[r], a->L[r],
-                    a->k_pos, a->v_pos, a->d, a->scale, a->cap);
+    float *buf = malloc(sizeof(float) * 3 * (a->max_L > 0 ? a->max_L : 1));
+    if (!buf) abort();
+    float *p[3] = {buf, buf + (a->max_L > 0 ? a->max_L : 1), buf + 2 * (a->max_L > 0 ? a->max_L : 1)};
+    const int64_t per_unit = a->grouped ? a->rep : 1;  /* a unit: one head, or a kv head's query heads */
+    for (int64_t u = begin; u < end; ++u) {
+        const int64_t r = u * per_unit / a->heads, h0 = u * per_unit % a->heads, g = h0 / a->rep;
+        const int64_t *blocks = a->blocks ? a->blocks + r * a->n_blocks : NULL;
+        const float *k = a->k + g * a->k_head, *v = a->v + g * a->v_head;
+        for (int64_t h = h0; h < h0 + per_unit;) {
+            const int64_t left = h0 + per_unit - h;
+            const int Q = left >= 3 && left != 4 ? 3 : left >= 2 ? 2 : 1;  /* 4: two of 2 */
+            const float *qs[3];
+            float *os[3];
+            for (int c = 0; c < Q; ++c) {
+                qs[c] = a->q + (r * a->heads + h + c) * a->d;
+                os[c] = a->out + (r * a->heads + h + c) * a->d;
+            }
+            #define ATTEND(QC) attend_heads(QC, qs, k, v, os, p, blocks, a->block_size, a->first[r], a->L[r], \
+                                            a->k_pos, a->v_pos, a->d, a->scale, a->cap)
+            if (Q == 3) ATTEND(3); else if (Q == 2) ATTEND(2); else ATTEND(1);
+            #undef ATTEND
+            h += Q;
+        }
     }
-    free(p);
+    free(buf);
 }
 
 void token_lab_attend(const float *q, const float *k, const float *v, float *out, int64_t rows,
@@ -163,8 +235,11 @@ void token_lab_attend(const float *q, const float *k, const float *v, float *out
                       const int64_t *first, const int64_t *L, int64_t max_L,
                       int64_t k_pos, int64_t k_head, int64_t v_pos, int64_t v_head,
                       int64_t heads, int64_t kv_heads, int64_t d, float scale, float cap, int threads) {
+    /* Grouped where there are units enough to share between the threads (a prompt's rows); a
+     * decode row's heads one by one, each thread its share of them. The same bits either way. */
+    const int grouped = heads > kv_heads && rows * kv_heads >= 8 * (threads > 1 ? threads : 1);
     attend_t a = {q, k, v, out, blocks, first, L, n_blocks, block_size, max_L,
-                  k_pos, k_head, v_pos, v_head, heads, heads / kv_heads, d, rows, scale, cap};
-    split(attend_range, &a, rows * heads, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float), threads,
-          by_size(attend_costs, rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float)));
+                  k_pos, k_head, v_pos, v_head, heads, heads / kv_heads, d, rows, scale, cap, grouped};
+    const int64_t bytes = rows * max_L * kv_heads * d * 2 * (int64_t)sizeof(float);
+    split(attend_range, &a, grouped ? rows * kv_heads : rows * heads, bytes, threads, by_size(attend_costs, bytes));
 }
