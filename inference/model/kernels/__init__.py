@@ -34,7 +34,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("kernels.c")
 # #included by kernels.c: part of its cache key
-INCLUDED = [Path(__file__).with_name(f) for f in ("attention.c", "stats.c", "quant.c", "quant_simd.c", "ipack.c", "islices.c", "products.c", "step.c")]
+INCLUDED = [Path(__file__).with_name(f) for f in ("tiles.c", "attention.c", "stats.c", "quant.c", "quant_simd.c", "ipack.c", "islices.c", "products.c", "step.c")]
 _lock = threading.Lock()
 
 
