@@ -11,7 +11,7 @@
  * branch.)
  *
  * The same functions, in the same order for every output, as the calls above (rows_range, dot,
- * attend_head, token_lab_rms_norm, rotate, act), so its numbers are the same bits as the
+ * attend_unit, token_lab_rms_norm, rotate, act), so its numbers are the same bits as the
  * model's kernel-by-kernel path, and a row's the same alone or beside others. What it saves is
  * the rest of that path: ~1,000 small operators and ~120 thread-team starts a step. The team
  * starts once; each stage's work is handed out in chunks from a counter (a thread that gets
@@ -141,11 +141,13 @@ static void decode_body(step_t *s, int nth) {
     float *h = s->ptrs[P_H];
     const int64_t *slots = s->ptrs[P_SLOTS], *blocks = s->ptrs[P_BLOCKS], *lengths = s->ptrs[P_LENGTHS];
     float *x = malloc(sizeof(float) * n * hidden);  /* this thread's normed rows */
-    float *p = malloc(sizeof(float) * (dm[D_MAX_L] > 0 ? dm[D_MAX_L] : 1));  /* attention's scores */
+    const int64_t max_l = dm[D_MAX_L] > 0 ? dm[D_MAX_L] : 1;
+    float *scores = malloc(sizeof(float) * 3 * max_l);  /* attention's, for up to three heads */
+    float *const p[3] = {scores, scores + max_l, scores + 2 * max_l};
     const int64_t widest = hidden > ffn ? (hidden > heads * d ? hidden : heads * d) : (ffn > heads * d ? ffn : heads * d);
     float *buf = malloc(sizeof(float) * widest);  /* a row of dequantized weights */
     xblk_t *xs = malloc(sizeof(xblk_t) * n * (widest / 32 + 1));  /* this thread's slices of a product's input */
-    if (!x || !p || !buf || !xs) abort();
+    if (!x || !scores || !buf || !xs) abort();
     int64_t stage = 0;
     for (int64_t l = 0; l < n_layers; ++l) {
         const int64_t *t = s->layers + l * L_FIELDS;
@@ -180,12 +182,11 @@ static void decode_body(step_t *s, int nth) {
 
         /* ---- attention: (row, head) pairs claimed in turn */
         const int64_t offset = dm[D_CTX_OFFSET] * kv_width;
-        CHUNKS(&s->counters[stage], n * heads, 1, nth, 1, rh0, rh1) for (int64_t rh = rh0; rh < rh1; ++rh) {
-            const int64_t r = rh / heads, g = rh % heads / (heads / kv_heads);
-            attend_head(s->q + rh * d, k_pool + offset + g * d, v_pool + offset + g * d, s->att + rh * d, p,
-                        blocks ? blocks + r * dm[D_N_BLOCKS] : NULL, dm[D_BLOCK_SIZE], first[r], lengths[r],
-                        kv_width, kv_width, d, s->scale, 0.0f);
-        }
+        const attend_t at = {s->q, k_pool + offset, v_pool + offset, s->att, blocks, first, lengths, dm[D_N_BLOCKS],
+                             dm[D_BLOCK_SIZE], dm[D_MAX_L], kv_width, d, kv_width, d, heads, heads / kv_heads, d, n,
+                             s->scale, 0.0f, attend_part(n, heads, kv_heads, nth)};
+        CHUNKS(&s->counters[stage], attend_units(&at), 1, nth, 1, u0, u1) for (int64_t u = u0; u < u1; ++u)
+            attend_unit(&at, u, p);
         ++stage;
         barrier(s, nth);
 
@@ -226,7 +227,7 @@ static void decode_body(step_t *s, int nth) {
     }
     free(xs);
     free(x);
-    free(p);
+    free(scores);
     free(buf);
 }
 
