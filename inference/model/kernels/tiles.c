@@ -1,6 +1,7 @@
-/* Many rows of float32 products (a prompt's), each row the same bits as a decode row's
- * (included by kernels.c, after dot() and its vector helpers). */
-/* ---------------------------------------------------------------- many rows, each as dot()
+/* Many rows of float32 products (a prompt's), included by kernels.c after dot() and its vector
+ * helpers.
+ *
+ * ---------------------------------------------------------------- many rows, each as dot()
  * Y = X W^T for any number of rows of X (a prompt's), each output the same sum in dot()'s order
  * as token_lab_gemm_rows gives it, so a row's numbers do not depend on the rows beside it.
  * dot()'s four 8-lane accumulators are two 16-lane registers per output (lanes 0-7 and 8-15
@@ -40,6 +41,9 @@ static inline void tile(const float *const w[TILE_W], const float *const x[TILE_
     f16v t00 = {0}, t01 = {0}, t02 = {0}, t10 = {0}, t11 = {0}, t12 = {0};
     f16v t20 = {0}, t21 = {0}, t22 = {0}, t30 = {0}, t31 = {0}, t32 = {0};
     const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *x0 = x[0], *x1 = x[1], *x2 = x[2];
+    /* GCC folded these loads into the FMAs as memory operands, loading each vector three or four
+     * times (23 loads for 16 FMAs): an empty asm that "changes" each loaded vector keeps it in a
+     * register. The intrinsic is the same single-rounding FMA as fma16 (the same bits). */
 #ifdef __AVX512F__
 #define FMA16(v, x, s) s = (f16v)_mm512_fmadd_ps((__m512)(v), (__m512)(x), (__m512)(s))
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
@@ -48,7 +52,7 @@ static inline void tile(const float *const w[TILE_W], const float *const x[TILE_
 #define FMA16(v, x, s) s = fma16(v, x, s)
 #endif
     for (int64_t i = 0; i < full; i += 32) {
-        if (next)
+        if (next)  /* the next weight tile's rows (from DRAM), as this tile's first X rows use these */
             for (int k = 0; k < TILE_W; ++k) {
                 __builtin_prefetch(next + k * stride + i);
                 __builtin_prefetch(next + k * stride + i + 16);
