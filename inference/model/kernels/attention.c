@@ -77,6 +77,19 @@ static void weighted_values(const float *p, const float *v, float *o, const int6
     }
 }
 
+/* Up to Q_MOST query heads share their keys' loads. Their accumulators fit AVX-512's 32 vector
+ * registers; with 16 (AVX2) two or three queries' spilled to the stack and a layer's attention
+ * ran 2.5-4.5x slower than one query at a time, so there each query goes alone. A chunk of 64
+ * values is VN_64 vectors of the widest the CPU has (lanes are independent: the same bits). */
+#ifdef __AVX512F__
+enum { Q_MOST = 3, VN_64 = 4 };
+typedef float vn __attribute__((vector_size(64)));
+#else
+enum { Q_MOST = 1, VN_64 = 8 };
+typedef float vn __attribute__((vector_size(32)));
+#endif
+static inline vn loadn(const float *p) { vn v; memcpy(&v, p, sizeof v); return v; }
+
 /* The scores q . k_r of eight keys (rows kr[0..7], d floats each) for Q queries qs[0..Q-1] (query
  * heads that share the keys' kv head: each key chunk loaded once for all Q): each key's eight
  * lanes of fused multiply-adds over the chunks of 8, then its lanes added as
@@ -127,18 +140,16 @@ static inline __attribute__((always_inline)) void weighted_values_q(
         int64_t block_size, int64_t first, int64_t L, int64_t v_pos, int64_t d) {
     int64_t i = 0;
     for (; i + 64 <= d; i += 64) {
-        v16 acc[3][4];
+        vn acc[3][VN_64];
         for (int c = 0; c < Q; ++c)
-            for (int m = 0; m < 4; ++m) acc[c][m] = (v16){0};
+            for (int m = 0; m < VN_64; ++m) acc[c][m] = (vn){0};
         for (int64_t j = first; j < L; ++j) {
             const float *vj = v + key_slot(blocks, block_size, j) * v_pos + i;
-            v16 vv[4];
-            for (int m = 0; m < 4; ++m) memcpy(&vv[m], vj + 16 * m, sizeof vv[m]);
-            #pragma GCC unroll 3
-            for (int c = 0; c < Q; ++c) {
-                const float pj = p[c][j];
-                #pragma GCC unroll 4
-                for (int m = 0; m < 4; ++m) acc[c][m] += pj * vv[m];
+            #pragma GCC unroll 8
+            for (int m = 0; m < VN_64; ++m) {
+                const vn vv = loadn(vj + m * (64 / VN_64));
+                #pragma GCC unroll 3
+                for (int c = 0; c < Q; ++c) acc[c][m] += p[c][j] * vv;
             }
         }
         for (int c = 0; c < Q; ++c) memcpy(o[c] + i, acc[c], sizeof acc[c]);
@@ -208,7 +219,8 @@ static void attend_unit(const attend_t *a, int64_t u, float *const *p) {
     const float *k = a->k + g * a->k_head, *v = a->v + g * a->v_head;
     for (int64_t h = h0; h < h1;) {
         const int64_t left = h1 - h;
-        const int Q = left >= 3 && left != 4 ? 3 : left >= 2 ? 2 : 1;
+        int Q = left >= 3 && left != 4 ? 3 : left >= 2 ? 2 : 1;
+        Q = Q < Q_MOST ? Q : Q_MOST;
         const float *qs[3];
         float *os[3];
         for (int c = 0; c < Q; ++c) {
@@ -228,6 +240,7 @@ static void attend_unit(const attend_t *a, int64_t u, float *const *p) {
  * or by all of a kv head's heads at once; SmolLM2's 9 the same); a prompt's rows: all of them. */
 static inline int64_t attend_part(int64_t rows, int64_t heads, int64_t kv_heads, int threads) {
     const int64_t rep = heads / kv_heads;
+    if (Q_MOST == 1) return 1;
     return rows * kv_heads >= 8 * (threads > 1 ? threads : 1) ? rep : rep < 2 ? rep : 2;
 }
 

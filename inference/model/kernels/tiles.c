@@ -153,6 +153,13 @@ static costs_t tiles_costs[48];
 /* Y (rows, out) = X W^T, W (out, in) row-major rows `stride` floats apart, X rows x_stride apart. */
 void token_lab_gemm_tiles(const float *w, const float *x, float *y, int64_t rows, int64_t out,
                           int64_t in, int64_t stride, int64_t x_stride, int threads) {
+#ifndef __AVX512F__
+    /* With 16 vector registers (AVX2) the tile's 24 16-lane accumulators spill to the stack: it
+     * ran at 16 GFLOP/s against the rows kernel's 88-96 (each weight row read once for two rows
+     * of X), which gives the same bits. */
+    token_lab_gemm_rows(w, x, y, rows, out, in, stride, x_stride, threads);
+    return;
+#endif
     tiles_t a = {w, x, y, rows, out, in, stride, x_stride};
     const int64_t work = out * in * rows * (int64_t)sizeof(float);
     split(tiles_range, &a, (out + TILE_W - 1) / TILE_W, work, threads, by_size(tiles_costs, work));
