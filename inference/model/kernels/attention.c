@@ -145,11 +145,14 @@ static inline __attribute__((always_inline)) void weighted_values_q(
             for (int m = 0; m < VN_64; ++m) acc[c][m] = (vn){0};
         for (int64_t j = first; j < L; ++j) {
             const float *vj = v + key_slot(blocks, block_size, j) * v_pos + i;
+            vn pj[3];  /* each query's weight of key j, in every lane */
+            #pragma GCC unroll 3
+            for (int c = 0; c < Q; ++c) pj[c] = p[c][j] - (vn){0};  /* x - 0 is x, -0 too: a broadcast */
             #pragma GCC unroll 8
             for (int m = 0; m < VN_64; ++m) {
                 const vn vv = loadn(vj + m * (64 / VN_64));
                 #pragma GCC unroll 3
-                for (int c = 0; c < Q; ++c) acc[c][m] += p[c][j] * vv;
+                for (int c = 0; c < Q; ++c) acc[c][m] += pj[c] * vv;
             }
         }
         for (int c = 0; c < Q; ++c) memcpy(o[c] + i, acc[c], sizeof acc[c]);
