@@ -6,7 +6,6 @@
  * each lane the same operations (so the same bits on any vector width): x = n ln2 + r with
  * |r| <= ln2 / 2, e^r by Cephes' degree-6 polynomial (within 2 ulp), times 2^n. Below -87.3 (a
  * float32 subnormal or 0: at most 1e-38 of the sum, which holds 1 for the largest) it is 0. */
-typedef float v16 __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
 static inline v16 exp16(v16 x) {
     v16 n, r, p, y;

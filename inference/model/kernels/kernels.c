@@ -99,8 +99,10 @@ static void split(range_fn fn, void *ctx, int64_t n, int64_t bytes, int threads,
 }
 
 typedef float v8 __attribute__((vector_size(32)));
+typedef float v16 __attribute__((vector_size(64)));
 
 static inline v8 load8(const float *p) { v8 v; memcpy(&v, p, sizeof v); return v; }
+static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 /* a * b + c in each lane, rounded once: written out (the file is compiled with
  * -ffp-contract=off) so that every kernel rounds the same way, whatever the compiler would
  * have contracted; GCC makes it one vector FMA where the CPU has them. */

@@ -83,7 +83,6 @@ void token_lab_row_sums(const float *x, const float *e, int64_t rows, int64_t V,
 }
 
 /* ---------------------------------------------------------------- every row's numbers at once */
-static inline v16 load16(const float *p) { v16 v; memcpy(&v, p, sizeof v); return v; }
 
 typedef float v8f __attribute__((vector_size(32)));
 typedef double v8d __attribute__((vector_size(64)));

@@ -10,16 +10,10 @@
  * loads serve four weight rows and each weight load three X rows (7 loads for 12 FMAs; a 4x2
  * tile needed 6 for 8, and a core loads one 64-byte vector a cycle as it does one FMA). The X
  * rows go in blocks that stay in the core's L2 cache while every weight tile passes over them. */
-typedef float f16v __attribute__((vector_size(64)));
-static inline f16v load16f(const float *p) { f16v v; memcpy(&v, p, sizeof v); return v; }
-static inline f16v fma16(f16v a, f16v b, f16v c) {
-    f16v r;
-    for (int l = 0; l < 16; ++l) r[l] = fmaf(a[l], b[l], c[l]);
-    return r;
-}
+#ifdef __AVX512F__  /* without it (16 vector registers) token_lab_gemm_tiles uses the rows kernel */
 /* dot()'s ending from its accumulators ab (a | b) and cd (c | d) at input i: the chunks of 8
  * into a, (a + b) + (c + d) across lanes, then the tail. */
-static inline float dot_end(f16v ab, f16v cd, const float *r, const float *x, int64_t i, int64_t n) {
+static inline float dot_end(v16 ab, v16 cd, const float *r, const float *x, int64_t i, int64_t n) {
     v8 a, b, c, d;
     memcpy(&a, &ab, 32); memcpy(&b, (const char *)&ab + 32, 32);
     memcpy(&c, &cd, 32); memcpy(&d, (const char *)&cd + 32, 32);
@@ -35,45 +29,40 @@ enum { TILE_W = 4, TILE_X = 3, X_BLOCK_BYTES = 512 * 1024 };
 
 /* One tile: weight rows w[0..3] by X rows x[0..2], into acc[k][j][0] (ab) and [1] (cd). */
 static inline void tile(const float *const w[TILE_W], const float *const x[TILE_X], int64_t full,
-                        const float *next, int64_t stride, f16v acc[TILE_W][TILE_X][2]) {
-    f16v s00 = {0}, s01 = {0}, s02 = {0}, s10 = {0}, s11 = {0}, s12 = {0};
-    f16v s20 = {0}, s21 = {0}, s22 = {0}, s30 = {0}, s31 = {0}, s32 = {0};
-    f16v t00 = {0}, t01 = {0}, t02 = {0}, t10 = {0}, t11 = {0}, t12 = {0};
-    f16v t20 = {0}, t21 = {0}, t22 = {0}, t30 = {0}, t31 = {0}, t32 = {0};
+                        const float *next, int64_t stride, v16 acc[TILE_W][TILE_X][2]) {
+    v16 s00 = {0}, s01 = {0}, s02 = {0}, s10 = {0}, s11 = {0}, s12 = {0};
+    v16 s20 = {0}, s21 = {0}, s22 = {0}, s30 = {0}, s31 = {0}, s32 = {0};
+    v16 t00 = {0}, t01 = {0}, t02 = {0}, t10 = {0}, t11 = {0}, t12 = {0};
+    v16 t20 = {0}, t21 = {0}, t22 = {0}, t30 = {0}, t31 = {0}, t32 = {0};
     const float *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3], *x0 = x[0], *x1 = x[1], *x2 = x[2];
     /* GCC folded these loads into the FMAs as memory operands, loading each vector three or four
      * times (23 loads for 16 FMAs): an empty asm that "changes" each loaded vector keeps it in a
-     * register. The intrinsic is the same single-rounding FMA as fma16 (the same bits). */
-#ifdef __AVX512F__
-#define FMA16(v, x, s) s = (f16v)_mm512_fmadd_ps((__m512)(v), (__m512)(x), (__m512)(s))
+     * register. The intrinsic is one single-rounding FMA, as fma8's lanes are (the same bits). */
+#define FMA16(v, x, s) s = (v16)_mm512_fmadd_ps((__m512)(v), (__m512)(x), (__m512)(s))
 #define IN_REGISTER(v) __asm__("" : "+v"(v))
-#else
-#define IN_REGISTER(v) (void)0
-#define FMA16(v, x, s) s = fma16(v, x, s)
-#endif
     for (int64_t i = 0; i < full; i += 32) {
         if (next)  /* the next weight tile's rows (from DRAM), as this tile's first X rows use these */
             for (int k = 0; k < TILE_W; ++k) {
                 __builtin_prefetch(next + k * stride + i);
                 __builtin_prefetch(next + k * stride + i + 16);
             }
-        f16v a = load16f(x0 + i), b = load16f(x1 + i), c = load16f(x2 + i), v;
+        v16 a = load16(x0 + i), b = load16(x1 + i), c = load16(x2 + i), v;
         IN_REGISTER(a); IN_REGISTER(b); IN_REGISTER(c);
-        v = load16f(w0 + i); IN_REGISTER(v); FMA16(v, a, s00); FMA16(v, b, s01); FMA16(v, c, s02);
-        v = load16f(w1 + i); IN_REGISTER(v); FMA16(v, a, s10); FMA16(v, b, s11); FMA16(v, c, s12);
-        v = load16f(w2 + i); IN_REGISTER(v); FMA16(v, a, s20); FMA16(v, b, s21); FMA16(v, c, s22);
-        v = load16f(w3 + i); IN_REGISTER(v); FMA16(v, a, s30); FMA16(v, b, s31); FMA16(v, c, s32);
-        a = load16f(x0 + i + 16); b = load16f(x1 + i + 16); c = load16f(x2 + i + 16);
+        v = load16(w0 + i); IN_REGISTER(v); FMA16(v, a, s00); FMA16(v, b, s01); FMA16(v, c, s02);
+        v = load16(w1 + i); IN_REGISTER(v); FMA16(v, a, s10); FMA16(v, b, s11); FMA16(v, c, s12);
+        v = load16(w2 + i); IN_REGISTER(v); FMA16(v, a, s20); FMA16(v, b, s21); FMA16(v, c, s22);
+        v = load16(w3 + i); IN_REGISTER(v); FMA16(v, a, s30); FMA16(v, b, s31); FMA16(v, c, s32);
+        a = load16(x0 + i + 16); b = load16(x1 + i + 16); c = load16(x2 + i + 16);
         IN_REGISTER(a); IN_REGISTER(b); IN_REGISTER(c);
-        v = load16f(w0 + i + 16); IN_REGISTER(v); FMA16(v, a, t00); FMA16(v, b, t01); FMA16(v, c, t02);
-        v = load16f(w1 + i + 16); IN_REGISTER(v); FMA16(v, a, t10); FMA16(v, b, t11); FMA16(v, c, t12);
-        v = load16f(w2 + i + 16); IN_REGISTER(v); FMA16(v, a, t20); FMA16(v, b, t21); FMA16(v, c, t22);
-        v = load16f(w3 + i + 16); IN_REGISTER(v); FMA16(v, a, t30); FMA16(v, b, t31); FMA16(v, c, t32);
+        v = load16(w0 + i + 16); IN_REGISTER(v); FMA16(v, a, t00); FMA16(v, b, t01); FMA16(v, c, t02);
+        v = load16(w1 + i + 16); IN_REGISTER(v); FMA16(v, a, t10); FMA16(v, b, t11); FMA16(v, c, t12);
+        v = load16(w2 + i + 16); IN_REGISTER(v); FMA16(v, a, t20); FMA16(v, b, t21); FMA16(v, c, t22);
+        v = load16(w3 + i + 16); IN_REGISTER(v); FMA16(v, a, t30); FMA16(v, b, t31); FMA16(v, c, t32);
     }
 #undef FMA16
 #undef IN_REGISTER
-    const f16v s[TILE_W][TILE_X] = {{s00, s01, s02}, {s10, s11, s12}, {s20, s21, s22}, {s30, s31, s32}};
-    const f16v t[TILE_W][TILE_X] = {{t00, t01, t02}, {t10, t11, t12}, {t20, t21, t22}, {t30, t31, t32}};
+    const v16 s[TILE_W][TILE_X] = {{s00, s01, s02}, {s10, s11, s12}, {s20, s21, s22}, {s30, s31, s32}};
+    const v16 t[TILE_W][TILE_X] = {{t00, t01, t02}, {t10, t11, t12}, {t20, t21, t22}, {t30, t31, t32}};
     for (int k = 0; k < TILE_W; ++k)
         for (int j = 0; j < TILE_X; ++j) { acc[k][j][0] = s[k][j]; acc[k][j][1] = t[k][j]; }
 }
@@ -82,11 +71,11 @@ static inline void tile(const float *const w[TILE_W], const float *const x[TILE_
  * last, the last again), with no chunks of 8 nor tail left: each output's (a + b) + (c + d),
  * then its eight lanes added in order from 0, as sum8 does, but eight outputs a lane each: the
  * eight vectors transposed, then seven additions of whole vectors. */
-static inline void sums8x8(const f16v acc[TILE_W][TILE_X][2], int o0, float out[8]) {
+static inline void sums8x8(const v16 acc[TILE_W][TILE_X][2], int o0, float out[8]) {
     v8 g[8];
     for (int o = 0; o < 8; ++o) {
         const int at = o0 + o < TILE_W * TILE_X ? o0 + o : TILE_W * TILE_X - 1;
-        const f16v ab = acc[at / TILE_X][at % TILE_X][0], cd = acc[at / TILE_X][at % TILE_X][1];
+        const v16 ab = acc[at / TILE_X][at % TILE_X][0], cd = acc[at / TILE_X][at % TILE_X][1];
         const v8 av = __builtin_shufflevector(ab, ab, 0, 1, 2, 3, 4, 5, 6, 7);
         const v8 bv = __builtin_shufflevector(ab, ab, 8, 9, 10, 11, 12, 13, 14, 15);
         const v8 cv = __builtin_shufflevector(cd, cd, 0, 1, 2, 3, 4, 5, 6, 7);
@@ -129,7 +118,7 @@ static void tiles_range(void *ctx, int64_t begin, int64_t end) {
                 const int nx = rend - r0 < TILE_X ? (int)(rend - r0) : TILE_X;
                 const float *x[TILE_X];
                 for (int j = 0; j < TILE_X; ++j) x[j] = a->x + (r0 + (j < nx ? j : 0)) * a->x_stride;
-                f16v acc[TILE_W][TILE_X][2];
+                v16 acc[TILE_W][TILE_X][2];
                 const int last = o0 + 2 * TILE_W > a->out || o0 + TILE_W >= TILE_W * end;
                 tile(w, x, full, r0 == rb && !last ? a->w + (o0 + TILE_W) * a->stride : NULL, a->stride, acc);
                 if (full == n) {  /* no chunks of 8 nor tail: eight outputs' endings at once */
@@ -149,18 +138,19 @@ static void tiles_range(void *ctx, int64_t begin, int64_t end) {
 }
 
 static costs_t tiles_costs[48];
+#endif
 
 /* Y (rows, out) = X W^T, W (out, in) row-major rows `stride` floats apart, X rows x_stride apart. */
 void token_lab_gemm_tiles(const float *w, const float *x, float *y, int64_t rows, int64_t out,
                           int64_t in, int64_t stride, int64_t x_stride, int threads) {
-#ifndef __AVX512F__
-    /* With 16 vector registers (AVX2) the tile's 24 16-lane accumulators spill to the stack: it
-     * ran at 16 GFLOP/s against the rows kernel's 88-96 (each weight row read once for two rows
-     * of X), which gives the same bits. */
-    token_lab_gemm_rows(w, x, y, rows, out, in, stride, x_stride, threads);
-    return;
-#endif
+#ifdef __AVX512F__
     tiles_t a = {w, x, y, rows, out, in, stride, x_stride};
     const int64_t work = out * in * rows * (int64_t)sizeof(float);
     split(tiles_range, &a, (out + TILE_W - 1) / TILE_W, work, threads, by_size(tiles_costs, work));
+#else
+    /* With 16 vector registers (AVX2) the tile's 24 16-lane accumulators spilled to the stack: it
+     * ran at 16 GFLOP/s against the rows kernel's 88-96 (each weight row read once for two rows
+     * of X), which gives the same bits. */
+    token_lab_gemm_rows(w, x, y, rows, out, in, stride, x_stride, threads);
+#endif
 }
