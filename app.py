@@ -193,6 +193,9 @@ def _serve(args, before_stop: list, stopping: threading.Event) -> int:
         try:  # launch returns when Gradio's wait ends (Ctrl-C, SIGTERM, whose KeyboardInterrupt may be lost)
             serve(demo, engine, host=args.host, port=args.port, share=args.share,
                    auth=args.logins or None, stopped=stopping)
+        except TokenLabError as e:  # (ui.layout.PageUnreachable)
+            print(f"error: {e}", file=sys.stderr)
+            return 1
         finally:
             demo.close(verbose=False)
     print("Token Lab stopped", file=sys.stderr)

@@ -6,6 +6,7 @@ tests of a module that imports it are marked `browser` (conftest.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from contextlib import contextmanager
@@ -95,6 +96,26 @@ def open_at(browser, url: str, width: int, height: int, query: str):
     page.goto(url + "/?" + query)
     wait_loaded(page)
     return page
+
+
+# The elements' boxes, [x, y, width, height] each, when two looks a poll apart agree: boxes taken
+# one by one while the page still moves (a panel shown above them) would mix two layouts.
+STILL_BOXES_JS = """(selectors) => {
+    const now = JSON.stringify(selectors.map((s) => {
+        const r = document.querySelector(s)?.getBoundingClientRect();
+        return r && r.width > 0 ? [r.x, r.y, r.width, r.height] : null;
+    }));
+    const still = window.tlBoxes === now && !now.includes('null');
+    window.tlBoxes = now;
+    return still && now;
+}"""
+
+
+def still_boxes(page, *selectors: str) -> list[dict]:
+    """The elements' bounding boxes, taken at once when the layout is still, as Playwright's."""
+    page.evaluate("window.tlBoxes = null")
+    boxes = json.loads(page.wait_for_function(STILL_BOXES_JS, arg=list(selectors), polling=100).json_value())
+    return [dict(zip(("x", "y", "width", "height"), box)) for box in boxes]
 
 
 SETTLED_JS = "+(document.body.dataset.tlSettled || 0)"

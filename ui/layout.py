@@ -8,6 +8,7 @@ the page's styles and scripts are in ui/assets."""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import re
 import sys
 import threading
@@ -16,11 +17,13 @@ from pathlib import Path
 from typing import Sequence
 
 import gradio as gr
+import httpx
 from fastapi import Request
 from fastapi.responses import FileResponse, PlainTextResponse
 from starlette.middleware import Middleware
 
 from inference.device import available_memory_bytes
+from inference.errors import TokenLabError
 from server.guard import Beside, RouteGuard, visitor_openapi
 from server.limits import ENGINE, Limits
 from server.owners import login_of
@@ -189,6 +192,35 @@ class PageEvents:
         return self._names.get(id(component)) or getattr(component, "label", None)
 
 
+# Gradio checks that a page it starts answers at its local address with one HEAD request and a
+# 3-second timeout (networking.url_ok), and refuses to go on without one: on a busy machine (two
+# cores, tests beside other jobs) a page that was up failed to start. Its check is off (its
+# `_frontend` only gates it) and answers() checks instead, with time to answer.
+_NO_GRADIO_PROBE = {"_frontend": False} if "_frontend" in inspect.signature(gr.Blocks.launch).parameters else {}
+ANSWER_WITHIN_S = 60.0
+
+
+class PageUnreachable(TokenLabError):
+    """The page's server started but its local address does not answer."""
+
+
+def answers(url: str, within_s: float = ANSWER_WITHIN_S) -> bool:
+    """Whether the page answers a HEAD at url within within_s seconds, asked again after each
+    failure. Directly, never through a proxy the environment names: it is this machine's page."""
+    deadline = time.monotonic() + within_s
+    with httpx.Client(trust_env=False, verify=False) as client:
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                if client.head(url, timeout=max(0.1, min(10.0, left))).status_code < 500:
+                    return True  # (401: a login first)
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() + 0.2 >= deadline:
+                return False
+            time.sleep(0.2)
+
+
 def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None = None,
            share: bool = False, auth: tuple[str, str] | list[tuple[str, str]] | None = None, block: bool = True,
            queue_size: int = 16, concurrency: int = CONCURRENCY, beside: Sequence[Beside] = (),
@@ -207,7 +239,7 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
                              logins=bool(auth))]
     if h is not None:  # which sessions still have a tab, and their state swept once gone
         middleware.append(Middleware(HeartbeatWatch, keeper=h.page.keeper))
-    served = demo.launch(server_name=host, server_port=port, share=share, auth=auth,
+    served = demo.launch(server_name=host, server_port=port, share=share, auth=auth, **_NO_GRADIO_PROBE,
                          prevent_thread_lock=True, enable_monitoring=False, show_error=False,
                          css=PAGE_CSS, head=HEAD, footer_links=["api"], quiet=True, i18n=MESSAGES,
                          # The page's own routes only, small bodies, each visitor's sessions
@@ -217,6 +249,10 @@ def launch(demo: gr.Blocks, engine, *, host: str = "127.0.0.1", port: int | None
                          # Sessions kept: a shared page's cap, and what the memory can hold.
                          state_session_capacity=session_capacity(limits.session_capacity,
                                                                  available_memory_bytes()))
+    if served and not share and not answers(served[1]):
+        demo.close(verbose=False)
+        raise PageUnreachable(f"the page's server started but {served[1]} did not answer within "
+                              f"{ANSWER_WITHIN_S:.0f} s")
     if h is not None and served:  # (a test's stand-in launch returns nothing)
         serve_downloads(served[0], h)
         h.page.keeper.attach(served[0])

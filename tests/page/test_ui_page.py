@@ -13,7 +13,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 import pytest
 
-from browser import WAIT_MS, output_text, set_slider, shot, wait_loaded, wait_text
+from browser import WAIT_MS, output_text, set_slider, shot, still_boxes, wait_loaded, wait_text
 from browser import run_to_end as run_to_end_after
 from conftest import no_early_end
 from engine_hold import wait_until
@@ -781,7 +781,8 @@ def test_the_system_box_is_wide_enough_to_read_the_default(chat_app, pages, widt
     url, engine, _ = chat_app
     page = pages.open(url, width, 900)
     page.locator("#mode input[value=chat]").check()
-    system, prompt, mode = (page.locator(s).bounding_box() for s in ("#system textarea", "#prompt textarea", "#mode"))
+    page.locator("#conversation").wait_for()  # shown in chat mode, above the prompt: the layout moves
+    system, prompt, mode = still_boxes(page, "#system textarea", "#prompt textarea", "#mode")
     if width < 800:
         assert system["width"] >= 0.8 * prompt["width"] and system["y"] >= mode["y"] + mode["height"], (system, mode)
     else:
