@@ -215,7 +215,11 @@ static inline int64_t attend_units(const attend_t *a) { return a->rows * (a->hea
  * 2). p: three buffers of max_L floats. */
 static void attend_unit(const attend_t *a, int64_t u, float *const *p) {
     const int64_t parts = (a->rep + a->part - 1) / a->part, kv_heads = a->heads / a->rep;
-    const int64_t r = u / (kv_heads * parts), g = u / parts % kv_heads, h0 = g * a->rep + u % parts * a->part;
+    /* Rows in the order 0, n-1, 1, n-2, ...: a prompt's row r sees r + 1 keys, so the threads'
+     * even shares of units in row order gave the last one 3/4 of the work (it ran while the
+     * first waited); paired first and last rows cost the same in any share. */
+    const int64_t ur = u / (kv_heads * parts), r = ur % 2 ? a->rows - 1 - ur / 2 : ur / 2;
+    const int64_t g = u / parts % kv_heads, h0 = g * a->rep + u % parts * a->part;
     const int64_t h1 = h0 + a->part < (g + 1) * a->rep ? h0 + a->part : (g + 1) * a->rep;
     const int64_t *blocks = a->blocks ? a->blocks + r * a->n_blocks : NULL;
     const float *k = a->k + g * a->k_head, *v = a->v + g * a->v_head;
