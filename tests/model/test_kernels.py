@@ -228,6 +228,18 @@ def test_glu_equals_torch(gelu):
     assert torch.allclose(kernels.glu(x, gelu), act * up, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("gelu", [False, True])
+def test_glu_gives_an_element_the_same_bits_wherever_its_sixteen_begin(gelu):
+    """The decode step's threads cut a row's gate into other spans than a prompt's rows: each
+    element the same bits at every offset, also in a span's padded last sixteen."""
+    gen = torch.Generator().manual_seed(9)
+    gate, up = (torch.randn(3, 77, generator=gen) * 4 for _ in range(2))
+    whole = kernels.glu(torch.cat([gate, up], dim=-1), gelu)
+    for cut in (1, 5, 16, 30):
+        part = kernels.glu(torch.cat([gate[:, cut:], up[:, cut:]], dim=-1), gelu)
+        assert torch.equal(part, whole[:, cut:]), cut
+
+
 def test_a_forked_child_multiplies_right():
     """A child forked after the kernels ran (threads and all) still gets its products right, and
     returns (a deadline, not a hang, if it ever did not)."""

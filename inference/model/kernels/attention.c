@@ -123,11 +123,13 @@ static inline __attribute__((always_inline)) void scores8q(const int Q, const fl
                     + __builtin_shufflevector(pair[2 * r], pair[2 * r + 1], 2, 3, 10, 11, 6, 7, 14, 15);
         const v8 sum = __builtin_shufflevector(quad[0], quad[1], 0, 1, 2, 3, 8, 9, 10, 11)
                      + __builtin_shufflevector(quad[0], quad[1], 4, 5, 6, 7, 12, 13, 14, 15);
-        for (int r = 0; r < 8; ++r) {
-            float t = sum[r];
-            for (int64_t j = i; j < d; ++j) t = fmaf(kr[r][j], qs[c][j], t);
-            out[c][r] = t;
-        }
+        memcpy(out[c], &sum, sizeof sum);
+        if (i < d)  /* (a head of a multiple of 8 has no tail: the eight sums stored at once) */
+            for (int r = 0; r < 8; ++r) {
+                float t = sum[r];
+                for (int64_t j = i; j < d; ++j) t = fmaf(kr[r][j], qs[c][j], t);
+                out[c][r] = t;
+            }
     }
 }
 
@@ -183,14 +185,25 @@ static inline __attribute__((always_inline)) void attend_heads(
     }
     for (int c = 0; c < Q; ++c) {
         float *pc = p[c];
-        for (int64_t j = first; j < L; j += 16) {  /* exp(p - m), 16 at a time; then summed in order */
+        /* exp(p - m), 16 at a time as whole vectors (GCC made loops over lanes scalar), summed
+         * in sixteen lanes (the padding past L adds exp(-inf) = 0), then the lanes in order: one
+         * chain of additions in key order had each wait on the last. */
+        v16 zs = {0};
+        int64_t j = first;
+        for (; j + 16 <= L; j += 16) {
+            const v16 e = exp16(load16(pc + j) - m[c]);
+            memcpy(pc + j, &e, sizeof e);
+            zs += e;
+        }
+        if (j < L) {
             v16 x;
             for (int l = 0; l < 16; ++l) x[l] = j + l < L ? pc[j + l] - m[c] : -INFINITY;
             const v16 e = exp16(x);
             for (int l = 0; l < 16 && j + l < L; ++l) pc[j + l] = e[l];
+            zs += e;
         }
         float z = 0.0f;
-        for (int64_t j = first; j < L; ++j) z += pc[j];
+        for (int l = 0; l < 16; ++l) z += zs[l];
         for (int64_t j = first; j < L; ++j) pc[j] = pc[j] / z;
     }
     weighted_values_q(Q, p, v, o, blocks, block_size, first, L, v_pos, d);

@@ -256,11 +256,47 @@ void token_lab_rope_store(const float *qkv, const float *cos, const float *signe
 }
 
 /* ---------------------------------------------------------------- gated activation
- * x (n, 2f) = [gate | up] -> y (n, f) = act(gate) * up: SiLU (gelu 0) or tanh-approximated GELU
- * (gelu 1, Gemma's GeGLU). */
-static inline float act(float a, int gelu) {
-    return gelu ? 0.5f * a * (1.0f + tanhf(0.7978845608028654f * (a + 0.044715f * a * a * a)))
-                : a / (1.0f + expf(-a));
+ * x (n, 2f) = [gate | up] -> y (n, f) = act(gate) * up: SiLU a sigmoid(a) (gelu 0) or
+ * tanh-approximated GELU (gelu 1, Gemma's GeGLU), 0.5 a (1 + tanh z) = a sigmoid(2z) with
+ * z = sqrt(2/pi) (a + 0.044715 a^3). sigmoid(s) = 1 / (1 + e^-s), or e^s / (1 + e^s) below 0:
+ * through e^-|s| (exp16's range, and 1 + tanh z is never a difference of near-equal numbers).
+ * Sixteen lanes at a time, each lane the same operations (libm's expf and tanhf one value at a
+ * time: SmolLM2's 128 x 1536 took 437 us, Gemma's GELU on it 2014; now 43 and 57; torch's 70):
+ * an element's bits do not depend on where its sixteen begin (a prompt's rows and the decode
+ * step's threads' spans cut them differently). */
+static inline v16 act16(v16 a, int gelu) {
+    const v16 s = gelu ? 2.0f * (0.7978845608028654f * (a + 0.044715f * a * a * a)) : a;
+    const v16i sign = (v16i){0} + INT32_MIN;  /* each lane 0x80000000 */
+    v16i bits;  /* (whole-vector bit operations: GCC made lane-by-lane loops scalar, 10x slower) */
+    memcpy(&bits, &s, sizeof s);
+    bits |= sign;  /* -|s| */
+    const v16 one = (v16){0} + 1.0f;
+    v16 t;
+    memcpy(&t, &bits, sizeof t);
+    const v16 e = exp16(t);
+    const v16i below = s < 0.0f;  /* all ones where s < 0: a e there, a elsewhere (a 1 = a) */
+    v16i eb, ob;
+    memcpy(&eb, &e, sizeof e);
+    memcpy(&ob, &one, sizeof one);
+    eb = (eb & below) | (ob & ~below);
+    memcpy(&t, &eb, sizeof t);
+    return a * t / (1.0f + e);
+}
+
+/* o[i] = act(g[i]) * u[i] for i < n, sixteen at a time (the last sixteen padded). */
+static inline void act_span(const float *g, const float *u, float *o, int64_t n, int gelu) {
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const v16 y = act16(load16(g + i), gelu) * load16(u + i);
+        memcpy(o + i, &y, sizeof y);
+    }
+    if (i < n) {
+        v16 gv = {0}, uv = {0};
+        memcpy(&gv, g + i, sizeof(float) * (n - i));
+        memcpy(&uv, u + i, sizeof(float) * (n - i));
+        const v16 y = act16(gv, gelu) * uv;
+        memcpy(o + i, &y, sizeof(float) * (n - i));
+    }
 }
 
 typedef struct { const float *x; float *y; int64_t f; int gelu; } glu_t;
@@ -270,7 +306,7 @@ static void glu_range(void *ctx, int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
         const float *g = a->x + r * 2 * a->f, *u = g + a->f;
         float *o = a->y + r * a->f;
-        for (int64_t i = 0; i < a->f; ++i) o[i] = act(g[i], a->gelu) * u[i];
+        act_span(g, u, o, a->f, a->gelu);
     }
 }
 

@@ -206,7 +206,7 @@ static void decode_body(step_t *s, int nth) {
             weight_range(w13, x, xf, s->gu, n, hidden, ffn + i0, ffn + i1, buf);
             for (int64_t r = 0; r < n; ++r) {
                 const float *gate = s->gu + r * 2 * ffn, *up = gate + ffn;
-                for (int64_t i = i0; i < i1; ++i) s->g[r * ffn + i] = act(gate[i], gelu) * up[i];
+                act_span(gate + i0, up + i0, s->g + r * ffn + i0, i1 - i0, gelu);
             }
         }
         ++stage;
