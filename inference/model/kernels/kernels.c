@@ -237,8 +237,9 @@ void token_lab_rms_norm(const float *x, const float *w, float *y, int64_t n, int
  * copied; q into q_out (n, heads, d), k and v into the pool's slot for the row (k_pool, v_pool:
  * (slots, kv_heads, d)). Seven operators of torch's for a decode row, in one pass. */
 static inline void rotate(const float *x, const float *c, const float *s, float *out, int64_t d, int64_t rd) {
-    const int64_t half = rd / 2;
-    for (int64_t i = 0; i < rd; ++i) out[i] = x[i] * c[i] + x[(i + half) % rd] * s[i];
+    const int64_t half = rd / 2;  /* x[(i + half) % rd], in two runs that GCC vectorizes */
+    for (int64_t i = 0; i < half; ++i) out[i] = x[i] * c[i] + x[i + half] * s[i];
+    for (int64_t i = half; i < rd; ++i) out[i] = x[i] * c[i] + x[i - half] * s[i];
     for (int64_t i = rd; i < d; ++i) out[i] = x[i];
 }
 
