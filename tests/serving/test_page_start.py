@@ -5,7 +5,6 @@ import threading
 
 import gradio.networking
 import httpx
-import pytest
 
 from app import main
 from bench.page_client import free_port

@@ -262,9 +262,9 @@ void token_lab_rope_store(const float *qkv, const float *cos, const float *signe
  * z = sqrt(2/pi) (a + 0.044715 a^3). sigmoid(s) = 1 / (1 + e^-s), or e^s / (1 + e^s) below 0:
  * through e^-|s| (exp16's range, and 1 + tanh z is never a difference of near-equal numbers).
  * Sixteen lanes at a time, each lane the same operations (libm's expf and tanhf one value at a
- * time: SmolLM2's 128 x 1536 took 437 us, Gemma's GELU on it 2014; now 43 and 57; torch's 70):
- * an element's bits do not depend on where its sixteen begin (a prompt's rows and the decode
- * step's threads' spans cut them differently). */
+ * time: SmolLM2's 128 x 1536 took 596-684 us, Gemma's GELU on it 2261-2364; now 75-96 and
+ * 103-115; torch's SiLU 79-126): an element's bits do not depend on where its sixteen begin (a
+ * prompt's rows and the decode step's threads' spans cut them differently). */
 static inline v16 act16(v16 a, int gelu) {
     const v16 s = gelu ? 2.0f * (0.7978845608028654f * (a + 0.044715f * a * a * a)) : a;
     const v16i sign = (v16i){0} + INT32_MIN;  /* each lane 0x80000000 */
