@@ -184,7 +184,7 @@ static void decode_body(step_t *s, int nth) {
         const int64_t offset = dm[D_CTX_OFFSET] * kv_width;
         const attend_t at = {s->q, k_pool + offset, v_pool + offset, s->att, blocks, first, lengths, dm[D_N_BLOCKS],
                              dm[D_BLOCK_SIZE], dm[D_MAX_L], kv_width, d, kv_width, d, heads, heads / kv_heads, d, n,
-                             s->scale, 0.0f, attend_part(n, heads, kv_heads, nth)};
+                             s->scale, 0.0f, attend_part(n, heads, kv_heads, nth), 1};
         CHUNKS(&s->counters[stage], attend_units(&at), 1, nth, 1, u0, u1) for (int64_t u = u0; u < u1; ++u)
             attend_unit(&at, u, p);
         ++stage;
