@@ -44,6 +44,7 @@ class EventPump:
 
     def __init__(self, events: Iterator, cancel: threading.Event):
         self._queue: queue.Queue = queue.Queue()
+        self._ended = threading.Event()  # set once the last item (_END) is queued
         self._cancel = cancel
         self._thread = threading.Thread(target=self._run, args=(events,), daemon=True, name="tokenlab-run")
         self._thread.start()
@@ -56,6 +57,7 @@ class EventPump:
             self._queue.put(e)
         finally:
             self._queue.put(self._END)
+            self._ended.set()
 
     def batches(self, interval: Callable[[], float]) -> Iterator[list]:
         """Lists of events, one list at most every interval() seconds (asked before each list);
@@ -74,8 +76,15 @@ class EventPump:
             while (batch[-1] is not self._END and not (first_token and isinstance(batch[-1], StepEvent))
                    and (left := deadline - time.perf_counter()) > 0):
                 try:
-                    batch.append(self._queue.get(timeout=left))
+                    batch.append(self._queue.get(timeout=left) if first_token else self._queue.get_nowait())
                 except queue.Empty:
+                    if first_token:
+                        break
+                    # After the first token, one wait to the interval's end (or the run's), then
+                    # all that came: waking at each event took the GIL from the engine's thread
+                    # as it handed out a step's tokens (8 runs: 8 wakings a step).
+                    self._ended.wait(left)
+                    batch += self._drain()
                     break
             done = batch[-1] is self._END
             events = [e for e in batch if e is not self._END]
@@ -91,6 +100,16 @@ class EventPump:
             yield events
             if done:
                 return
+
+    def _drain(self) -> list:
+        """Every item queued now, up to and with _END."""
+        items = []
+        while not items or items[-1] is not self._END:
+            try:
+                items.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        return items
 
     def close(self) -> None:
         """Stop the engine (if it still runs) and wait for its thread: the KV cache is freed."""
