@@ -237,9 +237,8 @@ typedef struct {
     int64_t n_blocks, block_size, max_L, k_pos, k_head, v_pos, v_head, heads, rep, d, rows;
     float scale, cap;
     int64_t part;  /* query heads a unit of work: up to rep of one kv head's (its keys loaded once for 2-3) */
-    int ask;  /* ask for keys ahead (ask_key): rows of their own keys, from memory; not a prompt's
-               * rows, which read one table's keys, from the cache after its first rows (with the
-               * asking, a 512-token prompt's first token came 2-4% later) */
+    int ask;  /* ask for keys ahead (ask_key): rows of their own keys, read from memory; not a
+               * prompt's rows, which share one table's keys, from the cache after its first rows */
 } attend_t;
 
 /* Units of work: a row's kv head's query heads, `part` of them at a time (the last part of a kv
