@@ -80,9 +80,9 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     engine = Engine.load(args.model)
     cfg = engine.cfg
-    if not kernels.available() or engine.device.type != "cpu":
-        sys.exit("error: the attention kernel runs on a CPU with the kernels built")
     with engine:
+        if not kernels.available() or engine.device.type != "cpu":
+            sys.exit("error: the attention kernel runs on a CPU with the kernels built")
         for _ in engine.generate_ids(engine.prompt_ids(PROMPT), SamplingParams(temperature=0.0, max_new_tokens=8)):
             pass  # unmeasured: the first step's one-time costs
         contexts = [SPAN // 2 + i * 3 * SPAN for i in range(1 + args.tokens // (3 * SPAN))]
