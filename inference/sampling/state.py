@@ -86,8 +86,8 @@ class RunState:
     def advance(self, token: int, final_prob: float, params) -> None:
         """Take the token sampled at this step (final_prob: its probability in the distribution
         sampled from) and move to the next step."""
-        if self.seen.device.type == "cpu":  # through numpy: torch's indexing cost 20-100 us a call, a step's
-            self.seen.numpy()[token] = True  # largest cost after the model's at 8 runs on a CPU
+        if self.seen.device.type == "cpu":  # through numpy: with torch's index assignments a step's
+            self.seen.numpy()[token] = True  # events at 8 runs took 0.71-0.78 ms, with numpy's 0.56-0.58
             self.counts.numpy()[token] += 1  # (float32 either way: the same number)
         else:
             self.seen[token] = True

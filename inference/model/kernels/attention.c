@@ -43,10 +43,9 @@ static inline int64_t key_slot(const int64_t *blocks, int64_t block_size, int64_
  * read. A head's key is a third of its slot (SmolLM2: 256 of 768 bytes), eight keys' reads
  * span 6 KiB, and each pass reads one head's keys alone: the hardware's prefetchers fetched too
  * little of that pattern, and attention from memory ran at 7-13 GB/s (the cache's own speed
- * 2.5-3.5x that). Asked 32 keys ahead into L2, 8 decode rows over 448 keys attended 1.5x as fast
- * (2 threads; 1.7x on one), one row over 832 keys 1.4-1.6x; into L1 (all the lines at once
- * filled its miss buffers) or past the caches (non-temporal) it gained nothing. Keys past L are
- * not asked for (nor their block-table entries read). bench/measured/cpu-integer-products.md */
+ * 2.5-3.5x that). Asked 32 keys ahead into L2, 8 decode rows over 448 keys attended 1.5-1.7x as
+ * fast, one row over 832 keys 1.5-1.9x; asked into L1 or non-temporally, it gained nothing. Keys
+ * past L are not asked for (nor their block-table entries read). bench/measured/cpu-integer-products.md */
 enum { KEYS_AHEAD = 32 };
 static inline void ask_key(const float *base, const int64_t *blocks, int64_t block_size, int64_t j, int64_t L,
                            int64_t pos, int64_t n) {
