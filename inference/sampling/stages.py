@@ -136,17 +136,20 @@ NO_DISTRIBUTION = ("the sampling settings left no distribution to draw from: the
                    "(a repetition penalty near 0 or a logit bias too large); move them toward their neutral values")
 
 
-def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
+def sample(probs: torch.Tensor, generator: torch.Generator, u: torch.Tensor | None = None) -> torch.Tensor:
     """Draw one token id per row of probs (bsz, vocab) -> (bsz, 1).
 
     Inverse transform: one uniform number u per row, and the first token whose cumulative
     probability exceeds u * total. Exact for the distribution given; one random number a row
     where torch.multinomial draws one per token (1.4 ms for 49,152 tokens on a CPU). Sums in
     float64, so a tail of 1e-9 keeps its share; a token of probability 0 is never drawn.
+    `u` (bsz,) float64: the uniform numbers, already drawn from `generator` (kernels.draw_rows
+    draws the same tokens for them).
     """
     cdf = probs.double().cumsum(dim=-1)  # (bsz, vocab)
     total = cdf[:, -1:]  # (bsz, 1)
-    u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device)
+    u = (torch.rand(total.shape, generator=generator, dtype=torch.float64, device=probs.device) if u is None
+         else u.to(probs.device).view(total.shape))
     # Strictly below the total even if u * total rounds up to it: the last cdf entry then exceeds it.
     target = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))
     return torch.searchsorted(cdf, target, right=True)  # (bsz, 1)

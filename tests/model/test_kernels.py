@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from inference.model import kernels
+from inference.sampling.stages import sample
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="no C compiler here: torch's operators serve")
 
@@ -307,3 +308,64 @@ def test_row_sums_equal_float64_sums(V):
     assert torch.allclose(m, (e * x).double().sum(-1), rtol=1e-11, atol=1e-12)
     assert torch.allclose(m, (e64 * x64).sum(-1), rtol=1e-6, atol=1e-9)
     assert above.tolist() == [int((x[r] > x[r, c]).sum()) for r, c in enumerate(chosen.tolist())]
+
+
+def _drawn_by_sample(p: torch.Tensor, u: torch.Tensor) -> int:
+    """sampling.stages.sample()'s token for probabilities p (V,) and its uniform number u."""
+    return int(sample(p.unsqueeze(0), torch.Generator(), u)[0, 0])
+
+
+@pytest.mark.parametrize("V", [49152, 1000, 517, 33])
+def test_draw_rows_draws_what_sample_draws_and_sums_the_rest(V):
+    """The draw of every row, against sample()'s cumsum and searchsorted for the same u: rows of
+    very different shapes (a peak, a flat row, a long tail of tiny probabilities, most of the
+    vocabulary at 0, nothing at all, a NaN) and u at 0, near 1 and in between; then each row's
+    probability outside its candidates and its token, against index_fill and a float64 sum."""
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(8, V, generator=gen) * 3  # (8, V)
+    x[1] = 0.0  # flat
+    x[2, 1:] = -30.0  # one token near 1, a tail of ~1e-13
+    x[3, V // 3:] = float("-inf")  # two thirds removed
+    p = x.softmax(dim=-1)  # (8, V)
+    p[4] = 0.0  # nothing to draw: V
+    p[5, V // 2] = float("nan")  # not a distribution: V
+    p[6] = 0.0
+    p[6, V - 1] = 1.0  # only the last
+    skip = p.nan_to_num(-1.0).topk(10 if V > 10 else 3, dim=-1).indices  # (8, k): the candidates
+    forced = torch.full((8,), -1, dtype=torch.int64)
+    forced[7] = 2  # a row whose token is given: its rest leaves that one out, not the drawn one
+    for u_value in (0.0, 1e-9, 0.3, 0.999999, 1.0 - 2.0 ** -53, None):
+        u = torch.rand(8, generator=gen, dtype=torch.float64) if u_value is None else torch.full((8,), u_value,
+                                                                                              dtype=torch.float64)
+        token, rest = kernels.draw_rows(list(p), u, skip, forced)
+        assert token.tolist() == [_drawn_by_sample(p[r], u[r:r + 1]) for r in range(8)]
+        assert token[4] == V and token[5] == V and token[6] == V - 1
+        for r in range(8):
+            chosen = int(forced[r]) if forced[r] >= 0 else min(int(token[r]), V - 1)
+            others = p[r].index_fill(0, torch.cat([skip[r], torch.tensor([chosen])]), 0.0)
+            expected = others.double().sum()
+            assert torch.isnan(expected) == torch.isnan(rest[r])
+            if not torch.isnan(expected):
+                assert abs(float(rest[r]) - float(expected)) <= 1e-12 * max(1.0, float(expected))
+        assert rest[6] == 0.0 and rest[4] == 0.0  # nothing outside: exactly 0
+
+
+def test_draw_rows_gives_a_row_the_same_token_and_rest_alone_or_with_others():
+    gen = torch.Generator().manual_seed(6)
+    p = (torch.randn(5, 2048, generator=gen) * 2).softmax(dim=-1)  # (5, 2048)
+    u = torch.rand(5, generator=gen, dtype=torch.float64)
+    skip = p.topk(10, dim=-1).indices
+    forced = torch.full((5,), -1, dtype=torch.int64)
+    together = kernels.draw_rows(list(p), u, skip, forced)
+    for r in range(5):
+        alone = kernels.draw_rows([p[r]], u[r:r + 1], skip[r:r + 1], forced[r:r + 1])
+        assert torch.equal(alone[0], together[0][r:r + 1]) and torch.equal(alone[1], together[1][r:r + 1])
+
+
+def test_draw_rows_leaves_other_layouts_to_torch():
+    p = torch.rand(2, 64).softmax(-1)
+    u, skip, forced = torch.rand(2, dtype=torch.float64), torch.zeros(2, 3, dtype=torch.int64), torch.full((2,), -1)
+    assert kernels.draw_rows([p[0], p[1].double()], u, skip, forced) is None
+    assert kernels.draw_rows([p[0], p[1, :32]], u, skip, forced) is None  # rows of two widths
+    assert kernels.draw_rows([p[0], p[1]], u.float(), skip, forced) is None
+    assert kernels.draw_rows([], u[:0], skip[:0], forced[:0]) is None

@@ -173,6 +173,42 @@ def test_rows_picked_together_equal_rows_picked_alone():
     assert together[1].token_id == int(penalized.argmax())
 
 
+def test_rows_drawn_together_by_the_kernel_draw_what_sample_draws(monkeypatch):
+    """Rows drawn over the whole vocabulary (kernels.draw_rows, in one call) against the same rows
+    drawn by sample() one by one (no kernels): the same tokens from the same seeds, the same
+    generators' states after, and each row's final probability outside its candidates and its
+    token (a forced row: the given token, not the one drawn) to float64 rounding."""
+    from inference.model import kernels
+    from inference.serving.step_stats import RowSampling, pick_rows
+    if not kernels.available():
+        pytest.skip("no C compiler here: torch's operators serve")
+    g = torch.Generator().manual_seed(12)
+    logits = torch.randn(6, 3000, generator=g) * 2.5  # (6, 3000)
+    params = [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7), SamplingParams(temperature=1.3),
+              SamplingParams(temperature=0.0), SamplingParams(temperature=1.0, presence_penalty=0.5),
+              SamplingParams(temperature=1.0)]
+    seen = torch.zeros(3000, dtype=torch.bool)
+    seen[::7] = True
+
+    def pick(seed):
+        rows = [RowSampling(p, RunState.from_seen(seen), torch.Generator().manual_seed(seed + i), 10,
+                            forced=5 if i == 5 else None) for i, p in enumerate(params)]
+        return pick_rows(logits, rows), [r.generator.get_state() for r in rows]
+    for seed in range(20):
+        fast, fast_gen = pick(seed)
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "draw_rows", lambda *a: None)
+            slow, slow_gen = pick(seed)
+        assert [a.token_id for a in fast] == [b.token_id for b in slow]
+        assert all(torch.equal(x, y) for x, y in zip(fast_gen, slow_gen))
+        assert fast[5].token_id == 5
+        for a, b in zip(fast, slow):
+            assert (a.prob, a.top) == (b.prob, b.top)
+            assert a.unlisted_prob == pytest.approx(b.unlisted_prob, rel=1e-12, abs=1e-15)
+            assert a.unlisted_prob == pytest.approx(1 - a.prob - sum(p for i, p, _ in a.top if i != a.token_id),
+                                                    abs=1e-6)
+
+
 def test_a_steps_numbers_are_the_same_with_and_without_the_cpu_kernels(monkeypatch):
     """pick_rows through the CPU kernels (top-k, sums, argmax from the top-k) against torch's
     operators alone, on rows with ties at the top: the same tokens and ranks, candidates of the
@@ -210,6 +246,8 @@ def test_a_steps_numbers_are_the_same_with_and_without_the_cpu_kernels(monkeypat
                 assert i not in theirs or (p, r) == pytest.approx(theirs[i], rel=1e-12)
             for u, v in ((a.prob, b.prob), (a.raw_prob, b.raw_prob), (a.entropy, b.entropy)):
                 assert u == pytest.approx(v, rel=1e-12, nan_ok=True)
+            if n:  # what the candidates leave, summed in float64 in two orders
+                assert a.unlisted_prob == pytest.approx(b.unlisted_prob, rel=1e-12, abs=1e-15)
             if a.top:
                 p = x.double().softmax(-1)
                 assert a.raw_prob == pytest.approx(float(p[a.token_id]), rel=1e-6)

@@ -118,6 +118,7 @@ def _library() -> ctypes.CDLL | None:
         "token_lab_row_sums": [ptr, ptr, i64, i64, ptr, ptr, ptr, ptr],
         "token_lab_row_stats": [ptr, i64, i64, i64, ptr, ptr, ptr, ptr, ptr, ctypes.c_int],
         "token_lab_masked_exp_sum": [ptr, i64, f32, ptr, ptr],
+        "token_lab_draw_rows": [ptr, i64, i64, ptr, ptr, i64, ptr, ptr, ptr, ctypes.c_int],
         "token_lab_qrows": [ptr, ptr, ptr, i64, i64, ctypes.c_int],
         "token_lab_dequant": [ptr, i64, i64, ptr],
         "token_lab_gather": [ptr, ptr, i64, ptr],
@@ -293,6 +294,29 @@ def row_stats(x: torch.Tensor, k: int) -> tuple[torch.Tensor, ...] | None:
     lib.token_lab_row_stats(x.data_ptr(), rows, x.shape[1], k, ids.data_ptr(), vals.data_ptr(), found.data_ptr(),
                             z.data_ptr(), m.data_ptr(), torch.get_num_threads())
     return (vals, ids, z, m) if bool((found == k).all()) else None
+
+
+def draw_rows(probs: list[torch.Tensor], u: torch.Tensor, skip: torch.Tensor,
+              forced: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Rows of probabilities (each (V,), read where they are), each with its uniform u (rows,)
+    float64: each row's token as sampling.stages.sample() draws it for that u (the same running
+    float64 sums, no copies of the row; V: none), and its probability outside `skip` (rows, k) and
+    its token (forced (rows,) where >= 0, else the drawn one), summed in float64 in a fixed order
+    (stats.c). None where the kernel does not apply."""
+    lib = _library()
+    rows = len(probs)
+    if (lib is None or not rows or not _f32_cpu(*probs) or any(p.dim() != 1 or not p.is_contiguous() for p in probs)
+            or len({p.shape[0] for p in probs}) != 1 or u.dtype != torch.float64 or u.shape != (rows,)
+            or skip.dtype != torch.int64 or skip.dim() != 2 or skip.shape[0] != rows
+            or forced.dtype != torch.int64 or forced.shape != (rows,)):
+        return None
+    u, skip, forced = u.contiguous(), skip.contiguous(), forced.contiguous()
+    token = torch.empty(rows, dtype=torch.int64)  # (rows,)
+    rest = torch.empty(rows, dtype=torch.float64)  # (rows,)
+    ptrs = (ctypes.c_void_p * rows)(*(p.data_ptr() for p in probs))
+    lib.token_lab_draw_rows(ptrs, rows, probs[0].shape[0], u.data_ptr(), skip.data_ptr(), skip.shape[1],
+                            forced.data_ptr(), token.data_ptr(), rest.data_ptr(), torch.get_num_threads())
+    return token, rest
 
 
 def masked_exp_sum(x: torch.Tensor, top: float, where: torch.Tensor) -> float | None:

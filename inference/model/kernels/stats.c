@@ -167,3 +167,96 @@ void token_lab_row_stats(const float *x, int64_t rows, int64_t V, int64_t k, int
     stats_t a = {x, V, k, ids, found, vals, z, m};
     split(stats_range, &a, rows, rows * V * (int64_t)sizeof(float), threads, by_size(stats_costs, rows * V * 4));
 }
+
+/* ---------------------------------------------------------------- a drawn row's token and the rest
+ * The draw of sampling/stages.py's sample() for rows of probabilities p (each V, apart), each with its
+ * uniform u: the first token whose running sum of p in float64, added in vocabulary order (what
+ * torch's cumsum of p.double() gives), exceeds u * total, total being the whole row's running sum,
+ * and strictly below it (V where the row has a NaN or sums to 0: no token). The same numbers as
+ * sample()'s cumsum and searchsorted, without their float64 copies of the row: one pass keeps the
+ * running sum at every block's end, and the draw's block is summed again from there.
+ * Then the row's probability outside its k candidates (skip: their positions) and its token (the
+ * forced one where forced >= 0: a row whose token is given draws all the same, and keeps the given),
+ * summed in float64 in 32 lanes (element i in lane i % 32, the lanes added in order), in the same
+ * pass: exactly 0 where every other probability is. Each row alone, whatever the others. */
+typedef struct {
+    const float *const *p;  /* each row's probabilities (V) */
+    const double *u;
+    const int64_t *skip, *forced;
+    int64_t V, k, *token;
+    double *rest;
+} draw_t;
+
+enum { DRAW_MARKS = 1024, LANES = 32 };
+
+static inline int marked(const uint64_t *bits, int64_t e) { return (int)(bits[e >> 6] >> (e & 63)) & 1; }
+
+static void draw_row(const float *p, int64_t V, double u, const int64_t *skip, int64_t k, int64_t forced,
+                     int64_t *token, double *rest) {
+    const int64_t block = V <= 512 * DRAW_MARKS ? 512 : (V + DRAW_MARKS - 1) / DRAW_MARKS / 64 * 64 + 64;
+    double marks[DRAW_MARKS + 1];  /* the running sum before each block */
+    double acc[LANES] = {0};
+    uint64_t *bits = calloc((size_t)(V + 63) / 64, sizeof(uint64_t));  /* the positions left out */
+    if (!bits) abort();
+    for (int64_t j = 0; j < k; ++j)
+        if (skip[j] >= 0 && skip[j] < V) bits[skip[j] >> 6] |= 1ull << (skip[j] & 63);
+    double run = 0.0;
+    for (int64_t b = 0, i = 0; i < V; ++b, i += block) {  /* block: a multiple of 64, so of LANES */
+        marks[b] = run;
+        const int64_t end = i + block < V ? i + block : V;
+        uint64_t any = 0;
+        for (int64_t w = i >> 6; w <= (end - 1) >> 6; ++w) any |= bits[w];
+        for (int64_t e = i; e < end; ++e) run += (double)p[e];
+        int64_t e = i;
+        if (!any)
+            for (; e + LANES <= end; e += LANES)
+                for (int j = 0; j < LANES; ++j) acc[j] += (double)p[e + j];
+        for (; e < end; ++e)
+            if (!marked(bits, e)) acc[e % LANES] += (double)p[e];
+    }
+    const double total = run;
+    int64_t t = V;
+    if (total > 0.0) {  /* not NaN, something to draw */
+        double target = u * total;
+        const double below = nextafter(total, 0.0);
+        if (!(target < below)) target = below;
+        for (int64_t b = 0, i = 0; i < V && t == V; ++b, i += block) {
+            const int64_t end = i + block < V ? i + block : V;
+            const double next = end < V ? marks[b + 1] : total;
+            if (!(next > target)) continue;  /* the running sum passes the target in a later block */
+            double r = marks[b];
+            for (int64_t e = i; e < end; ++e) {
+                r += (double)p[e];
+                if (r > target) { t = e; break; }
+            }
+        }
+    }
+    *token = t;
+    const int64_t c = forced >= 0 ? forced : t < V ? t : V - 1;  /* the row's token (none drawn: the last, as
+                                                                 * step_stats clamps it) */
+    if (c < V && !marked(bits, c)) {  /* its lane summed again without it */
+        bits[c >> 6] |= 1ull << (c & 63);
+        const int lane = (int)(c % LANES);
+        acc[lane] = 0.0;
+        for (int64_t e = lane; e < V; e += LANES)
+            if (!marked(bits, e)) acc[lane] += (double)p[e];
+    }
+    free(bits);
+    double s = 0.0;
+    for (int j = 0; j < LANES; ++j) s += acc[j];
+    *rest = s;
+}
+
+static void draw_range(void *ctx, int64_t begin, int64_t end) {
+    const draw_t *a = ctx;
+    for (int64_t r = begin; r < end; ++r)
+        draw_row(a->p[r], a->V, a->u[r], a->skip + r * a->k, a->k, a->forced[r], a->token + r, a->rest + r);
+}
+
+static costs_t draw_costs[48];
+
+void token_lab_draw_rows(const float *const *p, int64_t rows, int64_t V, const double *u, const int64_t *skip, int64_t k,
+                         const int64_t *forced, int64_t *token, double *rest, int threads) {
+    draw_t a = {p, u, skip, forced, V, k, token, rest};
+    split(draw_range, &a, rows, rows * V * (int64_t)sizeof(float), threads, by_size(draw_costs, rows * V * 4));
+}
