@@ -10,14 +10,29 @@ def files_under(*dirs) -> list[str]:
     return sorted(str(p) for d in dirs if Path(d).exists() for p in Path(d).rglob("*") if p.is_file())
 
 
+def hf_weights(model_dir) -> dict:
+    """from_pretrained's options for a model directory: none for a checkpoint; for a model read
+    from its GGUF file (the shipped ones keep no float32 copy in the cache), that file, which
+    transformers dequantizes itself."""
+    from pathlib import Path
+    from inference.loading.gguf_import import gguf_source
+    d = Path(model_dir)
+    if any((d / n).exists() for n in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")):
+        return {}
+    source = gguf_source(d)
+    return {} if source is None else {"gguf_file": str(source)}
+
+
 def hf_reference(model_dir, **options):
-    """transformers' LlamaForCausalLM on a checkpoint, float32, in eval mode: the independent
-    reference our model is checked against. options go to from_pretrained (attn_implementation,
-    say); the test module is skipped where transformers is not installed."""
+    """transformers' LlamaForCausalLM on a checkpoint (or its GGUF file: hf_weights), float32, in
+    eval mode: the independent reference our model is checked against. options go to
+    from_pretrained (attn_implementation, say); the test module is skipped where transformers is
+    not installed."""
     import pytest
     import torch
     transformers = pytest.importorskip("transformers")
-    return transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **options).eval()
+    return transformers.LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                         **hf_weights(model_dir), **options).eval()
 
 
 def page_run(h, request, **kw):

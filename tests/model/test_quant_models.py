@@ -9,6 +9,7 @@ import torch
 
 from inference.sampling.params import SamplingParams
 from inference.serving.engine import Engine, Request
+from helpers import hf_weights
 
 pytestmark = pytest.mark.slow
 transformers = pytest.importorskip("transformers")
@@ -47,7 +48,7 @@ def test_smollm2_on_its_q4_1_blocks_matches_the_stored_transformers_reference():
 def test_gemma3_270m_on_its_q4_k_m_blocks_matches_transformers_on_the_dequantized_weights():
     from inference.loading.default_model import gemma_model_dir
     d = gemma_model_dir()
-    ref = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+    ref = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32, **hf_weights(d)).eval()
     with Engine.from_hf_dir(d, device="cpu") as engine:
         assert engine.model.quantized
         worst = 0.0
