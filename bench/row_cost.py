@@ -4,6 +4,8 @@ integer products and with the float32 products on the same blocks, alternated in
 step's products cost a + b·rows: `a` is what a step pays once (reading the weights, unpacking
 their planes), `b` what each row adds (on the integer path its three int8 slices' dot products).
 Where b is large beside a, eight rows cost far more than one, whatever the rest of the step.
+Beside it, the least b can be on this CPU: a row's `vpdpbusd` instructions at the rate
+`bench.vnni_peak` measures.
 (Python calls each matrix here; a decode step calls the kernels once, so `a` is lower there.)
 
     python -m bench.row_cost [--model M] [--rounds 5]
@@ -25,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.report import save  # noqa: E402
+from bench.vnni_peak import vnni_rate  # noqa: E402
 from inference.model.layers import Linear  # noqa: E402
 from inference.serving.engine import Engine  # noqa: E402
 
@@ -67,8 +70,20 @@ def main(argv=None) -> None:
     for p, m in med.items():
         lines.append(f"| {p} | " + " | ".join(f"{m[r]:.2f} ms" for r in ROWS)
                      + f" | {(m[8] - m[1]) / 7:.3f} ms | {m[8] / m[1]:.2f}× |")
+    # The floor under a row's integer products: its vpdpbusd instructions (3 slices x 64 byte
+    # products each per 4 inputs and 16 outputs) at the rate this CPU runs them, measured here.
+    weights = sum(w.in_features * w.out_features for w in paths["integer"])
+    rate = vnni_rate(torch.get_num_threads())
+    floor_ms = 1000 * 3 * weights / 64 / rate if rate else None
+    if rate:
+        lines += ["", f"A row's integer products are {3 * weights / 64 / 1e6:.1f} M `vpdpbusd` (3 slices, "
+                  f"{weights / 1e6:.1f} M weights). On {torch.get_num_threads()} threads this CPU ran "
+                  f"{rate / 1e9:.2f} G a second (`bench.vnni_peak`, after the rounds): at least "
+                  f"{floor_ms:.3f} ms a row, against {(med['integer'][8] - med['integer'][1]) / 7:.3f} ms "
+                  "measured per added row."]
     md = "\n".join(lines) + "\n"
-    save(Path(args.out), "row_cost", {"rows": list(ROWS), "median_ms": med, "runs_ms": runs}, md)
+    save(Path(args.out), "row_cost", {"rows": list(ROWS), "median_ms": med, "runs_ms": runs,
+                                      "vpdpbusd_per_s": rate, "row_floor_ms": floor_ms}, md)
 
 
 if __name__ == "__main__":
