@@ -233,13 +233,14 @@ def _draw(finals: dict[int, tuple[Candidates, torch.Tensor]], rows: list[RowSamp
     """Each drawn row's token into next_id, from its final distribution and its own generator (one
     uniform number each, as sample() draws it). A distribution that is not one (a stage's numbers
     overflowed float32: NaN) draws past its end: overflowed, and the row is refused by the caller.
-    The rows over the whole vocabulary are drawn in one kernel call (kernels.draw_rows: the same
-    tokens as sample(), without its float64 copies of each row: at 8 rows sampled at temperature 1
-    those copies, its cumulative sums and the sums below took 3 of pick_rows' 4.4-5.0 ms on a
-    2-core EPYC), which also sums each one's final
-    probability outside its candidates and its token: returned by row, for pick_rows' `unlisted`."""
+    The rows over the whole vocabulary are drawn in one kernel call on a CPU (kernels.draw_rows:
+    the same tokens as sample(), without its float64 copies of each row: at 8 rows sampled at
+    temperature 1 those copies, its cumulative sums and the sums below took 3 of pick_rows'
+    4.4-5.0 ms on a 2-core EPYC), which also sums each one's final probability outside its
+    candidates and its token: returned by row, for pick_rows' `unlisted`."""
     whole = [i for i, (final, _) in finals.items() if final.ids is None]
-    us = {i: torch.rand((1,), generator=rows[i].generator, dtype=torch.float64) for i in finals}  # (1,) each
+    us = {i: torch.rand((1,), generator=rows[i].generator, dtype=torch.float64, device=probs.device)
+          for i, (_, probs) in finals.items()}  # (1,) each, from the row's own generator, where it draws
     rests: dict[int, float] = {}
     if whole:
         forced = torch.tensor([-1 if rows[i].forced is None else rows[i].forced for i in whole])  # (D,)
