@@ -65,6 +65,30 @@ for f in config.json generation_config.json tokenizer.json tokenizer_config.json
          model.safetensors; do
   [ -e "$CACHED_DIR/$f" ] && ln -s "$CACHED_DIR/$f" "$MODEL_DIR/$f"
 done
+if [ ! -e "$MODEL_DIR/model.safetensors" ]; then
+  # The cache keeps the default model as its GGUF file alone (its blocks; no float32 copy since
+  # 324ab36): transformers dequantizes the file (gguf's own dequantization, as the tests'
+  # reference reads it) into the float32 checkpoint vLLM reads, in the temporary folder.
+  "$PY" - "$CACHED_DIR" "$MODEL_DIR/model.safetensors" <<'PYEOF'
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+from inference.loading.gguf_import import gguf_source
+
+source = gguf_source(Path(sys.argv[1]))
+if source is None:
+    sys.exit(f"error: {sys.argv[1]} has neither model.safetensors nor a GGUF file for vLLM to read")
+model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], gguf_file=str(source), dtype=torch.float32)
+weights = model.state_dict()
+if model.config.tie_word_embeddings:  # the embedding alone, as the checkpoint has it
+    weights.pop("lm_head.weight", None)
+save_file({name: t.contiguous() for name, t in weights.items()}, sys.argv[2])
+PYEOF
+fi
 PORT=$("$PY" -c "import socket; s = socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
 LOG=$(mktemp -t vllm-server.XXXXXX.log)
 # Nothing leaves the machine: no usage statistics, no hub lookups.
