@@ -70,8 +70,8 @@ def main(argv=None) -> None:
     for p, m in med.items():
         lines.append(f"| {p} | " + " | ".join(f"{m[r]:.2f} ms" for r in ROWS)
                      + f" | {(m[8] - m[1]) / 7:.3f} ms | {m[8] / m[1]:.2f}× |")
-    # The floor under a row's integer products: its vpdpbusd instructions (3 slices x 64 byte
-    # products each per 4 inputs and 16 outputs) at the rate this CPU runs them, measured here.
+    # The floor under a row's integer products: its vpdpbusd instructions (for each of 3 slices,
+    # one per 4 inputs and 16 outputs: 64 byte products) at the rate this CPU runs them, measured here.
     weights = sum(w.in_features * w.out_features for w in paths["integer"])
     rate = vnni_rate(torch.get_num_threads())
     floor_ms = 1000 * 3 * weights / 64 / rate if rate else None
