@@ -71,18 +71,18 @@ if [ ! -e "$MODEL_DIR/model.safetensors" ]; then
   # reference reads it) into the float32 checkpoint vLLM reads, in the temporary folder.
   "$PY" - "$CACHED_DIR" "$MODEL_DIR/model.safetensors" <<'PYEOF'
 import sys
-from pathlib import Path
 
 import torch
 import transformers
 from safetensors.torch import save_file
 
-from inference.loading.gguf_import import gguf_source
+sys.path.insert(0, "tests")
+from helpers import hf_weights  # the GGUF file, as the tests' transformers reference reads it
 
-source = gguf_source(Path(sys.argv[1]))
-if source is None:
+options = hf_weights(sys.argv[1])
+if not options:
     sys.exit(f"error: {sys.argv[1]} has neither model.safetensors nor a GGUF file for vLLM to read")
-model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], gguf_file=str(source), dtype=torch.float32)
+model = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32, **options)
 weights = model.state_dict()
 if model.config.tie_word_embeddings:  # the embedding alone, as the checkpoint has it
     weights.pop("lm_head.weight", None)
